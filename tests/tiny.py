@@ -1,0 +1,51 @@
+"""Tiny models built offline from the configs in fixtures/models/, seeded; the embedded MiniLM's
+tokenizer serves every architecture (vocabulary 30522), so no tokenizer is downloaded either."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+ARCHITECTURES = ["gpt2", "bert", "llama", "mistral", "gemma2", "bart", "t5"]
+SEED = 1234
+
+
+def config_for(name: str):
+    from transformers import AutoConfig
+
+    spec = json.loads((FIXTURES / "models" / f"{name}.json").read_text())
+    model_type = spec.pop("model_type")
+    return AutoConfig.for_model(model_type, **spec)
+
+
+@lru_cache(maxsize=None)
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from inspector.models import default_model_path
+
+    return AutoTokenizer.from_pretrained(str(default_model_path()))
+
+
+def build(name: str, attn: str = "sdpa"):
+    """A freshly initialised tiny model (same weights for the same name, every time)."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    config = config_for(name)
+    torch.manual_seed(SEED)
+    if config.is_encoder_decoder:
+        cls = AutoModelForSeq2SeqLM
+    elif name == "bert":
+        cls = AutoModel
+    else:
+        cls = AutoModelForCausalLM
+    try:
+        model = cls.from_config(config, attn_implementation=attn)
+    except ValueError:  # e.g. Gemma 2 has no sdpa path: it runs eager by default
+        torch.manual_seed(SEED)
+        model = cls.from_config(config, attn_implementation="eager")
+    return model.eval()
