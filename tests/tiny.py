@@ -4,7 +4,7 @@ tokenizer serves every architecture (vocabulary 30522), so no tokenizer is downl
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ def config_for(name: str):
     return AutoConfig.for_model(model_type, **spec)
 
 
-@lru_cache(maxsize=None)
+@cache
 def tokenizer():
     from transformers import AutoTokenizer
 

@@ -1,0 +1,39 @@
+# Set-up and the two everyday commands. `make demo` runs the investigation on the embedded model;
+# `make test` runs the linter and every test. Both create .venv and install on first use.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# the CPU wheel of torch that lies on this machine's disk; an unpinned torch would pull a CUDA build
+TORCH  ?= torch==2.13.0
+
+.PHONY: install test lint demo chromium benchmarks clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[app,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's Chromium for the browser tests (never a browser download by Playwright)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+
+lint: install
+	$(VENV)/bin/ruff check inspector apps tests benchmarks fixtures
+
+test: install chromium lint
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+
+demo: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/inspector demo $(DEMO_ARGS)
+
+benchmarks: install
+	$(PY) benchmarks/capture.py
+	$(PY) benchmarks/analysis.py
+	$(PY) benchmarks/app.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
