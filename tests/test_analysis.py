@@ -1,0 +1,254 @@
+"""Analysis on planted ground truth, the seed's worked example, and real models checked against eager."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import planted
+import tiny
+from conftest import LEGAL
+
+from inspector import analysis
+from inspector.capture import capture
+from inspector.cli import main
+from inspector.errors import InspectorError
+from inspector.explain import check_against_capture, explain
+from inspector.inputs import encode
+from inspector.store import load
+
+TOL = 1e-5
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+@pytest.fixture(params=[True, False], ids=["full", "lazy"])
+def planted_capture(request, tmp_path):
+    cap = planted.build(weights=request.param)
+    return load(cap.save(tmp_path / "planted.safetensors"))
+
+
+def test_lazy_planted_capture_recomputes_the_planted_weights():
+    torch.testing.assert_close(planted.build(False).weights("planted.attention").double(), planted.patterns(), atol=1e-6, rtol=0)
+
+
+def test_rank_entropies_match_hand_computation(planted_capture):
+    df = analysis.rank_heads(planted_capture).set_index("head")
+    n = planted.N
+    others = n - 2
+    h1 = -(0.9 * math.log(0.9) + others * (0.1 / others) * math.log(0.1 / others))
+    assert df.loc[0, "entropy"] == pytest.approx(math.log(2), abs=TOL)
+    assert df.loc[1, "entropy"] == pytest.approx(h1, abs=TOL)
+    assert df.loc[2, "entropy"] == pytest.approx(math.log(n), abs=TOL)  # uniform: the maximum
+    assert df.loc[3, "entropy"] == pytest.approx(0.0, abs=TOL)  # one-hot
+    assert df.loc[2, "normalized_entropy"] == pytest.approx(1.0, abs=TOL)
+    assert df.loc[0, "normalized_entropy"] == pytest.approx(math.log(2) / math.log(n), abs=TOL)
+    assert df["entropy"].idxmax() == 2 and df.loc[3, "entropy"] == df["entropy"].min()
+    assert ((df["entropy"] >= -TOL) & (df["entropy"] <= math.log(n) + TOL)).all()
+    assert df.loc[3, "sink_mass"] == pytest.approx(1.0) and df.loc[3, "label"] == "sink"
+    assert df.loc[4, "label"] == "previous-token" and df.loc[4, "prev_mass"] == pytest.approx(1.0, abs=TOL)
+    assert df.loc[2, "label"] == "broad"
+    assert df.loc[1, "top_key"] == "Bob"
+    assert set(analysis.RANK_COLUMNS) <= set(df.reset_index().columns)
+
+
+def test_exclude_special_renormalizes(planted_capture):
+    df = analysis.rank_heads(planted_capture, exclude_special=True).set_index("head")
+    n = planted.N
+    assert df.loc[2, "entropy"] == pytest.approx(math.log(n - 1), abs=TOL)  # uniform over the n-1 real keys
+    assert df.loc[2, "sink_mass"] == pytest.approx(1 / n, abs=TOL)  # still reported
+
+
+def test_split_flags_the_planted_head_only(planted_capture):
+    df = analysis.split_heads(planted_capture, "today", ["Bob", "Carol"]).set_index("head")
+    assert df.loc[0, "split_score"] == pytest.approx(1.0, abs=TOL) and df.loc[0, "flagged"]
+    assert df.loc[0, "weight:Bob"] == pytest.approx(0.5, abs=TOL) and df.loc[0, "weight:Carol"] == pytest.approx(0.5, abs=TOL)
+    assert df.loc[1, "weight:Bob"] == pytest.approx(0.9, abs=TOL) and not df.loc[1, "flagged"]
+    assert df["flagged"].sum() == 1
+    assert df.index[0] == 0  # sorted by split score
+    assert df.loc[3, "split_score"] == pytest.approx(0.0, abs=TOL)
+
+
+def test_split_errors_name_the_fix(planted_capture):
+    with pytest.raises(InspectorError, match="nearest: Carol"):
+        analysis.split_heads(planted_capture, "today", ["Bob", "Caroll"])
+    with pytest.raises(InspectorError, match="'tomorrow' is not in the source text"):
+        analysis.split_heads(planted_capture, "tomorrow", ["Bob", "Carol"])
+    with pytest.raises(InspectorError, match="at least two different referents"):
+        analysis.split_heads(planted_capture, "today", ["Bob"])
+    df = analysis.split_heads(planted_capture, f"@{planted.TODAY}", [f"@{planted.BOB}", f"@{planted.CAROL}"])  # token indices
+    assert df.set_index("head").loc[0, "split_score"] == pytest.approx(1.0, abs=TOL)
+
+
+def test_worked_example_reproduces_the_seed():
+    spec = json.loads((FIXTURES / "worked_example.json").read_text())
+    cap = load(FIXTURES / "worked_example.safetensors")
+    exp = explain(cap, "example.attention", 0, 3)  # "blocked"
+    assert exp.table["dot"].round(6).tolist() == [1.0, 6.0, 0.4, 2.0]
+    assert exp.table["scaled"].round(6).tolist() == [0.5, 3.0, 0.2, 1.0]
+    assert exp.table["weight"].round(3).tolist() == spec["expected"]["blocked"]["weights"]
+    assert [round(x, 2) for x in exp.output] == spec["expected"]["blocked"]["output"]
+    assert exp.table["weight"].sum() == pytest.approx(1.0)
+    card = explain(cap, "example.attention", 0, 1)
+    assert card.table["weight"].tolist()[2:] == [0.0, 0.0]  # "was" and "blocked" exactly 0 under the causal mask
+    assert card.table["mask"].tolist()[2:] == [-math.inf, -math.inf]
+    assert check_against_capture(cap, exp) < 1e-7
+
+
+def test_worked_example_file_is_built_by_its_script(tmp_path):
+    import runpy
+
+    runpy.run_path(str(FIXTURES / "make_worked_example.py"), run_name="not_main")["main"]([str(tmp_path / "w.safetensors")])
+    a, b = load(tmp_path / "w.safetensors"), load(FIXTURES / "worked_example.safetensors")
+    for name in b.tensors.keys():
+        assert torch.equal(a.tensors[name], b.tensors[name])
+
+
+def _positions(offsets, text, word, start=0):
+    s = text.index(word, start)
+    return [i for i, (a, b) in enumerate(offsets) if b > a and a < s + len(word) and b > s]
+
+
+@pytest.mark.slow
+def test_legal_split_on_minilm_equals_eager_attention(minilm, tmp_path):
+    model, tok = minilm.model, minilm.tokenizer
+    cap = capture(model, tok, LEGAL)
+    df = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    enc = tok(LEGAL, return_offsets_mapping=True)
+    q = _positions(enc["offset_mapping"], LEGAL, "indemnity")
+    lessee = _positions(enc["offset_mapping"], LEGAL, "Lessee")
+    lessor = _positions(enc["offset_mapping"], LEGAL, "Lessor")
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(**encode(model, tok, LEGAL).model_kwargs, output_attentions=True)
+    finally:
+        model.set_attn_implementation("sdpa")
+    for row in df.to_dict("records"):
+        a = out.attentions[row["layer"]][0, row["head"]][q].mean(0)
+        assert row["weight:Lessee"] == pytest.approx(float(a[lessee].sum()), abs=TOL)
+        assert row["weight:Lessor"] == pytest.approx(float(a[lessor].sum()), abs=TOL)
+    assert len(df) == 6 * 12 and df["flagged"].any()
+    # the lazy capture gives the same table
+    lazy = capture(model, tok, LEGAL, weights=False)
+    dl = analysis.split_heads(lazy, "indemnity", ["Lessee", "Lessor"])
+    torch.testing.assert_close(torch.tensor(dl["split_score"].to_numpy()), torch.tensor(df["split_score"].to_numpy()), atol=1e-6, rtol=0)
+
+
+def test_cross_attention_split_on_bart_equals_eager(tokenizer):
+    target = "The Lessor shall indemnify the Lessee."
+    model = tiny.build("bart")
+    cap = capture(model, tokenizer, LEGAL, target)
+    df = analysis.split_heads(cap, "indemnify", ["Lessee", "Lessor"], sites="cross")
+    assert set(df["kind"]) == {"cross"} and len(df) == 2 * 4
+    eager = tiny.build("bart", attn="eager")
+    enc = encode(eager, tokenizer, LEGAL, target)
+    with torch.no_grad():
+        out = eager(**enc.model_kwargs, output_attentions=True)
+    src = tokenizer(LEGAL, return_offsets_mapping=True)["offset_mapping"]
+    tgt = tokenizer(target, return_offsets_mapping=True)["offset_mapping"]
+    q = [p + 1 for p in _positions(tgt, target, "indemnify")]  # +1: the decoder start token comes first
+    for row in df.itertuples():
+        a = out.cross_attentions[row.layer][0, row.head][q].mean(0)
+        assert row.referent_mass == pytest.approx(float(a[_positions(src, LEGAL, "Lessee")].sum() + a[_positions(src, LEGAL, "Lessor")].sum()), abs=TOL)
+    # a target-side phrase is only on the decoder's own axis: the encoder sites are left out
+    own = analysis.split_heads(cap, "shall indemnify the Lessee", ["Lessee", "Lessor"], sites="self")
+    assert set(own["stack"]) == {"decoder"} and set(own["kind"]) == {"causal"}
+
+
+def test_causal_site_explain_matches_capture(tokenizer):
+    cap = capture(tiny.build("llama"), tokenizer, LEGAL, weights=False)
+    site = cap.sites[1]
+    for qi in (0, 5, site.query_len - 1):
+        exp = explain(cap, site, 3, qi)
+        assert check_against_capture(cap, exp) < 1e-6
+        assert (exp.table["weight"].iloc[qi + 1:] == 0).all()
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt2")
+    tiny.build("gpt2").save_pretrained(path)
+    tiny.tokenizer().save_pretrained(path)
+    return path
+
+
+def test_cli_capture_rank_split_explain(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "run.safetensors"
+    assert main(["capture", "--model", str(tiny_model_dir), "--text", LEGAL, "--target", "The Lessor pays.", "-o", str(out)]) == 0
+    assert main(["rank", str(out), "--top", "3", "--csv", str(tmp_path / "rank.csv")]) == 0
+    import pandas as pd
+
+    rank = pd.read_csv(tmp_path / "rank.csv")
+    assert set(analysis.RANK_COLUMNS) <= set(rank.columns) and len(rank) == 2 * 4
+    assert main(["split", str(out), "--query", "Lessor", "--occurrence", "2", "--referents", "Lessee,premises", "--csv", str(tmp_path / "split.csv")]) == 0
+    split = pd.read_csv(tmp_path / "split.csv")
+    assert {"weight:Lessee", "weight:premises", "split_score", "flagged", "query"} <= set(split.columns)
+    assert main(["explain", str(out), "--site", "transformer.h.1.attn", "--head", "2", "--query", "pays", "--json", str(tmp_path / "e.json")]) == 0
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert {"rows", "output"} <= set(data) and sum(r["weight"] for r in data["rows"]) == pytest.approx(1.0)
+    assert {"key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"} <= set(data["rows"][0])
+    assert "output = [" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["capture", "--model", "/no/such/model", "--text", "hi", "-o", "x.safetensors"], "does not exist"),
+    (["capture", "--text", "   ", "-o", "x.safetensors"], "empty"),
+    (["capture", "--text", "word " * 600, "-o", "x.safetensors"], "accepts at most 128"),
+    (["capture", "--text", "hi", "--layers", "7", "-o", "x.safetensors"], "layer 7 does not exist"),
+    (["capture", "--text", "hi", "--layers", "a", "-o", "x.safetensors"], "comma-separated integers"),
+    (["capture", "--text", "hi", "-o", "x.pt"], "end in .safetensors"),
+])
+def test_cli_user_mistakes_get_one_line(argv, message, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if "--model" not in argv:
+        argv = argv[:1] + ["--model", str(tiny_model_dir)] + argv[1:]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("inspector: error:") and message in err[-1] and "Traceback" not in "\n".join(err)
+    assert not list(tmp_path.glob("*.safetensors"))
+
+
+def test_cli_bad_files(tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    assert main(["rank", str(bad)]) == 2
+    assert "not a readable capture" in capsys.readouterr().err
+    good = planted.build().save(tmp_path / "good.safetensors")
+    truncated = tmp_path / "trunc.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-100])
+    assert main(["rank", str(truncated)]) == 2
+    assert "truncated" in capsys.readouterr().err
+    assert main(["explain", str(good), "--site", "nope", "--head", "0", "--query-index", "1"]) == 2
+    assert "no site 'nope'" in capsys.readouterr().err
+    assert main(["explain", str(good), "--site", "planted.attention", "--head", "9", "--query-index", "1"]) == 2
+    assert "head 9 does not exist" in capsys.readouterr().err
+
+
+def test_newer_schema_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    cap = planted.build()
+    header = cap.header()
+    header["schema"] = 99
+    path = tmp_path / "new.safetensors"
+    save_file({k: v.contiguous() for k, v in cap.tensors.items()}, str(path), metadata={"inspector": json.dumps(header)})
+    with pytest.raises(InspectorError, match="newer than this inspector"):
+        load(path)
+
+
+def test_atomic_save_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    path = planted.build().save(tmp_path / "keep.safetensors")
+    before = path.read_bytes()
+    import safetensors.torch
+
+    def fail(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", fail)
+    with pytest.raises(OSError):
+        planted.build().save(path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["keep.safetensors"]
