@@ -202,11 +202,17 @@ def split_heads(
     batch: int = 0,
     rule: SplitRule = SplitRule(),
     case_sensitive: bool = True,
+    query_role: str | None = None,
+    referent_role: str | None = None,
+    cross_first: bool = False,
 ) -> pd.DataFrame:
     """Per site and head, how the query's weight divides among competing referents.
 
     Only sites where the query is on the query axis and at least one referent occurrence is visible to
-    it are reported; cross-attention sites first when scores tie. Sorted by split score, highest first.
+    it are reported. ``query_role`` / ``referent_role`` ("source" or "target") restrict where the
+    query and the referents are looked for (a decoder-only model sees prompt and output on one axis).
+    Sorted by split score, highest first (cross-attention first on ties, or always with
+    ``cross_first``).
     """
     _check_batch(capture, batch)
     refs = [r.strip() for r in referents if r.strip()]
@@ -216,15 +222,16 @@ def split_heads(
     rows: list[dict] = []
     problems: list[str] = []
     for site in candidates:
-        if query_index is None and not spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive):
+        if query_index is None and not spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive,
+                                                  role=query_role):
             problems.append(spans.not_found_message(capture, site, query, "query", "query", batch))
             continue
         occ = spans.resolve_query(capture, site, query, index=query_index, occurrence=occurrence, batch=batch,
-                                  case_sensitive=case_sensitive)
+                                  case_sensitive=case_sensitive, role=query_role)
         ref_pos: dict[str, list[int]] = {}
         missing = None
         for ref in refs:
-            found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive)
+            found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=referent_role)
             if not found:
                 missing = ref
                 break
@@ -257,5 +264,9 @@ def split_heads(
         raise InspectorError(problems[0] if problems else "no attention site matches the --sites filter")
     df = pd.DataFrame(rows)
     df["_cross"] = df["kind"] != "cross"
-    df = df.sort_values(["split_score", "_cross", "site", "head"], ascending=[False, True, True, True], kind="stable")
+    if cross_first:
+        keys, ascending = ["_cross", "split_score"], [True, False]
+    else:
+        keys, ascending = ["split_score", "_cross"], [False, True]
+    df = df.sort_values(keys + ["site", "head"], ascending=ascending + [True, True], kind="stable")
     return df.drop(columns="_cross").reset_index(drop=True)

@@ -29,8 +29,9 @@ class Occurrence:
 
 
 def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch: int = 0,
-         case_sensitive: bool = True) -> list[Occurrence]:
-    """Every occurrence of ``phrase`` on the site's query or key axis, in axis order."""
+         case_sensitive: bool = True, role: str | None = None) -> list[Occurrence]:
+    """Every occurrence of ``phrase`` on the site's query or key axis, in axis order (only in the
+    ``role`` part of the axis when given)."""
     m = _INDEX.match(phrase.strip())
     axis = capture.axis(site, which, batch)
     if m:
@@ -42,17 +43,17 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
     pattern = re.compile(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", flags)
     found: list[Occurrence] = []
     start = 0
-    for role in site.query_input if which == "query" else site.key_input:
-        rec = capture.records(role, batch)
+    for axis_role in site.query_input if which == "query" else site.key_input:
+        rec = capture.records(axis_role, batch)
         if any(o is None for o, s, p in zip(rec.offsets, rec.special, rec.padding, strict=True) if not (s or p)):
             raise InspectorError("this capture has no character offsets (slow tokenizer): give spans as token indices, e.g. @7")
-        for match in pattern.finditer(rec.text):
+        for match in pattern.finditer(rec.text if role in (None, rec.role) else ""):
             pos = tuple(
                 start + i for i, off in enumerate(rec.offsets)
                 if off is not None and off[0] < match.end() and off[1] > match.start()
             )
             if pos:
-                found.append(Occurrence(phrase, role, pos, match.start(), match.end()))
+                found.append(Occurrence(phrase, axis_role, pos, match.start(), match.end()))
         start += len(rec.ids)
     return found
 
@@ -69,7 +70,8 @@ def not_found_message(capture: Capture, site: Site, phrase: str, which: str, wha
 
 
 def resolve_query(capture: Capture, site: Site, phrase: str | None, *, index: int | None = None,
-                  occurrence: int | None = None, batch: int = 0, case_sensitive: bool = True) -> Occurrence:
+                  occurrence: int | None = None, batch: int = 0, case_sensitive: bool = True,
+                  role: str | None = None) -> Occurrence:
     """The query span: a phrase (one occurrence of it) or an explicit query index."""
     if index is not None:
         n = site.query_len
@@ -79,7 +81,7 @@ def resolve_query(capture: Capture, site: Site, phrase: str | None, *, index: in
         return Occurrence(f"@{index}", rec.role, (index,))
     if not phrase:
         raise InspectorError("no query given: pass --query WORD or --query-index I")
-    found = find(capture, site, phrase, "query", batch=batch, case_sensitive=case_sensitive)
+    found = find(capture, site, phrase, "query", batch=batch, case_sensitive=case_sensitive, role=role)
     if not found:
         raise InspectorError(not_found_message(capture, site, phrase, "query", "query", batch))
     if occurrence is None:

@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import planted
-import tiny
-from conftest import LEGAL
 
 from inspector import analysis
 from inspector.capture import capture
@@ -19,6 +16,10 @@ from inspector.errors import InspectorError
 from inspector.explain import check_against_capture, explain
 from inspector.inputs import encode
 from inspector.store import load
+
+import planted
+import tiny
+from conftest import LEGAL
 
 TOL = 1e-5
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import tiny
 import torch
-from conftest import LEGAL
 
 from inspector import attention
 from inspector.capture import IMPL, capture
 from inspector.inputs import encode
 from inspector.store import load
+
+import tiny
+from conftest import LEGAL
 
 WEIGHT_TOL = 1e-6  # captured vs eager output_attentions
 LOGIT_TOL = 1e-5  # model output with and without capture
