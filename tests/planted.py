@@ -35,8 +35,8 @@ def patterns() -> torch.Tensor:
     return p
 
 
-def build(weights: bool = True) -> Capture:
-    p = patterns()
+def build(weights: bool = True, p: torch.Tensor | None = None) -> Capture:
+    p = patterns() if p is None else p
     heads = p.shape[0]
     q = (torch.log(p.clamp_min(1e-30)) / 10).float()[None]  # [1, head, query, d_head = N]
     k = (10 * torch.eye(N)).expand(heads, N, N)[None].contiguous()

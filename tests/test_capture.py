@@ -218,3 +218,17 @@ def test_embedded_minilm(minilm):
         torch.testing.assert_close(cap.tensor(site, "weights"), ref, atol=WEIGHT_TOL, rtol=0)
     torch.testing.assert_close(cap.output.last_hidden_state, out.last_hidden_state, atol=LOGIT_TOL, rtol=0)
     assert cap.tokens(cap.sites[0])[0] == "[CLS]" and cap.inputs[0].offsets[1] == [0, 3]
+
+
+def test_device_map_auto_loads_and_captures(tmp_path, tokenizer):
+    """device_map="auto" goes through accelerate; on a CPU-only machine everything lands on the CPU."""
+    from inspector.models import load_model
+
+    tiny.build("llama").save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), device_map="auto")
+    cap = capture(loaded.model, loaded.tokenizer, LEGAL, model_name=loaded.name)
+    ref = capture(tiny.build("llama"), tokenizer, LEGAL)
+    for site in ref.sites:
+        assert cap.tensor(site.name, "weights").device.type == "cpu"
+        torch.testing.assert_close(cap.tensor(site.name, "weights"), ref.tensor(site, "weights"), atol=WEIGHT_TOL, rtol=0)

@@ -1,0 +1,97 @@
+"""The summariser investigation end to end: debug, compare, demo."""
+
+from __future__ import annotations
+
+import pandas as pd
+import planted
+import pytest
+import tiny
+from conftest import LEGAL
+
+from inspector.capture import capture
+from inspector.cli import main
+from inspector.errors import InspectorError
+from inspector.investigate import compare_captures, investigate
+from inspector.models import LoadedModel
+from inspector.store import load
+
+OUTPUT = "The Lessor shall indemnify the Lessee."
+QUOTED = 'The clause reads: "The Lessee shall indemnify the Lessor against all claims." Such indemnity survives.'
+
+
+@pytest.fixture(scope="module")
+def bart(tokenizer):
+    return LoadedModel(tiny.build("bart"), tokenizer, "tiny-bart")
+
+
+def test_debug_encoder_decoder_with_output_and_variant(bart, tmp_path):
+    inv = investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"],
+                      variants={"quoted": QUOTED}, out_dir=tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"capture.safetensors", "rank.csv", "split.csv", "report.html", "variant-quoted.safetensors",
+            "compare-quoted.csv", "source.txt", "output.txt"} <= names
+    split = pd.read_csv(tmp_path / "split.csv")
+    kinds = split["kind"].tolist()
+    assert kinds[: kinds.count("cross")] == ["cross"] * kinds.count("cross") > []  # cross sites first
+    assert set(split["stack"]) == {"decoder"}  # the query is on the output side
+    assert (split.drop(columns=["flagged"]).round(10) == inv.split.drop(columns=["flagged"]).round(10)).all().all()
+    cap = load(tmp_path / "capture.safetensors")
+    assert cap.records("target").text == OUTPUT
+    html = (tmp_path / "report.html").read_text()
+    assert "indemnify" in html and "inspector split" in html
+    assert not any(s in html for s in ("<script src", "<link ", "https://", "http://"))
+    cmp = pd.read_csv(tmp_path / "compare-quoted.csv")
+    assert {"split_score[original]", "split_score[quoted]", "split_change"} <= set(cmp.columns)
+
+
+def test_debug_needs_an_output_for_a_generator(bart, tmp_path):
+    with pytest.raises(InspectorError, match="--output, or --generate"):
+        investigate(bart, LEGAL, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_debug_cli_with_generation(name, tmp_path, tokenizer, capsys):
+    model_dir = tmp_path / "model"
+    tiny.build(name).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "out"
+    code = main(["debug", "--model", str(model_dir), "--source", LEGAL, "--generate", "5", "--query", "indemnity",
+                 "--referents", "Lessee,Lessor", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    cap = load(out / "capture.safetensors")
+    assert len(cap.records("target").ids) >= 2
+    assert (out / "report.html").is_file() and "Flagged heads" in capsys.readouterr().out
+
+
+def test_compare_detects_a_split_planted_in_one_capture_only(tmp_path):
+    a = planted.build()
+    p = planted.patterns()
+    p[0] = 0.0
+    p[0, :, planted.BOB] = 1.0  # head 0 no longer split
+    b = planted.build(p=p)
+    df = compare_captures(a, b, "today", ["Bob", "Carol"], names=("before", "after"))
+    top = df.iloc[0]
+    assert (top["site"], top["head"]) == ("planted.attention", 0)
+    assert top["split_change"] == pytest.approx(-1.0) and top["flagged[before]"] and not top["flagged[after]"]
+    assert (df["split_change"].iloc[1:].abs() < 1e-6).all()
+    pa, pb = a.save(tmp_path / "a.safetensors"), b.save(tmp_path / "b.safetensors")
+    assert main(["compare", str(pa), str(pb), "--query", "today", "--referents", "Bob,Carol", "--csv", str(tmp_path / "c.csv")]) == 0
+    assert pd.read_csv(tmp_path / "c.csv")["split_change"].iloc[0] == pytest.approx(-1.0)
+
+
+def test_compare_refuses_captures_of_different_models(tokenizer):
+    a = capture(tiny.build("gpt2"), tokenizer, LEGAL)
+    b = capture(tiny.build("llama"), tokenizer, LEGAL)
+    with pytest.raises(InspectorError, match="different models"):
+        compare_captures(a, b, "indemnity", ["Lessee", "Lessor"])
+
+
+@pytest.mark.slow
+def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path), "--no-app"]) == 0
+    out = capsys.readouterr().out
+    assert "Flagged heads" in out and "encoder.layer.5.attention.self" in out
+    for name in ("capture.safetensors", "rank.csv", "split.csv", "report.html", "compare-quoted.csv"):
+        assert (tmp_path / name).is_file()
+    split = pd.read_csv(tmp_path / "split.csv")
+    assert split["flagged"].any()
