@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
-import planted
 import pytest
-import tiny
-from conftest import LEGAL
 
 from inspector.capture import capture
 from inspector.cli import main
@@ -14,6 +11,10 @@ from inspector.errors import InspectorError
 from inspector.investigate import compare_captures, investigate
 from inspector.models import LoadedModel
 from inspector.store import load
+
+import planted
+import tiny
+from conftest import LEGAL
 
 OUTPUT = "The Lessor shall indemnify the Lessee."
 QUOTED = 'The clause reads: "The Lessee shall indemnify the Lessor against all claims." Such indemnity survives.'

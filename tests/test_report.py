@@ -1,0 +1,333 @@
+"""The HTML report: self-contained, its heatmaps and shading are the capture's numbers, text escaped."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from inspector import spans
+from inspector.analysis import rank_heads, split_heads
+from inspector.capture import capture
+from inspector.explain import explain
+from inspector.report import LIMIT, render_report
+
+import tiny
+from conftest import LEGAL
+
+TARGET = "The Lessor shall indemnify the Lessee."
+REFS = ["Lessee", "Lessor"]
+COMMANDS = ["inspector capture --text-file lease.txt -o run.safetensors",
+            "inspector split run.safetensors --query indemnity --referents Lessee,Lessor"]
+SWAPPED = LEGAL.replace("Lessee", "@").replace("Lessor", "Lessee").replace("@", "Lessor")
+VOID = {"meta", "br", "hr", "img", "input", "link", "col", "wbr"}
+
+
+# ---- a small DOM, enough to read the report back --------------------------------------------------
+class Node:
+    def __init__(self, tag: str, attrs: dict, parent: Node | None):
+        self.tag, self.attrs, self.parent, self.children = tag, attrs, parent, []
+
+    @property
+    def classes(self) -> set[str]:
+        return set((self.attrs.get("class") or "").split())
+
+    def text(self) -> str:
+        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
+
+    def all(self, tag: str | None = None, cls: str | None = None) -> list[Node]:
+        out = []
+        for c in self.children:
+            if isinstance(c, Node):
+                if (tag is None or c.tag == tag) and (cls is None or cls in c.classes):
+                    out.append(c)
+                out += c.all(tag, cls)
+        return out
+
+
+class _Builder(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.root = self.cur = Node("#root", {}, None)
+
+    def handle_starttag(self, tag, attrs):
+        node = Node(tag, dict(attrs), self.cur)
+        self.cur.children.append(node)
+        if tag not in VOID:
+            self.cur = node
+
+    def handle_endtag(self, tag):
+        node = self.cur
+        while node is not None and node.tag != tag:
+            node = node.parent
+        if node is not None and node.parent is not None:
+            self.cur = node.parent
+
+    def handle_data(self, data):
+        self.cur.children.append(data)
+
+
+def dom(html: str) -> Node:
+    b = _Builder()
+    b.feed(html)
+    b.close()
+    return b.root
+
+
+def heatmaps(root: Node) -> list[dict]:
+    out = []
+    for t in root.all("table", "hm"):
+        head = t.all("thead")[0].all("th")[1:]
+        rows = t.all("tbody")[0].all("tr")
+        out.append({
+            "site": t.attrs["data-site"], "head": int(t.attrs["data-head"]),
+            "keys": [int(th.attrs["data-k"]) for th in head], "key_labels": [th.text() for th in head],
+            "rows": [int(tr.attrs["data-q"]) for tr in rows], "row_labels": [tr.all("th")[0].text() for tr in rows],
+            "w": np.array([[np.float32(float(td.attrs["data-w"])) for td in tr.all("td")] for tr in rows]),
+        })
+    return out
+
+
+def table(root: Node, cls: str) -> tuple[list[str], list[list[str]], list[set[str]]]:
+    t = root.all("table", cls)[0]
+    cols = [th.text() for th in t.all("thead")[0].all("th")]
+    trs = t.all("tbody")[0].all("tr")
+    return cols, [[td.text() for td in tr.all("td")] for tr in trs], [tr.classes for tr in trs]
+
+
+# ---- fixtures ---------------------------------------------------------------------------------------
+def _report(cap, query, refs=REFS, occurrence=None, **kw):
+    split = split_heads(cap, query, refs, occurrence=occurrence)
+    rank = rank_heads(cap)
+    html = render_report(cap, split, rank, query=query, referents=refs, commands=COMMANDS, **kw)
+    return {"cap": cap, "split": split, "rank": rank, "html": html, "dom": dom(html), "query": query}
+
+
+@pytest.fixture(scope="module")
+def legal(minilm):
+    cap = capture(minilm.model, minilm.tokenizer, LEGAL)
+    swapped = capture(minilm.model, minilm.tokenizer, SWAPPED)
+    a = split_heads(cap, "indemnity", REFS)[["site", "head", "split_score"]]
+    b = split_heads(swapped, "indemnity", REFS)[["site", "head", "split_score"]]
+    comp = a.merge(b, on=["site", "head"], suffixes=(":original", ":swapped"))
+    comp["change"] = comp["split_score:swapped"] - comp["split_score:original"]
+    comp = comp.sample(frac=1.0, random_state=0).reset_index(drop=True)  # the report sorts it
+    out = _report(cap, "indemnity", comparison=comp, variants={"original": cap, "swapped": swapped})
+    out["comparison"] = comp
+    return out
+
+
+@pytest.fixture(scope="module")
+def bart(tokenizer):
+    return _report(capture(tiny.build("bart"), tokenizer, LEGAL, TARGET), "indemnify")
+
+
+@pytest.fixture(params=["legal", "bart"])
+def report(request):
+    return request.getfixturevalue(request.param)
+
+
+# ---- tests ------------------------------------------------------------------------------------------
+def test_self_contained(report):
+    html = report["html"]
+    assert html.startswith("<!DOCTYPE html>")
+    low = html.lower()
+    for bad in ("<script", "<link", "<img", "<iframe", "@import", "url(", "http://", "https://", "@font-face"):
+        assert bad not in low, bad
+    assert not re.search(r"\b(src|href|srcset|action|poster)\s*=", low)
+    assert "default-src 'none'" in html  # the CSP forbids fetches even if something slipped in
+
+
+def test_flagged_head_is_shown_first(legal):
+    root = legal["dom"]
+    cards = root.all("div", "head")
+    assert cards and cards[0].attrs["data-site"] == "encoder.layer.5.attention.self" and cards[0].attrs["data-head"] == "9"
+    assert "encoder.layer.5.attention.self · head 9" in cards[0].text()
+    summary = root.all("p", "summary")[0].text()
+    assert summary.startswith("1 head flagged") and "Lessee and Lessor" in summary
+    cols, rows, classes = table(root, "split")
+    flagged = [r for r, c in zip(rows, classes, strict=True) if "flag" in c]
+    assert len(flagged) == int(legal["split"]["flagged"].sum()) >= 1
+    assert flagged[0][cols.index("site")] == "encoder.layer.5.attention.self" and flagged[0][cols.index("head")] == "9"
+    bars = cards[0].all("table", "bars")[0].text()
+    assert f"{legal['split'].loc[0, 'weight:Lessee']:.4f}" in bars and f"{legal['split'].loc[0, 'weight:Lessor']:.4f}" in bars
+
+
+def test_no_flagged_head_says_so(bart):
+    root = bart["dom"]
+    assert not bart["split"]["flagged"].any()
+    assert "none passed the split thresholds" in root.all("p", "summary")[0].text()
+    best = bart["split"].sort_values("split_score", ascending=False).head(3)
+    cards = root.all("div", "head")
+    assert [(c.attrs["data-site"], int(c.attrs["data-head"])) for c in cards] == list(zip(best["site"], best["head"], strict=True))
+
+
+def test_heatmap_cells_are_the_captured_weights(report):
+    cap = report["cap"]
+    maps = heatmaps(report["dom"])
+    assert len(maps) == len(report["dom"].all("div", "head")) > 0
+    for m in maps:
+        w = cap.weights(m["site"], heads=[m["head"]])[0].numpy()
+        assert m["w"].shape == (len(m["rows"]), len(m["keys"]))
+        np.testing.assert_array_equal(m["w"], w[np.ix_(m["rows"], m["keys"])])
+        assert m["key_labels"] == [cap.tokens(m["site"], "key")[k] for k in m["keys"]]
+        assert m["row_labels"] == [cap.tokens(m["site"], "query")[q] for q in m["rows"]]
+
+
+def test_heatmap_windows_a_long_input(minilm):
+    filler = " ".join(f"Clause {i} covers the rent, the deposit and the repairs of unit {i}." for i in range(30))
+    text = f"The Lessee shall indemnify the Lessor. {filler} Such indemnity survives termination."
+    cap = capture(minilm.model, minilm.tokenizer, text)
+    rep = _report(cap, "indemnity")
+    m = heatmaps(rep["dom"])[0]
+    site = cap.site(m["site"])
+    assert site.key_len > 2 * LIMIT
+    row = rep["split"][(rep["split"]["site"] == m["site"]) & (rep["split"]["head"] == m["head"])].iloc[0]
+    q_pos = [int(p) for p in row["query_positions"].split()]
+    assert len(m["keys"]) <= LIMIT and len(m["rows"]) <= LIMIT
+    assert set(q_pos) <= set(m["rows"]) and set(q_pos) <= set(m["keys"])
+    for ref in REFS:
+        ref_pos = {p for o in spans.find(cap, site, ref, "key") for p in o.positions}
+        assert ref_pos and ref_pos <= set(m["keys"]), ref
+    assert any(b != a + 1 for a, b in zip(m["keys"], m["keys"][1:], strict=False)), "expected a window with a gap"
+    w = cap.weights(site, heads=[m["head"]])[0].numpy()
+    np.testing.assert_array_equal(m["w"], w[np.ix_(m["rows"], m["keys"])])
+    # the step-by-step table keeps to the same window and says what it left out
+    assert "keys outside the window carry weight" in rep["html"]
+    assert len(table(rep["dom"], "steps")[1]) <= LIMIT
+
+
+def test_shaded_text_is_the_source_with_the_query_weights(report):
+    cap, root = report["cap"], report["dom"]
+    for card in root.all("div", "head"):
+        site = cap.site(card.attrs["data-site"])
+        head = int(card.attrs["data-head"])
+        row = report["split"][(report["split"]["site"] == site.name) & (report["split"]["head"] == head)].iloc[0]
+        q_pos = [int(p) for p in row["query_positions"].split()]
+        mean = cap.weights(site, heads=[head])[0, q_pos].double().mean(0)
+        boxes = card.all("div", "src")
+        assert [b.attrs["data-role"] for b in boxes] == site.key_input
+        for box in boxes:
+            text = cap.records(box.attrs["data-role"]).text
+            assert box.text() == text
+            for word in re.findall(r"\w+", LEGAL if box.attrs["data-role"] == "source" else TARGET):
+                assert word in box.text()
+            spans = box.all("span", "t")
+            assert spans
+            for s in spans:
+                pos = [int(p) for p in s.attrs["data-k"].split()]
+                assert float(s.attrs["data-w"]) == pytest.approx(float(mean[pos].sum()), abs=1e-9)
+                assert float(re.search(r"--a:([\d.]+)", s.attrs["style"]).group(1)) == pytest.approx(min(1.0, float(mean[pos].sum())), abs=1e-3)
+
+
+def test_text_is_escaped(minilm):
+    text = 'The Lessee <script>alert("x & y")</script> shall indemnify the Lessor & <b>co</b>.'
+    cap = capture(minilm.model, minilm.tokenizer, text)
+    split = split_heads(cap, "indemnify", REFS)
+    html = render_report(cap, split, rank_heads(cap), query="indemnify", referents=REFS, title="<i>Lease</i> & co",
+                         commands=['inspector capture --text "<script>x</script>" && echo done'])
+    low = html.lower()
+    assert "<script" not in low and "<b>" not in low and "<i>" not in low
+    assert "&lt;script&gt;" in html  # the command; in the text every character is its own escaped token span
+    src = html[html.index('<div class="src"'):]
+    src = src[:src.index("</div>")]
+    assert all(f">{e}</span>" in src for e in ("&lt;", "&gt;", "&amp;")) and "<" not in re.sub(r"</?span[^>]*>|<div[^>]*>", "", src)
+    assert "&lt;i&gt;Lease&lt;/i&gt; &amp; co" in html and "&amp;&amp; echo done" in html
+    root = dom(html)
+    assert root.all("div", "src")[0].text() == text
+    assert root.all("pre")[-1].text() == 'inspector capture --text "<script>x</script>" && echo done'
+    assert root.all("title")[0].text() == "<i>Lease</i> & co"
+
+
+def test_step_by_step_table(legal):
+    cap, row = legal["cap"], legal["split"].iloc[0]
+    q_last = int(row["query_positions"].split()[-1])
+    exp = explain(cap, row["site"], int(row["head"]), q_last)
+    cols, rows, classes = table(legal["dom"], "steps")
+    assert cols == ["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"]
+    assert [int(r[0]) for r in rows] == list(range(cap.site(row["site"]).key_len))
+    assert [r[1] for r in rows] == exp.table["key_token"].tolist()
+    assert [r[5] for r in rows] == [f"{w:.4f}" for w in exp.table["weight"]]
+    assert all(r[6].startswith("[") and "more]" in r[6] for r in rows)
+    assert sum("top" in c for c in classes) == 1 and sum("ref" in c for c in classes) == 4  # less ##ee, less ##or
+    vec = legal["dom"].all("p", "vec")[0].text()
+    assert vec.strip("[]").split(", ") == [f"{x:.4f}" for x in exp.output]
+
+
+def test_comparison_is_rendered_sorted_by_change(legal):
+    cols, rows, _ = table(legal["dom"], "compare")
+    comp = legal["comparison"]
+    assert cols == list(comp.columns)
+    changes = [float(r[cols.index("change")]) for r in rows]
+    assert [abs(c) for c in changes] == sorted((abs(c) for c in changes), reverse=True)
+    assert abs(changes[0]) == pytest.approx(comp["change"].abs().max(), abs=1e-4)
+    names = [v.attrs["data-variant"] for v in legal["dom"].all("div", "variant")]
+    assert names == ["original", "swapped"]
+    swapped = legal["dom"].all("div", "variant")[1]
+    assert swapped.all("div", "src")[0].text() == SWAPPED
+
+
+def test_rank_table_and_reproduce(legal):
+    cols, rows, _ = table(legal["dom"], "rank")
+    assert cols == list(legal["rank"].columns) and len(rows) == min(15, len(legal["rank"]))
+    assert legal["dom"].all("pre")[-1].text() == "\n".join(COMMANDS)
+
+
+def test_top_and_determinism(bart):
+    kw = dict(query="indemnify", referents=REFS, commands=COMMANDS, top=1)
+    one = render_report(bart["cap"], bart["split"], bart["rank"], **kw)
+    assert len(dom(one).all("div", "head")) == 1
+    assert one == render_report(bart["cap"], bart["split"], bart["rank"], **kw)
+
+
+def test_lazy_capture_recomputes_the_same_heatmaps(tokenizer, bart):
+    lazy = capture(tiny.build("bart"), tokenizer, LEGAL, TARGET, weights=False)
+    html = render_report(lazy, bart["split"], bart["rank"], query="indemnify", referents=REFS, commands=[])
+    for got, want in zip(heatmaps(dom(html)), heatmaps(bart["dom"]), strict=True):
+        assert (got["site"], got["head"], got["rows"], got["keys"]) == (want["site"], want["head"], want["rows"], want["keys"])
+        torch.testing.assert_close(torch.from_numpy(got["w"]), torch.from_numpy(want["w"]), atol=1e-6, rtol=0)
+
+
+def test_decoder_query_occurrence_and_two_key_texts(tokenizer):
+    cap = capture(tiny.build("gpt2"), tokenizer, LEGAL, TARGET)
+    rep = _report(cap, "indemnify", occurrence=2)  # the target's "indemnify"
+    card = rep["dom"].all("div", "head")[0]
+    split = rep["split"]
+    row = split[(split["site"] == card.attrs["data-site"]) & (split["head"] == int(card.attrs["data-head"]))].iloc[0]
+    q_pos = [int(p) for p in row["query_positions"].split()]
+    assert min(q_pos) >= len(cap.records("source").ids)
+    boxes = card.all("div", "src")
+    assert [b.attrs["data-role"] for b in boxes] == ["source", "target"]
+    assert [b.text() for b in boxes] == [LEGAL, TARGET]
+    m = heatmaps(rep["dom"])[0]
+    assert set(q_pos) <= set(m["rows"])
+    q_bold = [int(s.attrs["data-k"]) for s in boxes[1].all("span", "q")]
+    assert q_bold == q_pos
+
+
+def test_unknown_columns_and_empty_comparison(bart):
+    odd = pd.DataFrame({"variant": ["a", "b"], "score <x>": [0.1, float("nan")], "ok": [True, False]})
+    html = render_report(bart["cap"], bart["split"], bart["rank"], query="indemnify", referents=REFS, commands=[],
+                         comparison=odd)
+    cols, rows, _ = table(dom(html), "compare")
+    assert cols == ["variant", "score <x>", "ok"] and rows == [["a", "0.1000", "✓"], ["b", "–", ""]]
+
+
+def test_padded_batch_row(minilm):
+    short = "The Lessee shall indemnify the Lessor."
+    cap = capture(minilm.model, minilm.tokenizer, [LEGAL, short])
+    split = split_heads(cap, "indemnify", REFS, batch=1)
+    html = render_report(cap, split, rank_heads(cap, batch=1), query="indemnify", referents=REFS, commands=[], batch=1)
+    root = dom(html)
+    _, pad = cap.flags(split.loc[0, "site"], "key", 1)
+    assert pad.any()
+    for m in heatmaps(root):
+        w = cap.weights(m["site"], batch=1, heads=[m["head"]])[0].numpy()
+        np.testing.assert_array_equal(m["w"], w[np.ix_(m["rows"], m["keys"])])
+        assert not pad[m["keys"]].any() and not pad[m["rows"]].any()
+    assert root.all("div", "src")[0].text() == short
+    assert len(table(root, "steps")[1]) == int((~pad).sum())

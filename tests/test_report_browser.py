@@ -1,0 +1,84 @@
+"""The report in Debian's Chromium, offline: it fetches nothing, and its heatmap and tables show."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from inspector.analysis import rank_heads, split_heads
+from inspector.capture import capture
+from inspector.report import render_report
+
+from conftest import LEGAL
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (make chromium)"),
+]
+
+
+def test_report_renders_offline(minilm, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    cap = capture(minilm.model, minilm.tokenizer, LEGAL)
+    split = split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    html = render_report(cap, split, rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"],
+                         commands=["inspector split run.safetensors --query indemnity --referents Lessee,Lessor"])
+    page_path = tmp_path / "report.html"
+    page_path.write_text(html, encoding="utf-8")
+    # The CSP would block a stray fetch before the route below sees it; a copy without it shows the markup
+    # itself asks for nothing.
+    bare = tmp_path / "report-no-csp.html"
+    bare.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html), encoding="utf-8")
+    assert "Content-Security-Policy" not in bare.read_text(encoding="utf-8")
+
+    outside: list[str] = []
+
+    def gate(route):
+        url = route.request.url
+        if url.startswith("file://"):
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.route("**/*", gate)
+            page.on("request", lambda r: None if r.url.startswith(("file://", "data:")) else outside.append(r.url))
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)  # CSP refusals
+            page.goto(bare.as_uri(), wait_until="load")
+            page.wait_for_load_state("networkidle")
+            page.goto(page_path.as_uri(), wait_until="load")
+            page.wait_for_load_state("networkidle")
+
+            heat = page.locator("table.hm").first
+            assert heat.is_visible()
+            box = heat.bounding_box()
+            assert box and box["width"] > 200 and box["height"] > 200
+            cell = page.locator("table.hm td").first
+            assert cell.is_visible()
+            shade = page.locator("table.hm td").evaluate_all(
+                "tds => tds.map(td => getComputedStyle(td).backgroundColor)")
+            assert len(set(shade)) > 5  # cells are coloured by weight
+            assert page.locator("table.split").is_visible() and page.locator("table.steps").is_visible()
+            assert page.locator("div.src").first.is_visible()
+            assert "encoder.layer.5.attention.self" in page.locator("div.head").first.inner_text()
+            assert page.title().startswith("Attention report")
+            shot = tmp_path / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+        finally:
+            browser.close()
+    assert outside == [], f"the report tried to fetch {outside}"
+    assert errors == []
