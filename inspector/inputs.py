@@ -46,14 +46,26 @@ class Encoded:
     layout: str  # "encoder", "decoder" or "encoder-decoder"
 
 
-def model_layout(model) -> str:
-    config = model.config
+# model types whose checkpoints are usually encoders even though a causal-LM head exists for them
+_ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "electra", "camembert", "ernie", "rembert", "roc_bert", "xmod"}
+
+
+def config_layout(config, class_name: str = "") -> str:
+    """"encoder", "decoder" or "encoder-decoder" for a model config (and the model class, if known)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder"
-    arch = " ".join(getattr(config, "architectures", None) or [type(model).__name__])
-    if getattr(config, "is_decoder", False) or "CausalLM" in arch or "LMHead" in arch or hasattr(model, "generate") and type(model).__name__.endswith("ForCausalLM"):
+    names = " ".join([class_name] + list(getattr(config, "architectures", None) or []))
+    if getattr(config, "is_decoder", False) or "CausalLM" in names or "LMHead" in names:
+        return "decoder"
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and config.model_type not in _ENCODER_TYPES:
         return "decoder"
     return "encoder"
+
+
+def model_layout(model) -> str:
+    return config_layout(model.config, type(model).__name__)
 
 
 def max_positions(model, tokenizer) -> int | None:

@@ -81,12 +81,12 @@ def load_model(
     # fall back to the bare model for encoders such as sentence-transformers checkpoints.
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    model_type = config.model_type
-    if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+    from .inputs import config_layout
+
+    layout = config_layout(config)
+    if layout == "encoder-decoder" and config.model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
         auto_cls = AutoModelForSeq2SeqLM
-    elif model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "is_encoder_decoder", False) and (
-        model_type not in ("bert", "roberta", "xlm-roberta", "electra") or getattr(config, "is_decoder", False)
-    ):
+    elif layout == "decoder" and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         auto_cls = AutoModelForCausalLM
     else:
         auto_cls = AutoModel

@@ -68,3 +68,18 @@ def test_cross_attention_of_generated_output_matches_eager(tokenizer):
     for site, ref in zip(cross, out.cross_attentions, strict=True):
         torch.testing.assert_close(cap.tensor(site, "weights"), ref, atol=1e-6, rtol=0)
         assert cap.tokens(site, "query") == tokenizer.convert_ids_to_tokens(ids[0])
+
+
+def test_cli_capture_generate(tmp_path, tokenizer, capsys):
+    from inspector.cli import main
+    from inspector.store import load
+
+    model_dir = tmp_path / "bart"
+    tiny.build("bart").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "gen.safetensors"
+    assert main(["capture", "--model", str(model_dir), "--text", LEGAL, "--generate", "4", "-o", str(out)]) == 0
+    cap = load(out)
+    assert "generated" in capsys.readouterr().err
+    assert {s.kind for s in cap.sites} == {"self", "causal", "cross"}
+    assert len(cap.records("target").ids) == 5  # decoder start + 4 generated tokens
