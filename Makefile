@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # the CPU wheel of torch that lies on this machine's disk; an unpinned torch would pull a CUDA build
 TORCH  ?= torch==2.13.0
 
-.PHONY: install test lint demo chromium benchmarks clean
+.PHONY: install test lint demo chromium assets benchmarks clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +17,14 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# bertviz's scripts (require.js, d3 5.7, jQuery 2) from the npm registry: the app inlines them, never a CDN
+ASSETS := apps/vendor/node_modules/.package-lock.json
+$(ASSETS): apps/vendor/package.json apps/vendor/package-lock.json
+	npm ci --prefix apps/vendor --no-audit --no-fund
+	touch $(ASSETS)
+
+assets: $(ASSETS)
+
 # Debian's Chromium for the browser tests (never a browser download by Playwright)
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
@@ -24,10 +32,10 @@ chromium:
 lint: install
 	$(VENV)/bin/ruff check inspector apps tests benchmarks fixtures
 
-test: install chromium lint
+test: install assets chromium lint
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 
-demo: install
+demo: install assets
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/inspector demo $(DEMO_ARGS)
 
 benchmarks: install
@@ -36,4 +44,4 @@ benchmarks: install
 	$(PY) benchmarks/app.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out .pytest_cache apps/vendor/node_modules

@@ -172,7 +172,7 @@ def cmd_app(args) -> int:
     if not app.is_file():
         raise InspectorError(f"the app is not at {app}: run `inspector app` from a source checkout (pip install -e .[app])")
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(args.port),
-           "--browser.gatherUsageStats", "false"]
+           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     if args.file:
         cmd += ["--", str(Path(args.file).resolve())]
     _status(f"starting the app on http://localhost:{args.port} (Ctrl-C stops it)")

@@ -279,7 +279,7 @@ def bertviz_kwargs(capture: Capture, start: int, size: int, *, batch: int = 0, d
         out = []
         for _, s in sorted(per_layer.items()):
             w = capture.weights(s, batch, queries=q_axis)[:, :, k_axis]
-            out.append(torch.round(w, decimals=decimals).unsqueeze(0))
+            out.append(torch.round(w.double(), decimals=decimals).unsqueeze(0))  # float64: JSON "0.123", not 0.12300000339
         return out
 
     def toks(site: Site, which: str, ax: slice) -> list[str]:
@@ -361,14 +361,20 @@ def offline_bertviz(page: str, scripts: dict[str, str]) -> str:
     return page
 
 
-def bertviz_html(capture: Capture, view: str, start: int, size: int, vendor_dir: str | Path, *, batch: int = 0) -> str:
-    """bertviz's head or model view of a token window, as self-contained HTML."""
+def bertviz_html(capture: Capture, view: str, start: int, size: int, vendor_dir: str | Path, *, batch: int = 0,
+                 layer: int | None = None, heads: list[int] | None = None) -> str:
+    """bertviz's head or model view of a token window, as self-contained HTML. For the head view,
+    ``layer`` (an index into the captured layers) and ``heads`` pick what is shown first."""
     import bertviz
 
     scripts = vendor_scripts(vendor_dir)
     kwargs = bertviz_kwargs(capture, start, size, batch=batch)
-    fn = {"head": bertviz.head_view, "model": bertviz.model_view}[view]
-    page = fn(**kwargs, html_action="return").data
+    if view == "head":
+        page = bertviz.head_view(**kwargs, layer=layer, heads=heads, html_action="return").data
+    elif view == "model":
+        page = bertviz.model_view(**kwargs, html_action="return").data
+    else:
+        raise InspectorError(f"unknown bertviz view {view!r}: use head or model")
     return offline_bertviz(page, scripts)
 
 

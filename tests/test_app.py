@@ -1,0 +1,324 @@
+"""The Streamlit app (apps/app.py), driven headless with ``streamlit.testing.v1.AppTest``.
+
+Every test runs in its own temporary folder (the app's uploads and new captures go to a temporary
+directory there, the working directory is never written) and nothing is downloaded: the embedded
+MiniLM comes from its PyPI package, bertviz's scripts from apps/vendor (``make assets``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import streamlit.testing.v1.app_test as app_test_module
+from streamlit import dataframe_util
+from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+from streamlit.testing.v1 import AppTest
+
+from inspector import analysis, cli, views
+from inspector.explain import explain
+from inspector.store import load
+
+from conftest import LEGAL
+
+# AppTest warns "missing ScriptRunContext" whenever a test sets session state between runs; that is expected
+logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "apps" / "app.py"
+FIXTURE = ROOT / "fixtures" / "worked_example.safetensors"
+TIMEOUT = 120  # the first capture in a process loads the MiniLM
+
+
+class RecordingStorage(MemoryMediaFileStorage):
+    """The media storage AppTest uses, keeping every file a download button registers."""
+
+    files: dict[str, bytes] = {}
+
+    def load_and_get_id(self, path_or_data, mimetype, kind, filename=None):
+        file_id = super().load_and_get_id(path_or_data, mimetype, kind, filename)
+        RecordingStorage.files[file_id] = self._files_by_id[file_id].content
+        return file_id
+
+
+def download(at: AppTest, key: str) -> bytes:
+    """The bytes behind the download button ``key`` of the last run."""
+    url = at.get("download_button")
+    button = next(b for b in url if b.key == key)
+    file_id = Path(button.proto.url).stem
+    return RecordingStorage.files[file_id]
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    """A fresh AppTest of apps/app.py; ``app(argv_file)`` passes a capture as `inspector app FILE` does."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(app_test_module, "MemoryMediaFileStorage", RecordingStorage)
+    RecordingStorage.files = {}
+
+    def make(argv_file: Path | None = None) -> AppTest:
+        monkeypatch.setattr(sys, "argv", [str(APP)] + ([str(argv_file)] if argv_file else []))
+        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+        at.run()
+        assert not at.exception, at.exception
+        return at
+
+    yield make
+    assert not any(work.iterdir()), "the app wrote into the working directory"
+
+
+def run(at: AppTest) -> AppTest:
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def show(at: AppTest, view: str) -> AppTest:
+    at.session_state["view"] = view
+    return run(at)
+
+
+def open_file(at: AppTest, path: Path | str) -> AppTest:
+    at.text_input(key="open_path").set_value(str(path))
+    next(b for b in at.button if b.label == "Open").click()
+    return run(at)
+
+
+def split(at: AppTest, query: str, referents: str) -> AppTest:
+    show(at, "Split finder")
+    at.text_input(key="sp_query").set_value(query)
+    at.text_input(key="sp_refs").set_value(referents)
+    next(b for b in at.button if b.label == "Find split heads").click()
+    return run(at)
+
+
+def chart_data(chart) -> pd.DataFrame:
+    """The (first) dataset an Altair chart sends to the browser."""
+    return dataframe_util.convert_arrow_bytes_to_pandas_df(chart.proto.datasets[0].data.data)
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+@pytest.fixture(scope="module")
+def legal_cli(tmp_path_factory):
+    """The legal example captured and split by the CLI, as a user would: capture file and split CSV."""
+    d = tmp_path_factory.mktemp("cli")
+    cap, csv = d / "legal.safetensors", d / "split.csv"
+    assert cli.main(["capture", "--text", LEGAL, "-o", str(cap)]) == 0
+    assert cli.main(["split", str(cap), "--query", "indemnity", "--referents", "Lessee,Lessor", "--csv", str(csv)]) == 0
+    rank_csv = d / "rank.csv"
+    assert cli.main(["rank", str(cap), "--csv", str(rank_csv)]) == 0
+    return cap, csv, rank_csv
+
+
+# ---- open a capture, select a head, the views ------------------------------------------------------
+def test_fixture_from_command_line_step_by_step(app):
+    at = app(FIXTURE)
+    assert not errors(at)
+    assert at.selectbox(key="sel_site").value == "example.attention"
+    assert at.selectbox(key="sel_head").value == 0
+    # the seed's worked example: query "blocked" (position 3)
+    at.selectbox(key="sel_query").set_value(3)
+    show(at, "Step by step")
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["key_index", "key_token", "dot", "scaled", "mask", "visible", "logit", "weight", "contribution"]
+    assert table["key_token"].tolist() == ["my", "card", "was", "blocked"]
+    assert table["weight"].round(3).tolist() == [0.064, 0.782, 0.048, 0.106]
+    assert table["visible"].all()
+    cap = load(FIXTURE)
+    expected = explain(cap, "example.attention", 0, 3)
+    assert download(at, "dl_explain") == views.csv_bytes(expected.table)
+    # a causal mask: query "card" (1) cannot see "was" and "blocked", and the table says so
+    at.selectbox(key="sel_query").set_value(1)
+    run(at)
+    table = at.dataframe[0].value
+    assert table["visible"].tolist() == [True, True, False, False]
+    assert table["weight"].iloc[2:].tolist() == [0.0, 0.0]
+
+
+def test_open_legal_capture_and_select_head(app, legal_cli):
+    cap_path, _, rank_csv = legal_cli
+    at = app()
+    open_file(at, cap_path)
+    assert not errors(at)
+    # select layer 5, head 9 in the sidebar
+    at.selectbox(key="sel_site").set_value("encoder.layer.5.attention.self")
+    at.selectbox(key="sel_head").set_value(9)
+    run(at)
+    assert "head 9" in at.markdown[0].value and "encoder.layer.5.attention.self" in at.markdown[0].value
+    # Overview: the grid charts and the ranking table, whose CSV is the CLI's
+    rank = at.dataframe[0].value
+    assert list(rank.columns) == analysis.RANK_COLUMNS
+    assert len(rank) == 6 * 12
+    assert download(at, "dl_rank") == Path(rank_csv).read_bytes()
+    assert len(at.get("vega_lite_chart")) == 1  # one stack/kind: a single layer x head grid
+    # Head: the heatmap of the selected head, the query's bars and its Q/K/V vectors
+    show(at, "Head")
+    heatmap, bars = at.get("vega_lite_chart")
+    assert json.loads(heatmap.proto.spec)["title"] == "encoder.layer.5.attention.self · head 9: weights of query rows over keys"
+    cells = chart_data(heatmap)
+    assert len(cells) == 31 * 31  # the whole 31-token input fits in the default 64-token window
+    cap = load(cap_path)
+    w = cap.weights("encoder.layer.5.attention.self", heads=[9])[0]
+    first = cells.iloc[0]
+    assert abs(first["weight"] - float(w[int(first["query_index"]), int(first["key_index"])])) < 1e-6
+    vectors = at.dataframe[0].value
+    assert list(vectors.columns) == ["dim", "q", "k", "q*k", "v"] and len(vectors) == 32
+    assert download(at, "dl_qkv") == views.csv_bytes(vectors)
+    # a smaller window, then top-k mode: only those rows reach the browser
+    at.select_slider(key="hm_size").set_value(8)
+    run(at)
+    cells = chart_data(at.get("vega_lite_chart")[0])
+    assert len(cells) == 8 * 8 and cells["query_index"].between(0, 30).all()
+    at.segmented_control(key="hm_mode").set_value("Top-k keys")
+    run(at)
+    assert len(chart_data(at.get("vega_lite_chart")[0])) == 8 * 5  # k = 5 by default
+    at.number_input(key="hm_topk").set_value(3)
+    run(at)
+    cells = chart_data(at.get("vega_lite_chart")[0])
+    assert len(cells) == 8 * 3
+    assert not errors(at)
+
+
+def test_split_finder_matches_cli(app, legal_cli):
+    cap_path, cli_csv, _ = legal_cli
+    at = app(cap_path)
+    split(at, "indemnity", "Lessee,Lessor")
+    assert not errors(at)
+    # the flagged-heads table: exactly layer 5, head 9
+    flagged = at.table[0].value
+    assert flagged["site"].tolist() == ["encoder.layer.5.attention.self"]
+    assert [int(h) for h in flagged["head"]] == [9]
+    assert any("1 head flagged" in m.value for m in at.markdown)
+    # the per-head table and its CSV are the CLI's, byte for byte
+    table = at.dataframe[0].value
+    assert table["flagged"].sum() == 1 and len(table) == 72
+    assert download(at, "dl_split") == Path(cli_csv).read_bytes()
+    # the text shaded by the flagged head's weights, referents marked, HTML escaped
+    shaded = at.get("html")[0].proto.body
+    assert shaded.count('class="q"') == 3  # ind ##em ##nity
+    assert shaded.count('class="r"') == 4  # less ##ee, less ##or
+    assert ">survives</span>" in shaded
+    # "Open in the Head view" selects the shaded head and its query token and switches the view
+    next(b for b in at.button if b.label == "Open in the Head view").click()
+    run(at)
+    assert (at.session_state["view"], at.session_state["sel_site"], at.session_state["sel_head"]) == (
+        "Head", "encoder.layer.5.attention.self", 9)
+    assert at.session_state["sel_query"] == 26  # the last token of "indemnity" (ind ##em ##nity = 24 25 26)
+    # the grid can now be coloured by split score
+    show(at, "Overview")
+    assert "split score" in at.segmented_control(key="metric").options
+    at.segmented_control(key="metric").set_value("split_score")
+    run(at)
+    grid = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert grid["layer"][0]["encoding"]["color"]["field"] == "split_score"
+    cells = chart_data(at.get("vega_lite_chart")[0])
+    top = cells.loc[cells["split_score"].idxmax()]
+    assert (top["layer"], top["head"]) == (5, 9)
+
+
+@pytest.mark.slow
+def test_new_capture_from_embedded_model_then_split(app, legal_cli):
+    """Make the capture in the app (embedded MiniLM, the default text) and find the split head."""
+    _, cli_csv, _ = legal_cli
+    at = app()
+    assert at.text_area(key="new_text").value == LEGAL
+    next(b for b in at.button if b.label == "Capture").click()
+    run(at)
+    assert not errors(at)
+    assert at.selectbox(key="sel_site").value == "encoder.layer.0.attention.self"
+    split(at, "indemnity", "Lessee,Lessor")
+    got = pd.read_csv(io.BytesIO(download(at, "dl_split")))
+    want = pd.read_csv(cli_csv)
+    assert list(got.columns) == list(want.columns)
+    pd.testing.assert_frame_equal(got, want, check_exact=False, atol=1e-6)
+    assert at.table[0].value["site"].tolist() == ["encoder.layer.5.attention.self"]
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+def test_corrupt_file_shows_error_and_keeps_capture(app, tmp_path):
+    at = app(FIXTURE)
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x00\x01 this is not a capture file")
+    open_file(at, corrupt)
+    assert any("is not a readable capture file" in e for e in errors(at)), errors(at)
+    assert at.selectbox(key="sel_site").value == "example.attention"  # nothing already loaded is lost
+    # a missing file, an upload that is not a capture
+    open_file(at, tmp_path / "missing.safetensors")
+    assert any("does not exist" in e for e in errors(at))
+    at.file_uploader(key="upload").set_value(("junk.safetensors", b"junk", "application/octet-stream"))
+    run(at)
+    assert any("is not a readable capture file" in e for e in errors(at))
+    assert at.selectbox(key="sel_site").value == "example.attention"
+    # the error goes once the next action succeeds: an upload of a real capture opens it
+    at.file_uploader(key="upload").set_value(("example.safetensors", FIXTURE.read_bytes(), "application/octet-stream"))
+    run(at)
+    assert not errors(at)
+    assert at.selectbox(key="sel_site").value == "example.attention"
+    assert "upload example.safetensors" in at.sidebar.caption[-1].value
+
+
+def test_plain_safetensors_is_not_a_capture(app, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    at = app()
+    plain = tmp_path / "plain.safetensors"
+    save_file({"x": torch.zeros(2)}, str(plain))
+    open_file(at, plain)
+    assert any("not an inspector capture" in e for e in errors(at)), errors(at)
+
+
+def test_model_that_cannot_be_loaded(app, tmp_path):
+    at = app(FIXTURE)
+    at.text_input(key="new_model").set_value(str(tmp_path / "no-such-model"))
+    next(b for b in at.button if b.label == "Capture").click()
+    run(at)
+    assert any("does not exist" in e and "model" in e for e in errors(at)), errors(at)
+    assert at.selectbox(key="sel_site").value == "example.attention"
+
+
+def test_query_or_referent_not_in_text(app):
+    at = app(FIXTURE)
+    split(at, "blocked", "card,dog")
+    assert any("'dog' is not in the source text" in e for e in errors(at)), errors(at)
+    split(at, "stolen", "card,my")
+    assert any("'stolen' is not in the source text" in e for e in errors(at)), errors(at)
+    split(at, "blocked", "card")
+    assert any("at least two different referents" in e for e in errors(at)), errors(at)
+    # a good query afterwards works, and the capture is still open
+    split(at, "blocked", "card,my")
+    assert not errors(at)
+    table = at.dataframe[0].value
+    assert table["site"].tolist() == ["example.attention"]
+    assert round(table["weight:card"].iloc[0], 3) == 0.782 and not table["flagged"].iloc[0]
+    assert any("0 heads flagged" in m.value for m in at.markdown)
+
+
+# ---- bertviz ---------------------------------------------------------------------------------------
+def test_bertviz_served_offline(app):
+    if not (ROOT / "apps" / "vendor" / "node_modules" / "d3").is_dir():
+        pytest.skip("bertviz's scripts are not installed: run `make assets`")
+    at = app(FIXTURE)
+    show(at, "bertviz")
+    assert not errors(at)
+    frames = at.get("iframe")
+    assert len(frames) == 1
+    page = frames[0].proto.srcdoc
+    assert "cdnjs" not in page and "https://cdn" not in page
+    assert "requirejs" in page and "d3js.org" in page and "jQuery" in page
+    assert '"blocked"' in page  # the captured tokens
+    at.radio(key="bv_view").set_value("model view")
+    run(at)
+    assert "cdnjs" not in at.get("iframe")[0].proto.srcdoc

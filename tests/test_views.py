@@ -1,0 +1,136 @@
+"""inspector.views: the data behind the app's views, on tiny seeded models (no Streamlit)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from inspector import views
+from inspector.capture import capture
+from inspector.errors import InspectorError
+from inspector.explain import explain
+
+import tiny
+
+VENDOR = Path(__file__).resolve().parent.parent / "apps" / "vendor" / "node_modules"
+HTML_TEXT = 'The <b>Lessee</b> & "Lessor" agree: Lessee pays.'
+
+
+@pytest.fixture(scope="module")
+def bert(tokenizer):
+    return capture(tiny.build("bert"), tokenizer, HTML_TEXT)
+
+
+@pytest.fixture(scope="module")
+def bart(tokenizer):
+    return capture(tiny.build("bart"), tokenizer, "The Lessee pays the Lessor.", "Der Mieter zahlt.")
+
+
+def test_window():
+    assert views.window(0, 8, 100) == slice(0, 8)
+    assert views.window(50, 8, 100) == slice(46, 54)
+    assert views.window(99, 8, 100) == slice(92, 100)
+    assert views.window(3, 64, 10) == slice(0, 10)
+
+
+def test_heatmap_frame_reads_a_window_or_top_k(bert):
+    site = bert.sites[1]
+    full = bert.weights(site, heads=[2])[0]
+    df = views.heatmap_frame(bert, site, 2, slice(2, 5), slice(1, 4))
+    assert len(df) == 3 * 3
+    for r in df.to_dict("records"):
+        assert r["weight"] == pytest.approx(float(full[r["query_index"], r["key_index"]]))
+    top = views.heatmap_frame(bert, site, 2, slice(0, 4), top_k=2)
+    assert len(top) == 4 * 2
+    for q, rows in top.groupby("query_index"):
+        assert sorted(rows["key_index"]) == sorted(full[q].topk(2).indices.tolist())
+    assert top["key_label"].iloc[0].startswith(f"{top['key_index'].iloc[0]} · ")
+
+
+def test_query_row_and_qkv(bert):
+    site = bert.sites[0]
+    row = views.query_row(bert, site, 1, 3)
+    assert row["weight"].sum() == pytest.approx(1.0, abs=1e-5)
+    assert row["special"].iloc[0] and row["key_token"].iloc[0] == "[CLS]"
+    vec = views.qkv_frame(bert, site, 1, 3, 5)
+    q, k = bert.tensor(site, "q")[0, 1, 3], bert.tensor(site, "k")[0, 1, 5]
+    assert vec["q"].tolist() == pytest.approx(q.tolist()) and vec["k"].tolist() == pytest.approx(k.tolist())
+    assert vec["q*k"].sum() == pytest.approx(float(q @ k), abs=1e-5)
+
+
+def test_explain_frame_marks_masked_keys(tokenizer):
+    cap = capture(tiny.build("gpt2"), tokenizer, "my card was blocked")
+    exp = explain(cap, cap.sites[0], 0, 1)
+    df = views.explain_frame(exp)
+    assert df["visible"].tolist() == [True, True, False, False, False, False]  # [CLS] my | card was blocked [SEP]
+    assert df["contribution"].iloc[0].startswith("[") and df["contribution"].iloc[0].endswith("…]")
+    assert list(exp.table.columns)[-1] == "contribution" and isinstance(exp.table["contribution"].iloc[0], list)
+
+
+def test_shaded_html_escapes_and_marks(bert):
+    site = bert.sites[0]
+    w = views.query_weights(bert, site, 0, [1])
+    page = views.shaded_html(bert, site, w, query_positions=[1], referent_positions=[4])
+    assert "<b>" not in page and "</b>" not in page
+    assert "&lt;" in page and "&gt;" in page and "&amp;" in page and "&quot;" in page
+    text = re.sub(r"<[^>]+>", "", page.split("</style>", 1)[1])
+    assert "[CLS]" in text and "agree" in text
+    assert page.count('class="q"') == 1 and page.count('class="r"') == 1
+    # every character of the text is there, in order
+    import html as _html
+
+    body = re.sub(r'<span class="chip"[^>]*>.*?</span>', "", page.split("</style>", 1)[1])
+    assert _html.unescape(re.sub(r"<[^>]+>", "", body)).strip() == HTML_TEXT
+
+
+def test_split_bars_long_form():
+    import pandas as pd
+
+    df = pd.DataFrame({"site": ["s", "s"], "stack": "none", "kind": "self", "layer": [1, 2], "head": [3, 4],
+                       "query": "q", "query_positions": "5", "weight:A": [0.3, 0.1], "weight:B": [0.2, 0.0],
+                       "referent_mass": [0.5, 0.1], "split_score": [0.4, 0.0], "flagged": [True, False]})
+    bars = views.split_bars(df, top=1)
+    assert bars[["head_label", "referent", "weight"]].values.tolist() == [["L1 H3", "A", 0.3], ["L1 H3", "B", 0.2]]
+
+
+def test_bertviz_kwargs_single_stack_and_encoder_decoder(bert, bart):
+    kw = views.bertviz_kwargs(bert, 2, 4)
+    assert len(kw["attention"]) == 2 and kw["attention"][0].shape == (1, 3, 4, 4)
+    assert kw["tokens"] == bert.tokens(bert.sites[0])[2:6]
+    kw = views.bertviz_kwargs(bart, 0, 64)
+    assert set(kw) == {"encoder_attention", "encoder_tokens", "decoder_attention", "decoder_tokens", "cross_attention"}
+    enc_n, dec_n = len(kw["encoder_tokens"]), len(kw["decoder_tokens"])
+    assert kw["cross_attention"][0].shape == (1, 4, dec_n, enc_n)
+    with pytest.raises(InspectorError, match="at most 64"):
+        views.bertviz_kwargs(bert, 0, 65)
+
+
+def test_offline_bertviz_inlines_scripts(bert, bart, tmp_path):
+    with pytest.raises(InspectorError, match="make assets"):
+        views.bertviz_html(bert, "head", 0, 8, tmp_path)
+    if not (VENDOR / "d3").is_dir():
+        pytest.skip("bertviz's scripts are not installed: run `make assets`")
+    for cap, view in ((bert, "head"), (bert, "model"), (bart, "head"), (bart, "model")):
+        page = views.bertviz_html(cap, view, 0, 16, VENDOR)
+        assert "cdnjs" not in page and not re.search(r"""src=["']https?:""", page)
+        assert page.count("</script>") == 6  # require.js, guard, d3, jQuery, names, bertviz
+        assert "define('d3'" in page and "requirejs(['jquery', 'd3']" in page
+    assert views.html_size("x" * 2000) == "2 kB"
+
+
+def test_bertviz_tokens_cannot_close_the_script(tokenizer):
+    cap = capture(tiny.build("bert"), tokenizer, "a </script> b")
+    kw = views.bertviz_kwargs(cap, 0, 16)
+    assert not any("</" in t for t in kw["tokens"])
+
+
+def test_grid_frame_adds_split_score(bert):
+    from inspector.analysis import rank_heads
+
+    rank = rank_heads(bert)
+    grid = views.grid_frame(rank)
+    assert grid["split_score"].isna().all() and set(grid["group"]) == {"self"}
+    assert torch.isfinite(torch.tensor(grid["normalized_entropy"].to_numpy())).all()
