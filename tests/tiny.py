@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-ARCHITECTURES = ["gpt2", "bert", "llama", "mistral", "gemma2", "bart", "t5"]
+ARCHITECTURES = ["gpt2", "bert", "llama", "mistral", "gemma2", "bart", "t5", "qwen2", "opt", "gpt_neox", "pegasus"]
 SEED = 1234
 
 
