@@ -44,6 +44,7 @@ from .errors import InspectorError
 from .store import Capture, Site
 
 MASKED = -1e4  # an additive mask value at or below this hides the key (dtype minimum, -inf)
+_BLOCK_VALUES = 1 << 21  # rank_heads works on [head, query, key] blocks of at most this many values (8 MB float32)
 RANK_COLUMNS = ["site", "stack", "kind", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "self_mass",
                 "prev_mass", "top_key", "top_key_index", "top_key_weight", "label"]
 SPLIT_COLUMNS = ["site", "stack", "kind", "layer", "head", "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
@@ -107,8 +108,11 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
     prev_n = 0
     cols = torch.zeros(h, site.key_len, dtype=torch.float64)
     n_rows = 0
-    for q0 in range(0, site.query_len, chunk):
-        qs = slice(q0, min(site.query_len, q0 + chunk))
+    # at most `chunk` query rows at a time, fewer for long key axes: blocks of at most _BLOCK_VALUES values are
+    # reused from the allocator's heap, where larger ones are mapped (and page-faulted in) anew for every chunk
+    step = max(1, min(chunk, _BLOCK_VALUES // max(1, h * site.key_len)))
+    for q0 in range(0, site.query_len, step):
+        qs = slice(q0, min(site.query_len, q0 + step))
         rows = ~pad_q[qs]
         if not bool(rows.any()):
             continue
@@ -117,17 +121,20 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
         p = w
         if exclude_special:
             p = w.masked_fill(special_k, 0.0)
-            p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+            p.div_(p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny))
             vis = vis & ~special_k
-        plogp = torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros((), dtype=p.dtype))
+        # p * log(p) with 0 log 0 = 0, in one [head, c, key] block: p.clamp_min(tiny) is tiny (> 0) where
+        # p == 0, so its product with p is 0 there
+        plogp = p.clamp_min(torch.finfo(p.dtype).tiny).log_().mul_(p)
         row_ent = -plogp.sum(-1).double()  # [head, c]
+        del plogp
         n_vis = vis.sum(-1).expand(h, -1)  # [head, c]
         ok = rows[None, :] & (n_vis >= 2)
         ent += row_ent[:, rows].sum(-1)
         norm += torch.where(ok, row_ent / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
         norm_n += ok.sum(-1)
         sink += w[..., special_k].sum(-1)[:, rows].double().sum(-1)
-        cols += w[:, rows].double().sum(1)
+        cols += (w if bool(rows.all()) else w[:, rows]).sum(1, dtype=torch.float64)
         n_rows += int(rows.sum())
         if same_axis:
             q_idx = torch.arange(qs.start, qs.stop)[rows]
@@ -164,7 +171,11 @@ def rank_heads(
     ascending: bool = True,
     chunk: int = 256,
 ) -> pd.DataFrame:
-    """One row per site and head with the entropy metrics and a label, sorted (focused heads first)."""
+    """One row per site and head with the entropy metrics and a label, sorted (focused heads first).
+
+    Weights are read (or recomputed) ``chunk`` query rows at a time at most, fewer where the key axis is
+    long (a block of all heads x rows x keys stays within 8 MB), so memory stays bounded at any length.
+    """
     _check_batch(capture, batch)
     rows: list[dict] = []
     for site in sites if sites is not None else capture.sites:

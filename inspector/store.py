@@ -115,6 +115,9 @@ class Capture:
         self._by_name = {s.name: s for s in sites}
         self.tensors = tensors if isinstance(tensors, _FileTensors) else _MemTensors(tensors)
         self.inputs = [InputRecord.from_dict(d) if isinstance(d, dict) else d for d in meta.get("inputs", [])]
+        # the last K read by recompute(), keyed by (tensor name, batch, kv heads): reading a chunk of query
+        # rows after another then reads K once per site instead of once per chunk
+        self._k_cache: tuple[tuple, torch.Tensor] | None = None
 
     # ---- metadata -------------------------------------------------------------------------
     @property
@@ -209,10 +212,16 @@ class Capture:
                 raise InspectorError(f"head {h} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
         qs = queries if queries is not None else slice(None)
         if "weights" in site.parts:
-            name = site.tensor_name("weights")
-            rows = [self.tensors.slice(name, (slice(batch, batch + 1), slice(h, h + 1), qs))[0, 0] for h in heads]
-            return torch.stack(rows).float()
+            return self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads)
         return self.recompute(site, batch, heads, qs)
+
+    def _rows(self, name: str, batch: int, heads: list[int], rows: slice, num_heads: int) -> torch.Tensor:
+        """``[head, row, ...]`` of a stored ``[batch, head, row, ...]`` tensor as a new float32 tensor (never
+        a view of the file or of the capture's own tensors)."""
+        if heads == list(range(num_heads)):  # every head: one strided read instead of one per head
+            view = self.tensors.slice(name, (slice(batch, batch + 1), slice(None), rows))[0]
+            return torch.empty(view.shape, dtype=torch.float32).copy_(view)
+        return torch.stack([self.tensors.slice(name, (slice(batch, batch + 1), slice(h, h + 1), rows))[0, 0] for h in heads]).float()
 
     def recompute(self, site: Site, batch: int, heads: list[int], queries: slice) -> torch.Tensor:
         """Weights recomputed from the stored Q, K and mask (float32)."""
@@ -225,15 +234,32 @@ class Capture:
             )
         qn, kn = site.tensor_name("q"), site.tensor_name("k")
         kv_heads = [site.head_map[h] for h in heads]
-        q = torch.stack([self.tensors.slice(qn, (slice(batch, batch + 1), slice(h, h + 1), queries))[0, 0] for h in heads]).float()
-        kcache: dict[int, torch.Tensor] = {}
-        for kh in set(kv_heads):
-            kcache[kh] = self.tensors.slice(kn, (slice(batch, batch + 1), slice(kh, kh + 1)))[0, 0].float()
-        k = torch.stack([kcache[kh] for kh in kv_heads])
+        q = self._rows(qn, batch, heads, queries, site.num_heads)
+        key = (kn, batch, tuple(kv_heads))
+        cached = self._k_cache
+        if cached is not None and cached[0] == key:
+            k = cached[1]
+        else:
+            k = self._rows(kn, batch, kv_heads, slice(None), site.num_kv_heads)
+            self._k_cache = (key, k)
         mask = self.mask_rows(site, batch, queries)
         if mask is not None and mask.shape[0] > 1:
             mask = mask[heads]
-        return attention.attention_weights(q, k, scaling=site.scaling, mask=mask, softcap=site.softcap, out_dtype=torch.float32)
+        # attention.attention_weights op for op (the same values), with the scaling, soft-capping and mask
+        # applied in place so that one [head, query, key] block is allocated before the softmax, not three
+        logits = torch.matmul(q, k.transpose(-1, -2))
+        logits.mul_(site.scaling)
+        if site.softcap is not None:
+            logits.div_(site.softcap).tanh_().mul_(site.softcap)
+        if mask is not None:
+            # the mask broadcasts to the logits without enlarging them (torch.broadcast_shapes would import sympy)
+            fits = mask.dim() <= logits.dim() and all(
+                m in (1, n) for m, n in zip(reversed(mask.shape), reversed(logits.shape[logits.dim() - mask.dim():]), strict=True))
+            if mask.dtype == logits.dtype and fits:
+                logits.add_(mask)
+            else:
+                logits = logits + mask
+        return attention.softmax_weights(logits, torch.float32)
 
     # ---- file -----------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
