@@ -7,6 +7,7 @@ its positions. A span may also be given as explicit token indices: ``@7`` or ``@
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import re
 from dataclasses import dataclass
@@ -47,11 +48,19 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
         rec = capture.records(axis_role, batch)
         if any(o is None for o, s, p in zip(rec.offsets, rec.special, rec.padding, strict=True) if not (s or p)):
             raise InspectorError("this capture has no character offsets (slow tokenizer): give spans as token indices, e.g. @7")
+        token_spans = [(off[0], off[1], i) for i, off in enumerate(rec.offsets) if off is not None]
+        ends = [e for _, e, _ in token_spans]
+        ordered = all(a <= b for a, b in zip(ends, ends[1:], strict=False))
         for match in pattern.finditer(rec.text if role in (None, rec.role) else ""):
-            pos = tuple(
-                start + i for i, off in enumerate(rec.offsets)
-                if off is not None and off[0] < match.end() and off[1] > match.start()
-            )
+            # tokens overlapping the match: from the first token ending after its start, while they start before its end
+            j = bisect.bisect_right(ends, match.start()) if ordered else 0
+            pos = []
+            for a, e, i in token_spans[j:]:
+                if a >= match.end() and ordered:
+                    break
+                if a < match.end() and e > match.start():
+                    pos.append(start + i)
+            pos = tuple(pos)
             if pos:
                 found.append(Occurrence(phrase, axis_role, pos, match.start(), match.end()))
         start += len(rec.ids)
