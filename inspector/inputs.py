@@ -135,7 +135,6 @@ def records_from_ids(tokenizer, ids_rows: list[list[int]], role: str, special_id
     """Records for token ids that have no source text (generated output): the text is rebuilt by
     decoding growing prefixes, which gives each token its exact character span."""
     special_ids = set(special_ids or ()) | set(getattr(tokenizer, "all_special_ids", []) or [])
-    pad_id = getattr(tokenizer, "pad_token_id", None)
     out = []
     for b, ids in enumerate(ids_rows):
         text, offsets, special, padding = "", [], [], []
@@ -157,7 +156,6 @@ def records_from_ids(tokenizer, ids_rows: list[list[int]], role: str, special_id
             special.append(False)
             padding.append(False)
             text = new_text
-        del pad_id
         out.append(
             InputRecord(
                 role=role, batch=b, text=text, ids=[int(i) for i in ids],

@@ -59,10 +59,6 @@ class Site:
             return self.mask
         return f"{self.name}/{part}"
 
-    @property
-    def label(self) -> str:
-        return f"L{self.layer} {self.stack}/{self.kind}" if self.stack != "none" else f"L{self.layer} {self.kind}"
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
