@@ -100,6 +100,7 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
     _, pad_q = capture.flags(site, "query", batch)
     same_axis = site.query_input == site.key_input
     ent = torch.zeros(h, dtype=torch.float64)
+    ent_n = torch.zeros(h, dtype=torch.float64)
     norm = torch.zeros(h, dtype=torch.float64)
     norm_n = torch.zeros(h, dtype=torch.float64)
     sink = torch.zeros(h, dtype=torch.float64)
@@ -130,7 +131,9 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
         del plogp
         n_vis = vis.sum(-1).expand(h, -1)  # [head, c]
         ok = rows[None, :] & (n_vis >= 2)
-        ent += row_ent[:, rows].sum(-1)
+        counted = rows[None, :] & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
+        ent += torch.where(counted, row_ent, 0.0).sum(-1)
+        ent_n += counted.sum(-1)
         norm += torch.where(ok, row_ent / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
         norm_n += ok.sum(-1)
         sink += w[..., special_k].sum(-1)[:, rows].double().sum(-1)
@@ -140,7 +143,8 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
             q_idx = torch.arange(qs.start, qs.stop)[rows]
             local = torch.nonzero(rows).squeeze(1)
             self_m += w[:, local, q_idx].double().sum(-1)
-            has_prev = q_idx >= 1
+            # the previous position must be a real token (left padding puts padding before the first one)
+            has_prev = (q_idx >= 1) & ~pad_k[(q_idx - 1).clamp(min=0)]
             prev_m += w[:, local[has_prev], q_idx[has_prev] - 1].double().sum(-1)
             prev_n += int(has_prev.sum())
     key_tokens = capture.tokens(site, "key", batch)
@@ -150,7 +154,7 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
         top = int(mean_cols.argmax())
         out.append({
             "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
-            "entropy": float(ent[head] / max(n_rows, 1)),
+            "entropy": float(ent[head] / ent_n[head]) if ent_n[head] > 0 else float("nan"),
             "normalized_entropy": float(norm[head] / norm_n[head]) if norm_n[head] > 0 else float("nan"),
             "sink_mass": float(sink[head] / max(n_rows, 1)),
             "self_mass": float(self_m[head] / max(n_rows, 1)) if same_axis else float("nan"),
@@ -237,6 +241,9 @@ def split_heads(
                                                   role=query_role):
             problems.append(spans.not_found_message(capture, site, query, "query", "query", batch))
             continue
+        if query_index is not None and not 0 <= query_index < site.query_len:
+            problems.append(f"query index {query_index} is outside {site.name}'s query axis (0..{site.query_len - 1})")
+            continue
         occ = spans.resolve_query(capture, site, query, index=query_index, occurrence=occurrence, batch=batch,
                                   case_sensitive=case_sensitive, role=query_role)
         ref_pos: dict[str, list[int]] = {}
@@ -263,7 +270,8 @@ def split_heads(
         for head in range(site.num_heads):
             row = {
                 "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
-                "query": occ.phrase, "query_positions": " ".join(map(str, q_pos)),
+                "query": occ.phrase if query_index is None else f"@{query_index} {capture.tokens(site, 'query', batch)[query_index]}",
+                "query_positions": " ".join(map(str, q_pos)),
             }
             for i, r in enumerate(refs):
                 row[f"weight:{r}"] = float(per_ref[head, i])

@@ -133,6 +133,18 @@ def attn_implementation(model, name: str):
             c._attn_implementation_internal = value
 
 
+def _patterns(sites: list[str] | None) -> list[re.Pattern] | None:
+    if not sites:
+        return None
+    out = []
+    for p in sites:
+        try:
+            out.append(re.compile(p))
+        except re.error as exc:
+            raise InspectorError(f"--sites {p!r} is not a valid regular expression ({exc}): escape special characters") from None
+    return out
+
+
 class _Recorder:
     def __init__(self, model, *, weights: bool, dtype: torch.dtype, layers: set[int] | None, sites: list[str] | None,
                  roles: dict[str, tuple[list[str], list[str]]], progress=None):
@@ -141,7 +153,7 @@ class _Recorder:
         self.weights = weights
         self.dtype = dtype
         self.layers = layers
-        self.site_patterns = [re.compile(p) for p in sites] if sites else None
+        self.site_patterns = _patterns(sites)
         self.roles = roles
         self.progress = progress
         self.sites: list[Site] = []
@@ -189,14 +201,14 @@ class _Recorder:
             scaling=scaling, query_input=q_roles, key_input=k_roles, query_len=int(query.shape[-2]),
             key_len=int(key.shape[-2]), softcap=None if softcap is None else float(softcap),
             mask=self._mask(name, attention_mask, kwargs.get("position_bias"), key.shape[-2]),
-            parts=["q", "k", "v"] + (["weights"] if self.weights else []), recomputable=not extra,
+            parts=["q", "k", "v"] + (["weights"] if self.weights or extra else []), recomputable=not extra,
             extra_kwargs=extra, module_class=type(module).__name__,
             eager_function=f"{fn.__module__}.{fn.__name__}" if fn is not None else "",
         )
         self.tensors[f"{name}/q"] = self._keep(query)
         self.tensors[f"{name}/k"] = self._keep(key)
         self.tensors[f"{name}/v"] = self._keep(value)
-        if self.weights:
+        if self.weights or extra:  # weights the file could not recompute are always kept
             self.tensors[f"{name}/weights"] = self._keep(w)
         self.sites.append(site)
         if self.progress is not None:
@@ -250,10 +262,10 @@ class _Recorder:
         if getattr(module, "is_cross_attention", False) or any(c.replace("_", "") in flat for c in _CROSS_NAMES):
             return stack, "cross"
         causal = getattr(module, "is_causal", None)
-        if causal is None:  # look at the mask: a causal one hides the last key from the first query
+        if causal is None:  # look at the mask: a causal one hides from the first query a key the last one sees
             causal = bool(
-                isinstance(mask, torch.Tensor) and query.shape[-2] > 1 and key.shape[-2] > 1
-                and mask.shape[-2] > 1 and float(mask[0, 0, 0, key.shape[-2] - 1]) < 0
+                isinstance(mask, torch.Tensor) and mask.dtype != torch.bool and query.shape[-2] > 1 and key.shape[-2] > 1
+                and mask.shape[-2] > 1 and ((mask[:, 0, 0, :] < 0) & (mask[:, 0, -1, :] == 0)).any()
             )
         return stack, "causal" if causal else "self"
 
@@ -286,12 +298,12 @@ def _roles(encoded: Encoded) -> dict[str, tuple[list[str], list[str]]]:
 
 
 def _num_layers(model) -> int | None:
+    """The largest layer count of any stack (an encoder-decoder may have more decoder layers)."""
     config = model.config
-    for attr in ("num_hidden_layers", "n_layer", "num_layers"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int):
-            return value
-    return None
+    counts = [getattr(config, a, None) for a in ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers",
+                                                  "decoder_layers", "num_decoder_layers")]
+    counts = [c for c in counts if isinstance(c, int)]
+    return max(counts) if counts else None
 
 
 def _provenance(model, name: str | None) -> dict[str, Any]:
@@ -340,6 +352,7 @@ def record(
     """
     if dtype not in STORAGE_DTYPES:
         raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+    _patterns(sites)  # a bad pattern is reported before any work starts
     n_layers = _num_layers(model)
     if layers is not None and n_layers is not None:
         bad = [i for i in layers if not 0 <= i < n_layers]

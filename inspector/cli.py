@@ -71,6 +71,11 @@ def cmd_capture(args) -> int:
     if out.suffix != ".safetensors":
         raise InspectorError(f"capture files end in .safetensors; got {out.name!r}: use -o run.safetensors")
     layers = _int_list(args.layers, "layers")
+    from .capture import _patterns
+
+    _patterns(args.sites)  # check before the model loads
+    if text is not None and not text.strip():
+        raise InspectorError("the source text is empty: pass some text (--text or --text-file)")
     loaded = load_from_args(args)
     target_ids = None
     if getattr(args, "generate", None):
@@ -114,7 +119,8 @@ def cmd_split(args) -> int:
     df = analysis.split_heads(cap, args.query, refs, query_index=args.query_index, occurrence=args.occurrence,
                               sites=args.sites, batch=args.batch,
                               rule=analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass),
-                              case_sensitive=not args.ignore_case)
+                              case_sensitive=not args.ignore_case, query_role=args.query_role,
+                              referent_role=args.referent_role, cross_first=args.cross_first)
     if args.csv:
         write_csv(args.csv, df)
         _status(f"wrote {len(df)} rows to {args.csv}")
@@ -223,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
     p.add_argument("--ignore-case", action="store_true")
+    p.add_argument("--query-role", choices=["source", "target"], help="look for the query only in this input")
+    p.add_argument("--referent-role", choices=["source", "target"], help="look for the referents only in this input")
+    p.add_argument("--cross-first", action="store_true", help="list cross-attention sites first")
     p.add_argument("--top", type=int)
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--csv")

@@ -9,6 +9,7 @@ concatenation of the roles it lists (a decoder-only model given a target attends
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -148,11 +149,19 @@ def records_from_ids(tokenizer, ids_rows: list[list[int]], role: str, special_id
                 continue
             kept.append(int(tid))
             new_text = tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            if not new_text.startswith(text):
+                # a byte piece completed a character that the previous pieces decoded as a placeholder: the
+                # earlier pieces shrink to the common prefix and this token spans the whole character
+                common = len(os.path.commonprefix([text, new_text]))
+                for off in offsets:
+                    if off is not None and off[1] > common:
+                        off[0], off[1] = min(off[0], common), common
+                text = new_text[:common]
             start = len(text)
             # a token that starts with a space: its span starts at the word, not at the space
             while start < len(new_text) and new_text[start] == " ":
                 start += 1
-            offsets.append([start, len(new_text)] if len(new_text) > start else None)
+            offsets.append([start, max(start, len(new_text))])  # zero-width when it added no visible text
             special.append(False)
             padding.append(False)
             text = new_text

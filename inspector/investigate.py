@@ -8,6 +8,7 @@ heads, compare prompt variants, and write CSVs plus a self-contained HTML report
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -141,41 +142,43 @@ def investigate(
     if model_layout(loaded.model) != "encoder" and output is None and not generate:
         raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     gen_kwargs = gen_kwargs or {}
+    # everything is computed (and every mistake found) before anything is written into out_dir
     cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress)
-    cap_path = cap.save(out / "capture.safetensors")
     rank = analysis.rank_heads(cap)
     split = split_for(cap, query, referents, occurrence=occurrence, rule=rule)
-    write_csv(out / "rank.csv", rank)
-    write_csv(out / "split.csv", split)
-
-    write_text(out / "source.txt", source)
     said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
-    if said is not None:
-        write_text(out / "output.txt", said)
-    commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}))
-
     comparisons: dict[str, pd.DataFrame] = {}
-    variant_paths: dict[str, Path] = {}
     variant_caps: dict[str, Capture] = {}
     for name, text in (variants or {}).items():
         vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress)
-        variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
-        write_text(out / f"variant-{name}.txt", text)
         comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence, rule=rule)
-        write_csv(out / f"compare-{name}.csv", comparisons[name])
         variant_caps[name] = vcap
+    commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
+                         _roles(cap, query))
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
                          variants=variant_caps or None)
+
+    out.mkdir(parents=True, exist_ok=True)
+    cap_path = cap.save(out / "capture.safetensors")
+    write_csv(out / "rank.csv", rank)
+    write_csv(out / "split.csv", split)
+    write_text(out / "source.txt", source)
+    if said is not None:
+        write_text(out / "output.txt", said)
+    variant_paths: dict[str, Path] = {}
+    for name, vcap in variant_caps.items():
+        variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
+        write_text(out / f"variant-{name}.txt", (variants or {})[name])
+        write_csv(out / f"compare-{name}.csv", comparisons[name])
     report = write_text(out / "report.html", html)
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
                          commands=commands, variants=variant_paths, comparisons=comparisons)
 
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
-              occurrence: int | None, variants: list[str]) -> list[str]:
+              occurrence: int | None, variants: list[str], roles: tuple[str, str]) -> list[str]:
     q = shlex.quote
     refs = q(",".join(referents))
     cap = q(str(out / "capture.safetensors"))
@@ -185,7 +188,8 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
         f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
         + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {cap}",
         f"inspector rank {cap} --csv {q(str(out / 'rank.csv'))}",
-        f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --csv {q(str(out / 'split.csv'))}",
+        f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --query-role {roles[0]} "
+        f"--referent-role {roles[1]} --cross-first --csv {q(str(out / 'split.csv'))}",
     ]
     if len(split):
         top = split.sort_values("split_score", ascending=False).iloc[0]
@@ -223,6 +227,8 @@ def _parse_variants(items: list[str] | None) -> dict[str, str]:
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise InspectorError(f"--variant takes NAME=FILE, got {item!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
+            raise InspectorError(f"variant name {name!r} must be letters, digits, '_', '-' or '.', e.g. --variant quoted=FILE")
         if not Path(file).is_file():
             raise InspectorError(f"variant file {file!r} does not exist: check the path")
         out[name] = Path(file).read_text(encoding="utf-8")

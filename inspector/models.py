@@ -102,6 +102,10 @@ def load_model(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InspectorError(f"cannot load model {display!r} ({first[:200]}): check the folder holds weights and a tokenizer") from exc
     if device is not None and device_map is None:
-        model = model.to(device)
+        try:
+            model = model.to(device)
+        except (RuntimeError, AssertionError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InspectorError(f"cannot move the model to device {device!r} ({first[:120]}): use --device cpu, or a device this torch build has") from None
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=display)

@@ -46,7 +46,8 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
     start = 0
     for axis_role in site.query_input if which == "query" else site.key_input:
         rec = capture.records(axis_role, batch)
-        if any(o is None for o, s, p in zip(rec.offsets, rec.special, rec.padding, strict=True) if not (s or p)):
+        real = [o for o, s, p in zip(rec.offsets, rec.special, rec.padding, strict=True) if not (s or p)]
+        if role in (None, rec.role) and real and all(o is None for o in real):
             raise InspectorError("this capture has no character offsets (slow tokenizer): give spans as token indices, e.g. @7")
         token_spans = [(off[0], off[1], i) for i, off in enumerate(rec.offsets) if off is not None]
         ends = [e for _, e, _ in token_spans]

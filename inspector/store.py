@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,13 +275,16 @@ def save(capture: Capture, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix != ".safetensors":
         raise InspectorError(f"capture files end in .safetensors; got {path.name!r}: rename the output (-o run.safetensors)")
+    from .files import check_target, plain_mode, temp_beside
+
+    check_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {name: capture.tensors[name].contiguous() for name in capture.tensors.keys()}
     header = json.dumps(capture.header(), ensure_ascii=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = temp_beside(path)
     try:
         save_file(tensors, tmp, metadata={"inspector": header})
+        plain_mode(tmp)  # safetensors writes the file anew
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -316,9 +318,39 @@ def load(path: str | os.PathLike) -> Capture:
         raise InspectorError(f"{path} has a damaged inspector header: make the capture again with `inspector capture`") from None
     if schema > SCHEMA:
         raise InspectorError(f"{path} uses capture schema {schema}, newer than this inspector reads ({SCHEMA}): upgrade inspector")
+    problem = _header_problem(meta, sites)
+    if problem:
+        raise InspectorError(f"{path} has an inconsistent inspector header ({problem}): make the capture again with `inspector capture`")
     tensors = _FileTensors(path)
     missing = [s.tensor_name(p) for s in sites for p in s.parts if s.tensor_name(p) not in tensors]
     missing += [s.mask for s in sites if s.mask is not None and s.mask not in tensors]
     if missing:
         raise InspectorError(f"{path} lacks tensors its header names ({', '.join(missing[:3])}): the file is damaged, capture again")
+    bad = [f"{s.tensor_name(p)} {tensors.shape(s.tensor_name(p))}" for s in sites for p in s.parts
+           if tensors.shape(s.tensor_name(p))[-2] != (s.key_len if p in ("k", "v") else s.query_len)]
+    if bad:
+        raise InspectorError(f"{path} has tensors whose shapes do not match its header ({bad[0]}): the file is damaged, capture again")
     return Capture(meta, sites, tensors)
+
+
+def _header_problem(meta: dict[str, Any], sites: list[Site]) -> str | None:
+    """What is inconsistent between the header's inputs and sites, or None."""
+    try:
+        records = [InputRecord.from_dict(d) for d in meta["inputs"]]
+        lengths: dict[tuple[str, int], int] = {}
+        for r in records:
+            n = len(r.ids)
+            if not (len(r.tokens) == len(r.offsets) == len(r.special) == len(r.padding) == n):
+                return f"input {r.role}[{r.batch}] has lists of different lengths"
+            lengths[(r.role, r.batch)] = n
+        for s in sites:
+            if not (isinstance(s.num_heads, int) and isinstance(s.num_kv_heads, int) and len(s.head_map) == s.num_heads):
+                return f"site {s.name} has bad head counts"
+            if any(not 0 <= h < s.num_kv_heads for h in s.head_map):
+                return f"site {s.name} maps a head to a missing K/V head"
+            for roles, n in ((s.query_input, s.query_len), (s.key_input, s.key_len)):
+                if sum(lengths.get((role, 0), -(10**9)) for role in roles) != n:
+                    return f"site {s.name}'s axis does not match its inputs"
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

@@ -253,3 +253,117 @@ def test_atomic_save_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         planted.build().save(path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["keep.safetensors"]
+
+
+# ---- review findings: padded batches, index queries, byte-level output, reproducible commands -------------
+def test_rank_on_a_left_padded_row_equals_the_single_text(tokenizer):
+    model = tiny.build("gpt2")
+    texts = ["The Lessee pays.", "Such indemnity survives termination of this lease for ever and ever."]
+    batch = capture(model, tokenizer, texts)
+    assert any(batch.records("source", 0).padding)  # row 0 is left-padded
+    single = capture(model, tokenizer, texts[0])
+    cols = ["entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight"]
+    a = analysis.rank_heads(batch, batch=0).sort_values(["site", "head"])[cols].to_numpy()
+    b = analysis.rank_heads(single).sort_values(["site", "head"])[cols].to_numpy()
+    assert abs(a - b).max() < 1e-5
+
+
+def test_exclude_special_skips_rows_that_only_see_special_keys(tokenizer):
+    cap = capture(tiny.build("gpt2"), tokenizer, LEGAL)  # row 0 ([CLS]) sees only itself
+    site = cap.sites[0]
+    w = cap.tensor(site, "weights")[0].double()
+    special, _ = cap.flags(site, "key")
+    p = w.masked_fill(special, 0)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-300)
+    ent = -(torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros(()))).sum(-1)[:, 1:].mean(-1)
+    got = analysis.rank_heads(cap, exclude_special=True, sites=[site]).sort_values("head")["entropy"].to_numpy()
+    assert abs(got - ent.numpy()).max() < 1e-6
+
+
+def test_split_by_query_index_skips_sites_whose_axis_is_shorter(tokenizer):
+    cap = capture(tiny.build("bart"), tokenizer, LEGAL, "The Lessor pays.")
+    df = analysis.split_heads(cap, None, ["Lessee", "Lessor"], query_index=12)
+    assert set(df["stack"]) == {"encoder"}  # the target has fewer than 13 tokens
+    assert df["query"].iloc[0] == f"@12 {cap.tokens(cap.sites[0], 'query')[12]}"
+
+
+def test_byte_level_generated_text_keeps_every_word_findable():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from inspector.inputs import records_from_ids
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(["The Lessee shall indemnify the Lessor."] * 10, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
+    text = " The Lessor said \u201cyes\u201d \U0001f600 to the  Lessee."
+    rec = records_from_ids(tok, [tok(text, add_special_tokens=False)["input_ids"]], "target")[0]
+    assert rec.text == text and all(o is not None for o in rec.offsets)
+    covered = "".join(rec.text[a:b] for a, b in rec.offsets)
+    assert covered == text.replace(" ", "")  # every character belongs to exactly one token
+    for word in ("Lessee", "Lessor", "\u201c", "\U0001f600"):
+        s = text.index(word)
+        assert "".join(rec.text[a:b] for a, b in rec.offsets if a < s + len(word) and b > s) == word
+
+
+def test_kind_of_a_bidirectional_encoder_ignores_padding(tokenizer):
+    from transformers import SplinterConfig, SplinterModel  # its attention has no is_causal attribute
+
+    torch.manual_seed(0)
+    model = SplinterModel(SplinterConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                         intermediate_size=64)).eval()
+    for texts in (["Short.", "The Lessee shall indemnify the Lessor."], ["The Lessee shall indemnify the Lessor.", "Short."]):
+        assert [s.kind for s in capture(model, tokenizer, texts).sites] == ["self"]
+
+
+def test_layers_of_a_deeper_decoder_can_be_chosen(tokenizer):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = tiny.config_for("bart")
+    config = BartConfig(**{**config.to_dict(), "encoder_layers": 1, "decoder_layers": 3})
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(config).eval()
+    cap = capture(model, tokenizer, LEGAL, "The Lessor pays.", layers=[2])
+    assert {(s.stack, s.layer) for s in cap.sites} == {("decoder", 2)}
+
+
+def test_inconsistent_header_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    cap = planted.build()
+    header = cap.header()
+    header["inputs"][0]["tokens"] = header["inputs"][0]["tokens"][:-2]
+    path = tmp_path / "bad.safetensors"
+    save_file({k: v.contiguous() for k, v in cap.tensors.items()}, str(path), metadata={"inspector": json.dumps(header)})
+    with pytest.raises(InspectorError, match="inconsistent inspector header"):
+        load(path)
+
+
+def test_written_files_get_normal_permissions(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = planted.build().save(tmp_path / "p.safetensors")
+        assert main(["rank", str(path), "--csv", str(tmp_path / "r.csv")]) == 0
+    finally:
+        os.umask(old)
+    for f in (path, tmp_path / "r.csv"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["rank", "{cap}", "--csv", "{tmp}"], "is a folder"),
+    (["capture", "--model", "{model}", "--text", "hi", "--sites", "(", "-o", "{tmp}/x.safetensors"], "not a valid regular expression"),
+    (["capture", "--model", "{model}", "--text", "hi", "--device", "bogus", "-o", "{tmp}/x.safetensors"], "cannot move the model"),
+])
+def test_more_user_mistakes_get_one_line(argv, message, tiny_model_dir, tmp_path, capsys):
+    cap = planted.build().save(tmp_path / "c.safetensors")
+    argv = [a.format(cap=cap, tmp=tmp_path, model=tiny_model_dir) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("inspector: error:") and message in err[-1]

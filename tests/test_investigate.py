@@ -96,3 +96,33 @@ def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
         assert (tmp_path / name).is_file()
     split = pd.read_csv(tmp_path / "split.csv")
     assert split["flagged"].any()
+
+
+def test_report_commands_reproduce_split_csv(bart, tmp_path):
+    import shlex
+
+    inv = investigate(bart, LEGAL, output=OUTPUT + " The Lessee pays.", query="indemnify", referents=["Lessee", "Lessor"],
+                      out_dir=tmp_path)
+    split_cmd = next(c for c in inv.commands if c.startswith("inspector split"))
+    argv = shlex.split(split_cmd)[1:]
+    argv[argv.index("--csv") + 1] = str(tmp_path / "again.csv")
+    assert main(argv) == 0
+    assert (tmp_path / "again.csv").read_text() == (tmp_path / "split.csv").read_text()
+
+
+def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):
+    investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(InspectorError):
+        investigate(bart, "Another text entirely.", output="x", query="Nope", referents=["Lessee", "Lessor"], out_dir=tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_variant_names_stay_inside_the_output_folder(tmp_path):
+    from inspector.investigate import _parse_variants
+
+    f = tmp_path / "v.txt"
+    f.write_text("text")
+    assert _parse_variants([f"quoted={f}"]) == {"quoted": "text"}
+    with pytest.raises(InspectorError, match="variant name"):
+        _parse_variants([f"../x={f}"])
