@@ -44,7 +44,7 @@ STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16"
 _NEUTRAL_KWARGS = {
     "dropout", "scaling", "is_causal", "sliding_window", "output_attentions", "position_ids", "cache_position",
     "use_cache", "return_dict", "layer_idx", "head_mask", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-    "max_length_k", "position_embeddings", "output_hidden_states", "token_type_ids",
+    "max_length_k", "position_embeddings", "output_hidden_states", "token_type_ids", "output_router_logits",
 }
 _HANDLED_KWARGS = {"softcap", "position_bias"}
 _CROSS_NAMES = ("crossattention", "encoder_attn", "encdecattention", "cross_attn", "cross_attention")

@@ -51,6 +51,11 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int, *, 
         raise InspectorError(f"query index {query_index} is outside {site.name}'s query axis (0..{site.query_len - 1})")
     if not {"q", "k", "v"} <= set(site.parts):
         raise InspectorError(f"site {site.name} was captured through output_attentions, without Q/K/V: it cannot be explained step by step")
+    if not site.recomputable:
+        raise InspectorError(
+            f"site {site.name} passes {', '.join(site.extra_kwargs)} to attention (e.g. attention sinks), which the "
+            "step-by-step table cannot reproduce; its captured weights are the model's own"
+        )
     kv = site.head_map[head]
     q = capture.tensors.slice(site.tensor_name("q"), (slice(batch, batch + 1), slice(head, head + 1), slice(query_index, query_index + 1)))[0, 0, 0]
     k = capture.tensors.slice(site.tensor_name("k"), (slice(batch, batch + 1), slice(kv, kv + 1)))[0, 0]

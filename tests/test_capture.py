@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inspector import attention
-from inspector.capture import IMPL, capture
+from inspector.capture import IMPL, attn_implementation, capture
 from inspector.inputs import encode
 from inspector.store import load
 
@@ -232,3 +232,26 @@ def test_device_map_auto_loads_and_captures(tmp_path, tokenizer):
     for site in ref.sites:
         assert cap.tensor(site.name, "weights").device.type == "cpu"
         torch.testing.assert_close(cap.tensor(site.name, "weights"), ref.tensor(site, "weights"), atol=WEIGHT_TOL, rtol=0)
+
+
+def test_attention_sinks_are_kept_as_the_model_computes_them(tokenizer):
+    """gpt-oss passes learned sink logits (s_aux) to attention: the file cannot recompute them, so such
+    sites keep their weights even in a lazy capture, and step-by-step refuses them."""
+    from inspector.errors import InspectorError
+    from inspector.explain import explain
+
+    model = tiny.build("gpt_oss")
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.self_attn.sinks, std=2.0)  # make the sinks matter
+    full, lazy = capture(model, tokenizer, LEGAL), capture(model, tokenizer, LEGAL, weights=False)
+    enc = encode(model, tokenizer, LEGAL)
+    with attn_implementation(model, "eager"), torch.no_grad():
+        out = model(**enc.model_kwargs, output_attentions=True)
+    for site, ref in zip(full.sites, out.attentions, strict=True):
+        assert site.extra_kwargs == ["s_aux"] and not site.recomputable
+        torch.testing.assert_close(full.tensor(site, "weights"), ref, atol=WEIGHT_TOL, rtol=0)
+        torch.testing.assert_close(lazy.weights(site.name), ref[0], atol=WEIGHT_TOL, rtol=0)
+        assert float(ref.sum(-1).min()) < 0.99  # the sink takes weight: rows of real keys sum below 1
+    with pytest.raises(InspectorError, match="s_aux"):
+        explain(full, full.sites[0], 0, 3)
+    torch.testing.assert_close(lazy.output.logits, out.logits, atol=LOGIT_TOL, rtol=0)
