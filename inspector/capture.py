@@ -306,6 +306,13 @@ def _num_layers(model) -> int | None:
     return max(counts) if counts else None
 
 
+def _expected_sites(model) -> int | None:
+    """How many attention calls to expect, for the progress bar: modules named *Attention with no such child."""
+    attn = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+    leaves = [m for m in attn if not any(c is not m and type(c).__name__.endswith("Attention") for c in m.modules())]
+    return len(leaves) or None
+
+
 def _provenance(model, name: str | None) -> dict[str, Any]:
     import transformers
 
@@ -362,7 +369,7 @@ def record(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="capturing attention", unit="site", leave=False)
+        bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
     recorder = _Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
                          sites=sites, roles=roles, progress=bar)
     was_training = model.training
