@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import random_text
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -39,22 +41,11 @@ def build_model():
     return GPT2LMHeadModel(config).eval()
 
 
-def text_of(tokenizer, n_tokens: int, seed: int = 0) -> str:
-    """A random text that the MiniLM tokenizer turns into exactly ``n_tokens`` ([CLS] and [SEP] included)."""
-    words = [w for w in tokenizer.get_vocab() if w.isalpha() and w.islower() and len(w) > 2]
-    rng = random.Random(seed)
-    text = " ".join(rng.choice(words) for _ in range(n_tokens - 2))
-    n = len(tokenizer(text)["input_ids"])
-    if n != n_tokens:
-        raise SystemExit(f"the benchmark text has {n} tokens, not {n_tokens}")
-    return text
-
-
 def make_capture(model, tokenizer, n_tokens: int, folder: Path) -> tuple[Path, float]:
     from inspector.capture import capture
 
     t0 = time.perf_counter()
-    cap = capture(model, tokenizer, text_of(tokenizer, n_tokens), model_name="random GPT-2 small shape")
+    cap = capture(model, tokenizer, random_text(tokenizer, n_tokens), model_name="random GPT-2 small shape")
     path = cap.save(folder / f"gpt2-{n_tokens}.safetensors")
     del cap
     return path, time.perf_counter() - t0
