@@ -367,3 +367,21 @@ def test_more_user_mistakes_get_one_line(argv, message, tiny_model_dir, tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("inspector: error:") and message in err[-1]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+def test_batch_with_targets_matches_single_captures(name, tokenizer):
+    model = tiny.build(name)
+    texts = ["The Lessee pays.", "Such indemnity survives termination of this lease for ever and ever."]
+    targets = ["The Lessor shall indemnify the Lessee.", "It survives."]
+    batch = capture(model, tokenizer, texts, targets)
+    cols = ["entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight"]
+    for b in range(2):
+        single = capture(model, tokenizer, texts[b], targets[b])
+        a = analysis.rank_heads(batch, batch=b).sort_values(["site", "head"])[cols].fillna(-1).to_numpy()
+        s = analysis.rank_heads(single).sort_values(["site", "head"])[cols].fillna(-1).to_numpy()
+        assert abs(a - s).max() < 1e-5
+    sa = analysis.split_heads(batch, "indemnify", ["Lessee", "pays"], batch=0).sort_values(["site", "head"])
+    ss = analysis.split_heads(capture(model, tokenizer, texts[0], targets[0]), "indemnify", ["Lessee", "pays"]).sort_values(["site", "head"])
+    assert len(sa) == len(ss) > 0
+    assert abs(sa["split_score"].to_numpy() - ss["split_score"].to_numpy()).max() < 1e-5
