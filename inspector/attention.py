@@ -16,11 +16,21 @@ import torch
 
 
 def scores(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
-    """Scaled (and soft-capped) dot products ``[..., query, key]``, before the mask."""
-    s = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    """Scaled (and soft-capped) dot products ``[..., query, key]``, before the mask.
+
+    Scaling and soft-capping act in place on the fresh matmul result (same values as out of place), so
+    one ``[..., query, key]`` block is allocated, not three."""
+    s = torch.matmul(q, k.transpose(-1, -2))
+    s.mul_(scaling)
     if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
+        s.div_(softcap).tanh_().mul_(softcap)
     return s
+
+
+def _fits(mask: torch.Tensor, logits: torch.Tensor) -> bool:
+    """``mask`` broadcasts to ``logits`` without enlarging them (torch.broadcast_shapes would import sympy)."""
+    return mask.dtype == logits.dtype and mask.dim() <= logits.dim() and all(
+        m in (1, n) for m, n in zip(reversed(mask.shape), reversed(logits.shape[logits.dim() - mask.dim():]), strict=True))
 
 
 def softmax_weights(logits: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -41,7 +51,7 @@ def attention_weights(
     """Attention weights ``[..., query, key]`` exactly as the eager path computes them."""
     logits = scores(q, k, scaling, softcap)
     if mask is not None:
-        logits = logits + mask
+        logits = logits.add_(mask) if _fits(mask, logits) else logits + mask
     return softmax_weights(logits, out_dtype or q.dtype)
 
 

@@ -52,8 +52,6 @@ class Investigation:
 
 def _roles(cap: Capture, query: str) -> tuple[str, str]:
     """Look for the query in the output when it is there (what the model said), else in the source."""
-    import re
-
     has_target = any(r.role == "target" for r in cap.inputs)
     if has_target and re.search(r"(?<!\w)" + re.escape(query) + r"(?!\w)", cap.records("target").text):
         return "target", "source"

@@ -240,21 +240,7 @@ class Capture:
         mask = self.mask_rows(site, batch, queries)
         if mask is not None and mask.shape[0] > 1:
             mask = mask[heads]
-        # attention.attention_weights op for op (the same values), with the scaling, soft-capping and mask
-        # applied in place so that one [head, query, key] block is allocated before the softmax, not three
-        logits = torch.matmul(q, k.transpose(-1, -2))
-        logits.mul_(site.scaling)
-        if site.softcap is not None:
-            logits.div_(site.softcap).tanh_().mul_(site.softcap)
-        if mask is not None:
-            # the mask broadcasts to the logits without enlarging them (torch.broadcast_shapes would import sympy)
-            fits = mask.dim() <= logits.dim() and all(
-                m in (1, n) for m, n in zip(reversed(mask.shape), reversed(logits.shape[logits.dim() - mask.dim():]), strict=True))
-            if mask.dtype == logits.dtype and fits:
-                logits.add_(mask)
-            else:
-                logits = logits + mask
-        return attention.softmax_weights(logits, torch.float32)
+        return attention.attention_weights(q, k, scaling=site.scaling, mask=mask, softcap=site.softcap, out_dtype=torch.float32)
 
     # ---- file -----------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
