@@ -55,6 +55,27 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off by default)")
 
 
+def check_before_loading(*, capture_file: str | None = None, out_dir: str | None = None, query: str | None = None,
+                         referents: str | None = None, sites: list[str] | None = None) -> None:
+    """Everything that can be checked without the model, checked before it loads (a large model takes
+    minutes): the output path, the query, the referent count, the ``--sites`` patterns."""
+    from .capture import _patterns
+    from .files import check_target
+
+    if capture_file is not None:
+        out = Path(capture_file)
+        check_target(out)
+        if out.suffix != ".safetensors":
+            raise InspectorError(f"capture files end in .safetensors; got {out.name!r}: use -o run.safetensors")
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise InspectorError(f"{out_dir} is a file, not a folder: give -o a folder for the results")
+    if query is not None and not query.strip():
+        raise InspectorError("no query given: pass --query WORD")
+    if referents is not None and len({r.strip() for r in referents.split(",") if r.strip()}) < 2:
+        raise InspectorError(f"give at least two different referents, e.g. --referents Lessee,Lessor (got {referents!r})")
+    _patterns(sites)
+
+
 def load_from_args(args):
     from .models import load_model
 
@@ -68,6 +89,7 @@ def cmd_capture(args) -> int:
     text = _read_text(args.text, args.text_file, "text")
     target = _read_text(args.target, args.target_file, "target")
     out = Path(args.output)
+    check_before_loading(capture_file=args.output, sites=args.sites)
     if out.suffix != ".safetensors":
         raise InspectorError(f"capture files end in .safetensors; got {out.name!r}: use -o run.safetensors")
     layers = _int_list(args.layers, "layers")

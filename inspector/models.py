@@ -8,6 +8,7 @@ names a Hub id and the machine can reach the Hub. ``trust_remote_code`` stays of
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,10 +67,10 @@ def load_model(
 
     path = resolve_model_name(name)
     display = DEFAULT_MODEL if name is None or path == str(default_model_path()) else str(name)
-    if os.sep in path and not Path(path).exists():
-        raise InspectorError(f"model folder {path!r} does not exist: pass an existing folder or a Hub id to --model")
+    local_only = check_model_source(path)
+    hub: dict[str, Any] = {"local_files_only": True} if local_only else {}
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
     except Exception as exc:  # transformers raises OSError/ValueError with long texts
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InspectorError(
@@ -90,14 +91,14 @@ def load_model(
         auto_cls = AutoModelForCausalLM
     else:
         auto_cls = AutoModel
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **hub}
     if device_map is not None:
         kwargs["device_map"] = device_map
     if dtype is not None:
         kwargs["dtype"] = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     try:
         model = auto_cls.from_pretrained(path, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InspectorError(f"cannot load model {display!r} ({first[:200]}): check the folder holds weights and a tokenizer") from exc
@@ -109,3 +110,74 @@ def load_model(
             raise InspectorError(f"cannot move the model to device {device!r} ({first[:120]}): use --device cpu, or a device this torch build has") from None
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=display)
+
+
+# ---- where a model comes from: a folder, the Hugging Face cache or the Hub ------------------
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def is_hub_id(name: str) -> bool:
+    """``name`` has the shape of a Hub repository id (``owner/name`` or a bare ``name``)."""
+    return bool(_HUB_ID.fullmatch(name)) and ".." not in name and not name.endswith((".", "-"))
+
+
+def hub_offline() -> bool:
+    """Offline mode as huggingface_hub reads it (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the Hub endpoint (``HF_ENDPOINT``) opens within ``timeout`` seconds."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """The id's ``config.json`` is in the Hugging Face cache (``HF_HUB_CACHE``, default ``$HF_HOME/hub``)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # a malformed id
+        return False
+    return isinstance(found, str)
+
+
+def check_model_source(path: str) -> bool:
+    """Decide where ``from_pretrained`` will look, the way it does: an existing folder first, then the
+    Hugging Face cache or the Hub. Returns True when only local files may be used (offline, or the Hub
+    is unreachable); raises a one-line :class:`InspectorError` within seconds when the model cannot be
+    found there, instead of letting the Hub client retry.
+    """
+    if Path(path).expanduser().exists():
+        return False
+    if not is_hub_id(path):
+        raise InspectorError(f"model folder {path!r} does not exist: pass an existing folder or a Hub id (owner/name) to --model")
+    if hub_offline():
+        if not in_hub_cache(path):
+            raise InspectorError(
+                f"model {path!r} is not in the Hugging Face cache and offline mode is on (HF_HUB_OFFLINE=1): download it "
+                f"once with `hf download {path}` on a machine online (HF_HUB_CACHE / HF_HOME say where the cache is), "
+                "or pass a local model folder to --model"
+            )
+        return True
+    if not hub_reachable():
+        if not in_hub_cache(path):
+            raise InspectorError(
+                f"model {path!r} is not in the Hugging Face cache and the Hub cannot be reached (no network): download it "
+                f"with `hf download {path}` where the Hub is reachable, or pass a local model folder to --model"
+            )
+        return True
+    return False
