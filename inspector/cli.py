@@ -88,6 +88,8 @@ def cmd_capture(args) -> int:
 
     text = _read_text(args.text, args.text_file, "text")
     target = _read_text(args.target, args.target_file, "target")
+    if getattr(args, "text_pair", None) is not None and text is not None:
+        text = (text, args.text_pair)  # a sentence pair: the tokenizer makes the token type ids
     out = Path(args.output)
     check_before_loading(capture_file=args.output, sites=args.sites)
     if out.suffix != ".safetensors":
@@ -96,8 +98,10 @@ def cmd_capture(args) -> int:
     from .capture import _patterns
 
     _patterns(args.sites)  # check before the model loads
-    if text is not None and not text.strip():
+    if text is not None and not (text[0] if isinstance(text, tuple) else text).strip():
         raise InspectorError("the source text is empty: pass some text (--text or --text-file)")
+    if isinstance(text, tuple) and not text[1].strip():
+        raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
     loaded = load_from_args(args)
     target_ids = None
     if getattr(args, "generate", None):
@@ -219,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--text", help="the input text (encoder input, or prompt of a decoder)")
     g.add_argument("--text-file", help="read the input text from a file")
+    p.add_argument("--text-pair", metavar="B", help="second text of a sentence pair (the tokenizer's [SEP] and token type ids)")
     t = p.add_mutually_exclusive_group()
     t.add_argument("--target", help="decoder-side text (encoder-decoder) or continuation (decoder-only), teacher-forced")
     t.add_argument("--target-file", help="read the target from a file")

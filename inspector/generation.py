@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .errors import InspectorError
-from .inputs import encode, model_layout
+from .inputs import Encoded, encode, max_positions, model_layout
 
 
 def generate_target(model, tokenizer, text: str | list[str], max_new_tokens: int, **generate_kwargs: Any) -> list[list[int]]:
@@ -28,7 +28,8 @@ def generate_target(model, tokenizer, text: str | list[str], max_new_tokens: int
     if layout == "encoder" or not hasattr(model, "generate"):
         raise InspectorError(f"{type(model).__name__} does not generate text: pass a decoder or encoder-decoder model, or drop --generate")
     enc = encode(model, tokenizer, text)
-    kwargs = {k: v for k, v in enc.model_kwargs.items() if k in ("input_ids", "attention_mask")}
+    check_room(model, tokenizer, enc, max_new_tokens)
+    kwargs = {k: v for k, v in enc.model_kwargs.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
     generate_kwargs.setdefault("do_sample", False)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(model.config, "pad_token_id", None)
     if pad is not None:
@@ -54,3 +55,29 @@ def _as_set(value) -> set[int]:
     if value is None:
         return set()
     return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
+
+
+def check_room(model, tokenizer, enc: Encoded, max_new_tokens: int) -> None:
+    """Refuse, before generating, a ``max_new_tokens`` that would run past the model's positions.
+
+    Decoder-only: prompt + new tokens must fit; encoder-decoder: the decoder start token + new tokens.
+    The message counts the prompt's tokens (special tokens included) and gives the largest N that fits.
+    """
+    limit = max_positions(model, tokenizer)
+    if limit is None:
+        return
+    name = type(model).__name__
+    if enc.layout == "decoder":
+        used = int(enc.model_kwargs["input_ids"].shape[1])
+        room = limit - used
+        if room < 1:
+            raise InspectorError(f"the prompt is {used} tokens, which fills all {limit} positions of {name}: shorten the prompt to "
+                                 "generate anything")
+        if max_new_tokens > room:
+            raise InspectorError(f"the prompt is {used} tokens and {name} has {limit} positions, so at most {room} tokens can "
+                                 f"be generated: use --generate {room} or less, or shorten the prompt")
+    else:
+        room = limit - 1  # the decoder reads its start token first
+        if max_new_tokens > room:
+            raise InspectorError(f"{name}'s decoder has {limit} positions, one taken by its start token, so at most {room} "
+                                 f"tokens can be generated: use --generate {room} or less")

@@ -29,13 +29,17 @@ class InputRecord:
     special: list[bool]
     padding: list[bool]
     word_ids: list[int | None] = field(default_factory=list)
+    # token type (segment) ids passed to the model, e.g. 0 for sentence A and 1 for sentence B of a pair;
+    # None when none were passed (the model's default)
+    type_ids: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> InputRecord:
-        return cls(**d)
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass
@@ -82,6 +86,26 @@ def max_positions(model, tokenizer) -> int | None:
     return None
 
 
+PAIR_JOIN = "\n"  # a sentence pair's record text is A + PAIR_JOIN + B; B's offsets are shifted accordingly
+
+
+def _pairs(text) -> tuple[list[str], list[str]] | None:
+    """(firsts, seconds) when ``text`` is a sentence pair ``(a, b)`` or a list of pairs, else None."""
+    def is_pair(t):
+        return isinstance(t, tuple) and len(t) == 2 and all(isinstance(x, str) for x in t)
+
+    if is_pair(text):
+        text = [text]
+    elif not (isinstance(text, list) and text and all(is_pair(t) for t in text)):
+        if isinstance(text, tuple) or (isinstance(text, list) and any(isinstance(t, tuple) for t in text)):
+            raise InspectorError("a sentence pair is a tuple of two texts, (a, b); give one pair or a list of pairs")
+        return None
+    firsts, seconds = [a for a, _ in text], [b for _, b in text]
+    _as_list(firsts, "source")
+    _as_list(seconds, "second (pair)")
+    return firsts, seconds
+
+
 def _as_list(text: str | list[str] | None, what: str) -> list[str] | None:
     if text is None:
         return None
@@ -94,8 +118,21 @@ def _as_list(text: str | list[str] | None, what: str) -> list[str] | None:
     return texts
 
 
-def _records(tokenizer, enc, texts: list[str], role: str, prefix_ids: list[int] | None = None) -> list[InputRecord]:
+def special_token_ids(tokenizer) -> set[int]:
+    """Ids the tokenizer counts as special: its special tokens and every added token marked special
+    (chat markers such as ``<|im_start|>``), so a special token typed in the text is flagged like an
+    added one."""
+    ids = {int(i) for i in (getattr(tokenizer, "all_special_ids", None) or []) if i is not None}
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return ids
+
+
+def _records(tokenizer, enc, texts: list[str], role: str, prefix_ids: list[int] | None = None,
+             pairs: list[str] | None = None) -> list[InputRecord]:
     out = []
+    by_id = special_token_ids(tokenizer)
     for b, text in enumerate(texts):
         ids = list(enc["input_ids"][b])
         attn = list(enc["attention_mask"][b])
@@ -106,7 +143,12 @@ def _records(tokenizer, enc, texts: list[str], role: str, prefix_ids: list[int] 
         except Exception:
             word_ids = [None] * len(ids)
         padding = [not bool(a) for a in attn]
-        special = [bool(s) and not p for s, p in zip(special_mask, padding, strict=True)]
+        special = [(bool(s) or int(i) in by_id) and not p for s, i, p in zip(special_mask, ids, padding, strict=True)]
+        if pairs is not None:  # B's offsets point into B: shift them past A + PAIR_JOIN
+            shift = len(text) + len(PAIR_JOIN)
+            seq = enc.sequence_ids(b)
+            offsets = [o if (o is None or s != 1) else (o[0] + shift, o[1] + shift) for o, s in zip(offsets, seq, strict=True)]
+            text = text + PAIR_JOIN + pairs[b]
         offs = [None if (o is None or p or s) else [int(o[0]), int(o[1])] for o, p, s in zip(offsets, padding, special, strict=True)]
         if prefix_ids:
             first_real = padding.index(False) if False in padding else len(ids)
@@ -127,58 +169,82 @@ def _records(tokenizer, enc, texts: list[str], role: str, prefix_ids: list[int] 
                 special=special,
                 padding=padding,
                 word_ids=list(word_ids),
+                type_ids=[int(t) for t in enc["token_type_ids"][b]] if "token_type_ids" in enc else None,
             )
         )
     return out
 
 
 def records_from_ids(tokenizer, ids_rows: list[list[int]], role: str, special_ids: set[int] | None = None) -> list[InputRecord]:
-    """Records for token ids that have no source text (generated output): the text is rebuilt by
-    decoding growing prefixes, which gives each token its exact character span."""
-    special_ids = set(special_ids or ()) | set(getattr(tokenizer, "all_special_ids", []) or [])
+    """Records for token ids that have no source text (generated output).
+
+    The text is the decoded output. Where the tokenizer encodes that text back to the same ids (the usual
+    case), each token carries the tokenizer's own offsets, exactly as if the text were given as a source
+    (byte-level tokenizers give every byte piece of a multi-byte character that character's span).
+    Otherwise the spans come from decoding growing prefixes (see :func:`_prefix_offsets`).
+    """
+    by_id = set(special_ids or ()) | special_token_ids(tokenizer)
     out = []
     for b, ids in enumerate(ids_rows):
-        text, offsets, special, padding = "", [], [], []
-        kept: list[int] = []
-        for tid in ids:
-            is_special = int(tid) in special_ids
-            if is_special:
-                offsets.append(None)
-                special.append(True)
-                padding.append(False)
-                continue
-            kept.append(int(tid))
-            new_text = tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            if not new_text.startswith(text):
-                # a byte piece completed a character that the previous pieces decoded as a placeholder: the
-                # earlier pieces shrink to the common prefix and this token spans the whole character
-                common = len(os.path.commonprefix([text, new_text]))
-                for off in offsets:
-                    if off is not None and off[1] > common:
-                        off[0], off[1] = min(off[0], common), common
-                text = new_text[:common]
-            start = len(text)
-            # a token that starts with a space: its span starts at the word, not at the space
-            while start < len(new_text) and new_text[start] == " ":
-                start += 1
-            offsets.append([start, max(start, len(new_text))])  # zero-width when it added no visible text
-            special.append(False)
-            padding.append(False)
-            text = new_text
+        ids = [int(i) for i in ids]
+        kept = [i for i in ids if i not in by_id]
+        text = tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False) if kept else ""
+        offs = _tokenizer_offsets(tokenizer, text, kept)
+        if offs is None:
+            text, offs = _prefix_offsets(tokenizer, kept)
+        it = iter(offs)
+        offsets = [None if i in by_id else next(it) for i in ids]
         out.append(
             InputRecord(
-                role=role, batch=b, text=text, ids=[int(i) for i in ids],
-                tokens=tokenizer.convert_ids_to_tokens([int(i) for i in ids]),
-                offsets=offsets, special=special, padding=padding, word_ids=[None] * len(ids),
+                role=role, batch=b, text=text, ids=ids, tokens=tokenizer.convert_ids_to_tokens(ids),
+                offsets=offsets, special=[i in by_id for i in ids], padding=[False] * len(ids), word_ids=[None] * len(ids),
             )
         )
     return out
 
 
-def _tokenize(tokenizer, texts: list[str], *, add_special: bool, padding_side: str | None = None, target: bool = False):
+def _tokenizer_offsets(tokenizer, text: str, kept: list[int]) -> list[list[int]] | None:
+    """The tokenizer's own offsets for ``text`` when it encodes ``text`` to exactly ``kept``, else None."""
+    if not kept or not getattr(tokenizer, "is_fast", False):
+        return None
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except Exception:
+        return None
+    if list(enc["input_ids"]) != kept:
+        return None
+    return [[int(a), int(z)] for a, z in enc["offset_mapping"]]
+
+
+def _prefix_offsets(tokenizer, kept: list[int]) -> tuple[str, list[list[int]]]:
+    """(text, spans) from decoding growing prefixes of ``kept``. A token that starts with a space spans
+    from the word on; the byte pieces of a multi-byte character (which decode to a placeholder until the
+    last piece arrives) all get that character's span, as a byte-level tokenizer's offsets do."""
+    text, offsets = "", []
+    for n in range(1, len(kept) + 1):
+        new_text = tokenizer.decode(kept[:n], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if not new_text.startswith(text):
+            # this piece completed a character the earlier pieces decoded as a placeholder: those pieces
+            # get the completed character's span, this one spans from it to its own end
+            common = len(os.path.commonprefix([text, new_text]))
+            char_end = min(common + 1, len(new_text))
+            for off in offsets:
+                if off[1] > common:
+                    off[0], off[1] = min(off[0], common), char_end
+            text = new_text[:common]
+        start = len(text)
+        while start < len(new_text) and new_text[start] == " ":
+            start += 1
+        offsets.append([start, max(start, len(new_text))])  # zero-width when it added no visible text
+        text = new_text
+    return text, offsets
+
+
+def _tokenize(tokenizer, texts: list[str], *, add_special: bool, padding_side: str | None = None, target: bool = False,
+              pairs: list[str] | None = None):
     kwargs = dict(
         add_special_tokens=add_special,
-        padding=True,
+        padding=len(texts) > 1,  # a tokenizer without a padding token (GPT-2) refuses padding=True even for one text
         return_attention_mask=True,
         return_special_tokens_mask=True,
         return_offsets_mapping=bool(getattr(tokenizer, "is_fast", False)),
@@ -191,6 +257,8 @@ def _tokenize(tokenizer, texts: list[str], *, add_special: bool, padding_side: s
     try:
         if target:
             return tokenizer(text_target=texts, **kwargs)
+        if pairs is not None:
+            return tokenizer(texts, pairs, return_token_type_ids=True, **kwargs)
         return tokenizer(texts, **kwargs)
     finally:
         if padding_side is not None:
@@ -213,9 +281,12 @@ def encode(
     """
     import torch
 
-    texts = _as_list(text, "source")
+    pair = _pairs(text)
+    texts, seconds = pair if pair is not None else (_as_list(text, "source"), None)
     targets = _as_list(target, "target")
     layout = model_layout(model)
+    if seconds is not None and (targets is not None or target_ids is not None) and layout == "decoder":
+        raise InspectorError("a sentence pair with a target is not supported for decoder-only models: join the texts, or drop the target")
     if targets is not None and len(targets) != len(texts):
         raise InspectorError(f"{len(texts)} texts but {len(targets)} targets: give one target per text")
     if (targets is not None or target_ids is not None) and layout == "encoder":
@@ -224,15 +295,26 @@ def encode(
     limit = max_positions(model, tokenizer)
     device = _input_device(model)
     decoder_left_pad = layout == "decoder" and len(texts) > 1
-    src = _tokenize(tokenizer, texts, add_special=True, padding_side="left" if decoder_left_pad else None)
-    records = _records(tokenizer, src, texts, "source")
+    src = _tokenize(tokenizer, texts, add_special=True, padding_side="left" if decoder_left_pad else None, pairs=seconds)
+    records = _records(tokenizer, src, texts, "source", pairs=seconds)
     input_ids = torch.tensor(src["input_ids"])
     attention = torch.tensor(src["attention_mask"])
     kwargs: dict[str, Any] = {}
+    types = _token_types(model, src)
+    if types is not None:
+        kwargs["token_type_ids"] = types.to(device)
+    for r in records:
+        if types is None:
+            r.type_ids = None
+    if layout == "encoder-decoder" and targets is None and target_ids is None:
+        # no target: the decoder reads its start token alone (as the model would be run for a first step);
+        # recorded as the target, so every decoder site has a query axis the file can name
+        target_ids = [[_decoder_start(model)] for _ in texts]
 
     tgt_records: list[InputRecord] | None = None
     if target_ids is not None:
-        tgt_records = records_from_ids(tokenizer, target_ids, "target")
+        start_ids = {_decoder_start(model)} if layout == "encoder-decoder" else set()
+        tgt_records = records_from_ids(tokenizer, target_ids, "target", special_ids=start_ids)
     elif targets is not None:
         if layout == "encoder-decoder":
             start = _decoder_start(model)
@@ -241,6 +323,8 @@ def encode(
         else:
             tgt = _tokenize(tokenizer, targets, add_special=False, padding_side="right")
             tgt_records = _records(tokenizer, tgt, targets, "target")
+        for r in tgt_records:
+            r.type_ids = None
 
     if tgt_records is not None:
         width = max(len(r.ids) for r in tgt_records)
@@ -262,6 +346,10 @@ def encode(
         else:
             input_ids = torch.cat([input_ids, t_ids], dim=1)
             attention = torch.cat([attention, t_mask], dim=1)
+            if "token_type_ids" in kwargs:  # a continuation of a single text: segment 0, as the tokenizer would give it
+                kwargs["token_type_ids"] = torch.cat([kwargs["token_type_ids"], torch.zeros_like(t_ids).to(device)], dim=1)
+                for r in tgt_records:
+                    r.type_ids = [0] * len(r.ids)
         records += tgt_records
 
     for what, n in (("text", input_ids.shape[1]), ("target", kwargs.get("decoder_input_ids", input_ids).shape[1])):
@@ -276,6 +364,25 @@ def encode(
         # left padding: give real tokens the positions they would have without padding
         kwargs["position_ids"] = (attention.cumsum(-1) - 1).clamp(min=0).to(device)
     return Encoded(model_kwargs=kwargs, records=records, layout=layout)
+
+
+def _token_types(model, enc):
+    """The tokenizer's token type ids ``[batch, seq]`` when they say something (a sentence pair, or any
+    non-zero segment) and the model's forward takes them; None otherwise (the model's default)."""
+    import inspect
+
+    import torch
+
+    if "token_type_ids" not in enc:
+        return None
+    types = torch.tensor(enc["token_type_ids"])
+    if not bool(types.any()):
+        return None
+    try:
+        accepted = "token_type_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        accepted = False
+    return types if accepted else None
 
 
 def _decoder_start(model) -> int:

@@ -302,11 +302,12 @@ def test_byte_level_generated_text_keeps_every_word_findable():
     text = " The Lessor said \u201cyes\u201d \U0001f600 to the  Lessee."
     rec = records_from_ids(tok, [tok(text, add_special_tokens=False)["input_ids"]], "target")[0]
     assert rec.text == text and all(o is not None for o in rec.offsets)
-    covered = "".join(rec.text[a:b] for a, b in rec.offsets)
-    assert covered == text.replace(" ", "")  # every character belongs to exactly one token
+    # the tokenizer's own offsets for the same text given as a source: byte pieces of one character share its span
+    assert rec.offsets == [list(o) for o in tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
     for word in ("Lessee", "Lessor", "\u201c", "\U0001f600"):
         s = text.index(word)
-        assert "".join(rec.text[a:b] for a, b in rec.offsets if a < s + len(word) and b > s) == word
+        covering = [(a, b) for a, b in rec.offsets if a < s + len(word) and b > s]
+        assert min(a for a, _ in covering) <= s and max(b for _, b in covering) == s + len(word)
 
 
 def test_kind_of_a_bidirectional_encoder_ignores_padding(tokenizer):
