@@ -70,8 +70,38 @@ def _fast_attention(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
+_INTERFACE_DEFAULT = re.compile(
+    r"(?:get_interface\(\s*[^,()]+,|getattr\(\s*ALL_ATTENTION_FUNCTIONS\s*,\s*[^,()]+,)\s*([A-Za-z_][\w.]*)\s*\)")
+
+
+def _named_eager(cls):
+    """The eager function ``cls.forward`` falls back to in ``ALL_ATTENTION_FUNCTIONS.get_interface(impl, fn)``
+    (read from its source and resolved in its module), or None."""
+    import inspect
+
+    forward = getattr(cls, "forward", None)
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return None
+    found = _INTERFACE_DEFAULT.search(source)
+    if found is None:
+        return None
+    obj: Any = getattr(forward, "__globals__", {})
+    for i, part in enumerate(found.group(1).split(".")):
+        obj = obj.get(part) if i == 0 else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if callable(obj) else None
+
+
 def eager_function(module):
-    """The ``eager_attention_forward`` of the module's own modeling file (or a parent class's)."""
+    """The eager attention function the module itself falls back to: the one its ``forward`` names in
+    ``ALL_ATTENTION_FUNCTIONS.get_interface(...)`` (e.g. ``simple_eager_attention_forward``), else the
+    ``eager_attention_forward`` of its own modeling file (or a parent class's)."""
+    named = _named_eager(type(module))
+    if named is not None:
+        return named
     for cls in type(module).__mro__:
         mod = sys.modules.get(cls.__module__)
         fn = getattr(mod, "eager_attention_forward", None) if mod is not None else None
@@ -147,8 +177,12 @@ def _patterns(sites: list[str] | None) -> list[re.Pattern] | None:
 
 class _Recorder:
     def __init__(self, model, *, weights: bool, dtype: torch.dtype, layers: set[int] | None, sites: list[str] | None,
-                 roles: dict[str, tuple[list[str], list[str]]], progress=None):
+                 roles: dict[str, tuple[list[str], list[str]]], progress=None, lengths: dict[str, int] | None = None):
         self.names = {id(m): n for n, m in model.named_modules()}
+        self.lengths = dict(lengths or {})  # tokens per role (batch row 0; rows are padded alike)
+        # configs whose model ran sdpa before the capture: lazy calls of other modules run their eager function
+        self.sdpa_configs = {id(c) for c in _configs(model) if c._attn_implementation == "sdpa"}
+        self.model_sdpa = id(model.config) in self.sdpa_configs
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         self.weights = weights
         self.dtype = dtype
@@ -164,7 +198,10 @@ class _Recorder:
         self._sdpa_masks: dict[tuple, Any] = {}
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
-        return t.detach().to(device="cpu", dtype=self.dtype)
+        """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
+        view of a fused projection): safetensors refuses tensors that share memory."""
+        out = t.detach().to(device="cpu", dtype=self.dtype)
+        return out.clone() if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else out
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
         base = self.names.get(id(module), type(module).__name__)
@@ -178,19 +215,18 @@ class _Recorder:
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
-            return _fast_attention(module, query, key, value, self._sdpa_mask(module, query, key, attention_mask, kwargs), **kwargs)
+            return self._lazy(module, query, key, value, attention_mask, kwargs)[1:]
 
         extra = sorted(k for k, v in kwargs.items() if v is not None and k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS)
         if self.weights or extra:
             fn = eager_function(module)
             out, w = fn(module, query, key, value, attention_mask, **kwargs)
         else:
-            fn = None
-            out, w = _fast_attention(module, query, key, value, self._sdpa_mask(module, query, key, attention_mask, kwargs),
-                                     **kwargs)
+            fn, out, w = self._lazy(module, query, key, value, attention_mask, kwargs)
 
-        stack, kind = self._where(module, base, query, key, attention_mask)
+        stack, kind = self._where(module, base, query, key, attention_mask, kwargs.get("position_bias"))
         q_roles, k_roles = self.roles[stack if self.encoder_decoder else "none"] if kind != "cross" else self.roles["cross"]
+        q_roles, k_roles = self._axes(module, base, query, key, attention_mask, q_roles, k_roles)
         heads, kv_heads = query.shape[1], key.shape[1]
         scaling = kwargs.get("scaling")
         scaling = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
@@ -214,6 +250,75 @@ class _Recorder:
         if self.progress is not None:
             self.progress.update(1)
         return out, w
+
+    def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
+        """A site for a module that computes attention its own way: its probability map ``w``
+        ``[batch, head, query, key]`` as returned with ``output_attentions``; Q/K/V unavailable."""
+        numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
+        layer = call if call > 0 or not numbers else int(numbers[0])
+        if (self.layers is not None and layer not in self.layers) or (
+            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
+        ):
+            return
+        stack, kind = self._where(module, base, w, w.transpose(-1, -2), None)
+        if kind != "cross":
+            kind = weights_kind(w) or ("causal" if getattr(module, "is_causal", False) else "self")
+        q_roles, k_roles = self.roles[stack if self.encoder_decoder else "none"] if kind != "cross" else self.roles["cross"]
+        q_roles, k_roles = self._axes(module, base, w, w.transpose(-1, -2), None, q_roles, k_roles)
+        heads = int(w.shape[1])
+        self.sites.append(Site(
+            name=name, stack=stack, layer=int(layer), kind=kind, num_heads=heads, num_kv_heads=heads,
+            head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles, key_input=k_roles,
+            query_len=int(w.shape[-2]), key_len=int(w.shape[-1]), parts=["weights"], recomputable=False,
+            extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
+        ))
+        self.tensors[f"{name}/weights"] = self._keep(w)
+
+    def _lazy(self, module, query, key, value, attention_mask, kwargs):
+        """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
+        model itself ran sdpa, else the module's own eager function, so the model's outputs stay as they were
+        (sdpa without a mask defaults to causal, which a model with no sdpa support never meant)."""
+        config = getattr(module, "config", None)
+        if (id(config) in self.sdpa_configs) if config is not None else self.model_sdpa:
+            return None, *_fast_attention(module, query, key, value, self._sdpa_mask(module, query, key, attention_mask, kwargs),
+                                          **kwargs)
+        fn = eager_function(module)
+        return fn, *fn(module, query, key, value, attention_mask, **kwargs)
+
+    def _axes(self, module, name, query, key, mask, q_roles, k_roles):
+        """Check the call's query and key lengths against the inputs the roles name; an axis that is the
+        concatenation of two inputs is recorded as such. What the file cannot express (pooled, blocked or
+        global/local keys, a non-4D call) is refused, naming the module."""
+        def fits(roles, n):
+            return sum(self.lengths.get(r, -(10**9)) for r in roles) == n
+
+        if not self.lengths:  # record() called without the inputs' lengths: nothing to check against
+            return q_roles, k_roles
+
+        def refuse(why):
+            raise InspectorError(
+                f"{type(module).__name__} at {name} {why}, which a capture file cannot express: capture the other "
+                f"sites with --sites '^(?!{re.escape(name)}$)' or choose another model")
+
+        if query.dim() != 4 or key.dim() != 4:
+            refuse(f"passes attention {query.dim()}-D queries and {key.dim()}-D keys instead of [batch, head, seq, dim]")
+        q_len, k_len = int(query.shape[-2]), int(key.shape[-2])
+        candidates = [["source"], ["target"], ["source", "target"], ["target", "source"]]
+        if not fits(q_roles, q_len):
+            q_roles = next((c for c in candidates if fits(c, q_len)), None)
+            if q_roles is None:
+                refuse(f"has {q_len} queries, not the tokens of any input ({self._lengths_text()})")
+        if not fits(k_roles, k_len):
+            options = [c for c in candidates if fits(c, k_len)]
+            if len(options) != 1 and not (len(options) == 2 and q_roles in options):
+                refuse(f"has {k_len} keys, not the tokens of one input or of a known concatenation ({self._lengths_text()})")
+            k_roles = q_roles if q_roles in options else options[0]
+        if isinstance(mask, torch.Tensor) and (mask.dim() != 4 or mask.shape[-2] not in (1, q_len) or mask.shape[-1] < k_len):
+            refuse(f"applies a mask of shape {tuple(mask.shape)} to {q_len} queries x {k_len} keys")
+        return q_roles, k_roles
+
+    def _lengths_text(self) -> str:
+        return ", ".join(f"{r} {n} tokens" for r, n in self.lengths.items())
 
     def _sdpa_mask(self, module, query, key, mask, kwargs):
         """The mask to give sdpa: None where the additive mask hides exactly what sdpa's own ``is_causal``
@@ -253,7 +358,7 @@ class _Recorder:
         self._masks[ident] = stored
         return stored
 
-    def _where(self, module, name: str, query, key, mask) -> tuple[str, str]:
+    def _where(self, module, name: str, query, key, mask, bias=None) -> tuple[str, str]:
         parts = name.lower().split(".")
         stack = "none"
         if self.encoder_decoder:
@@ -261,13 +366,42 @@ class _Recorder:
         flat = name.lower().replace("_", "").replace(".", "")
         if getattr(module, "is_cross_attention", False) or any(c.replace("_", "") in flat for c in _CROSS_NAMES):
             return stack, "cross"
-        causal = getattr(module, "is_causal", None)
-        if causal is None:  # look at the mask: a causal one hides from the first query a key the last one sees
-            causal = bool(
-                isinstance(mask, torch.Tensor) and mask.dtype != torch.bool and query.shape[-2] > 1 and key.shape[-2] > 1
-                and mask.shape[-2] > 1 and ((mask[:, 0, 0, :] < 0) & (mask[:, 0, -1, :] == 0)).any()
-            )
-        return stack, "causal" if causal else "self"
+        kind = kind_from_mask(mask, bias, int(query.shape[-2]), int(key.shape[-2]))
+        if kind is None:  # one query, or no square mask: nothing tells causal from bidirectional but the module
+            kind = "causal" if getattr(module, "is_causal", False) and mask is not None else "self"
+        return stack, kind
+
+
+def kind_from_mask(mask, bias, q_len: int, k_len: int) -> str | None:
+    """"causal" when the mask as applied (additive or boolean, plus any position bias) hides every later key
+    from every query, "self" when it shows some query a later key, None when it cannot tell (one query, a
+    non-square call). No mask means nothing is hidden: the eager path is bidirectional then."""
+    if q_len < 2 or q_len != k_len:
+        return None
+    if mask is None and bias is None:
+        return "self"
+    hidden = None
+    for m in (mask, bias):
+        if not isinstance(m, torch.Tensor):
+            continue
+        m = m[..., :k_len] if m.shape[-1] != k_len else m
+        if m.shape[-2] != q_len:
+            return None
+        h = ~m if m.dtype == torch.bool else (m <= torch.finfo(m.dtype).min / 2) | torch.isneginf(m)
+        hidden = h if hidden is None else hidden | h
+    if hidden is None:
+        return "self"
+    later = torch.ones(q_len, k_len, dtype=torch.bool, device=hidden.device).triu_(1)
+    return "causal" if bool(hidden[..., later].all()) else "self"
+
+
+def weights_kind(weights: torch.Tensor) -> str | None:
+    """The kind a weights-only site's zero pattern shows: "causal" when every later key gets exactly 0."""
+    q_len, k_len = weights.shape[-2:]
+    if q_len < 2 or q_len != k_len:
+        return None
+    later = torch.ones(q_len, k_len, dtype=torch.bool).triu_(1)
+    return "causal" if bool((weights[..., later] == 0).all()) else "self"
 
 
 def _hides_as_sdpa_would(mask: torch.Tensor, q_len: int, k_len: int, causal: bool) -> bool:
@@ -352,11 +486,18 @@ def record(
     layers: list[int] | None = None,
     sites: list[str] | None = None,
     progress: bool = False,
+    lengths: dict[str, int] | None = None,
+    notes: list[dict[str, str]] | None = None,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
     Returns the sites, the tensors (named as in the capture file) and the model's own output.
+    ``lengths`` (tokens per role) lets every site's axes be checked against the inputs. Attention
+    modules that make no call through the interface are captured weights-only from a second, eager
+    pass with ``output_attentions`` (named after the module); any that return no probability map are
+    appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
     """
+    notes = [] if notes is None else notes
     if dtype not in STORAGE_DTYPES:
         raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
     _patterns(sites)  # a bad pattern is reported before any work starts
@@ -371,7 +512,7 @@ def record(
 
         bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
     recorder = _Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
-                         sites=sites, roles=roles, progress=bar)
+                         sites=sites, roles=roles, progress=bar, lengths=lengths)
     was_training = model.training
     model.eval()
     token = None
@@ -382,7 +523,10 @@ def record(
                 output = model(**model_kwargs, use_cache=False)
             finally:
                 _ACTIVE.reset(token)
-            if not recorder._calls:
+            missing = _unrecorded_modules(model, recorder)
+            if missing:  # attention modules that bypass the interface: their output_attentions maps, by module
+                _weights_only_pass(model, model_kwargs, recorder, missing, notes)
+            if not recorder._calls and not recorder.sites:
                 return _fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[dtype], layers=layers, sites=sites)
     finally:
         model.train(was_training)
@@ -393,11 +537,100 @@ def record(
     return recorder.sites, recorder.tensors, output
 
 
+_ATTENTION_CLASS = re.compile(r"(Attention|Attn)$")
+
+
+def _unrecorded_modules(model, recorder) -> list[tuple[str, Any]]:
+    """Attention modules (class name ending in Attention/Attn, none below them) whose subtree made no
+    recorded call: they compute attention their own way."""
+    called = set(recorder._calls)
+    out = []
+    for name, m in model.named_modules():
+        if not _ATTENTION_CLASS.search(type(m).__name__):
+            continue
+        below = list(m.modules())[1:]
+        if any(_ATTENTION_CLASS.search(type(c).__name__) for c in below):
+            continue
+        if id(m) in called or any(id(c) in called for c in below):
+            continue
+        out.append((name, m))
+    return out
+
+
+def probability_maps(value, batch: int) -> list[torch.Tensor]:
+    """4-D tensors ``[batch, head, query, key]`` under ``value`` (nested tuples, lists, dicts, model outputs)
+    whose rows are probability distributions: non-negative, each row summing to 1 (rows of padding may
+    be all zero)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 4 or not value.is_floating_point() or value.shape[0] != batch or value.numel() == 0:
+            return []
+        v = value.detach().float()
+        sums = v.sum(-1)
+        ok = bool((v >= 0).all()) and bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()) and bool((sums > 0).any())
+        return [value] if ok else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in probability_maps(v, batch)]
+    return []
+
+
+def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
+    """Run the model once more (eager, ``output_attentions=True``) and keep, for each module in ``missing``,
+    the probability map it returns, as a weights-only site named after the module."""
+    import warnings
+
+    batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
+    seen: dict[int, list] = {}
+
+    def hook(module, _args, output):
+        seen.setdefault(id(module), []).append(probability_maps(output, batch)[:1])
+
+    handles = [m.register_forward_hook(hook) for _, m in missing]
+    try:
+        with attn_implementation(model, "eager"):
+            model(**model_kwargs, **_run_kwargs(model), output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    for name, module in missing:
+        calls = seen.get(id(module))
+        if not calls:
+            continue  # the module did not run on this input
+        for call, maps in enumerate(calls):
+            site_name = name if call == 0 else f"{name}@{call}"
+            if not maps:
+                notes.append({"module": site_name, "class": type(module).__name__,
+                              "reason": "computes attention outside transformers' attention interface and returns no "
+                                        "probability map with output_attentions"})
+                continue
+            recorder.weights_only(module, site_name, name, maps[0], call)
+    for n in notes:
+        warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=3)
+
+
+def _flatten(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flatten(v)]
+    return [value]
+
+
+def _run_kwargs(model) -> dict[str, Any]:
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"use_cache": False} if "use_cache" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()) else {}
+
+
 def _fallback(model, model_kwargs, roles, *, dtype, layers, sites):
     """For models whose attention bypasses the interface (Bloom, DeBERTa, Falcon in 5.24): the weights
     that ``output_attentions`` returns, with Q/K/V marked unavailable."""
     with attn_implementation(model, "eager"):
-        output = model(**model_kwargs, use_cache=False, output_attentions=True)
+        output = model(**model_kwargs, **_run_kwargs(model), output_attentions=True)
+    batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
     groups = []
     for field, stack, kind in (
         ("encoder_attentions", "encoder", "self"), ("decoder_attentions", "decoder", "causal"),
@@ -405,7 +638,14 @@ def _fallback(model, model_kwargs, roles, *, dtype, layers, sites):
     ):
         value = getattr(output, field, None)
         if value:
-            groups.append((field, stack, kind, value))
+            flat = _flatten(value)
+            bad = [i for i, w in enumerate(flat) if not probability_maps(w, batch)]
+            if bad:  # keep only probability maps; anything else would be shown as weights it is not
+                raise InspectorError(
+                    f"{type(model).__name__} returns {field}[{bad[0]}] with output_attentions, which is not a probability "
+                    "map (rows do not sum to 1), and its attention bypasses transformers' attention interface: it "
+                    "cannot be captured faithfully")
+            groups.append((field, stack, kind, flat))
     if not groups or any(w is None for _, _, _, ws in groups for w in ws):
         raise InspectorError(
             f"{type(model).__name__} neither uses transformers' attention interface nor returns output_attentions: "
@@ -454,8 +694,11 @@ def capture(
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
     roles = _roles(encoded)
+    lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
+    notes: list[dict[str, str]] = []
     site_list, tensors, output = record(
-        model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress
+        model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
+        lengths=lengths, notes=notes,
     )
     meta = {
         "model": _provenance(model, model_name),
@@ -466,6 +709,8 @@ def capture(
         # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)
         "inputs": [{f.name: getattr(r, f.name) for f in dataclasses.fields(r)} for r in encoded.records],
     }
+    if notes:  # attention modules that could not be captured, each named (also warned about)
+        meta["unrecorded"] = notes
     cap = Capture(meta, site_list, tensors)
     cap.output = output
     return cap

@@ -1,0 +1,153 @@
+"""The sweep: every text model family of the installed transformers that builds tiny from its config
+(tests/families.py) is captured exactly, or through a weights-only site that matches, or refused with
+one line that names the module. For each family, in a full and a lazy capture and on a padded batch
+of two:
+
+* every attention map the model returns with ``output_attentions`` (eager) equals a captured site's
+  weights within 1e-5 -- none is dropped;
+* weights recomputed from the stored Q, K and mask equal the stored ones; lazy captures recompute them;
+* the model's outputs are unchanged by the capture;
+* the site's kind agrees with the weights: ``causal`` hides every later key, ``self`` shows one;
+* the file it writes is one that ``load`` reads.
+
+The counts are printed at the end of the run (``-rA`` or ``-s``) and stated in the README.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from inspector import attention
+from inspector.capture import attn_implementation, capture
+from inspector.errors import InspectorError
+from inspector.inputs import encode
+from inspector.store import load
+
+import families
+
+TOL = 1e-5
+TEXT = "The Lessee shall indemnify the Lessor. Such indemnity survives."
+SHORT = "Such indemnity survives."
+TARGET = "The Lessor shall pay."
+OUTCOMES: dict[str, str] = {}
+
+
+def _main_output(out) -> torch.Tensor:
+    for name in ("logits", "last_hidden_state", "prediction_logits"):
+        t = getattr(out, name, None)
+        if isinstance(t, torch.Tensor):
+            return t
+    return next(v for v in out.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+
+
+def _maps(value) -> list[torch.Tensor]:
+    """Every tensor under an output's attention fields, nested tuples flattened."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _maps(v)]
+    return []
+
+
+def _reference(model, kwargs):
+    with torch.no_grad():
+        plain = model(**kwargs, use_cache=False) if _takes_cache(model) else model(**kwargs)
+        with attn_implementation(model, "eager"):
+            eager = model(**kwargs, output_attentions=True, **({"use_cache": False} if _takes_cache(model) else {}))
+    maps = []
+    for key, value in eager.items():
+        if "attentions" in key:
+            maps += [t for t in _maps(value) if t.dim() == 4 and t.is_floating_point()]
+    return _main_output(plain), maps
+
+
+def _takes_cache(model) -> bool:
+    import inspect
+
+    return "use_cache" in inspect.signature(model.forward).parameters
+
+
+def _real(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Output rows of real (non-padding) tokens."""
+    return out[mask.bool()] if out.dim() >= 2 and out.shape[:2] == mask.shape else out
+
+
+def _check_capture(model, tok, text, target, tmp_path, label):
+    full = capture(model, tok, text, target)
+    lazy = capture(model, tok, text, target, weights=False)
+    enc = encode(model, tok, text, target)
+    ref_out, ref_maps = _reference(model, enc.model_kwargs)
+    real = enc.model_kwargs.get("decoder_attention_mask", enc.model_kwargs["attention_mask"])
+    for cap in (full, lazy):
+        got = _main_output(cap.output)
+        torch.testing.assert_close(_real(got, real), _real(ref_out, real), atol=TOL, rtol=0,
+                                   msg=lambda m: f"{label}: outputs changed by the capture: {m}")
+        load(cap.save(tmp_path / f"{label}.safetensors"))  # never a file load refuses
+    stored = {s.name: full.tensor(s, "weights") for s in full.sites if "weights" in s.parts}
+    for i, ref in enumerate(ref_maps):  # every map the model returns is a captured site's weights
+        same = [n for n, w in stored.items() if w.shape == ref.shape and torch.allclose(w, ref, atol=TOL, rtol=0)]
+        assert same, f"{label}: output_attentions map {i} {tuple(ref.shape)} matches no captured site (dropped)"
+    for site in full.sites:
+        w = stored[site.name]
+        if {"q", "k"} <= set(site.parts) and site.recomputable:
+            q, k = full.tensor(site, "q").float(), attention.expand_kv(full.tensor(site, "k").float(), site.head_map)
+            mask = full.tensor(site, "mask").float() if site.mask else None
+            again = attention.attention_weights(q, k, scaling=site.scaling, mask=mask, softcap=site.softcap)
+            torch.testing.assert_close(again, w, atol=TOL, rtol=0, msg=lambda m, s=site: f"{label}: {s.name} recompute: {m}")
+            for b in range(full.batch_size):
+                torch.testing.assert_close(lazy.weights(site.name, batch=b), w[b], atol=TOL, rtol=0,
+                                           msg=lambda m, s=site: f"{label}: {s.name} lazy: {m}")
+        _check_kind(full, site, w, label)
+    return full
+
+
+def _check_kind(cap, site, w, label):
+    if site.kind == "cross":
+        assert site.query_input != site.key_input or site.query_input == [], f"{label}: {site.name} cross over one input"
+        return
+    if site.query_len != site.key_len or site.query_len < 2:
+        return
+    _, pad = cap.flags(site, "key", 0)
+    rows = w[0][:, ~pad][:, :, ~pad]
+    later = torch.triu(torch.ones(rows.shape[-2:], dtype=torch.bool), diagonal=1)
+    sees_later = bool((rows[..., later] > 0).any())
+    assert sees_later == (site.kind == "self"), f"{label}: {site.name} is {site.kind} but later keys get weight {sees_later}"
+
+
+def _one_line_naming_a_module(message: str, model) -> bool:
+    names = {type(m).__name__ for m in model.modules()} | {n for n, _ in model.named_modules() if n}
+    return "\n" not in message and any(n in message for n in names)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    import tiny
+
+    return tiny.tokenizer()
+
+
+@pytest.mark.parametrize("model_type", families.families())
+def test_family(model_type, tok, tmp_path):
+    model, why = families.build(model_type)
+    if model is None:
+        OUTCOMES[model_type] = why
+        pytest.skip(why)
+    target = TARGET if getattr(model.config, "is_encoder_decoder", False) else None
+    try:
+        cap = _check_capture(model, tok, TEXT, target, tmp_path, "single")
+        _check_capture(model, tok, [TEXT, SHORT], [target, target] if target else None, tmp_path, "padded")
+    except InspectorError as exc:
+        assert _one_line_naming_a_module(str(exc), model), f"refusal does not name a module: {exc}"
+        OUTCOMES[model_type] = "refused"
+        return
+    OUTCOMES[model_type] = "weights-only" if any(s.parts == ["weights"] for s in cap.sites) else "exact"
+
+
+def test_zz_counts(capsys):
+    """Print the sweep's counts (run last in this module)."""
+    counts = collections.Counter(OUTCOMES.values())
+    with capsys.disabled():
+        print(f"\nfamily sweep: {dict(sorted(counts.items()))}")
