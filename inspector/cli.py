@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_app)
 
     try:
-        from .investigate import add_commands
+        from .cli_investigate import add_commands
     except ImportError:  # pragma: no cover
         add_commands = None
     if add_commands is not None:
