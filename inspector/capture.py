@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from . import masks
 from .errors import InspectorError
 from .inputs import Encoded, encode
 from .store import Capture, Site
@@ -160,6 +161,7 @@ class _Recorder:
         self.tensors: dict[str, torch.Tensor] = {}
         self._calls: dict[int, int] = {}
         self._masks: dict[tuple[int, int, int], str | None] = {}
+        self.masks: dict[str, dict] = {}  # mask name -> spec (schema 2)
         self._alive: list[Any] = []  # keep mask inputs alive so their ids stay unique
         self._sdpa_masks: dict[tuple, Any] = {}
 
@@ -233,23 +235,22 @@ class _Recorder:
         return self._sdpa_masks[ident]
 
     def _mask(self, name: str, mask, bias, key_len: int) -> str | None:
-        """Store the additive mask (plus any position bias) once per distinct tensor; return its name."""
+        """Store the additive mask (plus any position bias) once per distinct tensor, compactly (a mask spec,
+        see :mod:`inspector.masks`); return its name."""
         ident = (id(mask), id(bias), key_len)
         if ident in self._masks:
             return self._masks[ident]
         self._alive += [mask, bias]
-        combined = None
-        if isinstance(mask, torch.Tensor):
-            combined = mask[..., :key_len] if mask.shape[-1] != key_len else mask
-            if combined.dtype == torch.bool:  # a boolean mask (True = visible) as the additive one it stands for
-                combined = torch.zeros(combined.shape, dtype=torch.float32, device=combined.device).masked_fill(
-                    ~combined, torch.finfo(torch.float32).min)
-        if bias is not None:
-            combined = bias if combined is None else bias + combined
+        if isinstance(mask, torch.Tensor) and mask.shape[-1] != key_len:
+            mask = mask[..., :key_len]
+        if not isinstance(mask, torch.Tensor):
+            mask = None
         stored = None
-        if combined is not None and (bias is not None or bool((combined != 0).any())):
+        if bias is not None or (mask is not None and bool((~mask).any() if mask.dtype == torch.bool else (mask != 0).any())):
             stored = f"{name}/mask"
-            self.tensors[stored] = combined.detach().to("cpu")
+            spec, tensors = masks.encode(stored, mask, bias)
+            self.masks[stored] = spec
+            self.tensors.update(tensors)
         self._masks[ident] = stored
         return stored
 
@@ -352,10 +353,12 @@ def record(
     layers: list[int] | None = None,
     sites: list[str] | None = None,
     progress: bool = False,
+    masks: dict[str, dict] | None = None,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
-    Returns the sites, the tensors (named as in the capture file) and the model's own output.
+    Returns the sites, the tensors (named as in the capture file) and the model's own output; the mask
+    specs the sites name are added to ``masks`` when given.
     """
     if dtype not in STORAGE_DTYPES:
         raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
@@ -390,6 +393,8 @@ def record(
             bar.close()
     if not recorder.sites:
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
+    if masks is not None:
+        masks.update(recorder.masks)
     return recorder.sites, recorder.tensors, output
 
 
@@ -454,8 +459,10 @@ def capture(
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
     roles = _roles(encoded)
+    mask_specs: dict[str, dict] = {}
     site_list, tensors, output = record(
-        model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress
+        model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
+        masks=mask_specs,
     )
     meta = {
         "model": _provenance(model, model_name),
@@ -465,6 +472,7 @@ def capture(
         # the records' fields as InputRecord.to_dict gives them, without its deep copy (encode's lists are
         # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)
         "inputs": [{f.name: getattr(r, f.name) for f in dataclasses.fields(r)} for r in encoded.records],
+        "masks": mask_specs,
     }
     cap = Capture(meta, site_list, tensors)
     cap.output = output
