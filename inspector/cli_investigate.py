@@ -10,8 +10,16 @@ from pathlib import Path
 from . import analysis
 from .cli import _read_text, add_model_options, cmd_app, format_table, load_from_args
 from .errors import InspectorError
-from .files import write_csv
-from .investigate import KEYS, LEGAL_QUOTED, LEGAL_SOURCE, Investigation, compare_captures, investigate
+from .files import check_folder_target, write_csv
+from .investigate import (
+    KEYS,
+    LEGAL_QUOTED,
+    LEGAL_SOURCE,
+    MARKER,
+    Investigation,
+    compare_captures,
+    investigate,
+)
 
 
 def _print_findings(inv: Investigation, top: int = 10) -> None:
@@ -49,6 +57,7 @@ def cmd_debug(args) -> int:
     variants = _parse_variants(args.variant)
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_folder_target(Path(args.out), MARKER)  # before the model loads
     loaded = load_from_args(args)
     inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
                       output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
@@ -67,6 +76,8 @@ def cmd_compare(args) -> int:
     if args.csv:
         write_csv(args.csv, df)
         print(f"wrote {len(df)} rows to {args.csv}", file=sys.stderr)
+        if args.csv == "-":  # the CSV is the output
+            return 0
     print(format_table(df.head(args.top) if args.top else df))
     return 0
 

@@ -18,7 +18,7 @@ import pandas as pd
 from . import analysis
 from .capture import capture
 from .errors import InspectorError
-from .files import write_csv, write_text
+from .files import check_folder_target, swap_folder, write_csv, write_text
 from .store import Capture
 
 LEGAL_SOURCE = (
@@ -30,6 +30,7 @@ LEGAL_QUOTED = (
     'arising from the use of the premises." Such indemnity survives termination.'
 )
 KEYS = ["site", "stack", "kind", "layer", "head"]
+MARKER = "report.html"  # every investigation folder has one; a folder without it is not replaced
 
 
 @dataclass
@@ -139,6 +140,7 @@ def investigate(
     if model_layout(loaded.model) != "encoder" and output is None and not generate:
         raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
     out = Path(out_dir)
+    check_folder_target(out, MARKER)  # a file, or a folder of other things, is refused before any work
     gen_kwargs = gen_kwargs or {}
     # everything is computed (and every mistake found) before anything is written into out_dir
     cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress)
@@ -157,19 +159,25 @@ def investigate(
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
                          variants=variant_caps or None)
 
-    out.mkdir(parents=True, exist_ok=True)
-    cap_path = cap.save(out / "capture.safetensors")
-    write_csv(out / "rank.csv", rank)
-    write_csv(out / "split.csv", split)
-    write_text(out / "source.txt", source)
-    if said is not None:
-        write_text(out / "output.txt", said)
-    variant_paths: dict[str, Path] = {}
-    for name, vcap in variant_caps.items():
-        variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
-        write_text(out / f"variant-{name}.txt", (variants or {})[name])
-        write_csv(out / f"compare-{name}.csv", comparisons[name])
-    report = write_text(out / "report.html", html)
+    # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
+    # leaves the old folder as it was
+    final = out
+    with swap_folder(final, MARKER) as out:
+        cap_path = cap.save(out / "capture.safetensors")
+        write_csv(out / "rank.csv", rank)
+        write_csv(out / "split.csv", split)
+        write_text(out / "source.txt", source)
+        if said is not None:
+            write_text(out / "output.txt", said)
+        variant_paths: dict[str, Path] = {}
+        for name, vcap in variant_caps.items():
+            variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
+            write_text(out / f"variant-{name}.txt", (variants or {})[name])
+            write_csv(out / f"compare-{name}.csv", comparisons[name])
+        report = write_text(out / MARKER, html)
+    out = final
+    cap_path, report = out / cap_path.name, out / report.name
+    variant_paths = {name: out / p.name for name, p in variant_paths.items()}
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
                          commands=commands, variants=variant_paths, comparisons=comparisons)
 
