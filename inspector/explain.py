@@ -65,6 +65,7 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int, *, 
         mask = mask[head if mask.shape[0] > 1 else 0, 0]
     steps = attention.step_by_step(q, k, v, scaling=site.scaling, mask=mask, softcap=site.softcap)
     _check_steps(capture, site, head, query_index, batch, steps["weight"])
+    _check_output(capture, site, head, query_index, steps["output"])
     tokens = capture.tokens(site, "key", batch)
     table = pd.DataFrame({
         "key_index": range(site.key_len),
@@ -96,3 +97,9 @@ def _check_steps(capture: Capture, site: Site, head: int, query_index: int, batc
         stored = capture.weights(site, batch, heads=[head], queries=slice(query_index, query_index + 1))[0, 0]
         code = capture.tensors.dtype(site.tensor_name("q"))
     validate.check_explained(str(capture.source), site, head, query_index, weight, stored, code)
+
+
+def _check_output(capture: Capture, site: Site, head: int, query_index: int, output: torch.Tensor) -> None:
+    if not bool(torch.isfinite(output).all()):
+        raise InspectorError(f"{capture.source}: site {site.name!r} head {head} row {query_index}: the output (weights times "
+                             "V) is not finite, so V holds NaN or infinity; the file is damaged: capture again")

@@ -234,8 +234,17 @@ class Capture:
             code = "F32"
         rows = range(*qs.indices(site.query_len))
         vis = validate.visible(site, mask if mask is None or mask.shape[0] == 1 else mask[heads], rows)
-        validate.check_rows(str(self.source), site, w, vis, heads, rows, code)
+        pad_q, pad_k = self._padding(site, "query", batch)[qs], self._padding(site, "key", batch)
+        validate.check_rows(str(self.source), site, w, vis & ~pad_k, heads, rows, code, skip=pad_q)
         return w
+
+    def _padding(self, site: Site, which: str, batch: int) -> torch.Tensor:
+        """The padding flags along an axis (cached: rows are checked on every read)."""
+        roles = tuple(site.query_input if which == "query" else site.key_input)
+        cache = self.__dict__.setdefault("_pad_cache", {})
+        if (roles, batch) not in cache:
+            cache[(roles, batch)] = self.flags(site, which, batch)[1]
+        return cache[(roles, batch)]
 
     def _rows(self, name: str, batch: int, heads: list[int], rows: slice, num_heads: int) -> torch.Tensor:
         """``[head, row, ...]`` of a stored ``[batch, head, row, ...]`` tensor as a new float32 tensor (never

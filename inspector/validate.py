@@ -149,17 +149,21 @@ def visible(site, mask: torch.Tensor | None, queries: range) -> torch.Tensor:
     return vis
 
 
-def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list[int], queries: range, dtype_code: str) -> None:
+def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list[int], queries: range, dtype_code: str,
+               skip: torch.Tensor | None = None) -> None:
     """Refuse attention rows ``w [head, query, key]`` that are not weights: non-finite, outside [0, 1],
-    not summing to 1 over the visible keys ``vis [1|head, query, key]``, or non-zero on a hidden key.
-    Rows that see no key are exempt (the model's softmax makes them uniform or zero); a site whose model
-    adds sinks (``extra_kwargs``) may sum to less than 1. One pass of vectorised reductions."""
+    not summing to 1 over the visible keys ``vis [1|head, query, key]`` (the mask's, less padding keys),
+    or non-zero on a hidden key. Rows that see no key, and rows flagged in ``skip [query]`` (padding
+    queries, which no analysis reads), are checked only for being finite and within [0, 1]; a site whose
+    model adds sinks (``extra_kwargs``) may sum to less than 1. One pass of vectorised reductions."""
     tol = ROW_TOL.get(dtype_code, 1e-4)
     sinks = any(k != "output_attentions" for k in site.extra_kwargs)
     finite = torch.isfinite(w).all(-1)
     in_range = ((w >= 0) & (w <= 1 + tol)).all(-1)
     vis = vis.expand_as(w)
     seen = vis.any(-1)
+    if skip is not None:
+        seen = seen & ~skip
     total = torch.where(vis, w, 0).sum(-1, dtype=torch.float64)
     sums = (total <= 1 + tol) if sinks else ((total - 1).abs() <= tol)
     hidden = torch.where(vis, 0, w).abs().amax(-1) <= 1e-6
