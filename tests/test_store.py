@@ -156,3 +156,58 @@ def test_schema1_files_open_and_give_the_same_numbers(name, arch, text, target, 
     for site in old.sites:
         for b in range(old.batch_size):
             torch.testing.assert_close(old.weights(site, b), full.tensor(site.name, "weights")[b], atol=WEIGHT_TOL, rtol=0)
+
+
+def _readme_reader(path, site_name: str, batch: int) -> torch.Tensor:
+    """A reader written from README "Capture file format" alone (no inspector import): weights
+    ``[head, query, key]`` of one site and batch row of a lazy schema-2 capture."""
+    import json
+
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["inspector"])
+        site = next(s for s in meta["sites"] if s["name"] == site_name)
+        q = f.get_tensor(f"{site_name}/q")[batch].float()
+        k = f.get_tensor(f"{site_name}/k")[batch].float()[site["head_map"]]
+        logits = q @ k.transpose(-1, -2) * site["scaling"]
+        if site["softcap"] is not None:
+            logits = torch.tanh(logits / site["softcap"]) * site["softcap"]
+        if site["mask"] is not None:
+            spec = meta["masks"][site["mask"]]
+            dtype = getattr(torch, spec["dtype"])
+            nq, nk = site["query_len"], site["key_len"]
+            mask = None
+            if spec["visible"] is not None:
+                qq = torch.arange(nq)[:, None] if spec["query_rows"] > 1 else torch.zeros(1, 1, dtype=torch.long)
+                kk = torch.arange(nk)[None, :]
+                if spec["visible"] == "all":
+                    vis = torch.ones(qq.shape[0], nk, dtype=torch.bool)[None]
+                elif spec["visible"] == "causal":
+                    vis = (kk <= qq + spec["offset"])[None]
+                elif spec["visible"] == "sliding":
+                    vis = ((kk <= qq + spec["offset"]) & (kk > qq + spec["offset"] - spec["window"]))[None]
+                else:
+                    packed = f.get_tensor(spec["packed"]).numpy()
+                    packed = packed[batch if packed.shape[0] > 1 else 0]
+                    vis = torch.from_numpy(np.unpackbits(packed, axis=-1, count=nk, bitorder="little").astype(bool))
+                if spec["key_padding"]:
+                    pad = f.get_tensor(spec["key_padding"])
+                    vis = vis & (pad[batch if pad.shape[0] > 1 else 0] == 0)
+                fill = float("-inf") if spec["fill"] == "-inf" else torch.finfo(dtype).min
+                mask = torch.zeros(vis.shape, dtype=dtype).masked_fill(~vis, fill)
+            if spec["bias"]:
+                bias = f.get_tensor(spec["bias"])
+                bias = bias[batch if bias.shape[0] > 1 else 0]
+                mask = bias if mask is None else bias + mask
+            logits = logits + mask.float()
+    return torch.softmax(logits, dim=-1)
+
+
+def test_a_reader_written_from_the_readme_gets_the_models_weights(case):
+    full = case["full"]
+    for site in case["loaded"].sites:
+        for b in range(case["loaded"].batch_size):
+            got = _readme_reader(case["path"], site.name, b)
+            torch.testing.assert_close(got, full.tensor(site.name, "weights")[b], atol=WEIGHT_TOL, rtol=0)
