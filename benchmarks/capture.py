@@ -25,6 +25,11 @@ the first run of each variant in a fresh process of its own, one process at a ti
     .venv/bin/python benchmarks/capture.py            # 512 and 2048 tokens (a few minutes)
     .venv/bin/python benchmarks/capture.py --quick    # 128 and 512 tokens
     .venv/bin/python benchmarks/capture.py --tokens 1024 --repeats 7 --threads 2
+    .venv/bin/python benchmarks/capture.py --file-only --tokens 2048 8192   # lazy file: mask bytes vs Q/K/V bytes
+
+The lazy file's mask bytes are printed next to its Q/K/V bytes (issue 9: a causal model's mask costs at
+most 5% of the Q/K/V bytes at 2,048 tokens and beyond), with what the schema-1 dense float mask would
+have taken; ``--file-only`` makes only the lazy captures (no timing), one fresh process per length.
 """
 
 from __future__ import annotations
@@ -59,6 +64,47 @@ LABELS = {"sdpa": "sdpa forward", "eager": "eager output_attentions", "full": "c
 LAZY_VS_SDPA = 1.10
 FULL_VS_EAGER = 1.00
 LAZY_FILE_SHARE = 0.10
+MASK_SHARE = 0.05  # mask bytes / Q/K/V bytes in a lazy file, at 2048 tokens and beyond
+
+
+def file_parts(path) -> dict:
+    """Bytes of a capture file by kind: Q/K/V tensors, mask tensors (compact schema 2), what the masks
+    would take as schema 1's dense float tensors, and the whole file."""
+    from inspector.store import load
+
+    cap = load(path)
+    size = {name: cap.tensors.shape(name) for name in cap.tensors.keys()}
+    nbytes = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "U8": 1, "BOOL": 1}
+
+    def count(name):
+        n = nbytes.get(cap.tensors.dtype(name), 4)
+        for d in size[name]:
+            n *= d
+        return n
+
+    qkv = sum(count(f"{s.name}/{p}") for s in cap.sites for p in ("q", "k", "v") if p in s.parts)
+    used = {s.mask for s in cap.sites if s.mask}
+    mask = sum(count(t) for m in used for t in (cap.masks[m].get(k) for k in ("key_padding", "packed", "bias")) if t)
+    dense = 0
+    for m in used:
+        n = 4
+        for d in cap.masks[m]["shape"]:
+            n *= d
+        dense += n
+    return {"qkv": qkv, "mask": mask, "dense_mask": dense, "bytes": Path(path).stat().st_size, "masks": len(used)}
+
+
+def file_worker(spec: dict) -> dict:
+    """One lazy capture at ``spec["tokens"]``, saved, and its bytes by kind."""
+    runs, _ = _setup(spec, ["lazy"])
+    cap = runs["lazy"]()
+    path = Path(spec["dir"]) / f"lazy-{spec['tokens']}.safetensors"
+    cap.save(path)
+    del cap
+    try:
+        return file_parts(path)
+    finally:
+        path.unlink()
 
 
 # ---- workers -----------------------------------------------------------------------------------
@@ -131,6 +177,8 @@ def timing_worker(spec: dict) -> dict:
             cap.save(path)
             res[v]["save_s"] = time.perf_counter() - t0
             res[v]["bytes"] = path.stat().st_size
+            if v == "lazy":
+                res[v]["parts"] = file_parts(path)
             path.unlink()
             del cap
     res["encode_s"] = encode_time()
@@ -151,13 +199,26 @@ def _pooled(procs: list[dict]) -> dict:
     out = {v: {k: [x for p in procs for x in p[v][k]] for k in ("wall", "cpu")} for v in VARIANTS}
     for v in ("full", "lazy"):
         out[v].update(save_s=procs[0][v]["save_s"], bytes=procs[0][v]["bytes"])
+    out["lazy"]["parts"] = procs[0]["lazy"]["parts"]
     out["encode_s"] = procs[0]["encode_s"]
     out["per_process"] = [{v: median(p[v]["wall"]) for v in VARIANTS} for p in procs]
     return out
 
 
 def worker(spec: dict) -> None:
-    answer(timing_worker(spec) if spec["job"] == "timing" else memory_worker(spec))
+    jobs = {"timing": timing_worker, "memory": memory_worker, "file": file_worker}
+    answer(jobs[spec["job"]](spec))
+
+
+def mask_table(parts: dict[int, dict]) -> list[str]:
+    """The lazy file's mask bytes next to its Q/K/V bytes, per length, and the verdicts."""
+    rows = [[n, f"{p['bytes'] / MB:.1f}", f"{p['qkv'] / MB:.1f}", f"{p['mask']:,}", f"{p['mask'] / p['qkv']:.5f}",
+             f"{p['dense_mask'] / MB:.1f}", p["masks"]] for n, p in parts.items()]
+    print("\nlazy capture file: mask bytes next to Q/K/V bytes")
+    print(table(["tokens", "file MB", "Q/K/V MB", "mask bytes", "mask / QKV", "schema-1 mask MB", "masks"], rows,
+                right=set(range(7))))
+    return [verdict(f"lazy file mask / Q/K/V bytes at {n} tokens", p["mask"] / p["qkv"], MASK_SHARE, fmt="{:.5f}",
+                    strict=True)[0] for n, p in parts.items() if n >= 2048]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,11 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, help="measured rounds per timing process (default 3 up to 512 tokens, 2 above)")
     p.add_argument("--processes", type=int, default=2, help="timing processes per length (default 2)")
     p.add_argument("--threads", type=int, help="torch threads in every worker (default: torch's default here)")
+    p.add_argument("--file-only", action="store_true", help="only the lazy file's mask and Q/K/V bytes (default 2048 8192)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return 0
+    if args.file_only:
+        return file_only(args)
 
     import torch
 
@@ -237,11 +301,35 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(verdict(f"full capture / eager output_attentions at {n} tokens (cpu-time ratio "
                              f"{cpu['full'] / cpu['eager']:.2f}; eager itself is {eager / sdpa:.2f}x sdpa)",
                              full / eager, FULL_VS_EAGER)[0])
+    lines += mask_table({n: res["lazy"]["parts"] for n, res in results.items()})
     n = max(results)
     share = results[n]["lazy"]["bytes"] / results[n]["full"]["bytes"]
     lines.append(verdict(f"lazy file / full file at {n} tokens" + ("" if n == 2048 else " (the target is set at 2048)"),
                          share, LAZY_FILE_SHARE, fmt="{:.3f}", strict=True)[0])
     print("\n".join(lines))
+    print(f"\n(total {elapsed(t_start)})")
+    return 0
+
+
+def file_only(args) -> int:
+    import torch
+
+    sizes = args.tokens or [2048, 8192]
+    threads = args.threads or torch.get_num_threads()
+    print("inspector lazy capture file composition: GPT-2-small shape (12 layers x 12 heads, width 768, random seeded "
+          f"weights), batch 1, {threads} torch threads")
+    print(f"machine: {machine_line()}")
+    t_start = time.perf_counter()
+    folder = tempfile.mkdtemp(prefix="inspector-bench-file-")
+    parts = {}
+    try:
+        for n in sizes:
+            spec = {"tokens": n, "threads": threads, "positions": max(2048, *sizes), "job": "file", "dir": folder}
+            parts[n] = run_once(__file__, spec)
+            print(f"  {n} tokens done ({elapsed(t_start)} so far)", flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print("\n".join(mask_table(parts)))
     print(f"\n(total {elapsed(t_start)})")
     return 0
 

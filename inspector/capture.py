@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from . import masks
 from .errors import InspectorError
 from .inputs import Encoded, encode
 from .store import Capture, Site
@@ -194,6 +195,7 @@ class _Recorder:
         self.tensors: dict[str, torch.Tensor] = {}
         self._calls: dict[int, int] = {}
         self._masks: dict[tuple[int, int, int], str | None] = {}
+        self.masks: dict[str, dict] = {}  # mask name -> spec (schema 2)
         self._alive: list[Any] = []  # keep mask inputs alive so their ids stay unique
         self._sdpa_masks: dict[tuple, Any] = {}
 
@@ -338,23 +340,22 @@ class _Recorder:
         return self._sdpa_masks[ident]
 
     def _mask(self, name: str, mask, bias, key_len: int) -> str | None:
-        """Store the additive mask (plus any position bias) once per distinct tensor; return its name."""
+        """Store the additive mask (plus any position bias) once per distinct tensor, compactly (a mask spec,
+        see :mod:`inspector.masks`); return its name."""
         ident = (id(mask), id(bias), key_len)
         if ident in self._masks:
             return self._masks[ident]
         self._alive += [mask, bias]
-        combined = None
-        if isinstance(mask, torch.Tensor):
-            combined = mask[..., :key_len] if mask.shape[-1] != key_len else mask
-            if combined.dtype == torch.bool:  # a boolean mask (True = visible) as the additive one it stands for
-                combined = torch.zeros(combined.shape, dtype=torch.float32, device=combined.device).masked_fill(
-                    ~combined, torch.finfo(torch.float32).min)
-        if bias is not None:
-            combined = bias if combined is None else bias + combined
+        if isinstance(mask, torch.Tensor) and mask.shape[-1] != key_len:
+            mask = mask[..., :key_len]
+        if not isinstance(mask, torch.Tensor):
+            mask = None
         stored = None
-        if combined is not None and (bias is not None or bool((combined != 0).any())):
+        if bias is not None or (mask is not None and bool((~mask).any() if mask.dtype == torch.bool else (mask != 0).any())):
             stored = f"{name}/mask"
-            self.tensors[stored] = combined.detach().to("cpu")
+            spec, tensors = masks.encode(stored, mask, bias)
+            self.masks[stored] = spec
+            self.tensors.update(tensors)
         self._masks[ident] = stored
         return stored
 
@@ -488,6 +489,7 @@ def record(
     progress: bool = False,
     lengths: dict[str, int] | None = None,
     notes: list[dict[str, str]] | None = None,
+    masks: dict[str, dict] | None = None,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
@@ -496,6 +498,7 @@ def record(
     modules that make no call through the interface are captured weights-only from a second, eager
     pass with ``output_attentions`` (named after the module); any that return no probability map are
     appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
+    The mask specs the sites name are added to ``masks`` when given.
     """
     notes = [] if notes is None else notes
     if dtype not in STORAGE_DTYPES:
@@ -534,6 +537,8 @@ def record(
             bar.close()
     if not recorder.sites:
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
+    if masks is not None:
+        masks.update(recorder.masks)
     return recorder.sites, recorder.tensors, output
 
 
@@ -696,9 +701,10 @@ def capture(
     roles = _roles(encoded)
     lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
     notes: list[dict[str, str]] = []
+    mask_specs: dict[str, dict] = {}
     site_list, tensors, output = record(
         model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
-        lengths=lengths, notes=notes,
+        lengths=lengths, notes=notes, masks=mask_specs,
     )
     meta = {
         "model": _provenance(model, model_name),
@@ -708,6 +714,7 @@ def capture(
         # the records' fields as InputRecord.to_dict gives them, without its deep copy (encode's lists are
         # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)
         "inputs": [{f.name: getattr(r, f.name) for f in dataclasses.fields(r)} for r in encoded.records],
+        "masks": mask_specs,
     }
     if notes:  # attention modules that could not be captured, each named (also warned about)
         meta["unrecorded"] = notes

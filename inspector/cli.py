@@ -7,6 +7,7 @@ mistake (``InspectorError``) prints one line on stderr and exits with status 2, 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,15 +37,21 @@ def _int_list(value: str | None, what: str) -> list[int] | None:
 def format_table(df: pd.DataFrame, digits: int = 4) -> str:
     if df.empty:
         return "(no rows)"
+    from .terminal import escape
+
     shown = df.copy()
     for col in shown.columns:
         if pd.api.types.is_float_dtype(shown[col]):
             shown[col] = shown[col].map(lambda x: "" if pd.isna(x) else f"{x:.{digits}f}")
+        elif shown[col].dtype == object:  # strings from a file: no control character reaches the terminal
+            shown[col] = shown[col].map(lambda x: escape(x) if isinstance(x, str) else x)
     return shown.to_string(index=False)
 
 
 def _status(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    from .terminal import escape
+
+    print(escape(msg), file=sys.stderr, flush=True)
 
 
 # ---- capture --------------------------------------------------------------------------------
@@ -60,12 +67,12 @@ def check_before_loading(*, capture_file: str | None = None, out_dir: str | None
     """Everything that can be checked without the model, checked before it loads (a large model takes
     minutes): the output path, the query, the referent count, the ``--sites`` patterns."""
     from .capture import _patterns
-    from .files import check_target
+    from .files import check_target, is_special, is_stdout
 
-    if capture_file is not None:
+    if capture_file is not None and not is_stdout(capture_file):
         out = Path(capture_file)
         check_target(out)
-        if out.suffix != ".safetensors":
+        if out.suffix != ".safetensors" and not is_special(out):
             raise InspectorError(f"capture files end in .safetensors; got {out.name!r}: use -o run.safetensors")
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise InspectorError(f"{out_dir} is a file, not a folder: give -o a folder for the results")
@@ -90,14 +97,14 @@ def cmd_capture(args) -> int:
     target = _read_text(args.target, args.target_file, "target")
     if getattr(args, "text_pair", None) is not None and text is not None:
         text = (text, args.text_pair)  # a sentence pair: the tokenizer makes the token type ids
+    from .files import is_stdout
+    from .store import check_replaceable
+
     out = Path(args.output)
     check_before_loading(capture_file=args.output, sites=args.sites)
-    if out.suffix != ".safetensors":
-        raise InspectorError(f"capture files end in .safetensors; got {out.name!r}: use -o run.safetensors")
+    if not is_stdout(args.output):
+        check_replaceable(out, args.force)  # before the model loads
     layers = _int_list(args.layers, "layers")
-    from .capture import _patterns
-
-    _patterns(args.sites)  # check before the model loads
     if text is not None and not (text[0] if isinstance(text, tuple) else text).strip():
         raise InspectorError("the source text is empty: pass some text (--text or --text-file)")
     if isinstance(text, tuple) and not text[1].strip():
@@ -111,10 +118,11 @@ def cmd_capture(args) -> int:
         _status(f"generated {len(target_ids[0])} tokens")
     cap = capture(loaded.model, loaded.tokenizer, text, target, target_ids=target_ids, weights=not args.no_weights,
                   dtype=args.dtype, layers=layers, sites=args.sites, model_name=loaded.name, progress=True)
-    cap.save(out)
+    cap.save(args.output, force=args.force)
     kinds = pd.Series([f"{s.stack}/{s.kind}" for s in cap.sites]).value_counts().to_dict()
+    size = f" ({out.stat().st_size / 1e6:.1f} MB)" if out.is_file() and not is_stdout(args.output) else ""
     _status(f"captured {len(cap.sites)} sites ({', '.join(f'{v} {k}' for k, v in kinds.items())}) "
-            f"{'lazy (Q/K/V + mask)' if args.no_weights else 'with weights'} -> {out} ({out.stat().st_size / 1e6:.1f} MB)")
+            f"{'lazy (Q/K/V + mask)' if args.no_weights else 'with weights'} -> {args.output}{size}")
     return 0
 
 
@@ -130,6 +138,8 @@ def cmd_rank(args) -> int:
     if args.csv:
         write_csv(args.csv, df)
         _status(f"wrote {len(df)} rows to {args.csv}")
+        if args.csv == "-":  # the CSV is the output
+            return 0
     shown = df.head(args.top) if args.top else df
     print(format_table(shown.drop(columns=["stack"] if (df["stack"] == "none").all() else [])))
     return 0
@@ -151,7 +161,8 @@ def cmd_split(args) -> int:
         write_csv(args.csv, df)
         _status(f"wrote {len(df)} rows to {args.csv}")
     shown = df.head(args.top) if args.top else df
-    print(format_table(shown))
+    if args.csv != "-":  # else the CSV is the output
+        print(format_table(shown))
     n = int(df["flagged"].sum())
     _status(f"{n} head{'s' if n != 1 else ''} flagged (split_score >= {args.min_split}, referent_mass >= {args.min_mass})")
     return 0
@@ -172,6 +183,8 @@ def cmd_explain(args) -> int:
     if args.json:
         write_json(args.json, exp.to_json())
         _status(f"wrote {args.json}")
+        if args.json == "-":  # the JSON is the output
+            return 0
     table = exp.table.copy()
     table["contribution"] = table["contribution"].map(lambda c: "[" + ", ".join(f"{x:.4f}" for x in c[:4]) + (", ...]" if len(c) > 4 else "]"))
     print(f"site {exp.site}  head {exp.head}  query {exp.query_index} {exp.query_token!r}  scaling {exp.scaling:.6g}"
@@ -232,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sites", nargs="+", metavar="REGEX", help="record only sites whose name matches one of these")
     p.add_argument("--no-weights", action="store_true", help="lazy capture: store Q/K/V and mask; weights are recomputed on demand")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="storage dtype")
-    p.add_argument("-o", "--output", required=True, help="capture file to write (.safetensors)")
+    p.add_argument("-o", "--output", required=True, help="capture file to write (.safetensors; - for standard output)")
+    p.add_argument("--force", action="store_true", help="replace an existing .safetensors that is not a capture")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("rank", help="rank heads by attention entropy")
@@ -286,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_app)
 
     try:
-        from .investigate import add_commands
+        from .cli_investigate import add_commands
     except ImportError:  # pragma: no cover
         add_commands = None
     if add_commands is not None:
@@ -295,16 +309,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .terminal import EscapingStream, escape
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = EscapingStream(stdout)  # no control character from a file reaches the terminal raw
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except InspectorError as exc:
-        print(f"inspector: error: {exc}", file=sys.stderr)
+        print(f"inspector: error: {escape(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("inspector: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`inspector rank FILE | head -1`): stop quietly
+        _silence_stdout(stdout)
+        return 141
+    finally:
+        sys.stdout = stdout
+
+
+def _silence_stdout(stdout) -> None:
+    """Point the standard output at /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

@@ -64,6 +64,8 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int, *, 
     if mask is not None:
         mask = mask[head if mask.shape[0] > 1 else 0, 0]
     steps = attention.step_by_step(q, k, v, scaling=site.scaling, mask=mask, softcap=site.softcap)
+    _check_steps(capture, site, head, query_index, batch, steps["weight"])
+    _check_output(capture, site, head, query_index, steps["output"])
     tokens = capture.tokens(site, "key", batch)
     table = pd.DataFrame({
         "key_index": range(site.key_len),
@@ -84,3 +86,20 @@ def check_against_capture(capture: Capture, exp: Explanation, batch: int = 0) ->
     """Largest difference between the explained weights and the capture's (stored or recomputed)."""
     w = capture.weights(exp.site, batch, heads=[exp.head], queries=slice(exp.query_index, exp.query_index + 1))[0, 0]
     return float((torch.tensor(exp.table["weight"].to_numpy()) - w.double()).abs().max())
+
+
+def _check_steps(capture: Capture, site: Site, head: int, query_index: int, batch: int, weight: torch.Tensor) -> None:
+    """Refuse a recomputed row that is not finite, or that disagrees with the stored weights of the same row."""
+    from . import validate
+
+    stored, code = None, validate.DTYPE_CODES.get(torch.float32)
+    if "weights" in site.parts:
+        stored = capture.weights(site, batch, heads=[head], queries=slice(query_index, query_index + 1))[0, 0]
+        code = capture.tensors.dtype(site.tensor_name("q"))
+    validate.check_explained(str(capture.source), site, head, query_index, weight, stored, code)
+
+
+def _check_output(capture: Capture, site: Site, head: int, query_index: int, output: torch.Tensor) -> None:
+    if not bool(torch.isfinite(output).all()):
+        raise InspectorError(f"{capture.source}: site {site.name!r} head {head} row {query_index}: the output (weights times "
+                             "V) is not finite, so V holds NaN or infinity; the file is damaged: capture again")

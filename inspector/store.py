@@ -1,10 +1,13 @@
 """The capture: site metadata, input records and tensors, and its file format.
 
 A capture file is one ``.safetensors`` file (no pickle). Tensors are named ``<site>/q``,
-``<site>/k``, ``<site>/v``, ``<site>/weights`` and ``<site>/mask``; the header's ``__metadata__``
-holds one key, ``inspector``, whose value is a JSON document (schema, model provenance, inputs and
-sites; see README "Capture file format"). Files are written atomically (temporary file, then rename)
-and opened memory-mapped, so a head's rows can be read without loading the rest.
+``<site>/k``, ``<site>/v`` and ``<site>/weights``, plus the small tensors of compact masks
+(``<mask>.key_padding``, ``<mask>.packed``, ``<mask>.bias``; see :mod:`inspector.masks`); the header's
+``__metadata__`` holds one key, ``inspector``, whose value is a JSON document (schema, model
+provenance, inputs, sites and mask specs; see README "Capture file format"). Schema 1 files (one
+dense float ``<site>/mask`` tensor per mask) still open. Files are written atomically (temporary
+file, then rename) and opened memory-mapped, so a head's rows can be read without loading the rest;
+every file is checked on open (:mod:`inspector.validate`) and every row read is checked too.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from typing import Any
 
 import torch
 
-from . import attention
+from . import attention, masks, validate
 from .errors import InspectorError
 from .inputs import InputRecord
 
-SCHEMA = 1
+SCHEMA = 2
+_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 PARTS = ("q", "k", "v", "weights", "mask")
 
 
@@ -44,7 +48,7 @@ class Site:
     query_len: int
     key_len: int
     softcap: float | None = None
-    mask: str | None = None  # tensor name of the additive mask (may be shared with another site)
+    mask: str | None = None  # name of the additive mask (a mask spec in the header; may be shared with another site)
     parts: list[str] = field(default_factory=list)  # which of q, k, v, weights are stored
     recomputable: bool = True  # False when the model passes an argument that changes weights which the file cannot express
     extra_kwargs: list[str] = field(default_factory=list)
@@ -89,6 +93,9 @@ class _FileTensors:
     def shape(self, name: str) -> list[int]:
         return list(self._handle.get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> str:
+        return self._handle.get_slice(name).get_dtype()
+
     def slice(self, name: str, index: tuple) -> torch.Tensor:
         return self._handle.get_slice(name)[index]
 
@@ -96,6 +103,9 @@ class _FileTensors:
 class _MemTensors(dict):
     def shape(self, name: str) -> list[int]:
         return list(self[name].shape)
+
+    def dtype(self, name: str) -> str:
+        return validate.DTYPE_CODES.get(self[name].dtype, str(self[name].dtype))
 
     def slice(self, name: str, index: tuple) -> torch.Tensor:
         return self[name][index]
@@ -110,6 +120,15 @@ class Capture:
         self._by_name = {s.name: s for s in sites}
         self.tensors = tensors if isinstance(tensors, _FileTensors) else _MemTensors(tensors)
         self.inputs = [InputRecord.from_dict(d) if isinstance(d, dict) else d for d in meta.get("inputs", [])]
+        # mask name -> spec (inspector.masks); a mask stored as one dense float tensor (schema 1, or a capture
+        # built by hand) is a spec whose bias is that tensor
+        self.masks: dict[str, dict] = dict(meta.get("masks") or {})
+        for s in sites:
+            if s.mask is not None and s.mask not in self.masks and s.mask in self.tensors:
+                code = self.tensors.dtype(s.mask)
+                self.masks[s.mask] = {"dtype": _DTYPE_NAMES.get(code, "float32"), "shape": self.tensors.shape(s.mask), "fill": None,
+                    "visible": None, "offset": 0, "window": None, "key_padding": None, "packed": None, "bias": s.mask}
+        self.source: str | Path = "capture"  # what row checks name: the file, once loaded
         # the last K read by recompute(), keyed by (tensor name, batch, kv heads): reading a chunk of query
         # rows after another then reads K once per site instead of once per chunk
         self._k_cache: tuple[tuple, torch.Tensor] | None = None
@@ -181,16 +200,16 @@ class Capture:
         site = self.site(site) if isinstance(site, str) else site
         if not self.has(site, part):
             raise InspectorError(f"site {site.name} has no stored {part!r}; this capture holds {', '.join(site.parts) or 'weights only'}")
+        if part == "mask":  # the whole additive mask [batch|1, head|1, query|1, key], in the model's dtype
+            return masks.dense(self.masks[site.mask], self.tensors)
         return self.tensors[site.tensor_name(part)]
 
     def mask_rows(self, site: Site, batch: int, queries: slice | None = None) -> torch.Tensor | None:
-        """The additive mask for one batch row as ``[head or 1, query, key]`` (float32), or None."""
+        """The additive mask for one batch row as ``[head or 1, query, key]`` (float32), or None; equal
+        element for element to what the model added (recomputed from the compact mask spec)."""
         if site.mask is None:
             return None
-        shape = self.tensors.shape(site.mask)
-        b = batch if shape[0] > 1 else 0
-        q = queries if (queries is not None and shape[2] > 1) else slice(None)
-        return self.tensors.slice(site.mask, (slice(b, b + 1), slice(None), q))[0].float()
+        return masks.rows(self.masks[site.mask], self.tensors, batch, queries)
 
     def weights(
         self, site: Site | str, batch: int = 0, heads: list[int] | None = None, queries: slice | None = None
@@ -206,9 +225,26 @@ class Capture:
             if not 0 <= h < site.num_heads:
                 raise InspectorError(f"head {h} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
         qs = queries if queries is not None else slice(None)
+        mask = self.mask_rows(site, batch, qs)
         if "weights" in site.parts:
-            return self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads)
-        return self.recompute(site, batch, heads, qs)
+            w = self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads)
+            code = self.tensors.dtype(site.tensor_name("weights"))
+        else:
+            w = self.recompute(site, batch, heads, qs, mask=mask)
+            code = "F32"
+        rows = range(*qs.indices(site.query_len))
+        vis = validate.visible(site, mask if mask is None or mask.shape[0] == 1 else mask[heads], rows)
+        pad_q, pad_k = self._padding(site, "query", batch)[qs], self._padding(site, "key", batch)
+        validate.check_rows(str(self.source), site, w, vis & ~pad_k, heads, rows, code, skip=pad_q)
+        return w
+
+    def _padding(self, site: Site, which: str, batch: int) -> torch.Tensor:
+        """The padding flags along an axis (cached: rows are checked on every read)."""
+        roles = tuple(site.query_input if which == "query" else site.key_input)
+        cache = self.__dict__.setdefault("_pad_cache", {})
+        if (roles, batch) not in cache:
+            cache[(roles, batch)] = self.flags(site, which, batch)[1]
+        return cache[(roles, batch)]
 
     def _rows(self, name: str, batch: int, heads: list[int], rows: slice, num_heads: int) -> torch.Tensor:
         """``[head, row, ...]`` of a stored ``[batch, head, row, ...]`` tensor as a new float32 tensor (never
@@ -218,8 +254,10 @@ class Capture:
             return torch.empty(view.shape, dtype=torch.float32).copy_(view)
         return torch.stack([self.tensors.slice(name, (slice(batch, batch + 1), slice(h, h + 1), rows))[0, 0] for h in heads]).float()
 
-    def recompute(self, site: Site, batch: int, heads: list[int], queries: slice) -> torch.Tensor:
-        """Weights recomputed from the stored Q, K and mask (float32)."""
+    def recompute(self, site: Site, batch: int, heads: list[int], queries: slice, *, mask: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """Weights recomputed from the stored Q, K and mask (float32); ``mask`` is ``mask_rows`` for the
+        same rows when the caller already has it."""
         if not {"q", "k"} <= set(site.parts):
             raise InspectorError(f"site {site.name} stores neither weights nor Q/K, so its weights cannot be shown")
         if not site.recomputable:
@@ -237,7 +275,8 @@ class Capture:
         else:
             k = self._rows(kn, batch, kv_heads, slice(None), site.num_kv_heads)
             self._k_cache = (key, k)
-        mask = self.mask_rows(site, batch, queries)
+        if mask is None:
+            mask = self.mask_rows(site, batch, queries)
         if mask is not None and mask.shape[0] > 1:
             mask = mask[heads]
         return attention.attention_weights(q, k, scaling=site.scaling, mask=mask, softcap=site.softcap, out_dtype=torch.float32)
@@ -248,43 +287,71 @@ class Capture:
         meta["schema"] = SCHEMA
         meta["inputs"] = [r.to_dict() for r in self.inputs]
         meta["sites"] = [s.to_dict() for s in self.sites]
+        used = {s.mask for s in self.sites if s.mask is not None}
+        meta["masks"] = {name: spec for name, spec in self.masks.items() if name in used}
         return meta
 
-    def save(self, path: str | os.PathLike) -> Path:
-        return save(self, path)
+    def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
+        return save(self, path, force=force)
 
 
-def save(capture: Capture, path: str | os.PathLike) -> Path:
-    """Write ``capture`` to ``path`` atomically: a temporary file in the same folder, then a rename."""
+def save(capture: Capture, path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write ``capture`` to ``path`` (schema 2) without ever losing work (see :mod:`inspector.files`): a
+    temporary file in the same folder, then a rename; ``-`` or a FIFO/device is written directly.
+
+    Raises InspectorError for a name not ending in ``.safetensors``, for an existing ``.safetensors`` that
+    is not a capture (a model's weights, say) unless ``force``, and for a write the system refuses (the
+    old file is then unchanged).
+    """
+    from safetensors.torch import save as save_bytes
     from safetensors.torch import save_file
 
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise InspectorError(f"capture files end in .safetensors; got {path.name!r}: rename the output (-o run.safetensors)")
-    from .files import check_target, plain_mode, temp_beside
+    from .files import is_special, is_stdout, plain_mode, write_atomic
 
-    check_target(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not is_stdout(path):
+        path = Path(path)
+        if path.suffix != ".safetensors" and not is_special(path):
+            raise InspectorError(f"capture files end in .safetensors; got {path.name!r}: rename the output (-o run.safetensors)")
+        check_replaceable(path, force)
     tensors = {name: capture.tensors[name].contiguous() for name in capture.tensors.keys()}
-    header = json.dumps(capture.header(), ensure_ascii=False)
-    tmp = temp_beside(path)
-    try:
-        save_file(tensors, tmp, metadata={"inspector": header})
+    metadata = {"inspector": json.dumps(capture.header(), ensure_ascii=False)}
+
+    def fill(tmp: str) -> None:
+        save_file(tensors, tmp, metadata=metadata)
         plain_mode(tmp)  # safetensors writes the file anew
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+
+    return write_atomic(path, fill, lambda f: f.write(save_bytes(tensors, metadata=metadata)))
+
+
+def is_capture_file(path: Path) -> bool:
+    """True when ``path`` is a safetensors file whose header carries an inspector document (read within
+    the header bound; nothing else is parsed)."""
+    try:
+        n = validate.header_length(path)
+        with open(path, "rb") as f:
+            f.seek(8)
+            header = json.loads(f.read(n))
+        return isinstance(header, dict) and "inspector" in (header.get("__metadata__") or {})
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
+def check_replaceable(path: Path, force: bool = False) -> None:
+    """Refuse to replace an existing regular file that is not a capture (unless ``force``)."""
+    if not force and path.is_file() and not is_capture_file(path):
+        raise InspectorError(f"{path} exists and is not an inspector capture (it may be a model's weights): choose another "
+                             "name, or pass --force to replace it")
 
 
 def load(path: str | os.PathLike) -> Capture:
-    """Open a capture file memory-mapped; one clear line if it is not a readable capture."""
+    """Open a capture file memory-mapped, checked (:mod:`inspector.validate`); one clear line if it is not
+    a readable, sound capture."""
     from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
         raise InspectorError(f"{path} does not exist: make a capture with `inspector capture ... -o {path.name}`")
+    validate.header_length(path)  # bounded before safetensors or json parse anything
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
@@ -296,47 +363,14 @@ def load(path: str | os.PathLike) -> Capture:
         ) from None
     if "inspector" not in metadata:
         raise InspectorError(f"{path} is a safetensors file but not an inspector capture (no 'inspector' header): make one with `inspector capture`")
-    try:
-        meta = json.loads(metadata["inspector"])
-        schema = int(meta["schema"])
-        sites = [Site.from_dict(d) for d in meta["sites"]]
-    except Exception:
-        raise InspectorError(f"{path} has a damaged inspector header: make the capture again with `inspector capture`") from None
-    if schema > SCHEMA:
-        raise InspectorError(f"{path} uses capture schema {schema}, newer than this inspector reads ({SCHEMA}): upgrade inspector")
-    problem = _header_problem(meta, sites)
-    if problem:
-        raise InspectorError(f"{path} has an inconsistent inspector header ({problem}): make the capture again with `inspector capture`")
     tensors = _FileTensors(path)
-    missing = [s.tensor_name(p) for s in sites for p in s.parts if s.tensor_name(p) not in tensors]
-    missing += [s.mask for s in sites if s.mask is not None and s.mask not in tensors]
-    if missing:
-        raise InspectorError(f"{path} lacks tensors its header names ({', '.join(missing[:3])}): the file is damaged, capture again")
-    bad = [f"{s.tensor_name(p)} {tensors.shape(s.tensor_name(p))}" for s in sites for p in s.parts
-           if tensors.shape(s.tensor_name(p))[-2] != (s.key_len if p in ("k", "v") else s.query_len)]
-    if bad:
-        raise InspectorError(f"{path} has tensors whose shapes do not match its header ({bad[0]}): the file is damaged, capture again")
-    return Capture(meta, sites, tensors)
-
-
-def _header_problem(meta: dict[str, Any], sites: list[Site]) -> str | None:
-    """What is inconsistent between the header's inputs and sites, or None."""
-    try:
-        records = [InputRecord.from_dict(d) for d in meta["inputs"]]
-        lengths: dict[tuple[str, int], int] = {}
-        for r in records:
-            n = len(r.ids)
-            if not (len(r.tokens) == len(r.offsets) == len(r.special) == len(r.padding) == n):
-                return f"input {r.role}[{r.batch}] has lists of different lengths"
-            lengths[(r.role, r.batch)] = n
-        for s in sites:
-            if not (isinstance(s.num_heads, int) and isinstance(s.num_kv_heads, int) and len(s.head_map) == s.num_heads):
-                return f"site {s.name} has bad head counts"
-            if any(not 0 <= h < s.num_kv_heads for h in s.head_map):
-                return f"site {s.name} maps a head to a missing K/V head"
-            for roles, n in ((s.query_input, s.query_len), (s.key_input, s.key_len)):
-                if sum(lengths.get((role, 0), -(10**9)) for role in roles) != n:
-                    return f"site {s.name}'s axis does not match its inputs"
-    except (KeyError, TypeError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
+    shapes = {name: tensors.shape(name) for name in tensors.keys()}
+    dtypes = {name: tensors.dtype(name) for name in shapes}
+    meta = validate.parse_inspector(path, metadata["inspector"], shapes)
+    validate.check_capture(path, meta, dtypes, shapes, SCHEMA)
+    sites = [Site.from_dict(d) for d in meta["sites"]]
+    if meta["schema"] < 2:  # schema 1: each mask is one dense float tensor, named by the site's field
+        meta = dict(meta, masks={})
+    cap = Capture(meta, sites, tensors)
+    cap.source = path
+    return cap

@@ -119,7 +119,7 @@ def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):
 
 
 def test_variant_names_stay_inside_the_output_folder(tmp_path):
-    from inspector.investigate import _parse_variants
+    from inspector.cli_investigate import _parse_variants
 
     f = tmp_path / "v.txt"
     f.write_text("text")

@@ -1,0 +1,137 @@
+"""The ``inspector debug``, ``compare`` and ``demo`` commands: argument wiring over
+:mod:`inspector.investigate` (which offers functions only), kept beside :mod:`inspector.cli`."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from . import analysis
+from .cli import _read_text, add_model_options, check_before_loading, cmd_app, format_table, load_from_args
+from .errors import InspectorError
+from .files import check_folder_target, write_csv
+from .investigate import (
+    KEYS,
+    LEGAL_QUOTED,
+    LEGAL_SOURCE,
+    MARKER,
+    Investigation,
+    compare_captures,
+    investigate,
+)
+
+
+def _print_findings(inv: Investigation, top: int = 10) -> None:
+    rank = inv.rank.head(top)[["site", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "top_key", "label"]]
+    print(f"\nHeads ranked by normalized entropy (top {top}):")
+    print(format_table(rank))
+    refs = [c for c in inv.split.columns if c.startswith("weight:")]
+    flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["split_score"]]
+    print(f"\nFlagged heads ({len(flagged)}):")
+    print(format_table(flagged) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
+    for name, df in inv.comparisons.items():
+        cols = KEYS[2:] + [c for c in df.columns if c.startswith("split_score")] + ["split_change"]
+        print(f"\nVariant {name!r}: largest changes in split score:")
+        print(format_table(df.head(5)[cols]))
+    print(f"\nWrote {inv.capture_path}, rank.csv, split.csv and {inv.report_path}")
+
+
+def _parse_variants(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            raise InspectorError(f"--variant takes NAME=FILE, got {item!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
+            raise InspectorError(f"variant name {name!r} must be letters, digits, '_', '-' or '.', e.g. --variant quoted=FILE")
+        if not Path(file).is_file():
+            raise InspectorError(f"variant file {file!r} does not exist: check the path")
+        out[name] = Path(file).read_text(encoding="utf-8")
+    return out
+
+
+def cmd_debug(args) -> int:
+    check_before_loading(out_dir=args.out, query=args.query, referents=args.referents)
+    source = _read_text(args.source, args.source_file, "source")
+    output = _read_text(args.output, args.output_file, "output")
+    variants = _parse_variants(args.variant)
+    if not source or not source.strip():
+        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_folder_target(Path(args.out), MARKER)  # before the model loads
+    loaded = load_from_args(args)
+    inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
+                      output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
+                      rule=analysis.SplitRule(args.min_split, args.min_mass), progress=True)
+    _print_findings(inv)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .store import load
+
+    a, b = load(args.a), load(args.b)
+    names = (Path(args.a).stem, Path(args.b).stem)
+    df = compare_captures(a, b, args.query, args.referents.split(","), names=names, occurrence=args.occurrence,
+                          rule=analysis.SplitRule(args.min_split, args.min_mass))
+    if args.csv:
+        write_csv(args.csv, df)
+        print(f"wrote {len(df)} rows to {args.csv}", file=sys.stderr)
+        if args.csv == "-":  # the CSV is the output
+            return 0
+    print(format_table(df.head(args.top) if args.top else df))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .models import load_model
+
+    print("loading the embedded all-MiniLM-L6-v2 ...", file=sys.stderr)
+    loaded = load_model(None)
+    print(f"source: {LEGAL_SOURCE}\nquery: indemnity   referents: Lessee, Lessor   variant 'quoted': the clause quoted",
+          file=sys.stderr)
+    inv = investigate(loaded, LEGAL_SOURCE, query="indemnity", referents=["Lessee", "Lessor"], out_dir=args.out,
+                      variants={"quoted": LEGAL_QUOTED}, progress=True)
+    _print_findings(inv)
+    if args.no_app:
+        return 0
+    args.file = str(inv.capture_path)
+    return cmd_app(args)
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("debug", help="investigate a wrong output: capture, rank, split, variants, report")
+    add_model_options(p)
+    s = p.add_mutually_exclusive_group(required=True)
+    s.add_argument("--source", help="the document (encoder input or prompt)")
+    s.add_argument("--source-file")
+    o = p.add_mutually_exclusive_group()
+    o.add_argument("--output", help="what the model said (teacher-forced)")
+    o.add_argument("--output-file")
+    o.add_argument("--generate", type=int, metavar="N", help="generate up to N tokens (greedy) and inspect them")
+    p.add_argument("--query", required=True, help="the word whose attention to inspect (looked up in the output first)")
+    p.add_argument("--occurrence", type=int)
+    p.add_argument("--referents", required=True, help="competing referents in the source, e.g. Lessee,Lessor")
+    p.add_argument("--variant", action="append", metavar="NAME=FILE", help="another version of the source to compare")
+    p.add_argument("--min-split", type=float, default=0.2)
+    p.add_argument("--min-mass", type=float, default=0.25)
+    p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
+    p.set_defaults(func=cmd_debug)
+
+    p = sub.add_parser("compare", help="compare split scores of two captures of the same model")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--query", required=True)
+    p.add_argument("--occurrence", type=int)
+    p.add_argument("--referents", required=True)
+    p.add_argument("--min-split", type=float, default=0.2)
+    p.add_argument("--min-mass", type=float, default=0.25)
+    p.add_argument("--top", type=int)
+    p.add_argument("--csv")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("demo", help="the legal-summariser investigation on the embedded model, then the app")
+    p.add_argument("--out", default="out", help="folder for the results (default out/)")
+    p.add_argument("--no-app", action="store_true", help="do not start the app afterwards (for scripts)")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(func=cmd_demo)

@@ -1,0 +1,42 @@
+"""Terminal output that a capture file cannot hijack.
+
+Strings from a file (site and model names, tokens, texts) may hold control characters: an escape
+sequence could rewrite the screen or the title, a carriage return hide a line. :func:`escape` shows
+them as ``\\x1b``-style escapes; :class:`EscapingStream` applies it to everything the CLI prints.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TextIO
+
+# C0 and C1 controls and DEL, and the invisible format characters that reorder or hide text (bidi overrides,
+# zero-width characters); newline and tab are kept where a caller allows them
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+def _show(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c <= 0xFF else f"\\u{c:04x}"
+
+
+def escape(text: str, keep: str = "") -> str:
+    """``text`` with control and invisible format characters shown as escapes (except those in ``keep``)."""
+    if keep:
+        return "".join(part if part in keep else _CONTROL.sub(_show, part) for part in re.split(f"([{re.escape(keep)}])", text))
+    return _CONTROL.sub(_show, text)
+
+
+class EscapingStream:
+    """A text stream that escapes control characters other than newline and tab on their way out; binary
+    writes through ``.buffer`` (a capture written to ``-``) pass untouched."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(escape(text, keep="\n\t"))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
