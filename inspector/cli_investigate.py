@@ -52,7 +52,7 @@ def _parse_variants(items: list[str] | None) -> dict[str, str]:
 
 
 def cmd_debug(args) -> int:
-    check_before_loading(out_dir=args.out, query=args.query, referents=args.referents)
+    check_before_loading(query=args.query, referents=args.referents)
     source = _read_text(args.source, args.source_file, "source")
     output = _read_text(args.output, args.output_file, "output")
     variants = _parse_variants(args.variant)
