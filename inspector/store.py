@@ -209,7 +209,15 @@ class Capture:
         element for element to what the model added (recomputed from the compact mask spec)."""
         if site.mask is None:
             return None
-        return masks.rows(self.masks[site.mask], self.tensors, batch, queries)
+        # the rows just built are asked for again by the next reader of the same rows (weights, then
+        # analysis.visible_keys): one entry is kept; callers must not modify it in place
+        key = (site.mask, batch, None if queries is None else queries.indices(site.query_len))
+        cached = self.__dict__.get("_mask_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rows = masks.rows(self.masks[site.mask], self.tensors, batch, queries)
+        self._mask_cache = (key, rows)
+        return rows
 
     def weights(
         self, site: Site | str, batch: int = 0, heads: list[int] | None = None, queries: slice | None = None
