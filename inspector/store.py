@@ -377,6 +377,12 @@ def load(path: str | os.PathLike) -> Capture:
     meta = validate.parse_inspector(path, metadata["inspector"], shapes)
     validate.check_capture(path, meta, dtypes, shapes, SCHEMA)
     sites = [Site.from_dict(d) for d in meta["sites"]]
+    for s in sites:  # value norms (issue 10) are [batch, head, key]: small enough to check whole
+        if "value_norm" in s.parts:
+            t = tensors[f"{s.name}/value_norm"]
+            if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+                raise validate.refuse(path, f"site {s.name!r}", f"tensor '{s.name}/value_norm' holds negative or non-finite "
+                                      "values, which no norm has")
     if meta["schema"] < 2:  # schema 1: each mask is one dense float tensor, named by the site's field
         meta = dict(meta, masks={})
     cap = Capture(meta, sites, tensors)
