@@ -163,7 +163,8 @@ def native_rows(spec: dict[str, Any], tensors, batch: int, queries: slice | None
             b = batch if tensors.shape(spec["key_padding"])[0] > 1 else 0
             pad = tensors.slice(spec["key_padding"], (slice(b, b + 1),))[0].bool()
             vis = vis & ~pad[None, None, :]
-    additive = torch.zeros(vis.shape, dtype=DTYPES[spec["dtype"]]).masked_fill_(~vis, fill_value(spec))
+    dtype = DTYPES[spec["dtype"]]
+    additive = torch.where(vis, torch.zeros((), dtype=dtype), torch.full((), fill_value(spec), dtype=dtype))
     return additive if bias is None else bias + additive
 
 

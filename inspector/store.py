@@ -209,7 +209,15 @@ class Capture:
         element for element to what the model added (recomputed from the compact mask spec)."""
         if site.mask is None:
             return None
-        return masks.rows(self.masks[site.mask], self.tensors, batch, queries)
+        # the rows just built are asked for again by the next reader of the same rows (weights, then
+        # analysis.visible_keys): one entry is kept; callers must not modify it in place
+        key = (site.mask, batch, None if queries is None else queries.indices(site.query_len))
+        cached = self.__dict__.get("_mask_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rows = masks.rows(self.masks[site.mask], self.tensors, batch, queries)
+        self._mask_cache = (key, rows)
+        return rows
 
     def weights(
         self, site: Site | str, batch: int = 0, heads: list[int] | None = None, queries: slice | None = None
@@ -369,6 +377,12 @@ def load(path: str | os.PathLike) -> Capture:
     meta = validate.parse_inspector(path, metadata["inspector"], shapes)
     validate.check_capture(path, meta, dtypes, shapes, SCHEMA)
     sites = [Site.from_dict(d) for d in meta["sites"]]
+    for s in sites:  # value norms (issue 10) are [batch, head, key]: small enough to check whole
+        if "value_norm" in s.parts:
+            t = tensors[f"{s.name}/value_norm"]
+            if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+                raise validate.refuse(path, f"site {s.name!r}", f"tensor '{s.name}/value_norm' holds negative or non-finite "
+                                      "values, which no norm has")
     if meta["schema"] < 2:  # schema 1: each mask is one dense float tensor, named by the site's field
         meta = dict(meta, masks={})
     cap = Capture(meta, sites, tensors)

@@ -265,3 +265,18 @@ def test_control_characters_from_a_file_are_escaped(bases, tmp_path, capsys):
     assert main(["rank", str(path), "--sort", "evil\x1b[2J"]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_value_norms_are_checked_when_present(bases, tmp_path, capsys):
+    """Issue 10's optional part "value_norm" ([batch, head, key], float, finite, >= 0)."""
+    header, tensors = bases["full"]
+    site = header["sites"][0]
+    name, b, h, k = site["name"], len(TEXTS), site["num_heads"], site["key_len"]
+    h2 = copy.deepcopy(header)
+    h2["sites"][0]["parts"] = site["parts"] + ["value_norm"]
+    good = torch.rand(b, h, k)
+    assert outcome(capsys, write(tmp_path, h2, {**tensors, f"{name}/value_norm": good})) is None
+    for bad in (good - 2, good * float("nan"), good[:, :, :-1].contiguous(), good.to(torch.int32), good[0].contiguous()):
+        line = outcome(capsys, write(tmp_path, h2, {**tensors, f"{name}/value_norm": bad}))
+        assert line is not None and f"{name}/value_norm" in line, line
+    assert "'parts'" in outcome(capsys, write(tmp_path, header, {**tensors, f"{name}/value_norm": good}))
