@@ -303,3 +303,18 @@ def _disagreements(table: pd.DataFrame) -> pd.DataFrame:
     done["sign_agrees"] = (done["attribution"] > 0) == (done["effect"] > 0)
     bad = done[(~done["sign_agrees"]) | (done["attribution_rank"] != done["effect_rank"])]
     return bad[cols].reset_index(drop=True)
+
+
+def describe_disagreements(d: pd.DataFrame) -> str:
+    """Plain-text lines saying where attribution and the exact effect disagree (sign or rank)."""
+    if d.empty:
+        return "attribution and exact effect agree in sign and rank on every confirmed head"
+    lines = [f"attribution and exact effect disagree on {len(d)} confirmed head(s):"]
+    for r in d.itertuples(index=False):
+        what = []
+        if not r.sign_agrees:
+            what.append(f"sign (attribution {r.attribution:+.4g}, effect {r.effect:+.4g})")
+        if r.attribution_rank != r.effect_rank:
+            what.append(f"rank ({r.attribution_rank} by attribution, {r.effect_rank} by effect)")
+        lines.append(f"  {r.site}:{r.head}: " + "; ".join(what))
+    return "\n".join(lines)
