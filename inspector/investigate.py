@@ -13,6 +13,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -44,6 +45,7 @@ class Investigation:
     commands: list[str]
     variants: dict[str, Path] = field(default_factory=dict)
     comparisons: dict[str, pd.DataFrame] = field(default_factory=dict)
+    matter: Any = None  # inspector.matter.Matter when a contrast was given
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -124,13 +126,17 @@ def investigate(
     occurrence: int | None = None,
     rule: analysis.SplitRule = analysis.SplitRule(),
     progress: bool = False,
+    contrast: str | None = None,
+    top: int = 10,
 ) -> Investigation:
     """Capture, rank, split, compare variants and write everything into ``out_dir``.
 
     ``loaded`` is a :class:`~inspector.models.LoadedModel`. ``output`` is an output the model gave
     earlier; ``generate`` instead generates up to that many tokens. ``variants`` maps a name to
     another version of the source (e.g. with the clause quoted), captured and compared with the same
-    output (or generating again when ``generate`` is set).
+    output (or generating again when ``generate`` is set). ``contrast`` (``RIGHT,WRONG``) adds the
+    "Does it matter?" part (:mod:`inspector.matter`): effects of the flagged and ``top`` heads, and of
+    patching them from each variant (with the original's output).
     """
     from .inputs import model_layout
     from .report import render_report
@@ -154,9 +160,18 @@ def investigate(
         variant_caps[name] = vcap
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
                          _roles(cap, query))
+    matter = None
+    if contrast:
+        from . import matter as _matter
+
+        matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
+                                        variants=variants, top=top)
+        commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
                          variants=variant_caps or None)
+    if matter is not None:
+        html = _matter.insert_section(html, _matter.render_section(matter))
 
     out.mkdir(parents=True, exist_ok=True)
     cap_path = cap.save(out / "capture.safetensors")
@@ -170,9 +185,11 @@ def investigate(
         variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
         write_text(out / f"variant-{name}.txt", (variants or {})[name])
         write_csv(out / f"compare-{name}.csv", comparisons[name])
+    if matter is not None:
+        _matter.write(out, matter)
     report = write_text(out / "report.html", html)
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
-                         commands=commands, variants=variant_paths, comparisons=comparisons)
+                         commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter)
 
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
@@ -216,6 +233,10 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
         cols = KEYS[2:] + [c for c in df.columns if c.startswith("split_score")] + ["split_change"]
         print(f"\nVariant {name!r}: largest changes in split score:")
         print(format_table(df.head(5)[cols]))
+    if inv.matter is not None:
+        from .matter import summary_text
+
+        print(summary_text(inv.matter, format_table))
     print(f"\nWrote {inv.capture_path}, rank.csv, split.csv and {inv.report_path}")
 
 
@@ -244,7 +265,8 @@ def cmd_debug(args) -> int:
     loaded = load_from_args(args)
     inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
                       output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
-                      rule=analysis.SplitRule(args.min_split, args.min_mass), progress=True)
+                      rule=analysis.SplitRule(args.min_split, args.min_mass), progress=True,
+                      contrast=args.contrast, top=args.top)
     _print_findings(inv)
     return 0
 
@@ -272,7 +294,7 @@ def cmd_demo(args) -> int:
     print(f"source: {LEGAL_SOURCE}\nquery: indemnity   referents: Lessee, Lessor   variant 'quoted': the clause quoted",
           file=sys.stderr)
     inv = investigate(loaded, LEGAL_SOURCE, query="indemnity", referents=["Lessee", "Lessor"], out_dir=args.out,
-                      variants={"quoted": LEGAL_QUOTED}, progress=True)
+                      variants={"quoted": LEGAL_QUOTED}, progress=True, contrast="Lessee,Lessor")
     _print_findings(inv)
     if args.no_app:
         return 0
@@ -301,6 +323,10 @@ def add_commands(sub) -> None:
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)
     p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
+    p.add_argument("--contrast", metavar="RIGHT,WRONG",
+                   help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
+                        "(no LM head: on the query word's final representation)")
+    p.add_argument("--top", type=int, default=10, help="with --contrast: confirm the top K heads by exact ablation (default 10)")
     p.set_defaults(func=cmd_debug)
 
     p = sub.add_parser("compare", help="compare split scores of two captures of the same model")
