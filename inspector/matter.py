@@ -46,12 +46,17 @@ class Matter:
     notes: list[str] = field(default_factory=list)
 
 
-def _target_ids(cap: Capture) -> list[list[int]] | None:
-    """The output exactly as the capture fed it (decoder input, or the continuation)."""
+def _output(model, tokenizer, cap: Capture, source: str) -> dict:
+    """The output exactly as the capture fed it: its text when that tokenizes to the same ids (so words are
+    found with the text's own casing), else its ids (e.g. generated tokens)."""
     if "target" not in cap.roles():
-        return None
+        return {}
     rec = cap.records("target")
-    return [[i for i, p in zip(rec.ids, rec.padding, strict=True) if not p]]
+    ids = [i for i, p in zip(rec.ids, rec.padding, strict=True) if not p]
+    again = encode(model, tokenizer, source, rec.text).records
+    if [r.ids for r in again if r.role == "target"] == [ids]:
+        return {"target": rec.text}
+    return {"target_ids": [ids]}
 
 
 def _has_lm_head(model) -> bool:
@@ -66,25 +71,25 @@ def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, co
                    top: int = 10) -> Matter:
     """Effects of the flagged and top heads on the contrast, and of patching them from each variant."""
     model, tokenizer = loaded.model, loaded.tokenizer
-    target_ids = _target_ids(cap)
+    said = _output(model, tokenizer, cap, source)
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
     # without an LM head the contrast reads the investigation's query occurrence; with one, WRONG's first occurrence
     lm = _has_lm_head(model)
     res = _effects.effects(model, tokenizer, source, contrast=contrast, query=query, occurrence=None if lm else occurrence,
-                           top=top, confirm=flagged_keys, target_ids=target_ids)
+                           top=top, confirm=flagged_keys, **said)
     table = res.table
     listed = table[table["effect"].notna()].copy()
     listed.insert(5, "flagged", [k in set(flagged_keys) for k in zip(listed["site"], listed["head"], strict=True)])
     listed = listed.loc[listed["effect"].abs().sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
     keys = list(zip(listed["site"], listed["head"], strict=True))
 
-    encoded = encode(model, tokenizer, source, target_ids=target_ids)
+    encoded = encode(model, tokenizer, source, **said)
     clean = intervene.run(model, encoded)
     before = float(res.contrast.value(clean.output))
     patches, notes = [], []
     for name, text in (variants or {}).items():
-        var = intervene.run(model, encode(model, tokenizer, text, target_ids=target_ids),
+        var = intervene.run(model, encode(model, tokenizer, text, **said),
                             intervene.Seam(record={s for s, _ in keys}))
         column, ok = [], []
         for s, h in keys:
