@@ -206,7 +206,8 @@ def _print_contrast(c: dict | None) -> None:
 
 
 def cmd_ablate(args) -> int:
-    from . import effects, intervene
+    from . import intervene
+    from . import measure as effects
     from .files import check_target, write_csv
 
     heads = intervene.parse_heads(args.heads)
@@ -237,7 +238,7 @@ def cmd_ablate(args) -> int:
 
 
 def cmd_effects(args) -> int:
-    from . import effects
+    from . import measure as effects
     from .files import check_target, write_csv
 
     source = _read_text(args.source, args.source_file, "source")

@@ -4,9 +4,9 @@ Given the investigation's capture (what the model said), its split table and a c
 ``RIGHT,WRONG`` (:mod:`inspector.contrast`), :func:`does_it_matter` computes
 
 * every head's attribution and the exact effect (zero ablation) of the top k heads by attribution
-  and of every flagged head (:func:`inspector.effects.effects`) -> ``effects.csv``;
+  and of every flagged head (:func:`inspector.measure.effects`) -> ``effects.csv``;
 * for those heads (``matter.csv``), per variant, the change of the metric when that one head gets
-  the variant's outputs at the aligned positions (:func:`inspector.effects.align`), and for all of
+  the variant's outputs at the aligned positions (:func:`inspector.measure.align`), and for all of
   them patched together (``patch.csv``).
 
 :func:`render_section` turns the result into an HTML section (every string escaped) for the report.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from . import effects as _effects
 from . import intervene
+from . import measure as _effects
 from .errors import InspectorError
 from .inputs import encode
 from .store import Capture
@@ -29,7 +29,7 @@ HEAD_KEYS = ["site", "stack", "kind", "layer", "head"]
 
 @dataclass
 class Matter:
-    """``effects``: :data:`~inspector.effects.EFFECT_COLUMNS`, every head. ``heads``: the flagged and top
+    """``effects``: :data:`~inspector.measure.EFFECT_COLUMNS`, every head. ``heads``: the flagged and top
     heads with ``flagged``, ``attribution``, ``effect`` and per variant ``patch_effect[<name>]`` (the
     metric's change when that head alone is patched from the variant; empty where it cannot be aligned).
     ``patches``: per variant, all those heads patched together: ``variant, heads, before, after, change``.

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from inspector import effects as E
 from inspector import intervene
+from inspector import measure as E
 from inspector.errors import InspectorError
 from inspector.inputs import encode
 

@@ -7,7 +7,7 @@ import shlex
 import pandas as pd
 import pytest
 
-from inspector import effects as E
+from inspector import measure as E
 from inspector.cli import main
 from inspector.investigate import investigate
 from inspector.models import LoadedModel
