@@ -40,6 +40,41 @@ def has_lm_head(output) -> bool:
     return getattr(output, "logits", None) is not None
 
 
+def model_has_lm_head(model) -> bool:
+    """Whether ``model`` returns logits over a vocabulary (it has output embeddings)."""
+    try:
+        return model.get_output_embeddings() is not None
+    except (AttributeError, NotImplementedError):
+        return hasattr(model, "lm_head")
+
+
+def output_capture(encoded) -> Capture:
+    """A capture with no tensors and one pseudo-site ``output`` whose query and key axes are the output
+    axis of :func:`output_axis`: enough to place a contrast before any forward pass."""
+    layout = encoded.layout
+    present = {r.role for r in encoded.records}
+    roles = ["target"] if layout == "encoder-decoder" else [r for r in ("source", "target") if r in present]
+    n = sum(len(r.ids) for r in encoded.records if r.role in roles and r.batch == 0)
+    site = Site(name="output", stack="none", layer=0, kind="self", num_heads=0, num_kv_heads=0, head_map=[], d_head=0,
+                d_v=0, scaling=1.0, query_input=roles, key_input=roles, query_len=n, key_len=n)
+    records = [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in encoded.records]
+    return Capture({"layout": layout, "inputs": records}, [site], {})
+
+
+def keep_kwargs(model, c: Contrast) -> dict:
+    """``logits_to_keep`` for the one row a logit contrast reads, where the model's forward takes it
+    (the LM head then runs on that row only); else nothing."""
+    import inspect
+
+    if c.kind != "logit":
+        return {}
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": torch.tensor([c.row])} if "logits_to_keep" in params else {}
+
+
 def final_states(output) -> torch.Tensor:
     """``[batch, position, hidden]``: the last hidden state of a model without an LM head."""
     h = getattr(output, "last_hidden_state", None)
@@ -104,10 +139,11 @@ class Contrast:
         return (f"cos(rep({self.query}), rep({self.right})) - cos(rep({self.query}), rep({self.wrong})) "
                 "on the final representations")
 
-    def value(self, output, batch: int = 0) -> torch.Tensor:
-        """The metric as a 0-dim float32 tensor (differentiable)."""
+    def value(self, output, batch: int = 0, kept: bool = False) -> torch.Tensor:
+        """The metric as a 0-dim float32 tensor (differentiable). ``kept``: the output's logits hold only
+        the contrast's row (:func:`keep_kwargs`)."""
         if self.kind == "logit":
-            row = output.logits[batch, self.row].float()
+            row = output.logits[batch, -1 if kept else self.row].float()
             return row[self.right_id] - row[self.wrong_id]
         h = final_states(output)[batch].float()
 
@@ -139,12 +175,13 @@ def parse(spec: str) -> tuple[str, str]:
 
 def resolve(capture: Capture, tokenizer, output, right: str, wrong: str, *, query: str | None = None,
             occurrence: int | None = None, batch: int = 0) -> Contrast:
-    """Locate the contrast in the pass ``capture`` describes (``output`` is that pass's model output).
+    """Locate the contrast in the pass ``capture`` describes (or :func:`output_capture`'s); ``output`` is
+    that pass's model output, or a bool: whether the model has an LM head.
 
     Raises :class:`InspectorError` when WRONG is not in the output, RIGHT cannot stand in its place,
     or (no LM head) the query or a referent is not in the source.
     """
-    if has_lm_head(output):
+    if (output if isinstance(output, bool) else has_lm_head(output)):
         return _resolve_logit(capture, tokenizer, right, wrong, occurrence=occurrence, batch=batch)
     if not query:
         raise InspectorError(

@@ -181,11 +181,12 @@ class SeamRun:
     seam: Seam
 
 
-def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = None) -> SeamRun:
+def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = None, extra: dict | None = None) -> SeamRun:
     """One forward pass of ``model`` on ``encoded`` through ``s`` (a plain pass when ``s`` is empty).
 
     A lazy recorder names and describes every site as :func:`inspector.capture` does; with
     ``s.grad`` the pass keeps the autograd graph from the head outputs on (parameters frozen).
+    ``extra``: more keyword arguments for the model (e.g. ``logits_to_keep``).
     Raises :class:`InspectorError` when the model's attention bypasses transformers' interface.
     """
     s = s or Seam()
@@ -195,7 +196,7 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
     grad = torch.enable_grad() if s.grad else torch.no_grad()
     try:
         with seam(model, s), grad, frozen(model) if s.grad else contextlib.nullcontext():
-            output = model(**encoded.model_kwargs, use_cache=False)
+            output = model(**encoded.model_kwargs, **(extra or {}), use_cache=False)
     finally:
         model.train(was_training)
     if not s.recorder.sites:

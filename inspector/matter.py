@@ -20,6 +20,7 @@ import pandas as pd
 
 from . import intervene
 from . import measure as _effects
+from .contrast import model_has_lm_head
 from .errors import InspectorError
 from .inputs import encode
 from .store import Capture
@@ -59,13 +60,6 @@ def _output(model, tokenizer, cap: Capture, source: str) -> dict:
     return {"target_ids": [ids]}
 
 
-def _has_lm_head(model) -> bool:
-    try:
-        return model.get_output_embeddings() is not None
-    except (AttributeError, NotImplementedError):
-        return hasattr(model, "lm_head")
-
-
 def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, contrast: str | tuple[str, str],
                    query: str | None = None, occurrence: int | None = None, variants: dict[str, str] | None = None,
                    top: int = 10) -> Matter:
@@ -75,7 +69,7 @@ def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, co
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
     # without an LM head the contrast reads the investigation's query occurrence; with one, WRONG's first occurrence
-    lm = _has_lm_head(model)
+    lm = model_has_lm_head(model)
     res = _effects.effects(model, tokenizer, source, contrast=contrast, query=query, occurrence=None if lm else occurrence,
                            top=top, confirm=flagged_keys, **said)
     table = res.table

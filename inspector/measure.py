@@ -230,10 +230,12 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, contras
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
     right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
     encoded = encoded or encode(model, tokenizer, text, target, target_ids=target_ids)
-    g = intervene.run(model, encoded, intervene.Seam(record=True, grad=True))
+    c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong,
+                          query=query, occurrence=occurrence)
+    keep = _contrast.keep_kwargs(model, c)
+    g = intervene.run(model, encoded, intervene.Seam(record=True, grad=True), extra=keep)
     cap, outs, deltas = g.capture, g.seam.outputs, g.seam.deltas
-    c = _contrast.resolve(cap, tokenizer, g.output, right, wrong, query=query, occurrence=occurrence)
-    m = c.value(g.output)
+    m = c.value(g.output, kept=bool(keep))
     names = [s.name for s in cap.sites]
     grads = torch.autograd.grad(m, [deltas[n] for n in names], allow_unused=True)
     means = intervene.head_means(cap, outs, {n: list(range(cap.site(n).num_heads)) for n in names}) if method == "mean" else {}
@@ -255,16 +257,18 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, contras
 
 def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
                   method: str = "zero", before: float | None = None) -> list[float]:
-    """The exact change of the metric when each of ``heads`` is ablated alone (one forward pass each)."""
+    """The exact change of the metric when each of ``heads`` is ablated alone (one forward pass each;
+    the LM head, where the model allows, only on the row the metric reads)."""
+    keep = _contrast.keep_kwargs(model, c)
     outputs = None
     if before is None or method == "mean":
-        clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"))
-        before, outputs = float(c.value(clean.output)), clean.seam.outputs
+        clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"), extra=keep)
+        before, outputs = float(c.value(clean.output, kept=bool(keep))), clean.seam.outputs
     out = []
     for name, h in heads:
         grouped = intervene.check_heads(capture.sites, [(name, h)])
-        edited = intervene.run(model, encoded, intervene.ablation(capture, grouped, method, outputs))
-        out.append(float(c.value(edited.output)) - before)
+        edited = intervene.run(model, encoded, intervene.ablation(capture, grouped, method, outputs), extra=keep)
+        out.append(float(c.value(edited.output, kept=bool(keep))) - before)
     return out
 
 
