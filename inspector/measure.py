@@ -60,6 +60,10 @@ def _prepare(model, tokenizer, text, target, target_ids, generate):
         if target is not None or target_ids is not None:
             raise InspectorError("give either an output (--output) or --generate N, not both")
         target_ids = generate_target(model, tokenizer, text, generate)
+    from .inputs import model_layout
+
+    if model_layout(model) == "encoder-decoder" and target is None and target_ids is None:
+        raise InspectorError(f"{type(model).__name__} is an encoder-decoder: pass what it said as the output, or generate N tokens")
     return encode(model, tokenizer, text, target, target_ids=target_ids), target_ids
 
 

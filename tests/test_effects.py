@@ -338,3 +338,26 @@ def test_disagreements_are_reported():
     t.loc[0, "effect"] = -0.9
     d = E._disagreements(t)
     assert not d.set_index("site").loc["a", "sign_agrees"]
+
+
+def test_the_model_is_left_as_it_was(tokenizer):
+    model = tiny.build("gpt2")
+    impl = model.config._attn_implementation
+    E.attribute(model, tokenizer, SOURCE, OUTPUT, contrast="tenant,landlord")
+    assert all(p.requires_grad for p in model.parameters()) and model.config._attn_implementation == impl
+    enc = encode(model, tokenizer, SOURCE, OUTPUT)
+    bad = intervene.Seam(replace={"transformer.h.0.attn": intervene.Replacement([0], torch.zeros(1, 1, 1, 5))}, grad=True)
+    with pytest.raises(RuntimeError):  # values of the wrong width: the forward pass fails inside the seam
+        intervene.run(model, enc, bad)
+    assert all(p.requires_grad for p in model.parameters()) and model.config._attn_implementation == impl
+    assert not model._forward_pre_hooks and not model.training
+    with torch.no_grad():  # and it runs as before
+        assert torch.allclose(model(**enc.model_kwargs).logits, intervene.run(model, enc).output.logits, atol=TOL, rtol=0)
+
+
+def test_models_outside_the_interface_are_refused(tokenizer):
+    bloom = tiny.build("bloom")
+    with pytest.raises(InspectorError, match="attention interface"):
+        E.ablate(bloom, tokenizer, SOURCE, OUTPUT, heads=[("attentions.0", 0)])
+    with pytest.raises(InspectorError, match="encoder-decoder"):
+        E.ablate(tiny.build("t5"), tokenizer, SOURCE, heads=[("encoder.block.0.layer.0.SelfAttention", 0)])
