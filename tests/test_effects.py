@@ -269,7 +269,7 @@ def test_attribution_equals_autograd_through_a_reference(tokenizer, method):
     assert torch.allclose(logits, hf, atol=TOL, rtol=0)  # the reference is GPT-2
     c = res.contrast
     metric = logits[c.row, c.right_id] - logits[c.row, c.wrong_id]
-    assert float(metric) == pytest.approx(res.metric, abs=TOL)
+    assert float(metric.detach()) == pytest.approx(res.metric, abs=TOL)
     grads = torch.autograd.grad(metric, leaves)
     for layer, (z, g) in enumerate(zip(zs, grads, strict=True)):
         ablated = torch.zeros_like(z) if method == "zero" else z.mean(0, keepdim=True).expand_as(z)
