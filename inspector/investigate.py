@@ -237,6 +237,8 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
         from .matter import summary_text
 
         print(summary_text(inv.matter, format_table))
+    else:
+        print("\nDoes it matter? add --contrast RIGHT,WRONG (e.g. Lessee,Lessor) to measure each head's effect on the output")
     print(f"\nWrote {inv.capture_path}, rank.csv, split.csv and {inv.report_path}")
 
 
