@@ -208,9 +208,12 @@ def _print_contrast(c: dict | None) -> None:
 def cmd_ablate(args) -> int:
     from . import intervene
     from . import measure as effects
+    from .contrast import parse as parse_contrast
     from .files import check_target, write_csv
 
     heads = intervene.parse_heads(args.heads)
+    if args.contrast:
+        parse_contrast(args.contrast)  # a malformed contrast is reported before the model loads
     source = _read_text(args.source, args.source_file, "source")
     variant = _read_text(None, args.patch_from, "--patch-from") if args.patch_from else None
     if not source or not source.strip():
@@ -244,6 +247,11 @@ def cmd_effects(args) -> int:
     source = _read_text(args.source, args.source_file, "source")
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    from .contrast import parse as parse_contrast
+
+    parse_contrast(args.contrast)  # before the model loads
+    if args.top < 0:
+        raise InspectorError(f"--top must be 0 or more, got {args.top}")
     check_target(Path(args.csv))
     loaded = load_from_args(args)
     output, generate = _output_or_generate(args, loaded)
