@@ -11,11 +11,13 @@ from .analysis import LabelRule, SplitRule, rank_heads, split_heads
 from .capture import capture, record
 from .errors import InspectorError
 from .explain import explain
+from .measure import ablate, effects, patch
 from .models import load_model
 from .store import Capture, Site, load, save
 
 __all__ = [
     "Capture", "InspectorError", "LabelRule", "Site", "SplitRule", "capture", "explain", "load", "load_model",
     "rank_heads", "record", "save", "split_heads",
+    "ablate", "effects", "patch",
 ]
 __version__ = "0.1.0"

@@ -227,6 +227,117 @@ def cmd_app(args) -> int:
         return 0
 
 
+# ---- ablate / effects: does a head matter? ------------------------------------------------------
+def _output_or_generate(args, loaded) -> tuple[str | None, int | None]:
+    from .inputs import model_layout
+
+    output = _read_text(args.output, args.output_file, "output")
+    if output is not None and not output.strip():
+        raise InspectorError("the output text is empty: pass what the model said with --output, or --generate N")
+    if model_layout(loaded.model) != "encoder" and output is None and not args.generate:
+        raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
+    return output, args.generate
+
+
+def _print_contrast(c: dict | None) -> None:
+    if c is not None:
+        print(f"contrast {c['definition']}:\n  before {c['before']:.6f}  after {c['after']:.6f}  change {c['change']:+.6f}")
+
+
+def cmd_ablate(args) -> int:
+    from . import intervene
+    from . import measure as effects
+    from .contrast import parse as parse_contrast
+    from .files import check_target, write_csv
+
+    heads = intervene.parse_heads(args.heads)
+    if args.contrast:
+        parse_contrast(args.contrast)  # a malformed contrast is reported before the model loads
+    source = _read_text(args.source, args.source_file, "source")
+    variant = _read_text(None, args.patch_from, "--patch-from") if args.patch_from else None
+    if not source or not source.strip():
+        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    if args.csv:
+        check_target(Path(args.csv))
+    loaded = load_from_args(args)
+    output, generate = _output_or_generate(args, loaded)
+    common = dict(heads=heads, contrast=args.contrast, query=args.query, occurrence=args.occurrence, generate=generate)
+    if variant is not None:
+        res = effects.patch(loaded.model, loaded.tokenizer, source, variant, output, **common)
+        what = f"patched {len(heads)} head(s) from {args.patch_from}"
+    else:
+        res = effects.ablate(loaded.model, loaded.tokenizer, source, output, method=args.method, **common)
+        what = f"{args.method}-ablated {len(heads)} head(s)"
+    _status(what + ": " + ", ".join(f"{s}:{h}" for s, h in heads))
+    if args.csv:
+        write_csv(args.csv, res.table)
+        _status(f"wrote {len(res.table)} rows to {args.csv}")
+    print(format_table(res.table, digits=5))
+    _print_contrast(res.contrast)
+    if res.generated is not None:
+        print(f"generated before: {res.generated['before']!r}\ngenerated after:  {res.generated['after']!r}")
+    return 0
+
+
+def cmd_effects(args) -> int:
+    from . import measure as effects
+    from .files import check_target, write_csv
+
+    source = _read_text(args.source, args.source_file, "source")
+    if not source or not source.strip():
+        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    from .contrast import parse as parse_contrast
+
+    parse_contrast(args.contrast)  # before the model loads
+    if args.top < 0:
+        raise InspectorError(f"--top must be 0 or more, got {args.top}")
+    check_target(Path(args.csv))
+    loaded = load_from_args(args)
+    output, generate = _output_or_generate(args, loaded)
+    target_ids = None
+    if generate:
+        from .generation import generate_target
+
+        target_ids, output = generate_target(loaded.model, loaded.tokenizer, source, generate), None
+    res = effects.effects(loaded.model, loaded.tokenizer, source, output, contrast=args.contrast, query=args.query,
+                          occurrence=args.occurrence, top=args.top, method=args.method, target_ids=target_ids)
+    write_csv(args.csv, res.table)
+    _status(f"wrote {len(res.table)} rows to {args.csv}")
+    print(f"metric: {res.definition} = {res.metric:.6f}")
+    print(f"heads ranked by |attribution| (first {max(args.top, 10)}); effect = exact change under {args.method} ablation:")
+    print(format_table(res.table.head(max(args.top, 10)), digits=5))
+    print(effects.describe_disagreements(res.disagreements))
+    return 0
+
+
+def add_effects_commands(sub) -> None:
+    for name, help_, func in (("ablate", "ablate (or patch) chosen heads and show how the output moves", cmd_ablate),
+                              ("effects", "rank every head by its effect on a contrast (attribution, then exact)", cmd_effects)):
+        p = sub.add_parser(name, help=help_)
+        add_model_options(p)
+        s = p.add_mutually_exclusive_group(required=True)
+        s.add_argument("--source", help="the document (encoder input or prompt)")
+        s.add_argument("--source-file")
+        o = p.add_mutually_exclusive_group()
+        o.add_argument("--output", help="what the model said (teacher-forced)")
+        o.add_argument("--output-file")
+        o.add_argument("--generate", type=int, metavar="N", help="generate up to N tokens (greedy) and use them as the output")
+        if name == "ablate":
+            p.add_argument("--heads", required=True, metavar="SITE:HEAD[,SITE:HEAD...]", help="heads to ablate or patch")
+            p.add_argument("--patch-from", metavar="FILE", help="patch the heads with their outputs on this source (same output) instead of ablating")
+            p.add_argument("--contrast", metavar="RIGHT,WRONG", help="also report logit(RIGHT) - logit(WRONG) where the output says WRONG")
+            p.add_argument("--csv", help="write the per-token table to this CSV file")
+        else:
+            p.add_argument("--contrast", required=True, metavar="RIGHT,WRONG", help="the metric: logit(RIGHT) - logit(WRONG) where the output says WRONG")
+            p.add_argument("--top", type=int, default=10, help="confirm the first K heads by exact ablation (default 10)")
+            p.add_argument("--csv", required=True, help="CSV with one row per site and head")
+        p.add_argument("--method", default="zero", choices=["zero", "mean"], help="ablate to zero or to the head's mean over positions")
+        p.add_argument("--query", help="models without an LM head: the word whose final representation the contrast measures "
+                                       "(and, for patching, whose tokens align)")
+        p.add_argument("--occurrence", type=int, help="which occurrence of WRONG (or of --query) to use, 1-based (default the first)")
+        p.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inspector", description="Capture and inspect transformer attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -305,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_commands = None
     if add_commands is not None:
         add_commands(sub)
+    add_effects_commands(sub)
     return parser
 
 

@@ -34,6 +34,12 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
         cols = KEYS[2:] + [c for c in df.columns if c.startswith("split_score")] + ["split_change"]
         print(f"\nVariant {name!r}: largest changes in split score:")
         print(format_table(df.head(5)[cols]))
+    if inv.matter is not None:
+        from .matter import summary_text
+
+        print(summary_text(inv.matter, format_table))
+    else:
+        print("\nDoes it matter? add --contrast RIGHT,WRONG (e.g. Lessee,Lessor) to measure each head's effect on the output")
     print(f"\nWrote {inv.capture_path}, rank.csv, split.csv and {inv.report_path}")
 
 
@@ -62,7 +68,8 @@ def cmd_debug(args) -> int:
     loaded = load_from_args(args)
     inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
                       output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
-                      rule=analysis.SplitRule(args.min_split, args.min_mass), progress=True)
+                      rule=analysis.SplitRule(args.min_split, args.min_mass), progress=True,
+                      contrast=args.contrast, top=args.top)
     _print_findings(inv)
     return 0
 
@@ -91,7 +98,7 @@ def cmd_demo(args) -> int:
     print(f"source: {LEGAL_SOURCE}\nquery: indemnity   referents: Lessee, Lessor   variant 'quoted': the clause quoted",
           file=sys.stderr)
     inv = investigate(loaded, LEGAL_SOURCE, query="indemnity", referents=["Lessee", "Lessor"], out_dir=args.out,
-                      variants={"quoted": LEGAL_QUOTED}, progress=True)
+                      variants={"quoted": LEGAL_QUOTED}, progress=True, contrast="Lessee,Lessor")
     _print_findings(inv)
     if args.no_app:
         return 0
@@ -116,6 +123,10 @@ def add_commands(sub) -> None:
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)
     p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
+    p.add_argument("--contrast", metavar="RIGHT,WRONG",
+                   help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
+                        "(no LM head: on the query word's final representation)")
+    p.add_argument("--top", type=int, default=10, help="with --contrast: confirm the top K heads by exact ablation (default 10)")
     p.set_defaults(func=cmd_debug)
 
     p = sub.add_parser("compare", help="compare split scores of two captures of the same model")

@@ -12,6 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -44,6 +45,7 @@ class Investigation:
     commands: list[str]
     variants: dict[str, Path] = field(default_factory=dict)
     comparisons: dict[str, pd.DataFrame] = field(default_factory=dict)
+    matter: Any = None  # inspector.matter.Matter when a contrast was given
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -124,13 +126,17 @@ def investigate(
     occurrence: int | None = None,
     rule: analysis.SplitRule = analysis.SplitRule(),
     progress: bool = False,
+    contrast: str | None = None,
+    top: int = 10,
 ) -> Investigation:
     """Capture, rank, split, compare variants and write everything into ``out_dir``.
 
     ``loaded`` is a :class:`~inspector.models.LoadedModel`. ``output`` is an output the model gave
     earlier; ``generate`` instead generates up to that many tokens. ``variants`` maps a name to
     another version of the source (e.g. with the clause quoted), captured and compared with the same
-    output (or generating again when ``generate`` is set).
+    output (or generating again when ``generate`` is set). ``contrast`` (``RIGHT,WRONG``) adds the
+    "Does it matter?" part (:mod:`inspector.matter`): effects of the flagged and ``top`` heads, and of
+    patching them from each variant (with the original's output).
     """
     from .inputs import model_layout
     from .report import render_report
@@ -155,9 +161,18 @@ def investigate(
         variant_caps[name] = vcap
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
                          _roles(cap, query))
+    matter = None
+    if contrast:
+        from . import matter as _matter
+
+        matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
+                                        variants=variants, top=top)
+        commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
                          variants=variant_caps or None)
+    if matter is not None:
+        html = _matter.insert_section(html, _matter.render_section(matter))
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
     # leaves the old folder as it was
@@ -174,12 +189,14 @@ def investigate(
             variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
             write_text(out / f"variant-{name}.txt", (variants or {})[name])
             write_csv(out / f"compare-{name}.csv", comparisons[name])
+        if matter is not None:
+            _matter.write(out, matter)
         report = write_text(out / MARKER, html)
     out = final
     cap_path, report = out / cap_path.name, out / report.name
     variant_paths = {name: out / p.name for name, p in variant_paths.items()}
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
-                         commands=commands, variants=variant_paths, comparisons=comparisons)
+                         commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter)
 
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,

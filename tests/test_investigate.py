@@ -96,6 +96,12 @@ def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
         assert (tmp_path / name).is_file()
     split = pd.read_csv(tmp_path / "split.csv")
     assert split["flagged"].any()
+    # "Does it matter?" runs on the embedded MiniLM (no LM head: the query's final representation)
+    assert "Does it matter?" in out and "cos(rep(indemnity), rep(Lessee))" in out
+    matter = pd.read_csv(tmp_path / "matter.csv")
+    flagged = matter[matter["flagged"]]
+    assert len(flagged) and flagged["effect"].notna().all() and "patch_effect[quoted]" in matter.columns
+    assert len(pd.read_csv(tmp_path / "effects.csv")) == 6 * 12
 
 
 def test_report_commands_reproduce_split_csv(bart, tmp_path):

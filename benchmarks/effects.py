@@ -1,0 +1,125 @@
+"""What ranking every head by its effect costs, next to one plain forward pass (issue 11).
+
+The model: GPT2LMHeadModel from a GPT2Config (12 layers x 12 heads, width 768, the MiniLM tokenizer's
+30522-token vocabulary), random weights, seeded, nothing downloaded (see _common.gpt2_small). The
+input: random vocabulary words that the MiniLM tokenizer turns into exactly N tokens, batch 1; the
+contrast is ``RIGHT,WRONG`` = ``tenant,<the prompt's last word>``, measured where the prompt says it.
+
+Timed side by side, interleaved round by round (order rotating), one warm-up each, medians:
+
+* ``forward``      one plain forward of the model (its own sdpa attention, no grad, inputs ready-made);
+* ``attribution``  ``inspector.measure.attribute(...)``: tokenization, one forward through the seam
+                   with the graph kept from the head outputs on, one backward, the 144-row table --
+                   every head ranked by attribution;
+* ``ablate one``   one forward with one head zero-ablated at the seam (``effects.exact_effects`` for one
+                   head); ``exact, every head`` = 144 of them plus the clean pass. Without ``--all``,
+                   ``--sample`` heads are timed and the total is that median times 144 (printed as an
+                   estimate); ``--all`` times every head one by one.
+
+    .venv/bin/python benchmarks/effects.py                   # 512 tokens
+    .venv/bin/python benchmarks/effects.py --tokens 256 --rounds 3 --all
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import _common as C
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sample", type=int, default=6, help="heads whose exact ablation is timed (without --all)")
+    ap.add_argument("--all", action="store_true", help="time the exact ablation of every head one by one")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from inspector import measure as effects
+    from inspector.inputs import encode
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = C.tokenizer()
+    text = C.random_text(tok, args.tokens)
+    wrong = text.split()[-1]
+    right = "tenant" if wrong != "tenant" else "landlord"
+    model = C.gpt2_small(max(args.tokens, 1024)).to(args.device)
+    enc = encode(model, tok, text)
+    inputs = enc.model_kwargs
+    contrast = f"{right},{wrong}"
+    res = effects.attribute(model, tok, text, contrast=contrast)
+    heads = list(zip(res.table["site"], res.table["head"], strict=True))
+    n_heads = len(heads)
+
+    def sync():
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def forward():
+        with torch.no_grad():
+            model(**inputs)
+        sync()
+
+    def attribution():
+        effects.attribute(model, tok, text, contrast=contrast)
+        sync()
+
+    k = [0]
+
+    def ablate_one():
+        s, h = heads[k[0] % n_heads]
+        k[0] += 1
+        effects.exact_effects(model, enc, res.capture, res.contrast, [(s, h)], before=res.metric)
+        sync()
+
+    variants = {"forward": forward, "attribution": attribution, "ablate one": ablate_one}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for fn in variants.values():  # warm-up
+        fn()
+    t_start = time.perf_counter()
+    names = list(variants)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            reps = args.sample if name == "ablate one" else 1
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                variants[name]()
+                times[name].append(time.perf_counter() - t0)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    exact_all = med["ablate one"] * n_heads + med["forward"]
+    measured_all = None
+    if args.all:
+        t0 = time.perf_counter()
+        effects.exact_effects(model, enc, res.capture, res.contrast, heads, before=None)
+        sync()
+        measured_all = time.perf_counter() - t0
+
+    print(f"# ranking every head by its effect: GPT-2-small shape (12 x 12 heads, width 768), {args.tokens} tokens, "
+          f"batch 1, device {args.device}, {torch.get_num_threads()} threads")
+    print(f"# {C.machine_line()}")
+    rows = [["forward (plain, sdpa, no grad)", f"{med['forward'] * 1e3:.1f}", "1.00"],
+            ["attribution (every head: 1 forward + 1 backward)", f"{med['attribution'] * 1e3:.1f}",
+             f"{med['attribution'] / med['forward']:.2f}"],
+            ["ablate one head exactly (1 forward at the seam)", f"{med['ablate one'] * 1e3:.1f}",
+             f"{med['ablate one'] / med['forward']:.2f}"],
+            [f"exact, every head one by one ({n_heads} + 1 forwards){'' if measured_all else ', estimated'}",
+             f"{(measured_all or exact_all) * 1e3:.1f}", f"{(measured_all or exact_all) / med['forward']:.2f}"]]
+    print(C.table(["variant", "median ms", "x forward"], rows, right={1, 2}))
+    ratio = med["attribution"] / med["forward"]
+    line, ok = C.verdict("attribution / forward", ratio, 3.0)
+    print(line)
+    print(f"exact ablation of every head / attribution: {(measured_all or exact_all) / med['attribution']:.1f}x")
+    print(f"({args.rounds} rounds, {C.elapsed(t_start)})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
