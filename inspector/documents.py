@@ -88,8 +88,11 @@ class Corpus:
         self.kind = kind_of(self.path)
         self.fields = fields
         self.columns = self._columns()
-        missing = [c for c in fields.used() if c not in self.columns]
-        if missing and self.kind != "jsonl":  # JSONL rows may differ; a row without a field is a bad document
+        # JSONL rows may differ: only the text field is checked against the first row; a later row without a
+        # field is a bad document
+        wanted = [fields.text] if self.kind == "jsonl" and self.columns else fields.used()
+        missing = [c for c in wanted if c not in self.columns]
+        if missing:
             raise InspectorError(f"{self.path.name} has no column {missing[0]!r}; its columns are {', '.join(self.columns[:12])}"
                                  f": pick one with --{_option(fields, missing[0])}")
 

@@ -69,6 +69,8 @@ def check_document(doc: Document) -> str | None:
     """The problem that keeps ``doc`` from being captured at all, or None."""
     if doc.problem:
         return doc.problem
+    if doc.text is not None and not isinstance(doc.text, str):
+        return f"the text is a {type(doc.text).__name__}, not a string: check --text-field"
     if not isinstance(doc.text, str) or not doc.text.strip():
         return "the text is empty"
     if doc.target is not None and not (isinstance(doc.target, str) and doc.target.strip()):

@@ -33,17 +33,15 @@ class ScanSummary:
 
 def _pending(corpus: Corpus, done: set[str]) -> Iterator[Document]:
     """Documents not committed yet; a repeated id is a bad document (ids must be unique to resume)."""
+    done = set(done)  # as committed before this run (the folder's own set grows as batches commit)
     seen: set[str] = set()
     for doc in corpus:
-        if doc.id in done:
-            seen.add(doc.id)
-            continue
         if doc.id in seen:
             doc.problem = doc.problem or f"id {doc.id!r} repeats an earlier row's id: ids must be unique"
             doc.id = f"{doc.id}#row{doc.row}"
-            if doc.id in done:
-                continue
         seen.add(doc.id)
+        if doc.id in done:
+            continue
         yield doc
 
 
