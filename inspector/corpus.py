@@ -121,3 +121,27 @@ def head_documents(out_or_con, site: str, head: int, limit: int = 20) -> pd.Data
         f"h.flagged{extra} FROM heads h JOIN documents d USING (id) "
         "WHERE h.site = ? AND h.head = ? AND h.split_score IS NOT NULL "
         "ORDER BY h.split_score DESC, d.row LIMIT ?", [site, int(head), int(limit)]).df()
+
+
+def scan_info(out: str | os.PathLike) -> dict:
+    """The scan's ``scan.json``: corpus path, fields, model and options."""
+    import json
+
+    path = Path(out).expanduser() / "scan.json"
+    if not path.is_file():
+        raise InspectorError(f"{Path(out)} holds no scan (no scan.json): give the folder written by `inspector scan ... -o OUT`")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def find_document(out: str | os.PathLike, row: int):
+    """The :class:`~inspector.documents.Document` at position ``row`` of the scanned corpus (read again
+    from the corpus file the scan names, so its text, target, query and referents are as scanned)."""
+    from .documents import Corpus, Fields
+
+    info = scan_info(out)
+    fields = Fields(**{k: v for k, v in info.get("fields", {}).items() if k in Fields.__dataclass_fields__})
+    source = Corpus(info["corpus"], fields)
+    for doc in source:
+        if doc.row == row:
+            return doc
+    raise InspectorError(f"row {row} is not in {source.path}: the corpus changed since the scan")
