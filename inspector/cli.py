@@ -238,12 +238,32 @@ def cmd_corpus(args) -> int:
     from . import corpus
     from .files import write_csv
 
+    if args.app:
+        return _run_corpus_page(args)
     df = corpus.query(args.out, args.sql) if args.sql else corpus.summary(args.out)
     if args.csv:
         write_csv(args.csv, df)
         _status(f"wrote {len(df)} rows to {args.csv}")
     print(format_table(df.head(args.top) if args.top else df))
     return 0
+
+
+def _run_corpus_page(args) -> int:
+    import subprocess
+
+    from . import corpus
+
+    corpus.scan_info(args.out)  # one line if OUT holds no scan
+    page = Path(__file__).resolve().parent.parent / "apps" / "corpus_page.py"
+    if not page.is_file():
+        raise InspectorError(f"the app is not at {page}: run it from a source checkout (pip install -e .[app])")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.headless", "true", "--server.port", str(args.port),
+           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--", str(Path(args.out).resolve())]
+    _status(f"starting the Corpus page on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0
 
 
 def add_corpus_commands(sub) -> None:
@@ -276,6 +296,8 @@ def add_corpus_commands(sub) -> None:
     p.add_argument("--sql", help="run this query over the views heads and documents instead")
     p.add_argument("--csv", help="write the full result to this CSV file")
     p.add_argument("--top", type=int, help="show only the first N rows")
+    p.add_argument("--app", action="store_true", help="browse it in the Corpus page of the app instead")
+    p.add_argument("--port", type=int, default=8501, help="port of the Corpus page (with --app)")
     p.set_defaults(func=cmd_corpus)
 
 

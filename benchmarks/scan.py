@@ -1,0 +1,195 @@
+"""Throughput and memory of ``inspector scan`` (issue 13), side by side with baselines on the same
+documents.
+
+1. Documents per second of ``scan`` (the whole command as a function: read the JSONL corpus, capture
+   each batch lazily, ``rank_heads`` + ``split_heads`` per document, write the Parquet parts) against
+   plain sdpa forwards of the same model on the same batches (tokenizer + ``model(**batch)``, nothing
+   kept). Target: scan >= 0.8 of the forward throughput. Two corpora: the demo's lease clauses
+   (~40 tokens each) and contracts (a clause plus boilerplate, ~250 tokens). Rounds alternate
+   forward / scan in one process; medians.
+2. Peak memory of a scan at two corpus sizes (N and 4N contracts), each in a fresh process after a
+   warm-up scan: the peak RSS above the RSS before the scan. It must not grow with the corpus.
+3. The Ray engine against the local engine, one worker each (a local Ray instance started by the run,
+   the actor getting the CPUs the local engine uses), same documents: wall time including start-up
+   (Ray itself and the actor's model load) and the steady-state rate between the first and the last
+   committed batch.
+
+Model: the embedded all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads), CPU, batch size 8.
+
+    .venv/bin/python benchmarks/scan.py            # several minutes
+    .venv/bin/python benchmarks/scan.py --quick    # fewer documents and rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import PeakMemory, machine_line, median, rss_mb, run_once, table, verdict
+
+THROUGHPUT_TARGET = 0.8
+MEMORY_GROWTH = 1.10  # peak above base at 4N over that at N
+BATCH = 8
+BOILERPLATE = [
+    "The Lessee shall pay the rent monthly in advance.", "The Lessor shall keep the roof and the walls in repair.",
+    "Any notice must be given in writing to the address stated above.", "The premises may be used for storage only.",
+    "The Lessee shall not assign this lease without the written consent of the Lessor.",
+    "The term of this lease is five years from the commencement date.", "Service charges are payable quarterly.",
+]
+
+
+def corpus_rows(kind: str, n: int, seed: int = 0) -> list[dict]:
+    from inspector.leases import lease_rows
+
+    rows = [r for r in lease_rows(max(n + 2, 10), seed=seed) if r["text"] and r["id"] not in ("lease-0008",)][:n]
+    if kind == "contracts":
+        rng = random.Random(seed)
+        for r in rows:
+            extra = " ".join(rng.choice(BOILERPLATE) for _ in range(16))
+            r["text"] = extra[: len(extra) // 2] + " " + r["text"] + " " + extra[len(extra) // 2:]
+    return rows
+
+
+def fields():
+    from inspector.documents import Fields
+
+    return Fields(query="query", referents="referents", id="id")
+
+
+def _scan(data: Path, out: Path, loaded=None, **kw):
+    from inspector.scan import scan
+
+    return scan(data, out, fields=fields(), batch_size=BATCH, loaded=loaded, progress=False, **kw)
+
+
+# ---- workers -------------------------------------------------------------------------------------
+def worker_throughput(spec: dict) -> dict:
+    import torch
+
+    from inspector.leases import write_jsonl
+    from inspector.models import load_model
+
+    lm = load_model(None)
+    rows = corpus_rows(spec["kind"], spec["n"])
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    data = write_jsonl(tmp / "c.jsonl", rows)
+    texts = [r["text"] for r in rows]
+
+    def forward():
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for i in range(0, len(texts), BATCH):
+                enc = lm.tokenizer(texts[i:i + BATCH], padding=True, return_tensors="pt")
+                lm.model(**enc)
+        return len(texts) / (time.perf_counter() - t0)
+
+    def scanned(k):
+        t0 = time.perf_counter()
+        _scan(data, tmp / f"out{k}", loaded=lm)
+        return len(texts) / (time.perf_counter() - t0)
+
+    forward(), scanned("warm")  # warm-up
+    fw, sc = [], []
+    for k in range(spec["rounds"]):
+        fw.append(forward())
+        sc.append(scanned(k))
+    tokens = sum(len(lm.tokenizer(t)["input_ids"]) for t in texts) / len(texts)
+    return {"forward": fw, "scan": sc, "tokens": tokens, "attn": lm.model.config._attn_implementation}
+
+
+def worker_memory(spec: dict) -> dict:
+    from inspector.leases import write_jsonl
+    from inspector.models import load_model
+
+    lm = load_model(None)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    warm = write_jsonl(tmp / "warm.jsonl", corpus_rows("contracts", 16, seed=1))
+    _scan(warm, tmp / "warm", loaded=lm)
+    data = write_jsonl(tmp / "c.jsonl", corpus_rows("contracts", spec["n"]))
+    with PeakMemory() as mem:
+        _scan(data, tmp / "out", loaded=lm)
+    return {"base": mem.base, "peak": mem.peak, "after": rss_mb()}
+
+
+def worker_engine(spec: dict) -> dict:
+    from inspector.leases import write_jsonl
+    from inspector.scanfolder import ScanFolder
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    data = write_jsonl(tmp / "c.jsonl", corpus_rows(spec["kind"], spec["n"]))
+    stamps: list[tuple[float, int]] = []
+    original = ScanFolder.commit
+
+    def commit(self, documents, heads):
+        stamps.append((time.perf_counter(), len(documents)))
+        return original(self, documents, heads)
+
+    ScanFolder.commit = commit
+    t0 = time.perf_counter()
+    if spec["engine"] == "local":
+        from inspector.models import load_model
+
+        _scan(data, tmp / "out", loaded=load_model(None))
+    else:
+        _scan(data, tmp / "out", engine="ray", workers=1)
+    total = time.perf_counter() - t0
+    first = stamps[0][0]
+    steady = sum(n for _, n in stamps[1:]) / max(stamps[-1][0] - first, 1e-9)
+    return {"total": total, "first": first - t0, "steady": steady}
+
+
+# ---- main ----------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--worker")
+    args = ap.parse_args()
+    if args.worker:
+        spec = json.loads(args.worker)
+        from _common import answer
+
+        answer({"throughput": worker_throughput, "memory": worker_memory, "engine": worker_engine}[spec["job"]](spec))
+        return
+    script = str(Path(__file__).resolve())
+    n, rounds = (48, 2) if args.quick else (160, 3)
+    print(f"inspector scan benchmark: {machine_line()}")
+    print(f"model: embedded all-MiniLM-L6-v2, CPU, batch size {BATCH}\n")
+    lines = []
+
+    print(f"1. documents per second, {n} documents, {rounds} rounds (medians), forward and scan alternating")
+    rows = []
+    for kind in ("clauses", "contracts"):
+        r = run_once(script, {"job": "throughput", "kind": kind, "n": n, "rounds": rounds})
+        fw, sc = median(r["forward"]), median(r["scan"])
+        rows.append([kind, f"{r['tokens']:.0f}", f"{fw:.1f}", f"{sc:.1f}", f"{sc / fw:.2f}"])
+        lines.append(verdict(f"scan / forward throughput, {kind}", sc / fw, THROUGHPUT_TARGET, below=False))
+    print(table(["corpus", "tokens/doc", f"forward ({r['attn']}) docs/s", "scan docs/s", "scan / forward"], rows))
+
+    small, large = (24, 96) if args.quick else (50, 200)
+    print(f"\n2. peak memory of a scan (contracts), fresh process each, {PeakMemory.method()}")
+    mem = {m: run_once(script, {"job": "memory", "n": m}) for m in (small, large)}
+    rows = [[f"{m} documents", "", f"{mem[m]['base']:.0f}", f"{mem[m]['peak']:.0f}", f"{mem[m]['peak'] - mem[m]['base']:.0f}"]
+            for m in (small, large)]
+    print(table(["corpus", "", "RSS before MB", "peak MB", "peak above before MB"], rows))
+    growth = (mem[large]["peak"] - mem[large]["base"]) / max(mem[small]["peak"] - mem[small]["base"], 1.0)
+    lines.append(verdict(f"peak above before at {large} / at {small} documents", growth, MEMORY_GROWTH))
+
+    m = n if args.quick else 2 * n
+    print(f"\n3. Ray engine against the local engine, one worker each, {m} clauses, fresh process each")
+    eng = {e: run_once(script, {"job": "engine", "engine": e, "kind": "clauses", "n": m}) for e in ("local", "ray")}
+    rows = [[e, "", f"{eng[e]['total']:.1f}", f"{eng[e]['first']:.1f}", f"{eng[e]['steady']:.1f}"] for e in ("local", "ray")]
+    print(table(["engine", "", "wall s (all)", "s to first batch", "steady docs/s"], rows))
+    print(f"   Ray overhead: wall time x{eng['ray']['total'] / eng['local']['total']:.2f}, "
+          f"steady-state rate x{eng['ray']['steady'] / eng['local']['steady']:.2f} of local")
+    print("\nverdicts:")
+    for text, _ in lines:
+        print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
