@@ -352,3 +352,19 @@ def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path):
     b = pd.read_parquet(on_ray / "documents.parquet")
     pd.testing.assert_frame_equal(a, b)
     assert_same_rows(read_heads(local), read_heads(on_ray))
+
+
+def test_scan_demo_cli_writes_the_corpus_scans_it_and_resumes(bert_folder, tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["scan", "--demo", "12", "-o", str(out), "--model", str(bert_folder), "--batch-size", "5"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "scanned 12 documents (2 with errors, 0 done before)" in captured.err
+    assert "flagged_documents" in captured.out
+    docs = pd.read_parquet(out / "documents.parquet")
+    assert docs.loc[docs["status"] == "error", "id"].tolist() == ["lease-0007", "lease-0008"]
+    assert [json.loads(x)["id"] for x in (out / "demo-corpus.jsonl").read_text().splitlines()] == docs["id"].tolist()
+    assert cli.main(argv) == 0
+    assert "scanned 0 documents (0 with errors, 12 done before)" in capsys.readouterr().err
+    assert cli.main(["scan", str(out / "demo-corpus.jsonl"), "--demo", "-o", str(tmp_path / "x")]) == 2
+    assert "drop DATA" in capsys.readouterr().err
