@@ -18,6 +18,7 @@ Model: the embedded all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads), CPU, batch siz
 
     .venv/bin/python benchmarks/scan.py            # several minutes
     .venv/bin/python benchmarks/scan.py --quick    # fewer documents and rounds
+    .venv/bin/python benchmarks/scan.py --threads 1   # one torch thread everywhere (a machine shared with other jobs)
 """
 
 from __future__ import annotations
@@ -68,9 +69,17 @@ def _scan(data: Path, out: Path, loaded=None, **kw):
 
 
 # ---- workers -------------------------------------------------------------------------------------
+def _threads(spec: dict) -> None:
+    import torch
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+
+
 def worker_throughput(spec: dict) -> dict:
     import torch
 
+    _threads(spec)
     from inspector.leases import write_jsonl
     from inspector.models import load_model
 
@@ -106,6 +115,7 @@ def worker_memory(spec: dict) -> dict:
     from inspector.leases import write_jsonl
     from inspector.models import load_model
 
+    _threads(spec)
     lm = load_model(None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
     warm = write_jsonl(tmp / "warm.jsonl", corpus_rows("contracts", 16, seed=1))
@@ -130,13 +140,16 @@ def worker_engine(spec: dict) -> dict:
         return original(self, documents, heads)
 
     ScanFolder.commit = commit
+    _threads(spec)
     t0 = time.perf_counter()
     if spec["engine"] == "local":
         from inspector.models import load_model
 
         _scan(data, tmp / "out", loaded=load_model(None))
-    else:
-        _scan(data, tmp / "out", engine="ray", workers=1)
+    else:  # the actor gets as many torch threads as the local engine has
+        import torch
+
+        _scan(data, tmp / "out", engine="ray", workers=1, num_cpus=torch.get_num_threads())
     total = time.perf_counter() - t0
     first = stamps[0][0]
     steady = sum(n for _, n in stamps[1:]) / max(stamps[-1][0] - first, 1e-9)
@@ -147,6 +160,7 @@ def worker_engine(spec: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, help="torch threads in every measured process (default: torch's)")
     ap.add_argument("--worker")
     args = ap.parse_args()
     if args.worker:
@@ -158,13 +172,14 @@ def main() -> None:
     script = str(Path(__file__).resolve())
     n, rounds = (48, 2) if args.quick else (160, 3)
     print(f"inspector scan benchmark: {machine_line()}")
-    print(f"model: embedded all-MiniLM-L6-v2, CPU, batch size {BATCH}\n")
+    print(f"model: embedded all-MiniLM-L6-v2, CPU, batch size {BATCH}, torch threads: {args.threads or 'default'}\n")
+    th = {"threads": args.threads}
     lines = []
 
     print(f"1. documents per second, {n} documents, {rounds} rounds (medians), forward and scan alternating")
     rows = []
     for kind in ("clauses", "contracts"):
-        r = run_once(script, {"job": "throughput", "kind": kind, "n": n, "rounds": rounds})
+        r = run_once(script, {"job": "throughput", "kind": kind, "n": n, "rounds": rounds, **th})
         fw, sc = median(r["forward"]), median(r["scan"])
         rows.append([kind, f"{r['tokens']:.0f}", f"{fw:.1f}", f"{sc:.1f}", f"{sc / fw:.2f}"])
         lines.append(verdict(f"scan / forward throughput, {kind}", sc / fw, THROUGHPUT_TARGET, below=False))
@@ -172,7 +187,7 @@ def main() -> None:
 
     small, large = (24, 96) if args.quick else (50, 200)
     print(f"\n2. peak memory of a scan (contracts), fresh process each, {PeakMemory.method()}")
-    mem = {m: run_once(script, {"job": "memory", "n": m}) for m in (small, large)}
+    mem = {m: run_once(script, {"job": "memory", "n": m, **th}) for m in (small, large)}
     rows = [[f"{m} documents", "", f"{mem[m]['base']:.0f}", f"{mem[m]['peak']:.0f}", f"{mem[m]['peak'] - mem[m]['base']:.0f}"]
             for m in (small, large)]
     print(table(["corpus", "", "RSS before MB", "peak MB", "peak above before MB"], rows))
@@ -181,7 +196,7 @@ def main() -> None:
 
     m = n if args.quick else 2 * n
     print(f"\n3. Ray engine against the local engine, one worker each, {m} clauses, fresh process each")
-    eng = {e: run_once(script, {"job": "engine", "engine": e, "kind": "clauses", "n": m}) for e in ("local", "ray")}
+    eng = {e: run_once(script, {"job": "engine", "engine": e, "kind": "clauses", "n": m, **th}) for e in ("local", "ray")}
     rows = [[e, "", f"{eng[e]['total']:.1f}", f"{eng[e]['first']:.1f}", f"{eng[e]['steady']:.1f}"] for e in ("local", "ray")]
     print(table(["engine", "", "wall s (all)", "s to first batch", "steady docs/s"], rows))
     print(f"   Ray overhead: wall time x{eng['ray']['total'] / eng['local']['total']:.2f}, "

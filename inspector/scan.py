@@ -66,6 +66,7 @@ def scan(
     engine: str = "local",
     ray_address: str | None = None,
     workers: int | None = None,
+    num_cpus: int | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
     progress: bool = True,
@@ -75,7 +76,8 @@ def scan(
     """Scan the corpus ``data`` into the folder ``out`` (created, or resumed when it holds this scan).
 
     ``loaded`` (a :class:`~inspector.models.LoadedModel`) reuses a model already in memory for the
-    local engine; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
+    local engine; ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
+    torch threads; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
     loads; bad documents are recorded in ``documents.parquet`` and never stop the scan.
     """
     if batch_size < 1:
@@ -103,7 +105,7 @@ def scan(
         from .ray_engine import ray_batches
 
         results = ray_batches(model, pending, batch_size=batch_size, options=options, address=ray_address,
-                              workers=workers, device=device, trust_remote_code=trust_remote_code)
+                              workers=workers, device=device, trust_remote_code=trust_remote_code, num_cpus=num_cpus)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -10,8 +10,8 @@ Layout of ``OUT/``::
 A batch is committed in two atomic steps: its ``heads`` part, then its ``_documents`` part. The
 ``_documents`` part is the commit record: a ``heads`` part without one (a scan stopped between the
 two steps) is in-flight work, deleted on resume and ignored by readers (:func:`committed_heads`).
-``documents.parquet`` is rewritten from the committed parts at most every few seconds and when a
-scan ends or stops, so it lags the parts by at most the last few seconds after a hard kill -- readers
+``documents.parquet`` is rewritten from the committed parts every few seconds (at most 5% of the
+scan's time) and when a scan ends or stops, so after a hard kill it lags the parts by the last few seconds -- readers
 that must be exact read ``_documents/`` (:func:`committed_documents`), which ``inspector corpus`` does.
 A restart skips every committed document id and continues; at most the batches in flight are lost.
 """
@@ -120,6 +120,7 @@ class ScanFolder:
         self.committed = len(docs)
         self.next_part = max(done, default=-1) + 1
         self._last_flush = 0.0
+        self._flush_every = _FLUSH_SECONDS
         self._dirty = bool(done) and not (self.out / "documents.parquet").is_file()
         return self
 
@@ -134,15 +135,18 @@ class ScanFolder:
         self.done.update(documents["id"].astype(str))
         self.committed += len(documents)
         self._dirty = True
-        if time.monotonic() - self._last_flush >= _FLUSH_SECONDS:
+        if time.monotonic() - self._last_flush >= self._flush_every:
             self.flush()
         return n
 
     def flush(self) -> None:
-        """Rewrite ``documents.parquet`` from the committed parts."""
+        """Rewrite ``documents.parquet`` from the committed parts. It reads every part, so it runs at most
+        every 5 s and at most 5% of the time (the wait grows with the time a rewrite takes)."""
         if not self._dirty:
             return
+        t0 = time.monotonic()
         docs = committed_documents(self.out).sort_values("row", kind="stable").drop(columns="part")
         write_parquet(self.out / "documents.parquet", docs.reset_index(drop=True))
         self._last_flush = time.monotonic()
+        self._flush_every = max(_FLUSH_SECONDS, 20 * (self._last_flush - t0))
         self._dirty = False

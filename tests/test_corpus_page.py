@@ -12,13 +12,14 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import tiny
 from inspector import corpus
 from inspector.documents import Fields
 from inspector.leases import lease_rows, write_jsonl
 from inspector.models import load_model
 from inspector.scan import scan
 from inspector.store import load
+
+import tiny
 
 logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
 
