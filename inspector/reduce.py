@@ -149,7 +149,7 @@ def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Opti
     document: its ``documents`` row carries the error instead.
 
     Documents that cannot be captured together (one too long for the model, targets on some but not
-    all) are captured one at a time, so one bad document costs its batch only speed.
+    all, a tokenizer without a padding token) are captured one at a time, so one bad document costs its batch only speed.
     """
     doc_rows: dict[int, dict] = {}
     frames: list[pd.DataFrame] = []
@@ -161,7 +161,9 @@ def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Opti
         else:
             good.append((i, doc))
     groups = [good] if good else []
-    if len(good) > 1:
+    if len(good) > 1 and getattr(tokenizer, "pad_token", None) is None:  # no padding: one document at a time
+        groups = [[g] for g in good]
+    elif len(good) > 1:
         try:
             cap = _capture(model, tokenizer, [d for _, d in good], options)
         except Exception:  # noqa: BLE001 - retried one by one, where the culprit gets the error

@@ -96,6 +96,9 @@ def scan(
         from .models import load_model
 
         loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+    if loaded is not None and batch_size > 1 and getattr(loaded.tokenizer, "pad_token", None) is None and progress:
+        print("inspector: this tokenizer has no padding token, so documents are captured one at a time "
+              "(--batch-size has no effect)", file=sys.stderr)
     folder.open()
     skipped = folder.committed
     pending = _pending(corpus, folder.done)

@@ -368,3 +368,4 @@ def test_scan_demo_cli_writes_the_corpus_scans_it_and_resumes(bert_folder, tmp_p
     assert "scanned 0 documents (0 with errors, 12 done before)" in capsys.readouterr().err
     assert cli.main(["scan", str(out / "demo-corpus.jsonl"), "--demo", "-o", str(tmp_path / "x")]) == 2
     assert "drop DATA" in capsys.readouterr().err
+
