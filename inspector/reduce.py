@@ -151,8 +151,24 @@ def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Opti
     Documents that cannot be captured together (one too long for the model, targets on some but not
     all, a tokenizer without a padding token) are captured one at a time, so one bad document costs its batch only speed.
     """
+    return analyse(capture_batch(model, tokenizer, docs, options))
+
+
+@dataclass
+class Captured:
+    """The first stage of :func:`reduce_batch`: the batch's captures (each with the documents it
+    holds, in batch order) and the ``documents`` rows of documents that could not be captured."""
+
+    docs: list[Document]
+    options: Options
+    captures: list[tuple[object, list[tuple[int, Document]]]]
+    doc_rows: dict[int, dict]
+
+
+def capture_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> Captured:
+    """Capture ``docs`` (lazily, in memory): together, or one at a time where they cannot be together."""
     doc_rows: dict[int, dict] = {}
-    frames: list[pd.DataFrame] = []
+    captures: list[tuple[object, list[tuple[int, Document]]]] = []
     good: list[tuple[int, Document]] = []
     for i, doc in enumerate(docs):
         problem = check_document(doc)
@@ -165,21 +181,27 @@ def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Opti
         groups = [[g] for g in good]
     elif len(good) > 1:
         try:
-            cap = _capture(model, tokenizer, [d for _, d in good], options)
+            captures.append((_capture(model, tokenizer, [d for _, d in good], options), good))
         except Exception:  # noqa: BLE001 - retried one by one, where the culprit gets the error
             groups = [[g] for g in good]
         else:
             groups = []
-            _reduce(cap, good, options, doc_rows, frames)
     for group in groups:
         (i, doc), = group
         try:
-            cap = _capture(model, tokenizer, [doc], options)
+            captures.append((_capture(model, tokenizer, [doc], options), group))
         except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
             doc_rows[i] = _doc_row(doc, 0, _error_line(exc))
-            continue
-        _reduce(cap, group, options, doc_rows, frames)
-    documents = pd.DataFrame([doc_rows[i] for i in range(len(docs))], columns=DOC_COLUMNS)
+    return Captured(docs=docs, options=options, captures=captures, doc_rows=doc_rows)
+
+
+def analyse(captured: Captured) -> BatchResult:
+    """The second stage of :func:`reduce_batch`: every captured document to its rows."""
+    doc_rows = dict(captured.doc_rows)
+    frames: list[pd.DataFrame] = []
+    for cap, group in captured.captures:
+        _reduce(cap, group, captured.options, doc_rows, frames)
+    documents = pd.DataFrame([doc_rows[i] for i in range(len(captured.docs))], columns=DOC_COLUMNS)
     heads = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return BatchResult(documents=documents, heads=heads)
 
@@ -207,7 +229,25 @@ def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
 
 
 def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
-                  options: Options = Options()) -> Iterator[BatchResult]:
-    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents at a time, in order."""
-    for batch in batched(docs, batch_size):
-        yield reduce_batch(model, tokenizer, batch, options)
+                  options: Options = Options(), prefetch: bool = True) -> Iterator[BatchResult]:
+    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents at a time, in order.
+
+    With ``prefetch`` the next batch is captured in a background thread while this one is analysed
+    (torch releases the GIL in its kernels; on a GPU the forward pass then overlaps the analysis, which
+    runs on the CPU), holding at most two batches' captures. The rows are the same either way.
+    """
+    if not prefetch:
+        for batch in batched(docs, batch_size):
+            yield analyse(capture_batch(model, tokenizer, batch, options))
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
+        pending = None
+        for batch in batched(docs, batch_size):
+            submitted = pool.submit(capture_batch, model, tokenizer, batch, options)
+            if pending is not None:
+                yield analyse(pending.result())
+            pending = submitted
+        if pending is not None:
+            yield analyse(pending.result())
