@@ -169,8 +169,9 @@ def main() -> None:
 
         answer({"throughput": worker_throughput, "memory": worker_memory, "engine": worker_engine}[spec["job"]](spec))
         return
+    sys.stdout.reconfigure(line_buffering=True)
     script = str(Path(__file__).resolve())
-    n, rounds = (48, 2) if args.quick else (160, 3)
+    n, rounds = (32, 2) if args.quick else (160, 3)
     print(f"inspector scan benchmark: {machine_line()}")
     print(f"model: embedded all-MiniLM-L6-v2, CPU, batch size {BATCH}, torch threads: {args.threads or 'default'}\n")
     th = {"threads": args.threads}
@@ -185,7 +186,7 @@ def main() -> None:
         lines.append(verdict(f"scan / forward throughput, {kind}", sc / fw, THROUGHPUT_TARGET, below=False))
     print(table(["corpus", "tokens/doc", f"forward ({r['attn']}) docs/s", "scan docs/s", "scan / forward"], rows))
 
-    small, large = (24, 96) if args.quick else (50, 200)
+    small, large = (16, 64) if args.quick else (50, 200)
     print(f"\n2. peak memory of a scan (contracts), fresh process each, {PeakMemory.method()}")
     mem = {m: run_once(script, {"job": "memory", "n": m, **th}) for m in (small, large)}
     rows = [[f"{m} documents", "", f"{mem[m]['base']:.0f}", f"{mem[m]['peak']:.0f}", f"{mem[m]['peak'] - mem[m]['base']:.0f}"]

@@ -15,7 +15,8 @@ equal those of a capture of it alone (within float rounding of the padded matrix
 Rows of the ``heads`` table: ``id`` (the document id), then the ``rank`` columns, then -- for documents
 with a query -- the ``split`` columns with the per-referent ``weight:<referent>`` columns turned into
 two list columns, ``referents`` and ``referent_weights`` (same order), since referents differ from
-one document to the next. Any further column the split analysis returns (e.g. ``lift``) is kept as
+one document to the next (any other per-referent column ``<name>:<referent>`` likewise becomes a list
+column ``referent_<name>``). Any further column the split analysis returns (e.g. ``lift``) is kept as
 it comes. Rows of ``documents``: ``id``, ``row`` (position in the corpus file), ``tokens`` (real
 tokens over all inputs, 0 when it could not be tokenized), ``status`` (``ok`` or ``error``),
 ``error`` (one line, empty when ok).
@@ -121,9 +122,18 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
         ]
         split["referents"] = [list(doc.referents)] * len(split)
         split["referent_weights"] = split[weight_cols].to_numpy().tolist()
-        rest = [c for c in split.columns if c not in keys and c not in weight_cols and c not in ("referents", "referent_weights")]
-        split = split[keys + ["query", "query_positions", "referents", "referent_weights"]
-                      + [c for c in rest if c not in ("query", "query_positions")]]
+        # any other per-referent column "<name>:<referent>" becomes one list column "referent_<name>" too
+        per_ref = {}
+        for c in split.columns:
+            name, _, ref = c.partition(":")
+            if ref in doc.referents and c not in weight_cols:
+                per_ref.setdefault(name, []).append(c)
+        for name in per_ref:
+            split[f"referent_{name}"] = split[[f"{name}:{r}" for r in doc.referents]].to_numpy().tolist()
+        dropped = set(weight_cols) | {c for cols in per_ref.values() for c in cols}
+        first = ["query", "query_positions", "referents", "referent_weights"]
+        rest = [c for c in split.columns if c not in keys and c not in dropped and c not in first]
+        split = split[keys + first + rest]
         rank = rank.merge(split, on=keys, how="left")
         if "flagged" in rank:  # sites the query cannot reach have no split row: missing, not False
             rank["flagged"] = rank["flagged"].astype("boolean")
