@@ -90,7 +90,7 @@ class Corpus:
         self.columns = self._columns()
         # JSONL rows may differ: only the text field is checked against the first row; a later row without a
         # field is a bad document
-        wanted = [fields.text] if self.kind == "jsonl" and self.columns else fields.used()
+        wanted = ([fields.text] if self.columns else []) if self.kind == "jsonl" else fields.used()
         missing = [c for c in wanted if c not in self.columns]
         if missing:
             raise InspectorError(f"{self.path.name} has no column {missing[0]!r}; its columns are {', '.join(self.columns[:12])}"

@@ -90,6 +90,8 @@ def scan(
     total = len(corpus)
     from .models import DEFAULT_MODEL
 
+    if model is not None and Path(model).expanduser().exists():  # a local folder: the same from any directory or Ray worker
+        model = str(Path(model).expanduser().resolve())
     name = loaded.name if loaded is not None else (model or DEFAULT_MODEL)
     folder = ScanFolder(out, scan_meta(corpus, name, options), allow=allow)
     if engine == "local" and loaded is None:
