@@ -219,7 +219,7 @@ def cmd_scan(args) -> int:
     elif data is None:
         raise InspectorError("give the corpus to scan (a .jsonl, .csv or .parquet file, or a datasets folder), or --demo")
     options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass)
-    if args.engine == "local":
+    if args.engine == "local" and Path(data).exists():
         _status(f"loading model {args.model or 'embedded all-MiniLM-L6-v2'} ...")
     t0 = time.perf_counter()
     result = scan(data, out, model=args.model, fields=fields, batch_size=args.batch_size, options=options,

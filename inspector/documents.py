@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,6 @@ class Document:
     referents: list[str] | None = None
     occurrence: int | None = None
     problem: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def kind_of(path: Path) -> str:
