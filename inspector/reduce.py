@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from .documents import Document
@@ -108,38 +109,52 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
 
     order = {s.name: i for i, s in enumerate(capture.sites)}
     rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)
+    # columns assembled as arrays in site order, then one DataFrame (pandas merges and sorts per document
+    # cost more than the analysis of a short one)
+    sites = rank["site"].tolist()
+    perm = np.lexsort((rank["head"].to_numpy(), np.array([order[x] for x in sites])))
+    cols: dict[str, object] = {"id": [doc.id] * len(rank)}
+    for c in rank.columns:
+        cols[c] = rank[c].to_numpy()[perm]
+    sites = [sites[i] for i in perm]
     key_shift = {s.name: _leading_padding(capture, s, "key", batch) for s in capture.sites}
-    rank["top_key_index"] = rank["top_key_index"] - rank["site"].map(key_shift)
-    keys = ["site", "stack", "kind", "layer", "head"]
+    cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
     if doc.query is not None:
         split = split_heads(capture, doc.query, doc.referents, occurrence=doc.occurrence, batch=batch,
                             rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass))
-        weight_cols = [f"weight:{r}" for r in doc.referents]
         q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
-        split["query_positions"] = [
-            " ".join(str(int(p) - q_shift[site]) for p in pos.split())
-            for site, pos in zip(split["site"], split["query_positions"], strict=True)
-        ]
-        split["referents"] = [list(doc.referents)] * len(split)
-        split["referent_weights"] = split[weight_cols].to_numpy().tolist()
-        # any other per-referent column "<name>:<referent>" becomes one list column "referent_<name>" too
-        per_ref = {}
+        extra: dict[str, list] = {
+            "query": split["query"].tolist(),
+            "query_positions": [" ".join(str(int(p) - q_shift[site]) for p in pos.split())
+                                for site, pos in zip(split["site"], split["query_positions"], strict=True)],
+            "referents": [list(doc.referents)] * len(split),
+        }
+        # per-referent columns "<name>:<referent>" become one list column each: weight -> referent_weights,
+        # any other name -> referent_<name>
+        per_ref: dict[str, list[str]] = {}
         for c in split.columns:
             name, _, ref = c.partition(":")
-            if ref in doc.referents and c not in weight_cols:
+            if ref in doc.referents:
                 per_ref.setdefault(name, []).append(c)
         for name in per_ref:
-            split[f"referent_{name}"] = split[[f"{name}:{r}" for r in doc.referents]].to_numpy().tolist()
-        dropped = set(weight_cols) | {c for cols in per_ref.values() for c in cols}
-        first = ["query", "query_positions", "referents", "referent_weights"]
-        rest = [c for c in split.columns if c not in keys and c not in dropped and c not in first]
-        split = split[keys + first + rest]
-        rank = rank.merge(split, on=keys, how="left")
-        if "flagged" in rank:  # sites the query cannot reach have no split row: missing, not False
-            rank["flagged"] = rank["flagged"].astype("boolean")
-    rank.insert(0, "id", doc.id)
-    rank["_order"] = rank["site"].map(order)
-    return rank.sort_values(["_order", "head"], kind="stable").drop(columns="_order").reset_index(drop=True)
+            list_name = "referent_weights" if name == "weight" else f"referent_{name}"
+            extra[list_name] = split[[f"{name}:{r}" for r in doc.referents]].to_numpy().tolist()
+        done = {c for cs in per_ref.values() for c in cs} | {"site", "stack", "kind", "layer", "head", "query_positions"}
+        for c in split.columns:
+            if c not in done and c not in extra:
+                extra[c] = split[c].tolist()
+        where = {(x, int(h)): i for i, (x, h) in enumerate(zip(split["site"], split["head"], strict=True))}
+        idx = [where.get((x, int(h)), -1) for x, h in zip(sites, cols["head"], strict=True)]
+        complete = min(idx, default=0) >= 0
+        for c, values in extra.items():
+            taken = [values[i] for i in idx] if complete else [values[i] if i >= 0 else None for i in idx]
+            if c == "flagged":  # sites the query cannot reach have no split row: missing, not False
+                cols[c] = pd.array(taken, dtype="boolean")
+            elif c in split.columns and split[c].dtype.kind == "f":
+                cols[c] = np.array([np.nan if v is None else v for v in taken], dtype=np.float64)
+            else:
+                cols[c] = taken
+    return pd.DataFrame(cols)
 
 
 def _doc_row(doc: Document, tokens: int, error: str | None) -> dict:
