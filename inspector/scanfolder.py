@@ -121,7 +121,7 @@ class ScanFolder:
         self.next_part = max(done, default=-1) + 1
         self._last_flush = 0.0
         self._flush_every = _FLUSH_SECONDS
-        self._dirty = bool(done) and not (self.out / "documents.parquet").is_file()
+        self._dirty = bool(done)  # documents.parquet may lag the parts after a hard kill: rewrite it once
         return self
 
     def commit(self, documents: pd.DataFrame, heads: pd.DataFrame) -> int:
