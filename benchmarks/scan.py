@@ -7,9 +7,9 @@ documents.
    kept). Target: scan >= 0.8 of the forward throughput. Two corpora: the demo's lease clauses
    (~40 tokens each) and contracts (a clause plus boilerplate, ~250 tokens). Rounds alternate
    forward / scan in one process; medians.
-2. Peak memory of a scan at two corpus sizes (N and 4N contracts), each in a fresh process after a
-   warm-up scan of the first N (so the allocators have seen those batch shapes): the peak RSS above
-   the RSS before the scan. It must not grow with the corpus.
+2. Peak memory of a scan at two corpus sizes, N contracts and the same N texts four times over (new
+   ids: the same batch shapes, four times the documents), each in a fresh process after a warm-up scan
+   of the N: the peak RSS above the RSS before the scan. It must not grow with the corpus.
 3. The Ray engine against the local engine, one worker each (a local Ray instance started by the run,
    the actor getting the local engine's torch threads), same documents, each run in a fresh process
    at two corpus sizes: wall time including start-up (Ray itself and the actor's model load), the
@@ -122,7 +122,10 @@ def worker_memory(spec: dict) -> dict:
     # warm-up: a scan of the small corpus, so that the allocators have seen its batch shapes
     warm = write_jsonl(tmp / "warm.jsonl", corpus_rows("contracts", spec["warm"]))
     _scan(warm, tmp / "warm", loaded=lm)
-    data = write_jsonl(tmp / "c.jsonl", corpus_rows("contracts", spec["n"]))
+    # the larger corpus repeats the smaller one's texts under new ids: the same batch shapes, more documents
+    base = corpus_rows("contracts", spec["warm"])
+    rows = [dict(r, id=f"{r['id']}-{k}") for k in range(spec["n"] // len(base)) for r in base]
+    data = write_jsonl(tmp / "c.jsonl", rows)
     with PeakMemory() as mem:
         _scan(data, tmp / "out", loaded=lm)
     return {"base": mem.base, "peak": mem.peak, "after": rss_mb()}
@@ -160,6 +163,7 @@ def worker_engine(spec: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="1,2,3", help="which measurements to run, e.g. 2 or 1,3")
     ap.add_argument("--threads", type=int, help="torch threads in every measured process (default: torch's)")
     ap.add_argument("--worker")
     args = ap.parse_args()
@@ -177,6 +181,20 @@ def main() -> None:
     th = {"threads": args.threads}
     lines = []
 
+    sections = {int(x) for x in args.sections.split(",")}
+    if 1 in sections:
+        throughput(script, n, rounds, th, lines)
+    if 2 in sections:
+        memory(script, args.quick, th, lines)
+    if 3 in sections:
+        engines(script, args.quick, th)
+    print("\nverdicts:")
+    for label, value, target, sign in lines:
+        ok = value >= target if sign == ">=" else value <= target
+        print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.2f} (target {sign} {target:.2f})")
+
+
+def throughput(script: str, n: int, rounds: int, th: dict, lines: list) -> None:
     print(f"1. documents per second, {n} documents, {rounds} rounds (medians), forward and scan alternating")
     rows = []
     for kind in ("clauses", "contracts"):
@@ -186,7 +204,9 @@ def main() -> None:
         lines.append((f"scan / forward throughput, {kind}", sc / fw, THROUGHPUT_TARGET, ">="))
     print(table(["corpus", "tokens/doc", f"forward ({r['attn']}) docs/s", "scan docs/s", "scan / forward"], rows))
 
-    small, large = (16, 64) if args.quick else (32, 128)
+
+def memory(script: str, quick: bool, th: dict, lines: list) -> None:
+    small, large = (16, 64) if quick else (32, 128)
     print(f"\n2. peak memory of a scan (contracts), fresh process each after a warm-up scan of the first {small}; "
           f"{PeakMemory.method()}")
     mem = {m: run_once(script, {"job": "memory", "n": m, "warm": small, **th}) for m in (small, large)}
@@ -196,7 +216,9 @@ def main() -> None:
     growth = (mem[large]["peak"] - mem[large]["base"]) / max(mem[small]["peak"] - mem[small]["base"], 1.0)
     lines.append((f"peak above before at {large} / at {small} documents", growth, MEMORY_GROWTH, "<="))
 
-    a, b = (16, 48) if args.quick else (32, 96)
+
+def engines(script: str, quick: bool, th: dict) -> None:
+    a, b = (16, 48) if quick else (32, 96)
     print(f"\n3. Ray engine against the local engine, one worker each (the actor gets the local engine's torch threads), "
           f"clauses, fresh process each, {a} and {b} documents: wall time; per-document rate from the difference "
           f"({b} - {a}) / (T{b} - T{a}), start-up = T{a} - {a} / rate")
@@ -211,10 +233,6 @@ def main() -> None:
     print(table(["engine", "", f"wall s ({a})", f"wall s ({b})", "docs/s", "start-up s"], rows))
     print(f"   Ray against local: wall time x{eng[('ray', b)]['total'] / eng[('local', b)]['total']:.2f} at {b} documents, "
           f"per-document rate x{rate['ray'] / rate['local']:.2f}, start-up +{start['ray'] - start['local']:.1f} s")
-    print("\nverdicts:")
-    for label, value, target, sign in lines:
-        ok = value >= target if sign == ">=" else value <= target
-        print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.2f} (target {sign} {target:.2f})")
 
 
 if __name__ == "__main__":
