@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[app,dev]"
+	$(PY) -m pip install -q -e ".[app,dev,corpus,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -338,6 +338,119 @@ def add_effects_commands(sub) -> None:
         p.set_defaults(func=func)
 
 
+# ---- corpus: scan and query ------------------------------------------------------------------
+DEMO_CORPUS = "demo-corpus.jsonl"
+
+
+def cmd_scan(args) -> int:
+    import time
+
+    from . import corpus
+    from .documents import Fields
+    from .reduce import Options
+    from .scan import scan
+
+    out = Path(args.output)
+    data = args.data
+    fields = Fields(text=args.text_field, target=args.target_field, query=args.query_field,
+                    referents=args.referents_field, id=args.id_field, occurrence=args.occurrence_field)
+    if args.demo:
+        if data is not None:
+            raise InspectorError("--demo scans the generated lease corpus: drop DATA, or drop --demo to scan DATA")
+        from .leases import lease_rows, write_jsonl
+
+        data = out / DEMO_CORPUS
+        if not data.is_file():
+            if out.is_dir() and any(out.iterdir()):
+                raise InspectorError(f"{out} is not empty: give a new folder for the demo scan")
+            write_jsonl(data, lease_rows(args.demo))
+            _status(f"wrote the demo corpus ({args.demo} lease clauses) to {data}")
+        fields = Fields(text="text", query="query", referents="referents", id="id")
+    elif data is None:
+        raise InspectorError("give the corpus to scan (a .jsonl, .csv or .parquet file, or a datasets folder), or --demo")
+    options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass)
+    if args.engine == "local" and Path(data).exists():
+        _status(f"loading model {args.model or 'embedded all-MiniLM-L6-v2'} ...")
+    t0 = time.perf_counter()
+    result = scan(data, out, model=args.model, fields=fields, batch_size=args.batch_size, options=options,
+                  engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
+                  trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo else ())
+    dt = time.perf_counter() - t0
+    _status(f"scanned {result.scanned} documents ({result.errors} with errors, {result.skipped} done before) "
+            f"in {dt:.1f} s -> {out}/heads/, {out}/documents.parquet")
+    top = corpus.summary(out).head(args.top)
+    print(format_table(top.drop(columns=["stack"] if (top["stack"] == "none").all() else [])))
+    _status(f"query it: inspector corpus {out} [--sql QUERY] [--csv FILE]")
+    return 0
+
+
+def cmd_corpus(args) -> int:
+    from . import corpus
+    from .files import write_csv
+
+    if args.app:
+        return _run_corpus_page(args)
+    df = corpus.query(args.out, args.sql) if args.sql else corpus.summary(args.out)
+    if args.csv:
+        write_csv(args.csv, df)
+        _status(f"wrote {len(df)} rows to {args.csv}")
+    print(format_table(df.head(args.top) if args.top else df))
+    return 0
+
+
+def _run_corpus_page(args) -> int:
+    import subprocess
+
+    from . import corpus
+
+    corpus.scan_info(args.out)  # one line if OUT holds no scan
+    page = Path(__file__).resolve().parent.parent / "apps" / "corpus_page.py"
+    if not page.is_file():
+        raise InspectorError(f"the app is not at {page}: run it from a source checkout (pip install -e .[app])")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.headless", "true", "--server.port", str(args.port),
+           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--", str(Path(args.out).resolve())]
+    _status(f"starting the Corpus page on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0
+
+
+def add_corpus_commands(sub) -> None:
+    p = sub.add_parser("scan", help="reduce every document of a corpus to per-head statistics (Parquet, resumable)")
+    p.add_argument("data", nargs="?", help="corpus: .jsonl, .csv, .parquet, a folder of .parquet files or a datasets save_to_disk folder")
+    p.add_argument("-o", "--output", required=True, help="folder to write (heads/, documents.parquet); an earlier scan there resumes")
+    p.add_argument("--model", help="model folder or Hub id (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off by default)")
+    p.add_argument("--text-field", default="text", help="column with the text (default text)")
+    p.add_argument("--target-field", help="column with the target: decoder side, or a continuation of a decoder's prompt")
+    p.add_argument("--query-field", help="column with the query word of the split analysis")
+    p.add_argument("--referents-field", help="column with the referents: a list, a JSON list or A,B")
+    p.add_argument("--occurrence-field", help="column with which occurrence of the query (1-based) when it occurs more than once")
+    p.add_argument("--id-field", help="column with a unique document id (default: the row number)")
+    p.add_argument("--batch-size", type=int, default=8, help="documents captured together, padded (default 8)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local", help="local (this process) or ray (Ray Data actors)")
+    p.add_argument("--ray-address", help="join this Ray cluster (e.g. ray://head:10001 or auto); default: a local Ray instance")
+    p.add_argument("--workers", type=int, help="Ray actors holding the model (default: one per GPU, else one per node)")
+    p.add_argument("--exclude-special", action="store_true", help="as in `inspector rank`")
+    p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
+    p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
+    p.add_argument("--demo", type=int, nargs="?", const=300, metavar="N",
+                   help="scan N generated lease clauses (default 300), written to OUT/demo-corpus.jsonl")
+    p.add_argument("--top", type=int, default=10, help="heads shown at the end (default 10)")
+    p.set_defaults(func=cmd_scan)
+
+    p = sub.add_parser("corpus", help="per-head statistics over a scanned corpus (DuckDB)")
+    p.add_argument("out", help="folder written by `inspector scan`")
+    p.add_argument("--sql", help="run this query over the views heads and documents instead")
+    p.add_argument("--csv", help="write the full result to this CSV file")
+    p.add_argument("--top", type=int, help="show only the first N rows")
+    p.add_argument("--app", action="store_true", help="browse it in the Corpus page of the app instead")
+    p.add_argument("--port", type=int, default=8501, help="port of the Corpus page (with --app)")
+    p.set_defaults(func=cmd_corpus)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inspector", description="Capture and inspect transformer attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -409,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?")
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=cmd_app)
+
+    add_corpus_commands(sub)
 
     try:
         from .cli_investigate import add_commands

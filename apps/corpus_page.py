@@ -1,0 +1,191 @@
+"""inspector's Corpus page: which heads split across a scanned corpus, and where.
+
+Run it on a folder written by ``inspector scan`` with ``streamlit run apps/corpus_page.py -- OUT``; it
+then serves two pages, this one and the capture views of ``apps/app.py``. It also works as one page
+(``st.Page("apps/corpus_page.py")``) of an app that has its own ``st.navigation``: it only adds its
+navigation when it is the script Streamlit was started with.
+
+UI only: the numbers come from :mod:`inspector.corpus` (DuckDB over the scan's Parquet files). The head
+grid is coloured by the share of documents that flag the head as split; pick a head (click a cell, or
+the select box) to list the documents where it splits most; "Capture" makes a full capture of one of
+them and opens it in the capture views (through ``st.session_state.pending_open``, which apps/app.py
+opens on its next run).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from inspector import corpus
+from inspector.errors import InspectorError
+
+PAGE = Path(__file__).resolve()
+APP = PAGE.parent / "app.py"
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _model(name: str):
+    from inspector.models import load_model
+
+    return load_model(name)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _summary(out: str, parts: tuple[str, ...]) -> pd.DataFrame:  # parts: the cache key changes as a scan goes on
+    return corpus.summary(out)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _head_documents(out: str, parts: tuple[str, ...], site: str, head: int, limit: int) -> pd.DataFrame:
+    return corpus.head_documents(out, site, head, limit)
+
+
+def _parts(out: Path) -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in (out / "_documents").glob("part-*.parquet")))
+
+
+def _grid(df: pd.DataFrame, chosen: tuple[str, int] | None) -> alt.LayerChart:
+    pick = alt.selection_point(name="cell", fields=["site", "head"], on="click", clear=False)
+    order = df.sort_values(["stack", "layer", "site"])["site"].drop_duplicates().tolist()
+    base = alt.Chart(df).encode(x=alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, orient="top")),
+                                y=alt.Y("site:N", title="site", sort=order))
+    cells = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
+        color=alt.Color("share_flagged:Q", title="share of documents flagged", scale=alt.Scale(scheme="viridis", domain=[0, 1]),
+                        legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=220, titleLimit=300)))
+    text = base.mark_text(fontSize=11).encode(text=alt.Text("share_flagged:Q", format=".2f"),
+                                              color=alt.condition("datum.share_flagged > 0.5", alt.value("black"), alt.value("white")))
+    tooltip = ["site:N", "layer:O", "head:O", "documents:Q", "split_documents:Q", "flagged_documents:Q",
+               alt.Tooltip("share_flagged:Q", format=".3f"), alt.Tooltip("normalized_entropy_mean:Q", format=".3f")]
+    if "lift_mean" in df:
+        tooltip.append(alt.Tooltip("lift_mean:Q", format=".3f"))
+    hits = base.mark_rect(cursor="pointer", fill="white", fillOpacity=0.001).encode(tooltip=tooltip).add_params(pick)
+    layers = [cells, text]
+    if chosen is not None:
+        sel = df[(df["site"] == chosen[0]) & (df["head"] == chosen[1])]
+        layers.append(alt.Chart(sel).mark_rect(fill=None, stroke="#ff2b2b", strokeWidth=3.5).encode(
+            x="head:O", y=alt.Y("site:N", sort=order)))
+    return alt.layer(*layers, hits).properties(width=40 * df["head"].nunique(), height=26 * len(order),
+                                               autosize=alt.AutoSizeParams(type="pad"))
+
+
+def _on_grid() -> None:
+    picked = st.session_state["cp_grid"]["selection"].get("cell") or []
+    if picked and "site" in picked[0] and "head" in picked[0]:
+        st.session_state.cp_head = f"{picked[0]['site']}|{int(picked[0]['head'])}"
+
+
+def _capture(out: Path, row: int, doc_id: str) -> str:
+    """Capture one document with the scan's model (weights kept) into a temporary file; its path."""
+    from inspector.capture import capture
+
+    doc = corpus.find_document(out, row)
+    if doc.id != doc_id:
+        raise InspectorError(f"row {row} of the corpus now has id {doc.id!r}, not {doc_id!r}: the corpus changed since the scan")
+    lm = _model(corpus.scan_info(out)["model"])
+    cap = capture(lm.model, lm.tokenizer, doc.text, doc.target, weights=True, model_name=lm.name)
+    ss = st.session_state
+    if "cp_tmpdir" not in ss:
+        ss.cp_tmpdir = tempfile.mkdtemp(prefix="inspector-corpus-")
+    path = Path(ss.cp_tmpdir) / f"corpus-row{row}.safetensors"
+    cap.save(path)
+    return str(path)
+
+
+def corpus_view() -> None:
+    ss = st.session_state
+    ss.setdefault("corpus_out", "")
+    ss.setdefault("cp_limit", 20)
+    st.title("Corpus")
+    st.text_input("Scan folder (written by `inspector scan ... -o OUT`)", key="corpus_out")
+    if not ss.corpus_out.strip():
+        st.info("Give the folder of a scan, e.g. one made with `inspector scan --demo -o scan-out`.")
+        return
+    out = Path(ss.corpus_out.strip()).expanduser()
+    try:
+        summary = _summary(str(out), _parts(out))
+        docs = corpus.query(str(out), "SELECT status, count(*) AS n FROM documents GROUP BY status")
+    except InspectorError as exc:
+        st.error(str(exc), icon="🚫")
+        return
+    counts = dict(zip(docs["status"], docs["n"], strict=True))
+    info = corpus.scan_info(out)
+    st.caption(f"**Model** {info.get('model')} · **corpus** `{info.get('corpus')}` · "
+               f"{counts.get('ok', 0)} documents scanned, {counts.get('error', 0)} with errors")
+    if summary.empty:
+        st.warning("No head statistics yet: the scan has committed no document without error.")
+        return
+    keys = [f"{s}|{h}" for s, h in zip(summary["site"], summary["head"], strict=True)]
+    if ss.get("cp_head") not in keys:
+        ss.cp_head = keys[0]
+    site, head = ss.cp_head.rsplit("|", 1)
+    head = int(head)
+    left, right = st.columns([1.1, 1], gap="large")
+    with left:
+        st.caption("Share of documents where the head is flagged as split (split_score >= min_split and "
+                   "referent_mass >= min_mass). Click a cell to pick the head.")
+        st.altair_chart(_grid(summary, (site, head)), key="cp_grid", on_select=_on_grid, selection_mode="cell", width="content")
+    with right:
+        st.caption("Per site and head over the corpus, the heads that split most often first (`inspector corpus`).")
+        st.dataframe(summary, hide_index=True, height=420,
+                     column_config={c: st.column_config.NumberColumn(format="%.3f") for c in summary.columns
+                                    if c.endswith(("_mean", "_std")) or c == "share_flagged"})
+        st.download_button("Download CSV (as `inspector corpus --csv`)", summary.to_csv(index=False).encode(),
+                           file_name="corpus.csv", mime="text/csv", key="cp_dl", on_click="ignore")
+    st.divider()
+    labels = dict(zip(keys, [f"layer {r.layer} · head {r.head} · {r.site} ({r.flagged_documents} flagged)"
+                             for r in summary.itertuples()], strict=True))
+    c1, c2 = st.columns([3, 1])
+    c1.selectbox("Head", keys, key="cp_head", format_func=labels.get)
+    c2.number_input("Documents shown", 1, 500, key="cp_limit")
+    top = _head_documents(str(out), _parts(out), site, head, int(ss.cp_limit))
+    st.subheader(f"Where layer {int(summary.loc[keys.index(ss.cp_head), 'layer'])} head {head} splits most")
+    if top.empty:
+        st.info("No document names a query and referents this head's query can see.")
+        return
+    st.dataframe(top, hide_index=True, key="cp_docs",
+                 column_config={c: st.column_config.NumberColumn(format="%.3f") for c in ("referent_mass", "split_score", "lift")})
+    ids = top["id"].tolist()
+    if ss.get("cp_doc") not in ids:
+        ss.cp_doc = ids[0]
+    c1, c2 = st.columns([3, 1])
+    c1.selectbox("Document", ids, key="cp_doc",
+                 format_func=lambda i: f"{i} (split_score {float(top.loc[ids.index(i), 'split_score']):.3f})")
+    if c2.button("Capture for the other views", type="primary", key="cp_capture"):
+        row = int(top.loc[ids.index(ss.cp_doc), "row"])
+        try:
+            with st.spinner(f"Capturing {ss.cp_doc} with {info.get('model')} …"):
+                path = _capture(out, row, ss.cp_doc)
+        except InspectorError as exc:
+            st.error(str(exc), icon="🚫")
+            return
+        except Exception as exc:  # a model that cannot be loaded here, ...
+            st.error(f"the capture failed ({type(exc).__name__}: {str(exc)[:200]})", icon="🚫")
+            return
+        ss.pending_open = path
+        ss.cp_captured = path
+        if ss.get("cp_standalone"):
+            st.switch_page(st.session_state.cp_app_page)
+    if ss.get("cp_captured"):
+        st.success(f"Captured to `{ss.cp_captured}`; it opens in the capture views (also: `inspector app {ss.cp_captured}`).")
+
+
+# ---- entry point: this page alone, or with the capture views -----------------------------------------
+if len(sys.argv) > 0 and Path(sys.argv[0]).resolve() == PAGE:  # `streamlit run apps/corpus_page.py -- OUT`
+    if "corpus_out" not in st.session_state and len(sys.argv) > 1:
+        st.session_state.corpus_out = sys.argv[1]
+    st.set_page_config(page_title="inspector · corpus", page_icon="🔎", layout="wide")
+    pages = [st.Page(corpus_view, title="Corpus", url_path="corpus", default=True)]
+    if APP.is_file():
+        app_page = st.Page(str(APP), title="Capture views", url_path="capture")
+        pages.append(app_page)
+        st.session_state.cp_app_page = app_page
+        st.session_state.cp_standalone = True
+    st.navigation(pages).run()
+else:  # one page of another app's navigation
+    corpus_view()

@@ -1,0 +1,239 @@
+"""Throughput and memory of ``inspector scan`` (issue 13), side by side with baselines on the same
+documents.
+
+1. Documents per second of ``scan`` (the whole command as a function: read the JSONL corpus, capture
+   each batch lazily, ``rank_heads`` + ``split_heads`` per document, write the Parquet parts) against
+   plain sdpa forwards of the same model on the same batches (tokenizer + ``model(**batch)``, nothing
+   kept). Target: scan >= 0.8 of the forward throughput. Two corpora: the demo's lease clauses
+   (~40 tokens each) and contracts (a clause plus boilerplate, ~250 tokens). Rounds alternate
+   forward / scan in one process; medians.
+2. Peak memory of a scan at two corpus sizes, N contracts and the same N texts four times over (new
+   ids: the same batch shapes, four times the documents), each in a fresh process after a warm-up scan
+   of the N: the peak RSS above the RSS before the scan. It must not grow with the corpus.
+3. The Ray engine against the local engine, one worker each (a local Ray instance started by the run,
+   the actor getting the local engine's torch threads), same documents, each run in a fresh process
+   at two corpus sizes: wall time including start-up (Ray itself and the actor's model load), the
+   per-document rate from the difference of the two, and the start-up it implies.
+
+Model: the embedded all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads), CPU, batch size 8.
+
+    .venv/bin/python benchmarks/scan.py            # about 15 minutes on 2 busy CPUs
+    .venv/bin/python benchmarks/scan.py --quick    # fewer documents and rounds
+    .venv/bin/python benchmarks/scan.py --threads 1   # one torch thread everywhere (a machine shared with other jobs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import PeakMemory, machine_line, median, rss_mb, run_once, table
+
+THROUGHPUT_TARGET = 0.8
+MEMORY_GROWTH_MB = 32.0  # peak above before at 4x the documents minus that at 1x: allocator noise, not per-document state
+BATCH = 8
+BOILERPLATE = [
+    "The Lessee shall pay the rent monthly in advance.", "The Lessor shall keep the roof and the walls in repair.",
+    "Any notice must be given in writing to the address stated above.", "The premises may be used for storage only.",
+    "The Lessee shall not assign this lease without the written consent of the Lessor.",
+    "The term of this lease is five years from the commencement date.", "Service charges are payable quarterly.",
+]
+
+
+def corpus_rows(kind: str, n: int, seed: int = 0) -> list[dict]:
+    from inspector.leases import lease_rows
+
+    rows = [r for r in lease_rows(max(n + 2, 10), seed=seed) if r["text"] and r["id"] not in ("lease-0008",)][:n]
+    if kind == "contracts":
+        rng = random.Random(seed)
+        for r in rows:
+            extra = " ".join(rng.choice(BOILERPLATE) for _ in range(16))
+            r["text"] = extra[: len(extra) // 2] + " " + r["text"] + " " + extra[len(extra) // 2:]
+    return rows
+
+
+def fields():
+    from inspector.documents import Fields
+
+    return Fields(query="query", referents="referents", id="id")
+
+
+def _scan(data: Path, out: Path, loaded=None, **kw):
+    from inspector.scan import scan
+
+    return scan(data, out, fields=fields(), batch_size=BATCH, loaded=loaded, progress=False, **kw)
+
+
+# ---- workers -------------------------------------------------------------------------------------
+def _threads(spec: dict) -> None:
+    import torch
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+
+
+def worker_throughput(spec: dict) -> dict:
+    import torch
+
+    _threads(spec)
+    from inspector.leases import write_jsonl
+    from inspector.models import load_model
+
+    lm = load_model(None)
+    rows = corpus_rows(spec["kind"], spec["n"])
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    data = write_jsonl(tmp / "c.jsonl", rows)
+    texts = [r["text"] for r in rows]
+
+    def forward():
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for i in range(0, len(texts), BATCH):
+                enc = lm.tokenizer(texts[i:i + BATCH], padding=True, return_tensors="pt")
+                lm.model(**enc)
+        return len(texts) / (time.perf_counter() - t0)
+
+    def scanned(k):
+        t0 = time.perf_counter()
+        _scan(data, tmp / f"out{k}", loaded=lm)
+        return len(texts) / (time.perf_counter() - t0)
+
+    forward(), scanned("warm")  # warm-up
+    fw, sc = [], []
+    for k in range(spec["rounds"]):
+        fw.append(forward())
+        sc.append(scanned(k))
+    tokens = sum(len(lm.tokenizer(t)["input_ids"]) for t in texts) / len(texts)
+    return {"forward": fw, "scan": sc, "tokens": tokens, "attn": lm.model.config._attn_implementation}
+
+
+def worker_memory(spec: dict) -> dict:
+    from inspector.leases import write_jsonl
+    from inspector.models import load_model
+
+    _threads(spec)
+    lm = load_model(None)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    # warm-up: a scan of the small corpus, so that the allocators have seen its batch shapes
+    warm = write_jsonl(tmp / "warm.jsonl", corpus_rows("contracts", spec["warm"]))
+    _scan(warm, tmp / "warm", loaded=lm)
+    # the larger corpus repeats the smaller one's texts under new ids: the same batch shapes, more documents
+    base = corpus_rows("contracts", spec["warm"])
+    rows = [dict(r, id=f"{r['id']}-{k}") for k in range(spec["n"] // len(base)) for r in base]
+    data = write_jsonl(tmp / "c.jsonl", rows)
+    with PeakMemory() as mem:
+        _scan(data, tmp / "out", loaded=lm)
+    return {"base": mem.base, "peak": mem.peak, "after": rss_mb()}
+
+
+def worker_engine(spec: dict) -> dict:
+    from inspector.leases import write_jsonl
+    from inspector.scanfolder import ScanFolder
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    data = write_jsonl(tmp / "c.jsonl", corpus_rows(spec["kind"], spec["n"]))
+    stamps: list[tuple[float, int]] = []
+    original = ScanFolder.commit
+
+    def commit(self, documents, heads):
+        stamps.append((time.perf_counter(), len(documents)))
+        return original(self, documents, heads)
+
+    ScanFolder.commit = commit
+    _threads(spec)
+    t0 = time.perf_counter()
+    if spec["engine"] == "local":
+        from inspector.models import load_model
+
+        _scan(data, tmp / "out", loaded=load_model(None))
+    else:  # the actor gets as many torch threads as the local engine has
+        import torch
+
+        _scan(data, tmp / "out", engine="ray", workers=1, num_cpus=torch.get_num_threads())
+    total = time.perf_counter() - t0
+    return {"total": total, "first": stamps[0][0] - t0}
+
+
+# ---- main ----------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="1,2,3", help="which measurements to run, e.g. 2 or 1,3")
+    ap.add_argument("--threads", type=int, help="torch threads in every measured process (default: torch's)")
+    ap.add_argument("--worker")
+    args = ap.parse_args()
+    if args.worker:
+        spec = json.loads(args.worker)
+        from _common import answer
+
+        answer({"throughput": worker_throughput, "memory": worker_memory, "engine": worker_engine}[spec["job"]](spec))
+        return
+    sys.stdout.reconfigure(line_buffering=True)
+    script = str(Path(__file__).resolve())
+    n, rounds = (32, 2) if args.quick else (64, 3)
+    print(f"inspector scan benchmark: {machine_line()}")
+    print(f"model: embedded all-MiniLM-L6-v2, CPU, batch size {BATCH}, torch threads: {args.threads or 'default'}\n")
+    th = {"threads": args.threads}
+    lines = []
+
+    sections = {int(x) for x in args.sections.split(",")}
+    if 1 in sections:
+        throughput(script, n, rounds, th, lines)
+    if 2 in sections:
+        memory(script, args.quick, th, lines)
+    if 3 in sections:
+        engines(script, args.quick, th)
+    print("\nverdicts:")
+    for label, value, target, sign in lines:
+        ok = value >= target if sign == ">=" else value <= target
+        print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.2f} (target {sign} {target:.2f})")
+
+
+def throughput(script: str, n: int, rounds: int, th: dict, lines: list) -> None:
+    print(f"1. documents per second, {n} documents, {rounds} rounds (medians), forward and scan alternating")
+    rows = []
+    for kind in ("clauses", "contracts"):
+        r = run_once(script, {"job": "throughput", "kind": kind, "n": n, "rounds": rounds, **th})
+        fw, sc = median(r["forward"]), median(r["scan"])
+        rows.append([kind, f"{r['tokens']:.0f}", f"{fw:.1f}", f"{sc:.1f}", f"{sc / fw:.2f}"])
+        lines.append((f"scan / forward throughput, {kind}", sc / fw, THROUGHPUT_TARGET, ">="))
+    print(table(["corpus", "tokens/doc", f"forward ({r['attn']}) docs/s", "scan docs/s", "scan / forward"], rows))
+
+
+def memory(script: str, quick: bool, th: dict, lines: list) -> None:
+    small, large = (16, 64) if quick else (32, 128)
+    print(f"\n2. peak memory of a scan (contracts), fresh process each after a warm-up scan of the first {small}; "
+          f"{PeakMemory.method()}")
+    mem = {m: run_once(script, {"job": "memory", "n": m, "warm": small, **th}) for m in (small, large)}
+    rows = [[f"{m} documents", "", f"{mem[m]['base']:.0f}", f"{mem[m]['peak']:.0f}", f"{mem[m]['peak'] - mem[m]['base']:.0f}"]
+            for m in (small, large)]
+    print(table(["corpus", "", "RSS before MB", "peak MB", "peak above before MB"], rows))
+    growth = (mem[large]["peak"] - mem[large]["base"]) - (mem[small]["peak"] - mem[small]["base"])
+    lines.append((f"peak above before at {large} minus at {small} documents, MB", growth, MEMORY_GROWTH_MB, "<="))
+
+
+def engines(script: str, quick: bool, th: dict) -> None:
+    a, b = (16, 48) if quick else (32, 96)
+    print(f"\n3. Ray engine against the local engine, one worker each (the actor gets the local engine's torch threads), "
+          f"clauses, fresh process each, {a} and {b} documents: wall time; per-document rate from the difference "
+          f"({b} - {a}) / (T{b} - T{a}), start-up = T{a} - {a} / rate")
+    eng = {(e, k): run_once(script, {"job": "engine", "engine": e, "kind": "clauses", "n": k, **th})
+           for e in ("local", "ray") for k in (a, b)}
+    rows, rate, start = [], {}, {}
+    for e in ("local", "ray"):
+        ta, tb = eng[(e, a)]["total"], eng[(e, b)]["total"]
+        rate[e] = (b - a) / max(tb - ta, 1e-9)
+        start[e] = ta - a / rate[e]
+        rows.append([e, "", f"{ta:.1f}", f"{tb:.1f}", f"{rate[e]:.1f}", f"{start[e]:.1f}"])
+    print(table(["engine", "", f"wall s ({a})", f"wall s ({b})", "docs/s", "start-up s"], rows))
+    print(f"   Ray against local: wall time x{eng[('ray', b)]['total'] / eng[('local', b)]['total']:.2f} at {b} documents, "
+          f"per-document rate x{rate['ray'] / rate['local']:.2f}, start-up +{start['ray'] - start['local']:.1f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""Scanning a corpus (`inspector scan`) and querying it (`inspector corpus`).
+
+Tiny seeded models from fixtures/models/ with the MiniLM tokenizer; a few documents each. The
+per-document rows are checked against inspector's own analyses of a capture of the document alone
+(with the model's eager weights), padded batches against single documents, a resumed scan against an
+uninterrupted one, the Ray engine against the local one, and DuckDB's aggregates against pandas'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from inspector import cli, corpus
+from inspector.analysis import rank_heads, split_heads
+from inspector.capture import capture
+from inspector.documents import Corpus, Fields, to_document
+from inspector.leases import lease_rows, write_jsonl
+from inspector.models import LoadedModel
+from inspector.reduce import Options, reduce_batch
+from inspector.scan import scan
+from inspector.scanfolder import ScanFolder, committed_documents
+
+import tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+TOL = 1e-5  # padded batches and single documents differ by float rounding of the padded matrix products
+FIELDS = Fields(query="query", referents="referents", id="id")
+
+DOCS = [
+    {"id": "a", "text": "The Lessee shall indemnify the Lessor. Such indemnity survives termination.",
+     "query": "indemnity", "referents": ["Lessee", "Lessor"]},
+    {"id": "b", "text": "Acme Ltd leases the yard to Globex Inc, and Globex Inc shall indemnify Acme Ltd; the indemnity survives.",
+     "query": "indemnity", "referents": ["Acme Ltd", "Globex Inc"]},
+    {"id": "c", "text": "A short clause without any query at all."},
+    {"id": "d", "text": "The Lessor gives notice. The Lessee pays the rent, and its indemnity covers the Lessor.",
+     "query": "indemnity", "referents": ["Lessee", "Lessor"]},
+]
+
+
+def loaded(name: str) -> LoadedModel:
+    return LoadedModel(tiny.build(name), tiny.tokenizer(), f"tiny-{name}")
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return loaded("bert")
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """The tiny BERT saved as a model folder (the Ray actors and the CLI load it by path)."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    tiny.build("bert").save_pretrained(path)
+    tiny.tokenizer().save_pretrained(path)
+    return path
+
+
+def docs_of(rows, fields=FIELDS):
+    return [to_document(i, r, fields) for i, r in enumerate(rows)]
+
+
+def sort_heads(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(["id", "site", "head"], kind="stable").reset_index(drop=True)
+
+
+def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame, tol: float = TOL) -> None:
+    a, b = sort_heads(a), sort_heads(b)
+    assert list(a.columns) == list(b.columns)
+    assert len(a) == len(b)
+    for col in a.columns:
+        if pd.api.types.is_float_dtype(a[col]):
+            np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), atol=tol, rtol=0, err_msg=col)
+        elif col == "referent_weights":
+            for x, y in zip(a[col], b[col], strict=True):
+                if isinstance(x, float) or x is None:
+                    assert y is None or isinstance(y, float)
+                else:
+                    np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float), atol=tol, rtol=0)
+        else:
+            assert a[col].astype(str).tolist() == b[col].astype(str).tolist(), col
+
+
+def read_heads(out: Path) -> pd.DataFrame:
+    con = corpus.connect(out)
+    return con.execute("SELECT * FROM heads").df()
+
+
+# ---- the per-document function ---------------------------------------------------------------------
+def test_document_rows_equal_the_analyses_of_a_capture_of_the_document_alone(bert):
+    """Lazy, batched, in memory -> the same numbers as rank_heads / split_heads on a full capture (eager weights)."""
+    result = reduce_batch(bert.model, bert.tokenizer, docs_of(DOCS))
+    assert result.documents["status"].tolist() == ["ok"] * 4
+    for row in DOCS:
+        cap = capture(bert.model, bert.tokenizer, row["text"], weights=True)
+        got = result.heads[result.heads["id"] == row["id"]].reset_index(drop=True)
+        rank = rank_heads(cap).sort_values(["site", "head"]).reset_index(drop=True)
+        for col in ["entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight"]:
+            np.testing.assert_allclose(got[col], rank[col], atol=TOL, rtol=0, err_msg=col)
+        assert got["top_key_index"].tolist() == rank["top_key_index"].tolist()
+        assert got["label"].tolist() == rank["label"].tolist()
+        assert result.documents.set_index("id").loc[row["id"], "tokens"] == len(cap.records("source").ids)
+        if "query" not in row:
+            assert "split_score" not in got or got["split_score"].isna().all()
+            continue
+        split = split_heads(cap, row["query"], row["referents"]).sort_values(["site", "head"]).reset_index(drop=True)
+        np.testing.assert_allclose(got["split_score"], split["split_score"], atol=TOL, rtol=0)
+        np.testing.assert_allclose(got["referent_mass"], split["referent_mass"], atol=TOL, rtol=0)
+        weights = np.array(got["referent_weights"].tolist(), dtype=float)
+        np.testing.assert_allclose(weights, split[[f"weight:{r}" for r in row["referents"]]].to_numpy(), atol=TOL, rtol=0)
+        assert got["flagged"].astype(bool).tolist() == split["flagged"].tolist()
+        assert got["query_positions"].tolist() == split["query_positions"].tolist()
+        assert all(list(r) == row["referents"] for r in got["referents"])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "bart"])
+def test_padded_batches_give_the_rows_of_single_documents(name):
+    """Right padding (BERT, BART) and left padding (GPT-2 batches): positions are reported as in the
+    document alone, statistics over its own tokens only."""
+    lm = loaded(name)
+    rows = [dict(r) for r in DOCS]
+    fields = FIELDS
+    if name == "bart":
+        fields = Fields(query="query", referents="referents", id="id", target="target")
+        for i, r in enumerate(rows):
+            r["target"] = ["The Lessee indemnifies.", "Globex Inc pays Acme Ltd for the yard and more.", "Short.",
+                           "Rent."][i]
+    docs = docs_of(rows, fields)
+    together = reduce_batch(lm.model, lm.tokenizer, docs)
+    alone = [reduce_batch(lm.model, lm.tokenizer, [d]) for d in docs]
+    assert together.documents.equals(pd.concat([a.documents for a in alone], ignore_index=True))
+    assert_same_rows(together.heads, pd.concat([a.heads for a in alone], ignore_index=True))
+    # the padding really was there: the documents have different lengths
+    assert together.documents["tokens"].nunique() > 1
+
+
+# ---- bad documents ---------------------------------------------------------------------------------
+def test_bad_documents_are_recorded_and_never_stop_the_scan(bert, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    lines = [json.dumps(DOCS[0]),
+             json.dumps({"id": "empty", "text": "   ", "query": "x", "referents": ["a", "b"]}),
+             json.dumps({"id": "long", "text": "word " * 300}),
+             json.dumps({"id": "missing", "text": "The Lessee shall indemnify. Such indemnity survives.",
+                         "query": "indemnity", "referents": ["Lessee", "Guarantor"]}),
+             "{not json",
+             json.dumps({"id": "noref", "text": "The indemnity survives.", "query": "indemnity"}),
+             json.dumps({"id": "number", "text": 42}),
+             json.dumps(DOCS[1]),
+             json.dumps(DOCS[1] | {"text": "A different text under a repeated id."})]
+    data.write_text("\n".join(lines) + "\n")
+    result = scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    assert (result.total, result.scanned, result.errors) == (9, 9, 7)
+    docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
+    assert docs.loc["a", "status"] == "ok" and docs.loc["b", "status"] == "ok"
+    errors = docs[docs["status"] == "error"]["error"].to_dict()
+    assert errors["empty"] == "the text is empty"
+    assert "accepts at most 128" in errors["long"]
+    assert "'Guarantor' is not in the source text" in errors["missing"]
+    assert errors["4"].startswith("line 5 is not valid JSON")
+    assert errors["noref"] == "give both a query and referents (or neither)"
+    assert "not a string" in errors["number"]
+    assert "repeats an earlier row's id" in errors["b#row8"]
+    heads = read_heads(tmp_path / "out")
+    assert sorted(heads["id"].unique()) == ["a", "b"]
+    assert docs["row"].tolist() == list(range(9))
+
+
+# ---- resuming --------------------------------------------------------------------------------------
+def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_path, monkeypatch):
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(12))
+    full = tmp_path / "full"
+    scan(data, full, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+
+    # stop the second scan between the two writes of its third batch: its heads part is written, the
+    # documents part (the commit record) is not -- what a kill at the worst moment leaves
+    calls = {"n": 0}
+    original = ScanFolder.commit
+
+    def interrupted(self, documents, heads):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            from inspector.scanfolder import write_parquet
+
+            write_parquet(self.out / "heads" / f"part-{self.next_part:05d}.parquet", heads)
+            raise KeyboardInterrupt
+        return original(self, documents, heads)
+
+    part = tmp_path / "part"
+    monkeypatch.setattr(ScanFolder, "commit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    monkeypatch.setattr(ScanFolder, "commit", original)
+    assert len(list((part / "heads").glob("part-*.parquet"))) == 3  # two committed, one in flight
+    assert len(committed_documents(part)) == 6
+    # readers never see the in-flight part
+    assert sorted(read_heads(part)["id"].unique()) == sorted(committed_documents(part).query("status == 'ok'")["id"])
+    stopped = pd.read_parquet(part / "documents.parquet")
+    assert len(stopped) == 6  # documents.parquet was written when the scan stopped
+
+    result = scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    assert (result.skipped, result.scanned) == (6, 6)
+    a, b = pd.read_parquet(full / "documents.parquet"), pd.read_parquet(part / "documents.parquet")
+    assert a.equals(b)
+    assert_same_rows(read_heads(full), read_heads(part), tol=0.0)  # same batches: bit for bit
+    # a third run has nothing left to do, and brings a documents.parquet that lags the parts (a hard kill
+    # between a commit and the next rewrite) up to date
+    from inspector.scanfolder import write_parquet
+
+    write_parquet(part / "documents.parquet", a.iloc[:3])
+    again = scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    assert (again.skipped, again.scanned) == (12, 0)
+    assert pd.read_parquet(part / "documents.parquet").equals(a)
+
+
+def test_a_scan_folder_refuses_other_options_and_foreign_folders(bert, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
+    scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    with pytest.raises(Exception, match="another options"):
+        scan(data, tmp_path / "out", fields=FIELDS, options=Options(min_split=0.5), loaded=bert, progress=False)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert cli.main(["scan", str(data), "-o", str(tmp_path / "other"), "--query-field", "query"]) == 2
+    assert "is not empty and holds no scan" in capsys.readouterr().err
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    assert cli.main(["scan", str(data), "-o", str(tmp_path / "x"), "--text-field", "body"]) == 2
+    assert "has no column 'body'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert cli.main(["corpus", str(tmp_path)]) == 2
+    assert "holds no scan" in capsys.readouterr().err
+
+
+# ---- corpus formats --------------------------------------------------------------------------------
+def test_jsonl_csv_parquet_and_datasets_folders_read_the_same_documents(tmp_path):
+    rows = lease_rows(12)
+    write_jsonl(tmp_path / "c.jsonl", rows)
+    flat = pd.DataFrame(rows)
+    flat.assign(referents=[",".join(r) for r in flat["referents"]]).to_csv(tmp_path / "c.csv", index=False)
+    flat.to_parquet(tmp_path / "c.parquet")
+    paths = [tmp_path / "c.jsonl", tmp_path / "c.csv", tmp_path / "c.parquet"]
+    try:
+        import datasets
+
+        datasets.Dataset.from_pandas(flat).save_to_disk(str(tmp_path / "ds"))
+        paths.append(tmp_path / "ds")
+    except ImportError:  # pragma: no cover - datasets is in the corpus extra
+        pass
+    read = []
+    for p in paths:
+        c = Corpus(p, FIELDS)
+        assert len(c) == 12
+        read.append([(d.row, d.id, d.text, d.query, d.referents, d.problem) for d in c])
+    assert all(r == read[0] for r in read[1:])
+    assert read[0][8][4] == [rows[8]["referents"][0], "Guarantor"]
+
+
+# ---- DuckDB ----------------------------------------------------------------------------------------
+def _pandas_summary(heads: pd.DataFrame) -> pd.DataFrame:
+    g = heads.groupby(corpus.KEYS, sort=False)
+    out = g.agg(documents=("id", "size"), entropy_mean=("entropy", "mean"), entropy_std=("entropy", "std"),
+                normalized_entropy_mean=("normalized_entropy", "mean"), normalized_entropy_std=("normalized_entropy", "std"),
+                split_documents=("flagged", "count"),
+                flagged_documents=("flagged", lambda s: int(s.fillna(False).astype(bool).sum())))
+    out["share_flagged"] = out["flagged_documents"] / out["split_documents"].replace(0, np.nan)
+    if "lift" in heads:
+        out["lift_mean"] = g["lift"].mean()
+    return out.reset_index()
+
+
+def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path):
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(16) + [{"id": "plain", "text": "No query here."}])
+    out = tmp_path / "out"
+    scan(data, out, fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    heads = pd.concat([pd.read_parquet(p) for p in sorted((out / "heads").glob("part-*.parquet"))], ignore_index=True)
+    got = corpus.summary(out)
+    assert "lift_mean" not in got  # no lift column before issue 10's split columns exist
+    want = _pandas_summary(heads)
+    merged = got.merge(want, on=corpus.KEYS, suffixes=("", "_pd"))
+    assert len(merged) == len(got) == len(want) == 2 * 3
+    for col in ["documents", "entropy_mean", "entropy_std", "normalized_entropy_mean", "normalized_entropy_std",
+                "split_documents", "flagged_documents", "share_flagged"]:
+        np.testing.assert_allclose(merged[col].astype(float), merged[f"{col}_pd"].astype(float), atol=1e-12, err_msg=col)
+    assert (got["documents"] == 15).all() and (got["split_documents"] == 14).all()  # 2 bad, 1 without a query
+    order = list(zip(-got["flagged_documents"], -got["share_flagged"].fillna(-1), got["site"], got["head"], strict=True))
+    assert order == sorted(order)
+    # --sql over both views, and --csv
+    assert cli.main(["corpus", str(out), "--sql", "SELECT status, count(*) AS n FROM documents GROUP BY status ORDER BY status",
+                     "--csv", str(tmp_path / "s.csv")]) == 0
+    assert pd.read_csv(tmp_path / "s.csv").to_dict("records") == [{"status": "error", "n": 2}, {"status": "ok", "n": 15}]
+    assert cli.main(["corpus", str(out), "--sql", "SELECT nope FROM heads"]) == 2
+
+
+def test_mean_lift_appears_when_the_split_rows_have_a_lift_column(tmp_path):
+    """Issue 10 adds `lift` to split_heads; the scan stores whatever columns the analysis returns."""
+    rng = np.random.default_rng(0)
+    out = tmp_path / "out"
+    ScanFolder(out, {"corpus": "x", "fields": {}, "model": "m", "options": {}}).open()
+    rows = []
+    for doc in range(6):
+        for head in range(3):
+            has_split = doc < 4
+            rows.append({"id": f"d{doc}", "site": "s", "stack": "none", "kind": "self", "layer": 0, "head": head,
+                         "entropy": rng.random(), "normalized_entropy": rng.random(),
+                         "flagged": bool(rng.random() > 0.5) if has_split else None,
+                         "split_score": rng.random() if has_split else None,
+                         "lift": rng.random() * 3 if has_split else None})
+    heads = pd.DataFrame(rows).astype({"flagged": "boolean"})
+    docs = pd.DataFrame({"id": [f"d{i}" for i in range(6)], "row": range(6), "tokens": 5, "status": "ok", "error": ""})
+    folder = ScanFolder(out, {"corpus": "x", "fields": {}, "model": "m", "options": {}}).open()
+    folder.commit(docs.iloc[:3], heads[heads["id"].isin(["d0", "d1", "d2"])])
+    folder.commit(docs.iloc[3:], heads[~heads["id"].isin(["d0", "d1", "d2"])])
+    got = corpus.summary(out).sort_values("head").reset_index(drop=True)
+    want = _pandas_summary(heads).sort_values("head").reset_index(drop=True)
+    np.testing.assert_allclose(got["lift_mean"], want["lift_mean"], atol=1e-12)
+    np.testing.assert_allclose(got["share_flagged"], want["share_flagged"], atol=1e-12)
+
+
+# ---- engines ---------------------------------------------------------------------------------------
+def test_the_local_engine_imports_nothing_from_ray(bert_folder, tmp_path):
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
+    code = ("import sys; from inspector import cli; "
+            f"rc = cli.main(['scan', {str(data)!r}, '-o', {str(tmp_path / 'out')!r}, '--model', {str(bert_folder)!r}, "
+            "'--query-field', 'query', '--referents-field', 'referents', '--id-field', 'id']); "
+            "assert rc == 0, rc; print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert len(pd.read_parquet(tmp_path / "out" / "documents.parquet")) == 10
+
+
+def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path):
+    try:
+        import ray
+    except ImportError:
+        pytest.skip("Ray is not installed (pip install -e .[ray])")
+    from inspector.models import load_model
+
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20))
+    local = tmp_path / "local"
+    scan(data, local, fields=FIELDS, batch_size=4, loaded=load_model(str(bert_folder)), progress=False)
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+    try:
+        on_ray = tmp_path / "ray"
+        result = scan(data, on_ray, model=str(bert_folder), fields=FIELDS, batch_size=4, engine="ray", workers=1,
+                      progress=False)
+        assert ray.is_initialized()  # a Ray instance the caller started is left running
+    finally:
+        ray.shutdown()
+    assert (result.scanned, result.errors) == (20, 2)
+    a = pd.read_parquet(local / "documents.parquet")
+    b = pd.read_parquet(on_ray / "documents.parquet")
+    pd.testing.assert_frame_equal(a, b)
+    assert_same_rows(read_heads(local), read_heads(on_ray))
+
+
+def test_scan_demo_cli_writes_the_corpus_scans_it_and_resumes(bert_folder, tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["scan", "--demo", "12", "-o", str(out), "--model", str(bert_folder), "--batch-size", "5"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "scanned 12 documents (2 with errors, 0 done before)" in captured.err
+    assert "flagged_documents" in captured.out
+    docs = pd.read_parquet(out / "documents.parquet")
+    assert docs.loc[docs["status"] == "error", "id"].tolist() == ["lease-0007", "lease-0008"]
+    assert [json.loads(x)["id"] for x in (out / "demo-corpus.jsonl").read_text().splitlines()] == docs["id"].tolist()
+    assert cli.main(argv) == 0
+    assert "scanned 0 documents (0 with errors, 12 done before)" in capsys.readouterr().err
+    assert cli.main(["scan", str(out / "demo-corpus.jsonl"), "--demo", "-o", str(tmp_path / "x")]) == 2
+    assert "drop DATA" in capsys.readouterr().err
+
+
+
+def test_columns_the_split_analysis_adds_are_stored_and_lift_is_summarised(bert, tmp_path, monkeypatch):
+    """Issue 10 adds columns to split_heads (lift, per-referent chance mass); a scan stores them as they
+    come and `inspector corpus` then reports the mean lift. Simulated here by wrapping split_heads."""
+    import inspector.analysis as analysis
+
+    original = analysis.split_heads
+
+    def with_lift(cap, query, referents, **kw):
+        df = original(cap, query, referents, **kw)
+        for r in referents:
+            df[f"chance:{r}"] = 0.5 * df[f"weight:{r}"]
+        df["lift"] = df["referent_mass"] * 3
+        return df
+
+    monkeypatch.setattr(analysis, "split_heads", with_lift)
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
+    scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    heads = read_heads(tmp_path / "out")
+    assert {"lift", "referent_chance"} <= set(heads.columns)
+    assert not any(c.startswith("chance:") or c.startswith("weight:") for c in heads.columns)
+    ok = heads["lift"].notna()
+    np.testing.assert_allclose(heads.loc[ok, "lift"], 3 * heads.loc[ok, "referent_mass"], atol=1e-12)
+    np.testing.assert_allclose(np.array(heads.loc[ok, "referent_chance"].tolist(), float),
+                               0.5 * np.array(heads.loc[ok, "referent_weights"].tolist(), float), atol=1e-12)
+    got = corpus.summary(tmp_path / "out")
+    want = _pandas_summary(heads)
+    merged = got.merge(want, on=corpus.KEYS, suffixes=("", "_pd"))
+    np.testing.assert_allclose(merged["lift_mean"], merged["lift_mean_pd"], atol=1e-12)
