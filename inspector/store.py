@@ -22,7 +22,7 @@ from .errors import InspectorError
 from .inputs import InputRecord
 
 SCHEMA = 1
-PARTS = ("q", "k", "v", "weights", "mask")
+PARTS = ("q", "k", "v", "weights", "mask", "value_norm")
 
 
 @dataclass
@@ -50,6 +50,8 @@ class Site:
     extra_kwargs: list[str] = field(default_factory=list)
     module_class: str = ""
     eager_function: str = ""
+    out_proj: str = ""  # module (named_modules) whose weight gave value_norm: the projection that consumes the output
+    value_norm_note: str = ""  # why there is no value_norm at this site, when there is none
 
     def tensor_name(self, part: str) -> str:
         if part == "mask":
@@ -192,6 +194,15 @@ class Capture:
         q = queries if (queries is not None and shape[2] > 1) else slice(None)
         return self.tensors.slice(site.mask, (slice(b, b + 1), slice(None), q))[0].float()
 
+    def value_norms(self, site: Site | str, batch: int = 0) -> torch.Tensor | None:
+        """``[head, key]`` float32: ``||v_j W_O^h||``, the size of what key j sends through head h (the value
+        times head h's slice of the output projection, bias excluded; Kobayashi et al. 2020), or None when
+        the site has none (``site.value_norm_note`` says why)."""
+        site = self.site(site) if isinstance(site, str) else site
+        if "value_norm" not in site.parts:
+            return None
+        return self._rows(site.tensor_name("value_norm"), batch, list(range(site.num_heads)), slice(None), site.num_heads)
+
     def weights(
         self, site: Site | str, batch: int = 0, heads: list[int] | None = None, queries: slice | None = None
     ) -> torch.Tensor:
@@ -312,8 +323,10 @@ def load(path: str | os.PathLike) -> Capture:
     missing += [s.mask for s in sites if s.mask is not None and s.mask not in tensors]
     if missing:
         raise InspectorError(f"{path} lacks tensors its header names ({', '.join(missing[:3])}): the file is damaged, capture again")
-    bad = [f"{s.tensor_name(p)} {tensors.shape(s.tensor_name(p))}" for s in sites for p in s.parts
-           if tensors.shape(s.tensor_name(p))[-2] != (s.key_len if p in ("k", "v") else s.query_len)]
+    bad = [f"{s.tensor_name(p)} {tensors.shape(s.tensor_name(p))}" for s in sites for p in s.parts if p != "value_norm"
+           and tensors.shape(s.tensor_name(p))[-2] != (s.key_len if p in ("k", "v") else s.query_len)]
+    bad += [f"{s.tensor_name(p)} {tensors.shape(s.tensor_name(p))}" for s in sites for p in s.parts if p == "value_norm"
+            and tensors.shape(s.tensor_name(p))[1:] != [s.num_heads, s.key_len]]
     if bad:
         raise InspectorError(f"{path} has tensors whose shapes do not match its header ({bad[0]}): the file is damaged, capture again")
     return Capture(meta, sites, tensors)
