@@ -351,16 +351,10 @@ def split_heads(
             continue
         occ = spans.resolve_query(capture, site, query, index=query_index, occurrence=occurrence, batch=batch,
                                   case_sensitive=case_sensitive, role=query_role)
-        ref_pos: dict[str, list[int]] = {}
-        missing = None
-        for ref in refs:
-            found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=referent_role)
-            if not found:
-                missing = ref
-                break
-            ref_pos[ref] = sorted({p for o in found for p in o.positions})
-        if missing is not None:
-            problems.append(spans.not_found_message(capture, site, missing, "key", "referent", batch))
+        try:
+            ref_pos = find_referents(capture, site, refs, batch=batch, case_sensitive=case_sensitive, role=referent_role)
+        except InspectorError as exc:
+            problems.append(str(exc))
             continue
         q_pos = list(occ.positions)
         try:
@@ -391,6 +385,22 @@ def split_heads(
 
 
 # ---- one query's rows over the referents ---------------------------------------------------------
+def find_referents(capture: Capture, site: Site, referents: list[str], *, batch: int = 0, case_sensitive: bool = True,
+                   role: str | None = None) -> dict[str, list[int]]:
+    """Each referent's key positions at ``site`` (every occurrence, subword tokens included);
+    InspectorError naming the nearest words when one is not in the text."""
+    refs = [r.strip() for r in referents if r.strip()]
+    if len(refs) < 2 or len(set(refs)) != len(refs):
+        raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
+    out: dict[str, list[int]] = {}
+    for ref in refs:
+        found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=role)
+        if not found:
+            raise InspectorError(spans.not_found_message(capture, site, ref, "key", "referent", batch))
+        out[ref] = sorted({p for o in found for p in o.positions})
+    return out
+
+
 class _NothingVisible(Exception):
     pass
 
@@ -428,6 +438,19 @@ class ReferentSplit:
             for s in {piece(self.key_tokens[p]) for p in pos}:
                 seen[s] = seen.get(s, 0) + 1
         return {s for s, n in seen.items() if n >= 2}
+
+    def row_of(self, head: int, i: int) -> dict:
+        """The i-th query row alone: the referents' weights, ``referent_mass``, ``chance_mass``, ``lift``,
+        ``split_score`` and ``flagged`` (the rule applied to that row)."""
+        ref = self.per_row[head, i]
+        mass, chance = float(ref.sum()), float(self.chance_row[head, i].sum())
+        lift = mass / chance if chance > 0 else float("nan")
+        split = float(2 * ref.topk(2).values[1])
+        out: dict = {"query_index": int(self.query_positions[i])}
+        out.update({f"weight:{r}": float(ref[j]) for j, r in enumerate(self.referents)})
+        out.update({"referent_mass": mass, "chance_mass": chance, "lift": lift, "split_score": split,
+                    "flagged": self.rule.passes(split, mass, lift)})
+        return out
 
     def row(self, head: int) -> dict:
         """The split table's columns for one head (after the site, head and query columns)."""
