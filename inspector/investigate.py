@@ -20,6 +20,7 @@ from . import analysis
 from .capture import capture
 from .errors import InspectorError
 from .files import write_csv, write_text
+from .moves import move_sentence, variant_moves
 from .store import Capture
 
 LEGAL_SOURCE = (
@@ -44,6 +45,7 @@ class Investigation:
     commands: list[str]
     variants: dict[str, Path] = field(default_factory=dict)
     comparisons: dict[str, pd.DataFrame] = field(default_factory=dict)
+    moves: pd.DataFrame | None = None  # variant_moves(): the flagged heads in every variant, first
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -59,15 +61,30 @@ def _roles(cap: Capture, query: str) -> tuple[str, str]:
 
 
 def split_for(cap: Capture, query: str, referents: list[str], *, occurrence: int | None = None,
-              rule: analysis.SplitRule = analysis.SplitRule()) -> pd.DataFrame:
+              rule: analysis.SplitRule = analysis.SplitRule(), weighting: str = "attention") -> pd.DataFrame:
     """Every site where the query can attend to the referents in the source, cross sites first."""
     q_role, r_role = _roles(cap, query)
     return analysis.split_heads(cap, query, referents, occurrence=occurrence, sites="all", rule=rule,
-                                query_role=q_role, referent_role=r_role, cross_first=True)
+                                query_role=q_role, referent_role=r_role, cross_first=True, weighting=weighting)
+
+
+def informative_weighting(cap: Capture) -> str:
+    """The weighting the investigation ranks heads with: ``value-norm`` when the capture has value norms
+    (weight on [CLS]/[SEP] sinks, whose transformed values are short, then counts for what it passes
+    on, so sink heads stop filling the top of the ranking), else ``attention``."""
+    return "value-norm" if any("value_norm" in s.parts for s in cap.sites) else "attention"
+
+
+def rank_note(weighting: str) -> str:
+    if weighting == "value-norm":
+        return ("Heads ranked by normalized entropy of value-weighted attention (weight x ||v_j W_O^h||, renormalized "
+                "per row; Kobayashi et al. 2020): raw weights on [CLS]/[SEP] sinks say little about what a head passes on.")
+    return "Heads ranked by normalized entropy of the raw attention weights (this capture has no value norms)."
 
 
 def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *, names: tuple[str, str] = ("a", "b"),
-                     occurrence: int | None = None, rule: analysis.SplitRule = analysis.SplitRule()) -> pd.DataFrame:
+                     occurrence: int | None = None, rule: analysis.SplitRule = analysis.SplitRule(),
+                     weighting: str = "attention") -> pd.DataFrame:
     """Per head: split score and referent weights in each capture and their change (b - a), sorted by
     the size of the change. Heads are matched by site name and head; captures of different models are
     refused."""
@@ -80,9 +97,10 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     na, nb = names
     if na == nb:
         na, nb = f"{na}:a", f"{nb}:b"
-    sa, sb = split_for(a, query, referents, occurrence=occurrence, rule=rule), split_for(b, query, referents, occurrence=occurrence, rule=rule)
+    sa = split_for(a, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    sb = split_for(b, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     refs = [c for c in sa.columns if c.startswith("weight:")]
-    cols = ["split_score", "referent_mass", "flagged"] + refs
+    cols = ["split_score", "referent_mass", "lift", "flagged"] + refs
     merged = sa[KEYS + cols].merge(sb[KEYS + cols], on=KEYS, suffixes=(f"[{na}]", f"[{nb}]"))
     if merged.empty:
         raise InspectorError("the two captures share no site where the query sees the referents: check --query and --referents")
@@ -90,6 +108,8 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     out[f"split_score[{na}]"] = merged[f"split_score[{na}]"]
     out[f"split_score[{nb}]"] = merged[f"split_score[{nb}]"]
     out["split_change"] = out[f"split_score[{nb}]"] - out[f"split_score[{na}]"]
+    out[f"lift[{na}]"] = merged[f"lift[{na}]"]
+    out[f"lift[{nb}]"] = merged[f"lift[{nb}]"]
     for r in refs:
         out[f"{r}[{na}]"] = merged[f"{r}[{na}]"]
         out[f"{r}[{nb}]"] = merged[f"{r}[{nb}]"]
@@ -124,13 +144,15 @@ def investigate(
     occurrence: int | None = None,
     rule: analysis.SplitRule = analysis.SplitRule(),
     progress: bool = False,
+    weighting: str = "attention",
 ) -> Investigation:
     """Capture, rank, split, compare variants and write everything into ``out_dir``.
 
     ``loaded`` is a :class:`~inspector.models.LoadedModel`. ``output`` is an output the model gave
     earlier; ``generate`` instead generates up to that many tokens. ``variants`` maps a name to
     another version of the source (e.g. with the clause quoted), captured and compared with the same
-    output (or generating again when ``generate`` is set).
+    output (or generating again when ``generate`` is set). ``weighting`` is the split's and the
+    heatmaps' (``attention`` or ``value-norm``); heads are ranked with :func:`informative_weighting`.
     """
     from .inputs import model_layout
     from .report import render_report
@@ -143,20 +165,23 @@ def investigate(
     gen_kwargs = gen_kwargs or {}
     # everything is computed (and every mistake found) before anything is written into out_dir
     cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress)
-    rank = analysis.rank_heads(cap)
-    split = split_for(cap, query, referents, occurrence=occurrence, rule=rule)
+    rank = analysis.rank_heads(cap, weighting=informative_weighting(cap))
+    split = split_for(cap, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
     comparisons: dict[str, pd.DataFrame] = {}
     variant_caps: dict[str, Capture] = {}
     for name, text in (variants or {}).items():
         vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress)
-        comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence, rule=rule)
+        comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence,
+                                             rule=rule, weighting=weighting)
         variant_caps[name] = vcap
+    moves = variant_moves(split, comparisons) if comparisons else None
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
-                         _roles(cap, query))
+                         _roles(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"))
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
-                         variants=variant_caps or None)
+                         variants=variant_caps or None, weighting=weighting, moves=moves,
+                         rank_note=rank_note(rank.attrs.get("weighting", "attention")))
 
     out.mkdir(parents=True, exist_ok=True)
     cap_path = cap.save(out / "capture.safetensors")
@@ -172,12 +197,14 @@ def investigate(
         write_csv(out / f"compare-{name}.csv", comparisons[name])
     report = write_text(out / "report.html", html)
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
-                         commands=commands, variants=variant_paths, comparisons=comparisons)
+                         commands=commands, variants=variant_paths, comparisons=comparisons, moves=moves)
 
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
-              occurrence: int | None, variants: list[str], roles: tuple[str, str]) -> list[str]:
+              occurrence: int | None, variants: list[str], roles: tuple[str, str], *, weighting: str = "attention",
+              rank_weighting: str = "attention") -> list[str]:
     q = shlex.quote
+    wt = "" if weighting == "attention" else f" --weighting {weighting}"
     refs = q(",".join(referents))
     cap = q(str(out / "capture.safetensors"))
     occ = f" --occurrence {occurrence}" if occurrence else ""
@@ -185,36 +212,46 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
     cmds = [
         f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
         + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {cap}",
-        f"inspector rank {cap} --csv {q(str(out / 'rank.csv'))}",
+        f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
+        + f" --csv {q(str(out / 'rank.csv'))}",
         f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --query-role {roles[0]} "
-        f"--referent-role {roles[1]} --cross-first --csv {q(str(out / 'split.csv'))}",
+        f"--referent-role {roles[1]} --cross-first{wt} --csv {q(str(out / 'split.csv'))}",
     ]
     if len(split):
         top = split.sort_values("split_score", ascending=False).iloc[0]
-        cmds.append(f"inspector explain {cap} --site {q(top['site'])} --head {int(top['head'])} --query-index "
-                    f"{top['query_positions'].split()[-1]}")
+        cmds.append(f"inspector explain {cap} --site {q(top['site'])} --head {int(top['head'])} --query {q(query)}{occ} "
+                    f"--referents {refs}{wt}")
     for name in variants:
         vcap = q(str(out / f"variant-{name}.safetensors"))
         cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
                     + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {vcap}")
-        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}")
+        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt}")
     return cmds
 
 
 # ---- CLI ------------------------------------------------------------------------------------
 def _print_findings(inv: Investigation, top: int = 10) -> None:
-    from .cli import format_table
+    from .cli import format_table, split_notes
 
-    rank = inv.rank.head(top)[["site", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "top_key", "label"]]
-    print(f"\nHeads ranked by normalized entropy (top {top}):")
-    print(format_table(rank))
     refs = [c for c in inv.split.columns if c.startswith("weight:")]
-    flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["split_score"]]
-    print(f"\nFlagged heads ({len(flagged)}):")
+    flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["chance_mass", "lift", "split_score", "driving_row"]]
+    print(f"\nFlagged heads ({len(flagged)}; {inv.split.attrs.get('weighting', 'attention')} weights):")
     print(format_table(flagged) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
+    for line in split_notes(inv.split):
+        print(line)
+    if inv.moves is not None:
+        print("\nWhat each variant did to the flagged heads:")
+        if len(inv.moves):
+            for r in inv.moves.to_dict("records"):
+                print(move_sentence(r))
+        else:
+            print("(no head is flagged in the original or in any variant)")
+    rank = inv.rank.head(top)[["site", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "top_key", "label"]]
+    print("\n" + rank_note(inv.rank.attrs.get("weighting", "attention")) + f" Top {top}:")
+    print(format_table(rank))
     for name, df in inv.comparisons.items():
         cols = KEYS[2:] + [c for c in df.columns if c.startswith("split_score")] + ["split_change"]
-        print(f"\nVariant {name!r}: largest changes in split score:")
+        print(f"\nVariant {name!r}: largest changes in split score, all heads (the flagged ones are above):")
         print(format_table(df.head(5)[cols]))
     print(f"\nWrote {inv.capture_path}, rank.csv, split.csv and {inv.report_path}")
 
@@ -244,7 +281,8 @@ def cmd_debug(args) -> int:
     loaded = load_from_args(args)
     inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
                       output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
-                      rule=analysis.SplitRule(args.min_split, args.min_mass), progress=True)
+                      rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), progress=True,
+                      weighting=args.weighting)
     _print_findings(inv)
     return 0
 
@@ -256,7 +294,7 @@ def cmd_compare(args) -> int:
     a, b = load(args.a), load(args.b)
     names = (Path(args.a).stem, Path(args.b).stem)
     df = compare_captures(a, b, args.query, args.referents.split(","), names=names, occurrence=args.occurrence,
-                          rule=analysis.SplitRule(args.min_split, args.min_mass))
+                          rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), weighting=args.weighting)
     if args.csv:
         write_csv(args.csv, df)
         print(f"wrote {len(df)} rows to {args.csv}", file=sys.stderr)
@@ -283,7 +321,7 @@ def cmd_demo(args) -> int:
 
 
 def add_commands(sub) -> None:
-    from .cli import add_model_options
+    from .cli import add_lift_option, add_model_options, add_weighting_option
 
     p = sub.add_parser("debug", help="investigate a wrong output: capture, rank, split, variants, report")
     add_model_options(p)
@@ -300,6 +338,8 @@ def add_commands(sub) -> None:
     p.add_argument("--variant", action="append", metavar="NAME=FILE", help="another version of the source to compare")
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)
+    add_lift_option(p)
+    add_weighting_option(p, "the split's and the heatmaps' weights")
     p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
     p.set_defaults(func=cmd_debug)
 
@@ -311,6 +351,8 @@ def add_commands(sub) -> None:
     p.add_argument("--referents", required=True)
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)
+    add_lift_option(p)
+    add_weighting_option(p)
     p.add_argument("--top", type=int)
     p.add_argument("--csv")
     p.set_defaults(func=cmd_compare)
