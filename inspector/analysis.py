@@ -508,3 +508,24 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
     return ReferentSplit(site=site, query_positions=q_pos, referents={r: list(p) for r, p in referents.items()},
                          key_tokens=capture.tokens(site, "key", batch), per_row=per_row,
                          chance_row=chance.expand(site.num_heads, -1, -1), per_key=w.mean(1), rule=rule, weighting=weighting)
+
+
+def split_notes(df: pd.DataFrame) -> list[str]:
+    """Plain sentences on the flagged heads: which query row drives each flag, and splits that sit on
+    token pieces both referents share (e.g. ``less`` in ``less ##ee`` / ``less ##or``)."""
+    lines = []
+    refs = [c for c in df.columns if c.startswith("pieces:")]
+    for r in df[df["flagged"].astype(bool)].to_dict("records"):
+        where = f"{r['site']} head {r['head']}"
+        positions = str(r["query_positions"]).split()
+        if len(positions) > 1:
+            flagged_rows = str(r["rows_flagged"] or "").split()
+            lines.append(f"{where}: the flag is on the mean of query rows {' '.join(positions)} (row split scores "
+                         f"{r['row_split_scores']}); row {r['driving_row']} drives it"
+                         + (", and alone passes the rule" if flagged_rows == [str(r['driving_row'])] else
+                            f"; rows passing alone: {' '.join(flagged_rows) or 'none'}"))
+        if r["mostly_shared"]:
+            lines.append(f"{where}: {r['shared_share']:.0%} of its referent weight sits on pieces both referents share "
+                         f"({r['shared_pieces']}); without them its split_score is {r['split_unshared']:.4f}, not "
+                         f"{r['split_score']:.4f}: " + "; ".join(f"{c[7:]} = {r[c]}" for c in refs))
+    return lines

@@ -128,7 +128,7 @@ def cmd_split(args) -> int:
         _status(f"wrote {len(df)} rows to {args.csv}")
     shown = df.head(args.top) if args.top else df
     print(format_table(shown.drop(columns=[c for c in df.columns if c.startswith("pieces:")])))
-    for line in split_notes(df):
+    for line in analysis.split_notes(df):
         print(line)
     n = int(df["flagged"].sum())
     _status(f"{n} head{'s' if n != 1 else ''} flagged (split_score >= {args.min_split}, referent_mass >= {args.min_mass}, "
@@ -139,27 +139,6 @@ def cmd_split(args) -> int:
 def _left_out(df: pd.DataFrame) -> None:
     for name, why in df.attrs.get("left_out", {}).items():
         _status(f"left out {name}: {why}")
-
-
-def split_notes(df: pd.DataFrame) -> list[str]:
-    """Plain sentences on the flagged heads: which query row drives each flag, and splits that sit on
-    token pieces both referents share (e.g. ``less`` in ``less ##ee`` / ``less ##or``)."""
-    lines = []
-    refs = [c for c in df.columns if c.startswith("pieces:")]
-    for r in df[df["flagged"].astype(bool)].to_dict("records"):
-        where = f"{r['site']} head {r['head']}"
-        positions = str(r["query_positions"]).split()
-        if len(positions) > 1:
-            flagged_rows = str(r["rows_flagged"] or "").split()
-            lines.append(f"{where}: the flag is on the mean of query rows {' '.join(positions)} (row split scores "
-                         f"{r['row_split_scores']}); row {r['driving_row']} drives it"
-                         + (", and alone passes the rule" if flagged_rows == [str(r['driving_row'])] else
-                            f"; rows passing alone: {' '.join(flagged_rows) or 'none'}"))
-        if r["mostly_shared"]:
-            lines.append(f"{where}: {r['shared_share']:.0%} of its referent weight sits on pieces both referents share "
-                         f"({r['shared_pieces']}); without them its split_score is {r['split_unshared']:.4f}, not "
-                         f"{r['split_score']:.4f}: " + "; ".join(f"{c[7:]} = {r[c]}" for c in refs))
-    return lines
 
 
 def cmd_explain(args) -> int:

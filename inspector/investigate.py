@@ -231,13 +231,13 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
 
 # ---- CLI ------------------------------------------------------------------------------------
 def _print_findings(inv: Investigation, top: int = 10) -> None:
-    from .cli import format_table, split_notes
+    from .cli import format_table
 
     refs = [c for c in inv.split.columns if c.startswith("weight:")]
     flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["chance_mass", "lift", "split_score", "driving_row"]]
     print(f"\nFlagged heads ({len(flagged)}; {inv.split.attrs.get('weighting', 'attention')} weights):")
     print(format_table(flagged) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
-    for line in split_notes(inv.split):
+    for line in analysis.split_notes(inv.split):
         print(line)
     if inv.moves is not None:
         print("\nWhat each variant did to the flagged heads:")

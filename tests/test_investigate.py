@@ -93,6 +93,10 @@ def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--no-app"]) == 0
     out = capsys.readouterr().out
     assert "Flagged heads" in out and "encoder.layer.5.attention.self" in out
+    # the flagged head in every variant first, in plain words: quoting raised L5H9's split 0.228 -> 0.242
+    said = "Variant 'quoted' raised the split of layer 5 head 9 (encoder.layer.5.attention.self): 0.228 -> 0.242"
+    assert said in out and out.index(said) < out.index("Heads ranked by") < out.index("largest changes")
+    assert "value-weighted attention" in out and "sits on pieces both referents share (less)" in out
     for name in ("capture.safetensors", "rank.csv", "split.csv", "report.html", "compare-quoted.csv"):
         assert (tmp_path / name).is_file()
     split = pd.read_csv(tmp_path / "split.csv")

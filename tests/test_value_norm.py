@@ -128,3 +128,31 @@ def test_value_weighted_rank_and_split_follow_the_definition(tokenizer):
         assert sp.loc[h, "chance_mass"] == pytest.approx(chance, abs=TOL)
     with pytest.raises(InspectorError, match="unknown weighting"):
         analysis.rank_heads(cap, weighting="values")
+
+
+def test_heatmaps_show_value_weighted_attention_when_asked(tokenizer):
+    import re
+
+    from inspector import views
+    from inspector.report import render_report
+
+    cap = capture(tiny.build("bert"), tokenizer, LEGAL)
+    site = cap.sites[1]
+    expected = analysis.head_weights(cap, site, heads=[2], weighting="value-norm")[0]
+    df = views.heatmap_frame(cap, site, 2, slice(0, site.query_len), weighting="value-norm")
+    got = torch.tensor(df["weight"].to_numpy()).reshape(site.query_len, site.key_len)
+    torch.testing.assert_close(got, expected.double(), atol=1e-7, rtol=0)
+    row = views.query_row(cap, site, 2, 5, weighting="value-norm")
+    torch.testing.assert_close(torch.tensor(row["weight"].to_numpy()), expected[5].double(), atol=1e-7, rtol=0)
+    # the report's heatmap cells are the value-weighted weights too
+    split = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"], sites=[site], weighting="value-norm")
+    html = render_report(cap, split, analysis.rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"], commands=[],
+                         weighting="value-norm", top=1)
+    top = split.iloc[0]
+    vw = analysis.head_weights(cap, site, heads=[int(top["head"])], weighting="value-norm")[0]
+    table = html[html.index('<table class="hm"'):]
+    first_row = re.search(r'<tr data-q="(\d+)"[^>]*>(.*?)</tr>', table)
+    q = int(first_row.group(1))
+    cells = [float(x) for x in re.findall(r'data-w="([^"]+)"', first_row.group(2))]
+    assert cells == pytest.approx(vw[q][: len(cells)].tolist(), abs=1e-7)
+    assert "Weights shown: value-norm" in html

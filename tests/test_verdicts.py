@@ -198,3 +198,48 @@ def test_no_shared_pieces_without_common_tokens():
     assert row["shared_pieces"] == "" and row["shared_share"] == 0 and not row["mostly_shared"]
     assert row["split_unshared"] == pytest.approx(row["split_score"], abs=TOL)
     assert math.isfinite(row["lift"])
+
+
+# ---- the report and the variants, in words -----------------------------------------------------
+def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
+    from inspector.report import render_report
+
+    toks, p, q = _three_piece_query()
+    cap = build(toks, p)
+    split = analysis.split_heads(cap, "indemnity", ["Bob", "Carol"])
+    html = render_report(cap, split, analysis.rank_heads(cap), query="indemnity", referents=["Bob", "Carol"], commands=[])
+    assert "Row 12 drives the flag; rows passing the rule alone: 12." in html
+    assert "Query token <code>##em</code> (#12, the row that drives the flag" in html
+    assert "row 12 drives it (row split scores 0.0000 1.0000 0.0000)" in html
+    assert '<table class="data qrows">' in html and "aggregate (mean)" in html
+
+    shared = [("[CLS]", None), ("less", "Less"), ("##ee", "ee"), ("pays", "pays"), ("the", "the"), ("less", "Less"),
+              ("##or", "or"), ("x", "x"), ("x", "x"), ("indemnity", "indemnity"), ("[SEP]", None)]
+    n = len(shared)
+    p = torch.full((1, n, n), 0.02 / 7, dtype=torch.float64)
+    p[0, :, 1] = p[0, :, 5] = 0.45
+    p[0, :, 2] = p[0, :, 6] = 0.04
+    cap = build(shared, p)
+    split = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    assert split["flagged"].all() and split["mostly_shared"].all()
+    html = render_report(cap, split, analysis.rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"], commands=[])
+    assert "Most of this split sits on pieces both referents share (less)" in html
+    assert "Most of that split sits on &#x27;less&#x27;, a token piece both referents share" in html
+
+
+@pytest.mark.parametrize("change, word", [(0.014, "up"), (-0.05, "down"), (0.004, "not at all"), (-0.0049, "not at all")])
+def test_variant_moves_say_up_down_or_not_at_all(change, word):
+    import pandas as pd
+
+    from inspector.moves import move_sentence, variant_moves
+
+    split = pd.DataFrame({"site": ["s", "s"], "head": [9, 3], "flagged": [True, False]})
+    cmp = pd.DataFrame({"site": ["s", "s"], "layer": [5, 5], "head": [3, 9], "split_score[original]": [0.1, 0.228],
+                        "split_score[quoted]": [0.1, 0.228 + change], "split_change": [0.0, change],
+                        "flagged[original]": [False, True], "flagged[quoted]": [False, True]})
+    moves = variant_moves(split, {"quoted": cmp})
+    assert moves["head"].tolist() == [9] and moves["moved"].tolist() == [word]
+    text = move_sentence(moves.iloc[0].to_dict())
+    expect = {"up": "raised the split of layer 5 head 9 (s): 0.228 -> 0.242 (+0.014, still flagged). It did not help",
+              "down": "lowered the split", "not at all": "did not move the split"}[word]
+    assert expect in text
