@@ -1,7 +1,7 @@
 """The capture: site metadata, input records and tensors, and its file format.
 
 A capture file is one ``.safetensors`` file (no pickle). Tensors are named ``<site>/q``,
-``<site>/k``, ``<site>/v``, ``<site>/weights`` and ``<site>/mask``; the header's ``__metadata__``
+``<site>/k``, ``<site>/v``, ``<site>/weights``, ``<site>/mask`` and ``<site>/value_norm``; the header's ``__metadata__``
 holds one key, ``inspector``, whose value is a JSON document (schema, model provenance, inputs and
 sites; see README "Capture file format"). Files are written atomically (temporary file, then rename)
 and opened memory-mapped, so a head's rows can be read without loading the rest.

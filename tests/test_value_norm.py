@@ -156,3 +156,15 @@ def test_heatmaps_show_value_weighted_attention_when_asked(tokenizer):
     cells = [float(x) for x in re.findall(r'data-w="([^"]+)"', first_row.group(2))]
     assert cells == pytest.approx(vw[q][: len(cells)].tolist(), abs=1e-7)
     assert "Weights shown: value-norm" in html
+
+
+@pytest.mark.slow
+def test_value_weighting_takes_the_sinks_out_of_the_minilm_ranking(minilm):
+    from inspector.investigate import LEGAL_SOURCE
+
+    cap = capture(minilm.model, minilm.tokenizer, LEGAL_SOURCE)
+    raw = analysis.rank_heads(cap)
+    weighted = analysis.rank_heads(cap, weighting="value-norm")
+    assert len(raw) == len(weighted) == 72
+    assert (raw["label"] == "sink").sum() == 24 and (weighted["label"] == "sink").sum() == 0  # as the README says
+    assert all(s.out_proj == s.name.replace(".attention.self", ".attention.output.dense") for s in cap.sites)
