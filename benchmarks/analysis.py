@@ -244,26 +244,31 @@ def versus(args) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     pairs = c["pairs"]
     med = {j: median([x["wall"] for x in runs]) for j, runs in results.items()}
+    cpu = {j: median([x["cpu"] for x in runs]) for j, runs in results.items()}
     rows = [[what, f"{args.versus if version == 'old' else 'this checkout'}", weighting, f"{med[(what, version, weighting)]:.2f}",
              f"{min(x['wall'] for x in results[(what, version, weighting)]):.2f}",
              f"{max(x['wall'] for x in results[(what, version, weighting)]):.2f}",
-             f"{med[(what, version, weighting)] / pairs * 1e9:.3f}",
+             f"{cpu[(what, version, weighting)]:.2f}", f"{cpu[(what, version, weighting)] / pairs * 1e9:.3f}",
              f"{max(x['peak'] for x in results[(what, version, weighting)]):.0f}"]
             for what, version, weighting in jobs]
     print(f"\n{n} tokens, {pairs:,} query-key pairs (all sites and heads); median of {repeats} interleaved runs, each in a "
-          "fresh process that loads the file")
-    print(table(["analysis", "inspector", "weighting", "median s", "min s", "max s", "ns/pair", "peak +MB"], rows,
-                right=set(range(3, 8))))
-    print("\ntargets")
+          "fresh process that loads the file; cost = CPU seconds of the process (user + system), which other jobs on a "
+          "shared machine disturb less than wall time")
+    print(table(["analysis", "inspector", "weighting", "median s", "min s", "max s", "cpu s", "cpu ns/pair", "peak +MB"], rows,
+                right=set(range(3, 9))))
+    print("\ntargets (CPU time; wall-time ratios in brackets)")
     lines = []
     for what in ("rank", "split"):
-        new, old = med[(what, "new", "attention")], med[(what, "old", "attention")]
-        lines.append(verdict(f"{what} at {n} tokens, this checkout / {args.versus}, time per query-key pair "
-                             f"({new / pairs * 1e9:.3f} / {old / pairs * 1e9:.3f} ns)", new / old, VERSUS_NOISE)[0])
+        new, old = cpu[(what, "new", "attention")], cpu[(what, "old", "attention")]
+        wall = med[(what, "new", "attention")] / med[(what, "old", "attention")]
+        lines.append(verdict(f"{what} at {n} tokens, this checkout / {args.versus}, CPU per query-key pair "
+                             f"({new / pairs * 1e9:.3f} / {old / pairs * 1e9:.3f} ns) [wall {wall:.2f}]", new / old,
+                             VERSUS_NOISE)[0])
     for what in ("rank", "split"):
-        vn, att = med[(what, "new", "value-norm")], med[(what, "new", "attention")]
-        lines.append(verdict(f"{what} at {n} tokens, value-norm / attention weighting ({vn:.2f} / {att:.2f} s)", vn / att,
-                             VALUE_NORM_RATIO)[0])
+        vn, att = cpu[(what, "new", "value-norm")], cpu[(what, "new", "attention")]
+        wall = med[(what, "new", "value-norm")] / med[(what, "new", "attention")]
+        lines.append(verdict(f"{what} at {n} tokens, value-norm / attention weighting ({vn:.2f} / {att:.2f} CPU s) "
+                             f"[wall {wall:.2f}]", vn / att, VALUE_NORM_RATIO)[0])
     print("\n".join(lines))
     print(f"\n(total {elapsed(t_start)})")
     return 0
