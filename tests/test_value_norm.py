@@ -168,3 +168,26 @@ def test_value_weighting_takes_the_sinks_out_of_the_minilm_ranking(minilm):
     assert len(raw) == len(weighted) == 72
     assert (raw["label"] == "sink").sum() == 24 and (weighted["label"] == "sink").sum() == 0  # as the README says
     assert all(s.out_proj == s.name.replace(".attention.self", ".attention.output.dense") for s in cap.sites)
+
+
+def test_a_value_norm_of_the_wrong_shape_is_refused(tmp_path):
+    import planted
+
+    cap = planted.build()
+    site = cap.sites[0]
+    good = load(cap.save(tmp_path / "none.safetensors"))
+    assert good.value_norms(site.name) is None  # a capture without value norms still loads
+    with pytest.raises(InspectorError, match="has no value norms"):
+        analysis.head_weights(good, site.name, weighting="value-norm")
+    site.parts.append("value_norm")
+    cap.tensors[f"{site.name}/value_norm"] = torch.ones(1, site.num_heads, site.key_len)
+    ok = load(cap.save(tmp_path / "ok.safetensors"))
+    assert ok.value_norms(site.name).shape == (site.num_heads, site.key_len)
+    # equal value norms change nothing: value-weighted attention is the attention, chance is uniform
+    a = analysis.split_heads(ok, "today", ["Bob", "Carol"])
+    b = analysis.split_heads(ok, "today", ["Bob", "Carol"], weighting="value-norm")
+    cols = ["weight:Bob", "weight:Carol", "chance_mass", "lift", "split_score"]
+    assert abs(a[cols].to_numpy() - b[cols].to_numpy()).max() < 1e-6 and a["flagged"].tolist() == b["flagged"].tolist()
+    cap.tensors[f"{site.name}/value_norm"] = torch.ones(1, site.num_heads, site.key_len + 1)
+    with pytest.raises(InspectorError, match="shapes do not match"):
+        load(cap.save(tmp_path / "bad.safetensors"))
