@@ -8,9 +8,12 @@ Content-Security-Policy that forbids every fetch, so it opens the same offline a
 Per shown head: the referents' weights as bars; a query x key heatmap (a window of at most
 :data:`LIMIT` x :data:`LIMIT` cells around the query and referents; colour = weight / largest weight
 shown; each cell's exact float32 weight in ``data-w``); and the query's weights shaded over the key
-texts (opacity = weight, a multi-token query averages its rows). Then explain() of the top head for
-the query's last token, the split and rank tables, an optional comparison of variants and the commands
-that reproduce the run.
+texts (opacity = weight, a multi-token query averages its rows), with the head's chance and lift,
+its query rows' own split scores and, when most of the split sits on token pieces both referents
+share, a note saying so. Then, for the top head, a table of every query row and the aggregate row
+``split`` judges, and explain() of the row that drives the flag; the split and rank tables (with how
+the heads were ranked), one sentence per flagged head and variant saying whether the variant moved
+its split down, up or not at all, the comparison of variants, and the commands that reproduce the run.
 """
 
 from __future__ import annotations
