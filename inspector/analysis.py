@@ -430,14 +430,39 @@ class ReferentSplit:
     rule: SplitRule
     weighting: str
 
-    @property
-    def shared(self) -> set[str]:
-        """Token strings (without subword markers) found in two or more referents."""
+    def __post_init__(self) -> None:
+        # every head at once, so that row(head) only reads numbers out
         seen: dict[str, int] = {}
         for pos in self.referents.values():
             for s in {piece(self.key_tokens[p]) for p in pos}:
                 seen[s] = seen.get(s, 0) + 1
-        return {s for s, n in seen.items() if n >= 2}
+        self.shared = {s for s, n in seen.items() if n >= 2}  # token strings found in two or more referents
+        w = self.per_key
+        self._pieces: dict[str, tuple[list[str], list[list[float]]]] = {}
+        unshared = []
+        for r, pos in self.referents.items():
+            groups: dict[str, list[int]] = {}
+            for p in pos:
+                groups.setdefault(self.key_tokens[p], []).append(p)
+            by_piece = torch.stack([w[:, g].sum(-1) for g in groups.values()], dim=1)  # [head, piece]
+            self._pieces[r] = (list(groups), by_piece.tolist())
+            keep = [p for p in pos if piece(self.key_tokens[p]) not in self.shared]
+            unshared.append(w[:, keep].sum(-1))
+        unshared_t = torch.stack(unshared, dim=1)  # [head, referent]
+        agg = self.per_row.mean(1)  # [head, referent]
+        row_mass = self.per_row.sum(-1)  # [head, row]
+        row_chance = self.chance_row.sum(-1)  # [head, row]
+        self._agg = agg.tolist()
+        self._mass = agg.sum(-1).tolist()
+        self._chance = row_chance.mean(-1).tolist()
+        self._split = (2 * agg.topk(2, dim=-1).values[:, 1]).tolist()
+        self._unshared_sum = unshared_t.sum(-1).tolist()
+        self._split_unshared = (2 * unshared_t.topk(2, dim=-1).values[:, 1]).tolist()
+        row_split = 2 * self.per_row.topk(2, dim=-1).values[..., 1]  # [head, row]
+        self._row_split = row_split.tolist()
+        self._driving = row_split.argmax(-1).tolist()
+        self._row_mass = row_mass.tolist()
+        self._row_lift = torch.where(row_chance > 0, row_mass / row_chance.clamp_min(1e-300), torch.nan).tolist()
 
     def row_of(self, head: int, i: int) -> dict:
         """The i-th query row alone: the referents' weights, ``referent_mass``, ``chance_mass``, ``lift``,
@@ -455,35 +480,26 @@ class ReferentSplit:
     def row(self, head: int) -> dict:
         """The split table's columns for one head (after the site, head and query columns)."""
         refs = list(self.referents)
-        agg = self.per_row[head].mean(0)  # [referent]
-        chance = float(self.chance_row[head].sum(-1).mean())
-        mass = float(agg.sum())
+        mass, chance, split = self._mass[head], self._chance[head], self._split[head]
         lift = mass / chance if chance > 0 else float("nan")
-        split = float(2 * agg.topk(2).values[1])
-        rows_ref = self.per_row[head]  # [row, referent]
-        row_split = 2 * rows_ref.topk(2, dim=-1).values[:, 1]
-        row_mass = rows_ref.sum(-1)
-        row_chance = self.chance_row[head].sum(-1)
-        row_lift = torch.where(row_chance > 0, row_mass / row_chance.clamp_min(1e-300), torch.nan)
-        shared = self.shared
-        w = self.per_key[head]
-        unshared = torch.stack([w[[p for p in self.referents[r] if piece(self.key_tokens[p]) not in shared]].sum() for r in refs])
-        split_unshared = float(2 * unshared.topk(2).values[1])
-        out: dict = {f"weight:{r}": float(agg[i]) for i, r in enumerate(refs)}
+        split_unshared = self._split_unshared[head]
+        out: dict = {f"weight:{r}": self._agg[head][i] for i, r in enumerate(refs)}
         out.update({
             "referent_mass": mass, "chance_mass": chance, "lift": lift, "split_score": split,
             "flagged": self.rule.passes(split, mass, lift),
-            "driving_row": int(self.query_positions[int(row_split.argmax())]),
-            "row_split_scores": " ".join(f"{float(x):.4f}" for x in row_split),
-            "rows_flagged": " ".join(str(p) for p, s_, m, li in zip(self.query_positions, row_split.tolist(), row_mass.tolist(),
-                                                                    row_lift.tolist(), strict=True) if self.rule.passes(s_, m, li)),
-            "shared_pieces": " ".join(sorted(shared)),
-            "shared_share": (1 - float(unshared.sum()) / mass) if mass > 0 else 0.0,
+            "driving_row": int(self.query_positions[self._driving[head]]),
+            "row_split_scores": " ".join(f"{x:.4f}" for x in self._row_split[head]),
+            "rows_flagged": " ".join(str(p) for p, s_, m, li in zip(self.query_positions, self._row_split[head],
+                                                                    self._row_mass[head], self._row_lift[head], strict=True)
+                                     if self.rule.passes(s_, m, li)),
+            "shared_pieces": " ".join(sorted(self.shared)),
+            "shared_share": (1 - self._unshared_sum[head] / mass) if mass > 0 else 0.0,
             "split_unshared": split_unshared,
-            "mostly_shared": bool(shared) and split > 0 and split_unshared < split / 2,
+            "mostly_shared": bool(self.shared) and split > 0 and split_unshared < split / 2,
         })
         for r in refs:
-            out[f"pieces:{r}"] = " ".join(f"{self.key_tokens[p]}@{p}={float(w[p]):.4f}" for p in self.referents[r])
+            names, weights = self._pieces[r]
+            out[f"pieces:{r}"] = " ".join(f"{t}={x:.4f}" for t, x in zip(names, weights[head], strict=True))
         return out
 
 
@@ -495,13 +511,18 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
     q_pos = list(query_positions)
     lo, hi = min(q_pos), max(q_pos) + 1
     idx = [p - lo for p in q_pos]
-    w = head_weights(capture, site, batch, queries=slice(lo, hi), weighting=weighting)[:, idx].double()  # [head, row, key]
+    _check_weighting(weighting)
+    vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
+    w = capture.weights(site, batch, queries=slice(lo, hi))[:, idx]  # [head, row, key]
+    if vn is not None:
+        reweight_(w, vn)
+    w = w.double()
     vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
     if not any(bool(vis[..., pos].any()) for pos in referents.values()):
         raise _NothingVisible
     base = vis.double()
-    if weighting == "value-norm":  # uniform attention seen through the same weighting
-        base = base * value_norms_of(capture, site, batch).double()[:, None, :]
+    if vn is not None:  # uniform attention seen through the same weighting
+        base = base * vn.double()[:, None, :]
     total = base.sum(-1).clamp_min(1e-300)  # [1|head, row]
     chance = torch.stack([base[..., pos].sum(-1) / total for pos in referents.values()], dim=-1)  # [1|head, row, referent]
     per_row = torch.stack([w[..., pos].sum(-1) for pos in referents.values()], dim=-1)  # [head, row, referent]
