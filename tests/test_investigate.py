@@ -113,6 +113,15 @@ def test_report_commands_reproduce_split_csv(bart, tmp_path):
     argv[argv.index("--csv") + 1] = str(tmp_path / "again.csv")
     assert main(argv) == 0
     assert (tmp_path / "again.csv").read_text() == (tmp_path / "split.csv").read_text()
+    # the ranking was made with value-weighted attention, and its command says so and rewrites it
+    rank_cmd = next(c for c in inv.commands if c.startswith("inspector rank"))
+    assert "--weighting value-norm" in rank_cmd and inv.rank.attrs["weighting"] == "value-norm"
+    argv = shlex.split(rank_cmd)[1:]
+    argv[argv.index("--csv") + 1] = str(tmp_path / "rank-again.csv")
+    assert main(argv) == 0
+    assert (tmp_path / "rank-again.csv").read_text() == (tmp_path / "rank.csv").read_text()
+    explain_cmd = next(c for c in inv.commands if c.startswith("inspector explain"))
+    assert "--query indemnify" in explain_cmd and main(shlex.split(explain_cmd)[1:]) == 0
 
 
 def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):
