@@ -432,9 +432,11 @@ class ReferentSplit:
 
     def __post_init__(self) -> None:
         # every head at once, so that row(head) only reads numbers out
+        toks = {r: [self.key_tokens[p] for p in pos] for r, pos in self.referents.items()}
+        piece_of = {t: piece(t) for ts in toks.values() for t in set(ts)}
         seen: dict[str, int] = {}
-        for pos in self.referents.values():
-            for s in {piece(self.key_tokens[p]) for p in pos}:
+        for ts in toks.values():
+            for s in {piece_of[t] for t in ts}:
                 seen[s] = seen.get(s, 0) + 1
         self.shared = {s for s, n in seen.items() if n >= 2}  # token strings found in two or more referents
         w = self.per_key
@@ -442,11 +444,11 @@ class ReferentSplit:
         unshared = []
         for r, pos in self.referents.items():
             groups: dict[str, list[int]] = {}
-            for p in pos:
-                groups.setdefault(self.key_tokens[p], []).append(p)
+            for p, t in zip(pos, toks[r], strict=True):
+                groups.setdefault(t, []).append(p)
             by_piece = torch.stack([w[:, g].sum(-1) for g in groups.values()], dim=1)  # [head, piece]
             self._pieces[r] = (list(groups), by_piece.tolist())
-            keep = [p for p in pos if piece(self.key_tokens[p]) not in self.shared]
+            keep = [p for p, t in zip(pos, toks[r], strict=True) if piece_of[t] not in self.shared]
             unshared.append(w[:, keep].sum(-1))
         unshared_t = torch.stack(unshared, dim=1)  # [head, referent]
         agg = self.per_row.mean(1)  # [head, referent]
