@@ -53,9 +53,9 @@ if "ready" not in ss:
         # widget defaults (widgets take their values from here, never from value=)
         "open_path": "", "new_model": DEFAULT_MODEL, "new_text": LEGAL, "new_target": "", "new_weights": True,
         "metric": "normalized_entropy", "exclude_special": False,
-        "hm_mode": "Window", "hm_size": 64, "hm_follow": True, "hm_q0": 0, "hm_k0": 0, "hm_topk": 5, "qkv_key": -1,
+        "hm_mode": "Window", "hm_size": 64, "hm_weighting": "attention", "hm_follow": True, "hm_q0": 0, "hm_k0": 0, "hm_topk": 5, "qkv_key": -1,
         "sp_query": "", "sp_occ": 0, "sp_refs": "", "sp_pick": [], "sp_sites": "all", "sp_min_split": 0.2,
-        "sp_min_mass": 0.25, "sp_ignore_case": False, "sp_top": 10,
+        "sp_min_mass": 0.25, "sp_ignore_case": False, "sp_top": 10, "sp_min_lift": 2.0, "sp_weighting": "attention",
         "bv_view": "head view", "bv_start": 0, "bv_size": 32,
     })
     if len(sys.argv) > 1 and Path(sys.argv[0]).resolve() == APP:  # `inspector app FILE` -> `streamlit run app.py -- FILE`
@@ -329,8 +329,13 @@ def head_view() -> None:
     if ss.hm_mode == "Top-k keys":
         c3.number_input("k (keys per query)", 1, 50, key="hm_topk", persist_state=PERSIST)
     c4.toggle("Centre on the selected query", key="hm_follow", persist_state=PERSIST)
+    if "value_norm" in site.parts:
+        st.radio("Weights", ["attention", "value-norm"], key="hm_weighting", horizontal=True, persist_state=PERSIST,
+                 help="value-norm: each weight times ||v_j W_O^h||, what the key sends through this head, renormalized per "
+                      "row (Kobayashi et al. 2020).")
+    weighting = ss.hm_weighting if "value_norm" in site.parts else "attention"
     size = int(ss.hm_size)
-    row = views.query_row(cap, site, head, qi)
+    row = views.query_row(cap, site, head, qi, weighting=weighting)
     if ss.hm_follow:
         qs = views.window(qi, size, n_q)
         centre_k = qi if site.query_input == site.key_input else int(row["weight"].idxmax())
@@ -342,7 +347,7 @@ def head_view() -> None:
         qs = slice(int(ss.hm_q0), min(n_q, int(ss.hm_q0) + size))
         ks = slice(int(ss.hm_k0), min(n_k, int(ss.hm_k0) + size))
     topk = int(ss.hm_topk) if ss.hm_mode == "Top-k keys" else None
-    df = views.heatmap_frame(cap, site, head, qs, ks, top_k=topk)
+    df = views.heatmap_frame(cap, site, head, qs, ks, top_k=topk, weighting=weighting)
     q_order = [views.token_label(i, q_tokens[i]) for i in range(qs.start, qs.stop)]
     k_idx = sorted(set(df["key_index"])) if topk else list(range(ks.start, ks.stop))
     k_order = [views.token_label(i, k_tokens[i]) for i in k_idx]
@@ -461,10 +466,10 @@ def step_view() -> None:
 # ---- Split finder ----------------------------------------------------------------------------------
 def run_split() -> None:
     refs = [r for r in ss.sp_refs.split(",") if r.strip()] + [f"@{i}" for i in ss.sp_pick]
-    rule = analysis.SplitRule(min_split=float(ss.sp_min_split), min_mass=float(ss.sp_min_mass))
+    rule = analysis.SplitRule(min_split=float(ss.sp_min_split), min_mass=float(ss.sp_min_mass), min_lift=float(ss.sp_min_lift))
     try:
         df = analysis.split_heads(cap, ss.sp_query.strip() or None, refs, occurrence=int(ss.sp_occ) or None,
-                                  sites=ss.sp_sites, rule=rule, case_sensitive=not ss.sp_ignore_case)
+                                  sites=ss.sp_sites, rule=rule, case_sensitive=not ss.sp_ignore_case, weighting=ss.sp_weighting)
     except InspectorError as exc:
         ss.split_error = str(exc)
         return
@@ -490,7 +495,12 @@ def split_view() -> None:
         c5.radio("Sites", ["all", "self", "cross"], key="sp_sites", horizontal=True, persist_state=PERSIST)
         c6.number_input("min split_score", 0.0, 1.0, step=0.05, key="sp_min_split", persist_state=PERSIST)
         c7.number_input("min referent_mass", 0.0, 1.0, step=0.05, key="sp_min_mass", persist_state=PERSIST)
-        st.checkbox("Ignore case", key="sp_ignore_case", persist_state=PERSIST)
+        c8, c9, c10 = st.columns([1, 2, 1])
+        c8.number_input("min lift", 0.0, 100.0, step=0.5, key="sp_min_lift", persist_state=PERSIST,
+                        help="referent_mass ÷ chance_mass, what uniform attention over the visible keys would give the referents.")
+        c9.radio("Weights", ["attention", "value-norm"], key="sp_weighting", horizontal=True, persist_state=PERSIST,
+                 help="value-norm: each weight times ||v_j W_O^h||, renormalized per row (Kobayashi et al. 2020).")
+        c10.checkbox("Ignore case", key="sp_ignore_case", persist_state=PERSIST)
         submitted = st.form_submit_button("Find split heads", type="primary")
     if submitted:
         run_split()
@@ -507,12 +517,15 @@ def split_view() -> None:
     st.markdown(
         f"**{n} head{'s' if n != 1 else ''} flagged** for query `{res['query'] or df['query'].iloc[0]}` over referents "
         + ", ".join(f"`{c.split(':', 1)[1]}`" for c in ref_cols)
-        + f" (split_score ≥ {rule.min_split:g} and referent_mass ≥ {rule.min_mass:g})"
+        + f" (split_score ≥ {rule.min_split:g}, referent_mass ≥ {rule.min_mass:g} and lift ≥ {rule.min_lift:g}; "
+        f"{df.attrs.get('weighting', 'attention')} weights)"
     )
     if n:
         st.markdown("**Flagged heads**")
-        show = flagged[["site", "layer", "head", *ref_cols, "referent_mass", "split_score"]]
-        st.table(show.style.format({c: "{:.4f}" for c in (*ref_cols, "referent_mass", "split_score")}), hide_index=True)
+        show = flagged[["site", "layer", "head", *ref_cols, "referent_mass", "split_score", "lift", "driving_row"]]
+        st.table(show.style.format({c: "{:.4f}" for c in (*ref_cols, "referent_mass", "split_score", "lift")}), hide_index=True)
+        for line in analysis.split_notes(df):
+            st.caption(line)
     else:
         st.success("No head gives a large share of its weight to two referents at once.")
 
@@ -520,9 +533,11 @@ def split_view() -> None:
     with left:
         st.markdown("**Every head** (flagged rows highlighted; click a row to shade its weights below)")
         styled = df.style.apply(lambda r: [f"background-color: {FLAG_COLOUR}" if r["flagged"] else ""] * len(r), axis=1)
-        styled = styled.format({c: "{:.4f}" for c in (*ref_cols, "referent_mass", "split_score")})
-        shown = ["site", "layer", "head", "split_score", "referent_mass", *ref_cols, "flagged", "query", "query_positions",
-                 "stack", "kind"]
+        styled = styled.format({c: "{:.4f}" for c in (*ref_cols, "referent_mass", "split_score", "chance_mass", "lift",
+                                                     "split_unshared")})
+        shown = ["site", "layer", "head", "split_score", "referent_mass", *ref_cols, "chance_mass", "lift", "flagged", "query",
+                 "query_positions", "driving_row", "row_split_scores", "rows_flagged", "shared_pieces", "mostly_shared",
+                 "split_unshared", "stack", "kind"]
         st.dataframe(styled, key="split_table", column_order=shown, on_select=lambda: on_split_select(df), selection_mode="single-row",
                      hide_index=True, height=420)
         st.download_button("Download CSV (as `inspector split --csv`)", views.csv_bytes(df), file_name="split.csv",
@@ -560,12 +575,12 @@ def split_view() -> None:
         st.info("This head has no split row (the query is not on its query axis).")
         return
     q_pos = [int(p) for p in str(hit["query_positions"].iloc[0]).split()]
-    c2.button("Open in the Head view", on_click=select_head, args=(s_name, s_head, q_pos[-1], "Head"))
+    c2.button("Open in the Head view", on_click=select_head, args=(s_name, s_head, int(hit["driving_row"].iloc[0]), "Head"))
     ref_pos: list[int] = []
     for ref in res["refs"]:
         for occ in spans.find(cap, s_site, ref, "key", case_sensitive=not ss.sp_ignore_case):
             ref_pos += list(occ.positions)
-    w = views.query_weights(cap, s_site, s_head, q_pos)
+    w = views.query_weights(cap, s_site, s_head, q_pos, weighting=df.attrs.get("weighting", "attention"))
     st.html(views.shaded_html(cap, s_site, w, query_positions=q_pos, referent_positions=ref_pos))
     st.caption("Darker red = more weight from the query (outlined in blue); referents underlined in green; "
                "special tokens shown as chips with their weight. Hover a word for its weight.")

@@ -24,6 +24,18 @@ referents), which skips the search for the words in the text.
 
     .venv/bin/python benchmarks/analysis.py            # full 2048, lazy 2048 and 8192 (several minutes)
     .venv/bin/python benchmarks/analysis.py --quick    # full 512, lazy 512 and 1024
+
+Versions and weightings (issue 10): ``--versus REV`` compares, side by side on one lazy capture of
+``--tokens`` tokens (default 8192), ``rank_heads`` and ``split_heads`` of this checkout against the
+``inspector`` package of git revision REV (extracted with ``git archive`` into a temporary folder and
+put first on the worker's ``sys.path``), and this checkout's ``weighting="value-norm"`` against
+``weighting="attention"``. The capture is made once by this checkout (with value norms); the older
+version reads a copy whose header leaves ``value_norm`` out of every site's parts (the tensors are the
+same bytes). Targets: this checkout's time per query-key pair at most the older version's (x 1.05 for
+timer noise on a shared machine), and value-norm weighting at most 1.2x attention weighting.
+
+    .venv/bin/python benchmarks/analysis.py --versus 447605d              # 8192 tokens
+    .venv/bin/python benchmarks/analysis.py --versus 447605d --tokens 2048 --repeats 3
 """
 
 from __future__ import annotations
@@ -57,6 +69,8 @@ from _common import (
 
 PAIR_RATIO = 1.5  # lazy ns per query-key pair at the long length / full's at the short one
 MEMORY_LIMIT = 2 * GIB
+VERSUS_NOISE = 1.05  # this checkout's time / the older version's: "no more", with 5% allowed for timer noise
+VALUE_NORM_RATIO = 1.2  # value-norm weighting's time / attention weighting's
 QUERY, REFERENTS = "indemnity", ["Lessee", "Lessor"]
 
 
@@ -132,10 +146,136 @@ def analysis_job(spec: dict) -> dict:
     return out
 
 
+def version_job(spec: dict) -> dict:
+    """One analysis call with the inspector package under ``spec["root"]`` (this checkout or an older one)."""
+    sys.path.insert(0, spec["root"])
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    import inspector
+    from inspector import analysis
+    from inspector.store import load
+
+    if not str(Path(inspector.__file__).resolve()).startswith(str(Path(spec["root"]).resolve())):
+        raise RuntimeError(f"imported {inspector.__file__}, not the package under {spec['root']}")
+    cap = load(spec["path"])
+    extra = {} if spec["weighting"] == "attention" else {"weighting": spec["weighting"]}
+    if spec["job"] == "rank":
+        def call():
+            return analysis.rank_heads(cap, **extra)
+    else:
+        def call():
+            return analysis.split_heads(cap, QUERY, REFERENTS, occurrence=spec["occurrences"], **extra)
+    walls, cpus = [], []
+    with PeakMemory(anon=True) as mem:
+        for _ in range(spec.get("inner", 1)):  # a short call is repeated in the process; its median counts
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            df = call()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(cpu_seconds() - c0)
+    return {"wall": median(walls), "cpu": median(cpus), "peak": mem.peak - mem.base, "rows": len(df)}
+
+
 def worker(spec: dict) -> None:
     from _common import answer
 
-    answer(capture_job(spec) if spec["job"] == "capture" else analysis_job(spec))
+    if spec["job"] == "capture":
+        answer(capture_job(spec))
+    elif "root" in spec:
+        answer(version_job(spec))
+    else:
+        answer(analysis_job(spec))
+
+
+def _without_value_norms(src: Path, dst: Path) -> None:
+    """A copy of a capture file whose inspector header leaves ``value_norm`` out of every site's parts
+    (what an inspector from before value norms can load); the tensor bytes are copied unchanged."""
+    import struct
+
+    with open(src, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        meta = json.loads(header["__metadata__"]["inspector"])
+        for site in meta["sites"]:
+            site["parts"] = [x for x in site["parts"] if x != "value_norm"]
+        header["__metadata__"]["inspector"] = json.dumps(meta)
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(dst, "wb") as g:
+            g.write(struct.pack("<Q", len(raw)))
+            g.write(raw)
+            shutil.copyfileobj(f, g, 64 * MB)
+
+
+def versus(args) -> int:
+    import subprocess
+
+    import torch
+
+    n, repeats = args.tokens or 8192, args.repeats or 3
+    threads = args.threads or torch.get_num_threads()
+    root = Path(__file__).resolve().parent.parent
+    print(f"inspector analysis, this checkout vs {args.versus} and value-norm vs attention weighting: GPT-2-small shape, "
+          f"{n} tokens, lazy capture, batch 1, {threads} torch threads per process")
+    print(f"machine: {machine_line()}\n")
+    t_start = time.perf_counter()
+    folder = Path(tempfile.mkdtemp(prefix="inspector-bench-versus-"))
+    try:
+        old_root = folder / "old"
+        old_root.mkdir()
+        archive = subprocess.run(["git", "-C", str(root), "archive", args.versus, "inspector"], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(old_root)], input=archive.stdout, check=True)
+        print(f"  capturing {n} tokens ...", flush=True)
+        c = run_once(__file__, {"job": "capture", "threads": threads, "positions": max(n, 1024), "dir": str(folder),
+                                "tokens": n, "kinds": ["lazy"]})
+        new_path = Path(c["captures"]["lazy"]["path"])
+        old_path = folder / "old.safetensors"
+        _without_value_norms(new_path, old_path)
+        jobs = [(what, version, weighting) for what in args.jobs.split(",")
+                for version, weighting in (("old", "attention"), ("new", "attention"), ("new", "value-norm"))]
+        results: dict = {j: [] for j in jobs}
+        for r in range(repeats):
+            for job in jobs[r % len(jobs):] + jobs[: r % len(jobs)]:
+                what, version, weighting = job
+                results[job].append(run_once(__file__, {
+                    "job": what, "threads": threads, "weighting": weighting, "occurrences": c["occurrences"],
+                    "inner": args.inner if what == "split" else 1,
+                    "root": str(old_root if version == "old" else root),
+                    "path": str(old_path if version == "old" else new_path)}))
+            print(f"  round {r + 1}/{repeats}: " + ", ".join(
+                f"{w} {v} {x}: {results[(w, v, x)][-1]['wall']:.2f} s" for w, v, x in jobs), flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    pairs = c["pairs"]
+    med = {j: median([x["wall"] for x in runs]) for j, runs in results.items()}
+    cpu = {j: median([x["cpu"] for x in runs]) for j, runs in results.items()}
+    rows = [[what, f"{args.versus if version == 'old' else 'this checkout'}", weighting, f"{med[(what, version, weighting)]:.2f}",
+             f"{min(x['wall'] for x in results[(what, version, weighting)]):.2f}",
+             f"{max(x['wall'] for x in results[(what, version, weighting)]):.2f}",
+             f"{cpu[(what, version, weighting)]:.2f}", f"{cpu[(what, version, weighting)] / pairs * 1e9:.3f}",
+             f"{max(x['peak'] for x in results[(what, version, weighting)]):.0f}"]
+            for what, version, weighting in jobs]
+    print(f"\n{n} tokens, {pairs:,} query-key pairs (all sites and heads); median of {repeats} interleaved runs, each in a "
+          f"fresh process that loads the file (split: the median of {args.inner} calls in that process); cost = CPU seconds of the process (user + system), which other jobs on a "
+          "shared machine disturb less than wall time")
+    print(table(["analysis", "inspector", "weighting", "median s", "min s", "max s", "cpu s", "cpu ns/pair", "peak +MB"], rows,
+                right=set(range(3, 9))))
+    print("\ntargets (CPU time; wall-time ratios in brackets)")
+    lines = []
+    for what in args.jobs.split(","):
+        new, old = cpu[(what, "new", "attention")], cpu[(what, "old", "attention")]
+        wall = med[(what, "new", "attention")] / med[(what, "old", "attention")]
+        lines.append(verdict(f"{what} at {n} tokens, this checkout / {args.versus}, CPU per query-key pair "
+                             f"({new / pairs * 1e9:.3f} / {old / pairs * 1e9:.3f} ns) [wall {wall:.2f}]", new / old,
+                             VERSUS_NOISE)[0])
+    for what in args.jobs.split(","):
+        vn, att = cpu[(what, "new", "value-norm")], cpu[(what, "new", "attention")]
+        wall = med[(what, "new", "value-norm")] / med[(what, "new", "attention")]
+        lines.append(verdict(f"{what} at {n} tokens, value-norm / attention weighting ({vn:.2f} / {att:.2f} CPU s) "
+                             f"[wall {wall:.2f}]", vn / att, VALUE_NORM_RATIO)[0])
+    print("\n".join(lines))
+    print(f"\n(total {elapsed(t_start)})")
+    return 0
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -155,11 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lazy-tokens", type=int, default=None, help="length of the long lazy capture (default 8192)")
     p.add_argument("--repeats", type=int, help="measured rounds (default 3)")
     p.add_argument("--threads", type=int, help="torch threads in every process (default: torch's default here)")
+    p.add_argument("--versus", metavar="REV", help="compare with the inspector of git revision REV, and value-norm "
+                   "weighting with attention weighting, on one lazy capture (see the module docstring)")
+    p.add_argument("--tokens", type=int, help="with --versus: capture length (default 8192)")
+    p.add_argument("--jobs", default="rank,split", help="with --versus: which analyses (default rank,split)")
+    p.add_argument("--inner", type=int, default=5, help="with --versus: calls of split per process, median kept (default 5)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return 0
+    if args.versus:
+        return versus(args)
 
     import torch
 

@@ -25,10 +25,29 @@ entropies are computed (sink heads otherwise dominate a ranking); ``sink_mass`` 
 weight they had.
 
 Split detection: for a query span and two or more referent spans, ``weight:<referent>`` is the
-weight the query puts on the referent's tokens (subword tokens summed, every occurrence summed; a
-multi-token query averages its rows). ``split_score = 2 * second-largest referent weight`` (1.0 when
-two referents get half each, 0 when at most one gets any), ``referent_mass`` the sum over referents,
-and ``flagged = split_score >= min_split and referent_mass >= min_mass``.
+weight the query puts on the referent's tokens (subword tokens summed, every occurrence summed).
+A multi-token query has one row per token; the *aggregate row* is the mean of those rows, and every
+verdict below is taken on it (the per-row numbers are reported beside it: ``row_split_scores``,
+``driving_row``, ``rows_flagged``). ``split_score = 2 * second-largest referent weight`` (1.0 when
+two referents get half each, 0 when at most one gets any), ``referent_mass`` the sum over referents.
+
+Chance: per query row, ``chance`` of a referent is what uniform attention over that row's visible
+keys would give it, ``|referent keys visible to the row| / |visible keys of the row|`` (under
+value-norm weighting, uniform attention weighted the same way: ``sum of the referent keys' value
+norms / sum over the visible keys``); ``chance_mass`` is the aggregate row's (the rows' mean) sum over
+referents, and ``lift = referent_mass / chance_mass`` (1 for a uniform head, whatever the length).
+``flagged = split_score >= min_split and referent_mass >= min_mass and lift >= min_lift``.
+
+Shared pieces: referents whose tokens share strings (``less`` in ``less ##ee`` and ``less ##or``)
+may draw weight only because of the shared piece. ``pieces:<referent>`` breaks each referent's weight
+down by token; ``shared_pieces`` lists the strings found in two or more referents, ``shared_share`` is
+the part of ``referent_mass`` on them, ``split_unshared`` the split score with them left out, and
+``mostly_shared`` is true when more than half the split score comes from them
+(``split_unshared < split_score / 2``).
+
+Weighting (``weighting="value-norm"``, Kobayashi et al. 2020, "Attention is Not Only a Weight"):
+each weight times the norm of what its key sends through the head, ``||v_j W_O^h||`` (the capture's
+``<site>/value_norm``), renormalized per query row; ``"attention"`` (default) uses the raw weights.
 """
 
 from __future__ import annotations
@@ -48,6 +67,10 @@ _BLOCK_VALUES = 1 << 21  # rank_heads works on [head, query, key] blocks of at m
 RANK_COLUMNS = ["site", "stack", "kind", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "self_mass",
                 "prev_mass", "top_key", "top_key_index", "top_key_weight", "label"]
 SPLIT_COLUMNS = ["site", "stack", "kind", "layer", "head", "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
+# after the weights: the aggregate verdict, the per-row rule, the shared pieces (then pieces:<ref>...)
+SPLIT_VERDICT_COLUMNS = ["referent_mass", "chance_mass", "lift", "split_score", "flagged", "driving_row", "row_split_scores",
+                         "rows_flagged", "shared_pieces", "shared_share", "split_unshared", "mostly_shared"]
+WEIGHTINGS = ("attention", "value-norm")
 
 
 @dataclass(frozen=True)
@@ -74,11 +97,23 @@ class LabelRule:
 
 @dataclass(frozen=True)
 class SplitRule:
-    """Flag a head when it gives at least 10% to each of two referents (split_score >= 0.2) and at
-    least a quarter of its weight to the referents together (referent_mass >= 0.25)."""
+    """Flag a head when it gives at least 10% to each of two referents (split_score >= 0.2), at
+    least a quarter of its weight to the referents together (referent_mass >= 0.25), and at least
+    twice what uniform attention over the visible keys would give them (lift >= 2).
+
+    All three must hold. min_split and min_mass alone pass a uniform head whenever the referents
+    cover a quarter of the text (4 of 14 tokens, say); lift is 1 for a uniform head at every length,
+    so min_lift 2 asks the head to favour the referents clearly over chance. A head with 45% on each of
+    two one-token referents among n visible keys has lift 0.9 n / 2, flagged from n = 5 on. Referents
+    covering more than half the visible keys can never reach lift 2: such a query cannot be told
+    apart from chance by weights alone."""
 
     min_split: float = 0.2
     min_mass: float = 0.25
+    min_lift: float = 2.0
+
+    def passes(self, split_score: float, referent_mass: float, lift: float) -> bool:
+        return bool(split_score >= self.min_split and referent_mass >= self.min_mass and lift >= self.min_lift)
 
 
 def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k: torch.Tensor) -> torch.Tensor:
@@ -94,7 +129,58 @@ def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k
     return vis
 
 
-def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool, chunk: int) -> list[dict]:
+def _check_weighting(weighting: str) -> None:
+    if weighting not in WEIGHTINGS:
+        raise InspectorError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
+
+
+def value_norms_of(capture: Capture, site: Site, batch: int = 0) -> torch.Tensor:
+    """``[head, key]`` value norms ``||v_j W_O^h||`` of a site (float32); InspectorError naming the reason
+    when the capture has none for it."""
+    vn = capture.value_norms(site, batch)
+    if vn is None:
+        why = site.value_norm_note or "the capture was made before value norms were recorded"
+        raise InspectorError(f"site {site.name} has no value norms ({why}): use --weighting attention, or capture again "
+                             "with this inspector")
+    return vn
+
+
+def reweight_(w: torch.Tensor, value_norm: torch.Tensor) -> torch.Tensor:
+    """Value-weighted attention in place: ``w [head, query, key] * value_norm [head, key]``, each row
+    renormalized to sum 1 (Kobayashi et al. 2020). Rows with no weight left stay 0."""
+    w.mul_(value_norm[:, None, :])
+    return w.div_(w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny))
+
+
+def head_weights(capture: Capture, site: Site | str, batch: int = 0, heads: list[int] | None = None,
+                 queries: slice | None = None, weighting: str = "attention") -> torch.Tensor:
+    """Weights ``[head, query, key]`` (float32) as :meth:`Capture.weights` gives them, or value-weighted
+    (``weighting="value-norm"``: times ``||v_j W_O^h||``, renormalized per row)."""
+    _check_weighting(weighting)
+    site = capture.site(site) if isinstance(site, str) else site
+    w = capture.weights(site, batch, heads=heads, queries=queries)
+    if weighting == "value-norm":
+        vn = value_norms_of(capture, site, batch)
+        reweight_(w, vn if heads is None else vn[list(heads)])
+    return w
+
+
+def weighted_sites(capture: Capture, sites: list[Site], weighting: str) -> tuple[list[Site], dict[str, str]]:
+    """The sites that can be read with ``weighting`` and, for the others, why not (site name -> reason)."""
+    _check_weighting(weighting)
+    if weighting == "attention":
+        return list(sites), {}
+    ok = [s for s in sites if "value_norm" in s.parts]
+    left = {s.name: s.value_norm_note or "no value norms in this capture" for s in sites if "value_norm" not in s.parts}
+    if not ok and sites:
+        name, why = next(iter(left.items()))
+        raise InspectorError(f"no site of this capture has value norms (e.g. {name}: {why}): use --weighting attention, "
+                             "or capture again with this inspector")
+    return ok, left
+
+
+def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool, chunk: int,
+                weighting: str = "attention") -> list[dict]:
     h = site.num_heads
     special_k, pad_k = capture.flags(site, "key", batch)
     _, pad_q = capture.flags(site, "query", batch)
@@ -112,12 +198,15 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
     # at most `chunk` query rows at a time, fewer for long key axes: blocks of at most _BLOCK_VALUES values are
     # reused from the allocator's heap, where larger ones are mapped (and page-faulted in) anew for every chunk
     step = max(1, min(chunk, _BLOCK_VALUES // max(1, h * site.key_len)))
+    vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
     for q0 in range(0, site.query_len, step):
         qs = slice(q0, min(site.query_len, q0 + step))
         rows = ~pad_q[qs]
         if not bool(rows.any()):
             continue
         w = capture.weights(site, batch, queries=qs)  # [head, c, key]
+        if vn is not None:
+            reweight_(w, vn)
         vis = visible_keys(capture, site, batch, qs, pad_k)
         p = w
         if exclude_special:
@@ -174,21 +263,27 @@ def rank_heads(
     sort_by: str = "normalized_entropy",
     ascending: bool = True,
     chunk: int = 256,
+    weighting: str = "attention",
 ) -> pd.DataFrame:
     """One row per site and head with the entropy metrics and a label, sorted (focused heads first).
 
     Weights are read (or recomputed) ``chunk`` query rows at a time at most, fewer where the key axis is
     long (a block of all heads x rows x keys stays within 8 MB), so memory stays bounded at any length.
+    ``weighting="value-norm"`` computes every metric on value-weighted attention; sites without value
+    norms are left out and named in ``df.attrs["left_out"]`` (site -> reason).
     """
     _check_batch(capture, batch)
+    chosen, left_out = weighted_sites(capture, list(sites if sites is not None else capture.sites), weighting)
     rows: list[dict] = []
-    for site in sites if sites is not None else capture.sites:
-        rows += _site_stats(capture, site, batch, exclude_special, chunk)
+    for site in chosen:
+        rows += _site_stats(capture, site, batch, exclude_special, chunk, weighting)
     df = pd.DataFrame(rows, columns=[c for c in RANK_COLUMNS if c != "label"])
     df["label"] = [rule.label(r) for r in df.to_dict("records")] if len(df) else []
     if sort_by not in df.columns:
         raise InspectorError(f"cannot sort by {sort_by!r}: choose one of {', '.join(RANK_COLUMNS)}")
-    return df.sort_values([sort_by, "site", "head"], ascending=[ascending, True, True], kind="stable").reset_index(drop=True)
+    df = df.sort_values([sort_by, "site", "head"], ascending=[ascending, True, True], kind="stable").reset_index(drop=True)
+    df.attrs.update(weighting=weighting, left_out=left_out)
+    return df
 
 
 def _check_batch(capture: Capture, batch: int) -> None:
@@ -220,8 +315,17 @@ def split_heads(
     query_role: str | None = None,
     referent_role: str | None = None,
     cross_first: bool = False,
+    weighting: str = "attention",
 ) -> pd.DataFrame:
     """Per site and head, how the query's weight divides among competing referents.
+
+    Columns (see the module docstring): the site and head, ``query``, ``query_positions``,
+    ``weight:<referent>`` per referent, then :data:`SPLIT_VERDICT_COLUMNS`, then ``pieces:<referent>``.
+    The verdict is taken on the aggregate row (the mean of a multi-token query's rows);
+    ``row_split_scores`` gives each row's own split score in ``query_positions`` order,
+    ``driving_row`` the query position whose row has the highest split score and ``rows_flagged``
+    the positions whose row alone passes the rule. ``weighting="value-norm"`` reads value-weighted
+    attention (sites without value norms are left out, see ``df.attrs["left_out"]``).
 
     Only sites where the query is on the query axis and at least one referent occurrence is visible to
     it are reported. ``query_role`` / ``referent_role`` ("source" or "target") restrict where the
@@ -234,6 +338,7 @@ def split_heads(
     if len(refs) < 2 or len(set(refs)) != len(refs):
         raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
     candidates = _site_filter(capture, sites) if isinstance(sites, str) else sites
+    candidates, left_out = weighted_sites(capture, list(candidates), weighting)
     rows: list[dict] = []
     problems: list[str] = []
     for site in candidates:
@@ -246,38 +351,24 @@ def split_heads(
             continue
         occ = spans.resolve_query(capture, site, query, index=query_index, occurrence=occurrence, batch=batch,
                                   case_sensitive=case_sensitive, role=query_role)
-        ref_pos: dict[str, list[int]] = {}
-        missing = None
-        for ref in refs:
-            found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=referent_role)
-            if not found:
-                missing = ref
-                break
-            ref_pos[ref] = sorted({p for o in found for p in o.positions})
-        if missing is not None:
-            problems.append(spans.not_found_message(capture, site, missing, "key", "referent", batch))
+        try:
+            ref_pos = find_referents(capture, site, refs, batch=batch, case_sensitive=case_sensitive, role=referent_role)
+        except InspectorError as exc:
+            problems.append(str(exc))
             continue
         q_pos = list(occ.positions)
-        lo, hi = min(q_pos), max(q_pos) + 1
-        w = capture.weights(site, batch, queries=slice(lo, hi))[:, [p - lo for p in q_pos]].double().mean(1)  # [head, key]
-        vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])
-        vis_any = vis[..., [p - lo for p in q_pos], :].any(dim=(0, 1))
-        if not any(bool(vis_any[ref_pos[r]].any()) for r in refs):
+        try:
+            found = referent_split(capture, site, q_pos, ref_pos, batch=batch, rule=rule, weighting=weighting)
+        except _NothingVisible:
             problems.append(f"at {site.name} the query cannot see any referent (causal mask)")
             continue
-        per_ref = torch.stack([w[:, ref_pos[r]].sum(-1) for r in refs], dim=1)  # [head, ref]
-        top2 = per_ref.topk(2, dim=1).values
         for head in range(site.num_heads):
             row = {
                 "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
                 "query": occ.phrase if query_index is None else f"@{query_index} {capture.tokens(site, 'query', batch)[query_index]}",
                 "query_positions": " ".join(map(str, q_pos)),
             }
-            for i, r in enumerate(refs):
-                row[f"weight:{r}"] = float(per_ref[head, i])
-            row["referent_mass"] = float(per_ref[head].sum())
-            row["split_score"] = float(2 * top2[head, 1])
-            row["flagged"] = bool(row["split_score"] >= rule.min_split and row["referent_mass"] >= rule.min_mass)
+            row.update(found.row(head))
             rows.append(row)
     if not rows:
         raise InspectorError(problems[0] if problems else "no attention site matches the --sites filter")
@@ -288,4 +379,176 @@ def split_heads(
     else:
         keys, ascending = ["split_score", "_cross"], [False, True]
     df = df.sort_values(keys + ["site", "head"], ascending=ascending + [True, True], kind="stable")
-    return df.drop(columns="_cross").reset_index(drop=True)
+    df = df.drop(columns="_cross").reset_index(drop=True)
+    df.attrs.update(weighting=weighting, left_out=left_out)
+    return df
+
+
+# ---- one query's rows over the referents ---------------------------------------------------------
+def find_referents(capture: Capture, site: Site, referents: list[str], *, batch: int = 0, case_sensitive: bool = True,
+                   role: str | None = None) -> dict[str, list[int]]:
+    """Each referent's key positions at ``site`` (every occurrence, subword tokens included);
+    InspectorError naming the nearest words when one is not in the text."""
+    refs = [r.strip() for r in referents if r.strip()]
+    if len(refs) < 2 or len(set(refs)) != len(refs):
+        raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
+    out: dict[str, list[int]] = {}
+    for ref in refs:
+        found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=role)
+        if not found:
+            raise InspectorError(spans.not_found_message(capture, site, ref, "key", "referent", batch))
+        out[ref] = sorted({p for o in found for p in o.positions})
+    return out
+
+
+class _NothingVisible(Exception):
+    pass
+
+
+def piece(token: str) -> str:
+    """A token's text without subword markers (WordPiece ``##``, byte-level ``Ġ``, SentencePiece ``▁``),
+    so ``less`` in ``less ##ee`` and in ``less ##or`` read the same."""
+    t = token[2:] if token.startswith("##") else token
+    return t.lstrip("Ġ▁ ") or t
+
+
+@dataclass
+class ReferentSplit:
+    """How a query's rows divide their weight among referents at one site, every head at once.
+
+    Shapes: ``per_row [head, row, referent]`` weights, ``chance_row [head, row, referent]`` chance,
+    ``per_key [head, key]`` the aggregate row's weights (the mean of the rows), all float64.
+    """
+
+    site: Site
+    query_positions: list[int]
+    referents: dict[str, list[int]]  # referent -> key positions
+    key_tokens: list[str]
+    per_row: torch.Tensor
+    chance_row: torch.Tensor
+    per_key: torch.Tensor
+    rule: SplitRule
+    weighting: str
+
+    def __post_init__(self) -> None:
+        # every head at once, so that row(head) only reads numbers out
+        toks = {r: [self.key_tokens[p] for p in pos] for r, pos in self.referents.items()}
+        piece_of = {t: piece(t) for ts in toks.values() for t in set(ts)}
+        seen: dict[str, int] = {}
+        for ts in toks.values():
+            for s in {piece_of[t] for t in ts}:
+                seen[s] = seen.get(s, 0) + 1
+        self.shared = {s for s, n in seen.items() if n >= 2}  # token strings found in two or more referents
+        w = self.per_key
+        self._pieces: dict[str, tuple[list[str], list[list[float]]]] = {}
+        unshared = []
+        for r, pos in self.referents.items():
+            groups: dict[str, list[int]] = {}
+            for p, t in zip(pos, toks[r], strict=True):
+                groups.setdefault(t, []).append(p)
+            by_piece = torch.stack([w[:, g].sum(-1) for g in groups.values()], dim=1)  # [head, piece]
+            self._pieces[r] = (list(groups), by_piece.tolist())
+            keep = [p for p, t in zip(pos, toks[r], strict=True) if piece_of[t] not in self.shared]
+            unshared.append(w[:, keep].sum(-1))
+        unshared_t = torch.stack(unshared, dim=1)  # [head, referent]
+        agg = self.per_row.mean(1)  # [head, referent]
+        row_mass = self.per_row.sum(-1)  # [head, row]
+        row_chance = self.chance_row.sum(-1)  # [head, row]
+        self._agg = agg.tolist()
+        self._mass = agg.sum(-1).tolist()
+        self._chance = row_chance.mean(-1).tolist()
+        self._split = (2 * agg.topk(2, dim=-1).values[:, 1]).tolist()
+        self._unshared_sum = unshared_t.sum(-1).tolist()
+        self._split_unshared = (2 * unshared_t.topk(2, dim=-1).values[:, 1]).tolist()
+        row_split = 2 * self.per_row.topk(2, dim=-1).values[..., 1]  # [head, row]
+        self._row_split = row_split.tolist()
+        self._driving = row_split.argmax(-1).tolist()
+        self._row_mass = row_mass.tolist()
+        self._row_lift = torch.where(row_chance > 0, row_mass / row_chance.clamp_min(1e-300), torch.nan).tolist()
+
+    def row_of(self, head: int, i: int) -> dict:
+        """The i-th query row alone: the referents' weights, ``referent_mass``, ``chance_mass``, ``lift``,
+        ``split_score`` and ``flagged`` (the rule applied to that row)."""
+        ref = self.per_row[head, i]
+        mass, chance = float(ref.sum()), float(self.chance_row[head, i].sum())
+        lift = mass / chance if chance > 0 else float("nan")
+        split = float(2 * ref.topk(2).values[1])
+        out: dict = {"query_index": int(self.query_positions[i])}
+        out.update({f"weight:{r}": float(ref[j]) for j, r in enumerate(self.referents)})
+        out.update({"referent_mass": mass, "chance_mass": chance, "lift": lift, "split_score": split,
+                    "flagged": self.rule.passes(split, mass, lift)})
+        return out
+
+    def row(self, head: int) -> dict:
+        """The split table's columns for one head (after the site, head and query columns)."""
+        refs = list(self.referents)
+        mass, chance, split = self._mass[head], self._chance[head], self._split[head]
+        lift = mass / chance if chance > 0 else float("nan")
+        split_unshared = self._split_unshared[head]
+        out: dict = {f"weight:{r}": self._agg[head][i] for i, r in enumerate(refs)}
+        out.update({
+            "referent_mass": mass, "chance_mass": chance, "lift": lift, "split_score": split,
+            "flagged": self.rule.passes(split, mass, lift),
+            "driving_row": int(self.query_positions[self._driving[head]]),
+            "row_split_scores": " ".join(f"{x:.4f}" for x in self._row_split[head]),
+            "rows_flagged": " ".join(str(p) for p, s_, m, li in zip(self.query_positions, self._row_split[head],
+                                                                    self._row_mass[head], self._row_lift[head], strict=True)
+                                     if self.rule.passes(s_, m, li)),
+            "shared_pieces": " ".join(sorted(self.shared)),
+            "shared_share": (1 - self._unshared_sum[head] / mass) if mass > 0 else 0.0,
+            "split_unshared": split_unshared,
+            "mostly_shared": bool(self.shared) and split > 0 and split_unshared < split / 2,
+        })
+        for r in refs:
+            names, weights = self._pieces[r]
+            out[f"pieces:{r}"] = " ".join(f"{t}={x:.4f}" for t, x in zip(names, weights[head], strict=True))
+        return out
+
+
+def referent_split(capture: Capture, site: Site, query_positions: list[int], referents: dict[str, list[int]], *,
+                   batch: int = 0, rule: SplitRule = SplitRule(), weighting: str = "attention") -> ReferentSplit:
+    """Each of the query's rows over the referents at ``site``, with each row's chance (one read of the
+    rows ``min..max`` of the query positions). Raises ``_NothingVisible`` when no referent key is
+    visible to any of the rows."""
+    q_pos = list(query_positions)
+    lo, hi = min(q_pos), max(q_pos) + 1
+    idx = [p - lo for p in q_pos]
+    _check_weighting(weighting)
+    vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
+    w = capture.weights(site, batch, queries=slice(lo, hi))[:, idx]  # [head, row, key]
+    if vn is not None:
+        reweight_(w, vn)
+    w = w.double()
+    vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
+    if not any(bool(vis[..., pos].any()) for pos in referents.values()):
+        raise _NothingVisible
+    base = vis.double()
+    if vn is not None:  # uniform attention seen through the same weighting
+        base = base * vn.double()[:, None, :]
+    total = base.sum(-1).clamp_min(1e-300)  # [1|head, row]
+    chance = torch.stack([base[..., pos].sum(-1) / total for pos in referents.values()], dim=-1)  # [1|head, row, referent]
+    per_row = torch.stack([w[..., pos].sum(-1) for pos in referents.values()], dim=-1)  # [head, row, referent]
+    return ReferentSplit(site=site, query_positions=q_pos, referents={r: list(p) for r, p in referents.items()},
+                         key_tokens=capture.tokens(site, "key", batch), per_row=per_row,
+                         chance_row=chance.expand(site.num_heads, -1, -1), per_key=w.mean(1), rule=rule, weighting=weighting)
+
+
+def split_notes(df: pd.DataFrame) -> list[str]:
+    """Plain sentences on the flagged heads: which query row drives each flag, and splits that sit on
+    token pieces both referents share (e.g. ``less`` in ``less ##ee`` / ``less ##or``)."""
+    lines = []
+    refs = [c for c in df.columns if c.startswith("pieces:")]
+    for r in df[df["flagged"].astype(bool)].to_dict("records"):
+        where = f"{r['site']} head {r['head']}"
+        positions = str(r["query_positions"]).split()
+        if len(positions) > 1:
+            flagged_rows = str(r["rows_flagged"] or "").split()
+            lines.append(f"{where}: the flag is on the mean of query rows {' '.join(positions)} (row split scores "
+                         f"{r['row_split_scores']}); row {r['driving_row']} drives it"
+                         + (", and alone passes the rule" if flagged_rows == [str(r['driving_row'])] else
+                            f"; rows passing alone: {' '.join(flagged_rows) or 'none'}"))
+        if r["mostly_shared"]:
+            lines.append(f"{where}: {r['shared_share']:.0%} of its referent weight sits on pieces both referents share "
+                         f"({r['shared_pieces']}); without them its split_score is {r['split_unshared']:.4f}, not "
+                         f"{r['split_score']:.4f}: " + "; ".join(f"{c[7:]} = {r[c]}" for c in refs))
+    return lines

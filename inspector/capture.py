@@ -198,6 +198,7 @@ class _Recorder:
         self.masks: dict[str, dict] = {}  # mask name -> spec (schema 2)
         self._alive: list[Any] = []  # keep mask inputs alive so their ids stay unique
         self._sdpa_masks: dict[tuple, Any] = {}
+        self.projections = None  # a value_norm.OutputProjections while recording
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
@@ -249,6 +250,8 @@ class _Recorder:
         if self.weights or extra:  # weights the file could not recompute are always kept
             self.tensors[f"{name}/weights"] = self._keep(w)
         self.sites.append(site)
+        if self.projections is not None:  # value norms, once the output projection consumes `out`
+            self.projections.expect(site, out, value)
         if self.progress is not None:
             self.progress.update(1)
         return out, w
@@ -516,11 +519,15 @@ def record(
         bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
     recorder = _Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
                          sites=sites, roles=roles, progress=bar, lengths=lengths)
+    from .value_norm import OutputProjections
+
+    recorder.projections = OutputProjections(model)
     was_training = model.training
     model.eval()
     token = None
     try:
-        with _LOCK, _registered(), attn_implementation(model, IMPL), torch.no_grad():
+        with _LOCK, _registered(), attn_implementation(model, IMPL), torch.no_grad(), \
+                recorder.projections.watching(recorder.tensors):
             token = _ACTIVE.set(recorder)
             try:
                 output = model(**model_kwargs, use_cache=False)
@@ -670,7 +677,7 @@ def _fallback(model, model_kwargs, roles, *, dtype, layers, sites):
                 head_map=list(range(int(w.shape[1]))), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles,
                 key_input=k_roles, query_len=int(w.shape[-2]), key_len=int(w.shape[-1]), parts=["weights"],
                 recomputable=False, extra_kwargs=["output_attentions"], module_class=type(model).__name__,
-                eager_function="output_attentions",
+                eager_function="output_attentions", value_norm_note="captured through output_attentions, without values",
             ))
             tensors[f"{name}/weights"] = w.detach().to("cpu", dtype=dtype)
     return out_sites, tensors, output

@@ -134,7 +134,8 @@ def cmd_rank(args) -> int:
 
     cap = load(args.file)
     df = analysis.rank_heads(cap, exclude_special=args.exclude_special, batch=args.batch, sort_by=args.sort,
-                             ascending=not args.descending)
+                             ascending=not args.descending, weighting=args.weighting)
+    _left_out(df)
     if args.csv:
         write_csv(args.csv, df)
         _status(f"wrote {len(df)} rows to {args.csv}")
@@ -154,18 +155,27 @@ def cmd_split(args) -> int:
     refs = [r for r in args.referents.split(",")]
     df = analysis.split_heads(cap, args.query, refs, query_index=args.query_index, occurrence=args.occurrence,
                               sites=args.sites, batch=args.batch,
-                              rule=analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass),
+                              rule=analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass, min_lift=args.min_lift),
                               case_sensitive=not args.ignore_case, query_role=args.query_role,
-                              referent_role=args.referent_role, cross_first=args.cross_first)
+                              referent_role=args.referent_role, cross_first=args.cross_first, weighting=args.weighting)
+    _left_out(df)
     if args.csv:
         write_csv(args.csv, df)
         _status(f"wrote {len(df)} rows to {args.csv}")
     shown = df.head(args.top) if args.top else df
     if args.csv != "-":  # else the CSV is the output
-        print(format_table(shown))
+        print(format_table(shown.drop(columns=[c for c in df.columns if c.startswith("pieces:")])))
+        for line in analysis.split_notes(df):
+            print(line)
     n = int(df["flagged"].sum())
-    _status(f"{n} head{'s' if n != 1 else ''} flagged (split_score >= {args.min_split}, referent_mass >= {args.min_mass})")
+    _status(f"{n} head{'s' if n != 1 else ''} flagged (split_score >= {args.min_split}, referent_mass >= {args.min_mass}, "
+            f"lift >= {args.min_lift}; {args.weighting} weights)")
     return 0
+
+
+def _left_out(df: pd.DataFrame) -> None:
+    for name, why in df.attrs.get("left_out", {}).items():
+        _status(f"left out {name}: {why}")
 
 
 def cmd_explain(args) -> int:
@@ -176,15 +186,53 @@ def cmd_explain(args) -> int:
 
     cap = load(args.file)
     site = cap.site(args.site)
+    if args.query is not None:
+        return _explain_word(cap, site, args)
     occ = spans.resolve_query(cap, site, args.query, index=args.query_index, occurrence=args.occurrence, batch=args.batch)
-    if len(occ.positions) > 1 and args.query_index is None:
-        _status(f"{args.query!r} spans tokens {list(occ.positions)}; explaining the last one (pick another with --query-index)")
     exp = explain(cap, site, args.head, occ.positions[-1], batch=args.batch)
     if args.json:
         write_json(args.json, exp.to_json())
         _status(f"wrote {args.json}")
         if args.json == "-":  # the JSON is the output
             return 0
+    _print_explanation(exp)
+    return 0
+
+
+def _explain_word(cap, site, args) -> int:
+    """Every query row of the word, then the aggregate row split judges (with --referents, its verdict)."""
+    from . import analysis
+    from .explain import explain
+    from .files import write_json
+
+    refs = args.referents.split(",") if args.referents else None
+    word = explain(cap, site, args.head, query=args.query, occurrence=args.occurrence, referents=refs, batch=args.batch,
+                   weighting=args.weighting, rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift))
+    if args.json:
+        write_json(args.json, word.to_json())
+        _status(f"wrote {args.json}")
+        if args.json == "-":  # the JSON is the output
+            return 0
+    for i, exp in enumerate(word.rows):
+        print(f"== row {exp.query_index} ({i + 1} of {len(word.rows)} rows of {word.query!r})")
+        _print_explanation(exp)
+        if word.row_verdicts is not None:
+            v = word.row_verdicts[i]
+            print("   this row alone: " + ", ".join(f"{k} {v[k]:.4f}" for k in v if k.startswith("weight:"))
+                  + f", lift {v['lift']:.4f}, split_score {v['split_score']:.4f}{', passes the rule' if v['flagged'] else ''}")
+        print()
+    print(f"== aggregate (mean of rows {' '.join(map(str, word.query_positions))}: the row split judges, {word.weighting} weights)")
+    top = word.aggregate.sort_values("weight", ascending=False).head(8)
+    print(format_table(top))
+    if word.verdict is not None:
+        v = word.verdict
+        print(", ".join(f"{k} {v[k]:.4f}" for k in v if k.startswith("weight:"))
+              + f", referent_mass {v['referent_mass']:.4f}, chance_mass {v['chance_mass']:.4f}, lift {v['lift']:.4f}, "
+              f"split_score {v['split_score']:.4f}, flagged {v['flagged']}; driving row {v['driving_row']}")
+    return 0
+
+
+def _print_explanation(exp) -> None:
     table = exp.table.copy()
     table["contribution"] = table["contribution"].map(lambda c: "[" + ", ".join(f"{x:.4f}" for x in c[:4]) + (", ...]" if len(c) > 4 else "]"))
     print(f"site {exp.site}  head {exp.head}  query {exp.query_index} {exp.query_token!r}  scaling {exp.scaling:.6g}"
@@ -192,7 +240,6 @@ def cmd_explain(args) -> int:
     print(format_table(table))
     out = exp.output
     print("output = [" + ", ".join(f"{x:.4f}" for x in out[:8]) + (", ...]" if len(out) > 8 else "]") + f"  (d_v = {len(out)})")
-    return 0
 
 
 def cmd_info(args) -> int:
@@ -451,6 +498,16 @@ def add_corpus_commands(sub) -> None:
     p.set_defaults(func=cmd_corpus)
 
 
+def add_lift_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-lift", type=float, default=2.0,
+                   help="flag threshold on lift = referent_mass / chance_mass (default 2: twice what uniform attention gives)")
+
+
+def add_weighting_option(p: argparse.ArgumentParser, what: str = "every weight") -> None:
+    p.add_argument("--weighting", choices=["attention", "value-norm"], default="attention",
+                   help=f"{what}: raw attention, or times ||v_j W_O^h|| renormalized per row (Kobayashi et al. 2020)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inspector", description="Capture and inspect transformer attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -481,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--descending", action="store_true")
     p.add_argument("--batch", type=int, default=0, help="batch row to analyse")
     p.add_argument("--csv", help="write the full table to this CSV file")
+    add_weighting_option(p)
     p.set_defaults(func=cmd_rank)
 
     p = sub.add_parser("split", help="find heads whose weight is split between competing referents")
@@ -493,6 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sites", default="all", choices=["cross", "self", "all"])
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
+    add_lift_option(p)
+    add_weighting_option(p)
     p.add_argument("--ignore-case", action="store_true")
     p.add_argument("--query-role", choices=["source", "target"], help="look for the query only in this input")
     p.add_argument("--referent-role", choices=["source", "target"], help="look for the referents only in this input")
@@ -512,6 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--occurrence", type=int)
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--json", help="write rows and output vector as JSON")
+    p.add_argument("--referents", help="with --query: also give the split verdict for these referents, e.g. Lessee,Lessor")
+    p.add_argument("--min-split", type=float, default=0.2)
+    p.add_argument("--min-mass", type=float, default=0.25)
+    add_lift_option(p)
+    add_weighting_option(p, "the aggregate row's referent weights")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("info", help="describe a capture file")

@@ -8,7 +8,16 @@ import sys
 from pathlib import Path
 
 from . import analysis
-from .cli import _read_text, add_model_options, check_before_loading, cmd_app, format_table, load_from_args
+from .cli import (
+    _read_text,
+    add_lift_option,
+    add_model_options,
+    add_weighting_option,
+    check_before_loading,
+    cmd_app,
+    format_table,
+    load_from_args,
+)
 from .errors import InspectorError
 from .files import check_folder_target, write_csv
 from .investigate import (
@@ -19,20 +28,31 @@ from .investigate import (
     Investigation,
     compare_captures,
     investigate,
+    rank_note,
 )
+from .moves import move_sentence
 
 
 def _print_findings(inv: Investigation, top: int = 10) -> None:
-    rank = inv.rank.head(top)[["site", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "top_key", "label"]]
-    print(f"\nHeads ranked by normalized entropy (top {top}):")
-    print(format_table(rank))
     refs = [c for c in inv.split.columns if c.startswith("weight:")]
-    flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["split_score"]]
-    print(f"\nFlagged heads ({len(flagged)}):")
+    flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["chance_mass", "lift", "split_score", "driving_row"]]
+    print(f"\nFlagged heads ({len(flagged)}; {inv.split.attrs.get('weighting', 'attention')} weights):")
     print(format_table(flagged) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
+    for line in analysis.split_notes(inv.split):
+        print(line)
+    if inv.moves is not None:
+        print("\nWhat each variant did to the flagged heads:")
+        if len(inv.moves):
+            for r in inv.moves.to_dict("records"):
+                print(move_sentence(r))
+        else:
+            print("(no head is flagged in the original or in any variant)")
+    rank = inv.rank.head(top)[["site", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "top_key", "label"]]
+    print("\n" + rank_note(inv.rank.attrs.get("weighting", "attention")) + f" Top {top}:")
+    print(format_table(rank))
     for name, df in inv.comparisons.items():
         cols = KEYS[2:] + [c for c in df.columns if c.startswith("split_score")] + ["split_change"]
-        print(f"\nVariant {name!r}: largest changes in split score:")
+        print(f"\nVariant {name!r}: largest changes in split score, all heads (the flagged ones are above):")
         print(format_table(df.head(5)[cols]))
     if inv.matter is not None:
         from .matter import summary_text
@@ -68,8 +88,8 @@ def cmd_debug(args) -> int:
     loaded = load_from_args(args)
     inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
                       output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
-                      rule=analysis.SplitRule(args.min_split, args.min_mass), progress=True,
-                      contrast=args.contrast, top=args.top)
+                      rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), progress=True,
+                      contrast=args.contrast, top=args.top, weighting=args.weighting)
     _print_findings(inv)
     return 0
 
@@ -80,7 +100,7 @@ def cmd_compare(args) -> int:
     a, b = load(args.a), load(args.b)
     names = (Path(args.a).stem, Path(args.b).stem)
     df = compare_captures(a, b, args.query, args.referents.split(","), names=names, occurrence=args.occurrence,
-                          rule=analysis.SplitRule(args.min_split, args.min_mass))
+                          rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), weighting=args.weighting)
     if args.csv:
         write_csv(args.csv, df)
         print(f"wrote {len(df)} rows to {args.csv}", file=sys.stderr)
@@ -122,6 +142,8 @@ def add_commands(sub) -> None:
     p.add_argument("--variant", action="append", metavar="NAME=FILE", help="another version of the source to compare")
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)
+    add_lift_option(p)
+    add_weighting_option(p, "the split's and the heatmaps' weights")
     p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
     p.add_argument("--contrast", metavar="RIGHT,WRONG",
                    help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
@@ -137,6 +159,8 @@ def add_commands(sub) -> None:
     p.add_argument("--referents", required=True)
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)
+    add_lift_option(p)
+    add_weighting_option(p)
     p.add_argument("--top", type=int)
     p.add_argument("--csv")
     p.set_defaults(func=cmd_compare)

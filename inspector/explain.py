@@ -4,6 +4,11 @@ For a site, head and query position: per key, the key token, ``q.k``, the scaled
 score, the additive mask, the softmax weight (computed with the row maximum subtracted) and the
 contribution ``weight * v``; then the output vector, their sum. Computed in float64 from the stored
 Q, K, V and mask, so it can be checked against the captured weights.
+
+For a word (``query="indemnity"``), every token of the word is one query row: each row is explained,
+and the aggregate row that :func:`~inspector.analysis.split_heads` uses (the mean of the rows) is
+given too, with the referents' weights, chance, lift and split score computed by the same code as
+``split``'s, per row and for the aggregate (:class:`WordExplanation`).
 """
 
 from __future__ import annotations
@@ -43,8 +48,94 @@ class Explanation:
                 "scaling": self.scaling, "softcap": self.softcap, "rows": rows, "output": self.output}
 
 
-def explain(capture: Capture, site: Site | str, head: int, query_index: int, *, batch: int = 0) -> Explanation:
+@dataclass
+class WordExplanation:
+    """Every query row of a word at one site and head, and the aggregate row ``split`` judges.
+
+    ``rows``: one :class:`Explanation` per token of the word, in ``query_positions`` order;
+    ``aggregate``: ``key_index, key_token, weight`` with ``weight`` the mean of the rows' weights;
+    ``verdict``: with referents, the head's row of the split table (same code, same numbers);
+    ``row_verdicts``: per query row, the referents' weights, ``referent_mass``, ``chance_mass``,
+    ``lift``, ``split_score`` and ``flagged`` of that row alone."""
+
+    site: str
+    head: int
+    query: str
+    query_positions: list[int]
+    rows: list[Explanation]
+    aggregate: pd.DataFrame
+    verdict: dict | None = None
+    row_verdicts: list[dict] | None = None
+    weighting: str = "attention"
+
+    def to_json(self) -> dict:
+        rows = []
+        for i, e in enumerate(self.rows):
+            d = e.to_json()
+            if self.row_verdicts is not None:
+                d["referents"] = self.row_verdicts[i]
+            rows.append(d)
+        out = {"site": self.site, "head": self.head, "query": self.query, "query_positions": self.query_positions,
+               "query_rows": rows,
+               "aggregate": {"rule": "mean of the query rows' weights: the row split judges",
+                             "weighting": self.weighting,
+                             "weights": [float(x) for x in self.aggregate["weight"]],
+                             "referents": self.verdict}}
+        if len(rows) == 1:  # a one-token query: its row's fields at the top level too, as for explain --query-index
+            out.update({k: v for k, v in rows[0].items() if k not in out})
+        return out
+
+
+def explain(capture: Capture, site: Site | str, head: int, query_index: int | str | None = None, *, query: str | None = None,
+            occurrence: int | None = None, referents: list[str] | None = None, batch: int = 0, case_sensitive: bool = True,
+            query_role: str | None = None, referent_role: str | None = None, rule=None,
+            weighting: str = "attention") -> Explanation | WordExplanation:
+    """Explain one query row (``query_index``, an int: an :class:`Explanation`) or every row of a word
+    or phrase (``query="indemnity"``, or a string as ``query_index``; ``@7-9`` works too: a
+    :class:`WordExplanation`), as ``inspector explain --query-index`` / ``--query`` do.
+
+    With ``referents`` the word's explanation carries the split verdict for this head, computed as
+    :func:`~inspector.analysis.split_heads` computes it (``rule``, ``weighting`` as there).
+    Raises InspectorError for an unknown head, a position outside the query axis, a site without
+    Q/K/V or a word not in the text."""
+    if isinstance(query_index, str):
+        query, query_index = query_index, None
     site = capture.site(site) if isinstance(site, str) else site
+    if query is not None:
+        return _explain_word(capture, site, head, query, occurrence=occurrence, referents=referents, batch=batch,
+                             case_sensitive=case_sensitive, query_role=query_role, referent_role=referent_role, rule=rule,
+                             weighting=weighting)
+    if query_index is None:
+        raise InspectorError("no query given: pass a query position or a word (--query-index I or --query WORD)")
+    return _explain_row(capture, site, head, int(query_index), batch=batch)
+
+
+def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurrence, referents, batch, case_sensitive,
+                  query_role, referent_role, rule, weighting) -> WordExplanation:
+    from . import analysis, spans
+
+    occ = spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch, case_sensitive=case_sensitive,
+                              role=query_role)
+    positions = list(occ.positions)
+    rows = [_explain_row(capture, site, head, p, batch=batch) for p in positions]
+    weights = torch.stack([torch.tensor(e.table["weight"].to_numpy(), dtype=torch.float64) for e in rows]).mean(0)
+    aggregate = pd.DataFrame({"key_index": range(site.key_len), "key_token": capture.tokens(site, "key", batch),
+                              "weight": weights.tolist()})
+    verdict = row_verdicts = None
+    if referents:
+        refs = analysis.find_referents(capture, site, referents, batch=batch, case_sensitive=case_sensitive, role=referent_role)
+        try:
+            found = analysis.referent_split(capture, site, positions, refs, batch=batch,
+                                            rule=rule or analysis.SplitRule(), weighting=weighting)
+        except analysis._NothingVisible:
+            raise InspectorError(f"at {site.name} the query cannot see any referent (causal mask)") from None
+        verdict = found.row(head)
+        row_verdicts = [found.row_of(head, i) for i in range(len(positions))]
+    return WordExplanation(site=site.name, head=head, query=occ.phrase, query_positions=positions, rows=rows,
+                           aggregate=aggregate, verdict=verdict, row_verdicts=row_verdicts, weighting=weighting)
+
+
+def _explain_row(capture: Capture, site: Site, head: int, query_index: int, *, batch: int = 0) -> Explanation:
     if not 0 <= head < site.num_heads:
         raise InspectorError(f"head {head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
     if not 0 <= query_index < site.query_len:

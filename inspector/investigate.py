@@ -20,6 +20,7 @@ from . import analysis
 from .capture import capture
 from .errors import InspectorError
 from .files import check_folder_target, swap_folder, write_csv, write_text
+from .moves import variant_moves
 from .store import Capture
 
 LEGAL_SOURCE = (
@@ -46,6 +47,7 @@ class Investigation:
     variants: dict[str, Path] = field(default_factory=dict)
     comparisons: dict[str, pd.DataFrame] = field(default_factory=dict)
     matter: Any = None  # inspector.matter.Matter when a contrast was given
+    moves: pd.DataFrame | None = None  # variant_moves(): the flagged heads in every variant, first
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -61,15 +63,30 @@ def _roles(cap: Capture, query: str) -> tuple[str, str]:
 
 
 def split_for(cap: Capture, query: str, referents: list[str], *, occurrence: int | None = None,
-              rule: analysis.SplitRule = analysis.SplitRule()) -> pd.DataFrame:
+              rule: analysis.SplitRule = analysis.SplitRule(), weighting: str = "attention") -> pd.DataFrame:
     """Every site where the query can attend to the referents in the source, cross sites first."""
     q_role, r_role = _roles(cap, query)
     return analysis.split_heads(cap, query, referents, occurrence=occurrence, sites="all", rule=rule,
-                                query_role=q_role, referent_role=r_role, cross_first=True)
+                                query_role=q_role, referent_role=r_role, cross_first=True, weighting=weighting)
+
+
+def informative_weighting(cap: Capture) -> str:
+    """The weighting the investigation ranks heads with: ``value-norm`` when the capture has value norms
+    (weight on [CLS]/[SEP] sinks, whose transformed values are short, then counts for what it passes
+    on, so sink heads stop filling the top of the ranking), else ``attention``."""
+    return "value-norm" if any("value_norm" in s.parts for s in cap.sites) else "attention"
+
+
+def rank_note(weighting: str) -> str:
+    if weighting == "value-norm":
+        return ("Heads ranked by normalized entropy of value-weighted attention (weight x ||v_j W_O^h||, renormalized "
+                "per row; Kobayashi et al. 2020): raw weights on [CLS]/[SEP] sinks say little about what a head passes on.")
+    return "Heads ranked by normalized entropy of the raw attention weights (this capture has no value norms)."
 
 
 def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *, names: tuple[str, str] = ("a", "b"),
-                     occurrence: int | None = None, rule: analysis.SplitRule = analysis.SplitRule()) -> pd.DataFrame:
+                     occurrence: int | None = None, rule: analysis.SplitRule = analysis.SplitRule(),
+                     weighting: str = "attention") -> pd.DataFrame:
     """Per head: split score and referent weights in each capture and their change (b - a), sorted by
     the size of the change. Heads are matched by site name and head; captures of different models are
     refused."""
@@ -82,9 +99,10 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     na, nb = names
     if na == nb:
         na, nb = f"{na}:a", f"{nb}:b"
-    sa, sb = split_for(a, query, referents, occurrence=occurrence, rule=rule), split_for(b, query, referents, occurrence=occurrence, rule=rule)
+    sa = split_for(a, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    sb = split_for(b, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     refs = [c for c in sa.columns if c.startswith("weight:")]
-    cols = ["split_score", "referent_mass", "flagged"] + refs
+    cols = ["split_score", "referent_mass", "lift", "flagged"] + refs
     merged = sa[KEYS + cols].merge(sb[KEYS + cols], on=KEYS, suffixes=(f"[{na}]", f"[{nb}]"))
     if merged.empty:
         raise InspectorError("the two captures share no site where the query sees the referents: check --query and --referents")
@@ -92,6 +110,8 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     out[f"split_score[{na}]"] = merged[f"split_score[{na}]"]
     out[f"split_score[{nb}]"] = merged[f"split_score[{nb}]"]
     out["split_change"] = out[f"split_score[{nb}]"] - out[f"split_score[{na}]"]
+    out[f"lift[{na}]"] = merged[f"lift[{na}]"]
+    out[f"lift[{nb}]"] = merged[f"lift[{nb}]"]
     for r in refs:
         out[f"{r}[{na}]"] = merged[f"{r}[{na}]"]
         out[f"{r}[{nb}]"] = merged[f"{r}[{nb}]"]
@@ -128,6 +148,7 @@ def investigate(
     progress: bool = False,
     contrast: str | None = None,
     top: int = 10,
+    weighting: str = "attention",
 ) -> Investigation:
     """Capture, rank, split, compare variants and write everything into ``out_dir``.
 
@@ -136,7 +157,8 @@ def investigate(
     another version of the source (e.g. with the clause quoted), captured and compared with the same
     output (or generating again when ``generate`` is set). ``contrast`` (``RIGHT,WRONG``) adds the
     "Does it matter?" part (:mod:`inspector.matter`): effects of the flagged and ``top`` heads, and of
-    patching them from each variant (with the original's output).
+    patching them from each variant (with the original's output). ``weighting`` is the split's and the
+    heatmaps' (``attention`` or ``value-norm``); heads are ranked with :func:`informative_weighting`.
     """
     from .inputs import model_layout
     from .report import render_report
@@ -150,17 +172,19 @@ def investigate(
     gen_kwargs = gen_kwargs or {}
     # everything is computed (and every mistake found) before anything is written into out_dir
     cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress)
-    rank = analysis.rank_heads(cap)
-    split = split_for(cap, query, referents, occurrence=occurrence, rule=rule)
+    rank = analysis.rank_heads(cap, weighting=informative_weighting(cap))
+    split = split_for(cap, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
     comparisons: dict[str, pd.DataFrame] = {}
     variant_caps: dict[str, Capture] = {}
     for name, text in (variants or {}).items():
         vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress)
-        comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence, rule=rule)
+        comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence,
+                                             rule=rule, weighting=weighting)
         variant_caps[name] = vcap
+    moves = variant_moves(split, comparisons) if comparisons else None
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
-                         _roles(cap, query))
+                         _roles(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"))
     matter = None
     if contrast:
         from . import matter as _matter
@@ -170,7 +194,8 @@ def investigate(
         commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
-                         variants=variant_caps or None)
+                         variants=variant_caps or None, weighting=weighting, moves=moves,
+                         rank_note=rank_note(rank.attrs.get("weighting", "attention")))
     if matter is not None:
         html = _matter.insert_section(html, _matter.render_section(matter))
 
@@ -196,12 +221,15 @@ def investigate(
     cap_path, report = out / cap_path.name, out / report.name
     variant_paths = {name: out / p.name for name, p in variant_paths.items()}
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
-                         commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter)
+                         commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter,
+                         moves=moves)
 
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
-              occurrence: int | None, variants: list[str], roles: tuple[str, str]) -> list[str]:
+              occurrence: int | None, variants: list[str], roles: tuple[str, str], *, weighting: str = "attention",
+              rank_weighting: str = "attention") -> list[str]:
     q = shlex.quote
+    wt = "" if weighting == "attention" else f" --weighting {weighting}"
     refs = q(",".join(referents))
     cap = q(str(out / "capture.safetensors"))
     occ = f" --occurrence {occurrence}" if occurrence else ""
@@ -209,17 +237,18 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
     cmds = [
         f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
         + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {cap}",
-        f"inspector rank {cap} --csv {q(str(out / 'rank.csv'))}",
+        f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
+        + f" --csv {q(str(out / 'rank.csv'))}",
         f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --query-role {roles[0]} "
-        f"--referent-role {roles[1]} --cross-first --csv {q(str(out / 'split.csv'))}",
+        f"--referent-role {roles[1]} --cross-first{wt} --csv {q(str(out / 'split.csv'))}",
     ]
     if len(split):
         top = split.sort_values("split_score", ascending=False).iloc[0]
-        cmds.append(f"inspector explain {cap} --site {q(top['site'])} --head {int(top['head'])} --query-index "
-                    f"{top['query_positions'].split()[-1]}")
+        cmds.append(f"inspector explain {cap} --site {q(top['site'])} --head {int(top['head'])} --query {q(query)}{occ} "
+                    f"--referents {refs}{wt}")
     for name in variants:
         vcap = q(str(out / f"variant-{name}.safetensors"))
         cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
                     + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {vcap}")
-        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}")
+        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt}")
     return cmds

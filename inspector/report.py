@@ -8,9 +8,12 @@ Content-Security-Policy that forbids every fetch, so it opens the same offline a
 Per shown head: the referents' weights as bars; a query x key heatmap (a window of at most
 :data:`LIMIT` x :data:`LIMIT` cells around the query and referents; colour = weight / largest weight
 shown; each cell's exact float32 weight in ``data-w``); and the query's weights shaded over the key
-texts (opacity = weight, a multi-token query averages its rows). Then explain() of the top head for
-the query's last token, the split and rank tables, an optional comparison of variants and the commands
-that reproduce the run.
+texts (opacity = weight, a multi-token query averages its rows), with the head's chance and lift,
+its query rows' own split scores and, when most of the split sits on token pieces both referents
+share, a note saying so. Then, for the top head, a table of every query row and the aggregate row
+``split`` judges, and explain() of the row that drives the flag; the split and rank tables (with how
+the heads were ranked), one sentence per flagged head and variant saying whether the variant moved
+its split down, up or not at all, the comparison of variants, and the commands that reproduce the run.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import numpy as np
 import pandas as pd
 
 from . import spans
+from .analysis import head_weights, referent_split
 from .errors import InspectorError
 from .explain import explain
 from .inputs import InputRecord
+from .moves import move_sentence
 from .store import Capture, Site
 
 __all__ = ["render_report"]
@@ -167,6 +172,7 @@ class _Head:
     row: dict
     positions: list[int]  # query positions on the site's query axis
     refs: dict[str, list[int]]  # referent -> key positions
+    weighting: str = "attention"  # of the heatmap and the shading (analysis.head_weights)
 
 
 def _locate(capture: Capture, row: dict, query: str, referents: list[str], batch: int) -> _Head:
@@ -189,7 +195,7 @@ def _locate(capture: Capture, row: dict, query: str, referents: list[str], batch
 def _query_weights(capture: Capture, h: _Head, batch: int) -> np.ndarray:
     """The head's weights over the keys, averaged over the query rows (float64)."""
     lo, hi = min(h.positions), max(h.positions) + 1
-    w = capture.weights(h.site, batch, heads=[h.head], queries=slice(lo, hi))[0]
+    w = head_weights(capture, h.site, batch, heads=[h.head], queries=slice(lo, hi), weighting=h.weighting)[0]
     return w[[p - lo for p in h.positions]].double().mean(0).numpy()
 
 
@@ -202,8 +208,30 @@ def _bars(h: _Head, referents: list[str]) -> str:
         width = max(0.0, min(1.0, float(v))) * 100
         rows.append(f'<tr><td class="mono">{_e(ref)}</td><td><span class="bar"><i style="width:{width:.1f}%"></i></span></td>'
                     f'<td class="num">{float(v):.4f}</td></tr>')
-    extra = " · ".join(f"{k} {float(h.row[k]):.4f}" for k in ("referent_mass", "split_score") if k in h.row)
-    return f'<table class="bars">{"".join(rows)}</table><p class="note">{_e(extra)}</p>'
+    extra = " · ".join(f"{k} {float(h.row[k]):.4f}" for k in ("referent_mass", "chance_mass", "lift", "split_score") if k in h.row)
+    return f'<table class="bars">{"".join(rows)}</table><p class="note">{_e(extra)}</p>' + _verdict_notes(h, referents)
+
+
+def _verdict_notes(h: _Head, referents: list[str]) -> str:
+    """The query-row rule and the shared pieces of one head's split row, in words."""
+    r, notes = h.row, []
+    positions = str(r.get("query_positions") or "").split()
+    if len(positions) > 1 and "row_split_scores" in r:
+        scores = str(r["row_split_scores"]).split()
+        each = ", ".join(f"row {p}: {s}" for p, s in zip(positions, scores, strict=False))
+        notes.append(f"The query is {len(positions)} tokens; split judges the mean of their rows. Each row's own split "
+                     f"score: {each}. Row {r.get('driving_row')} drives the flag"
+                     + (f"; rows passing the rule alone: {r.get('rows_flagged')}." if str(r.get("rows_flagged") or "").strip()
+                        else "; no row passes the rule alone."))
+    pieces = [f"{ref}: {r[f'pieces:{ref}']}" for ref in referents if r.get(f"pieces:{ref}")]
+    if pieces:
+        notes.append("Weight by token: " + " · ".join(pieces) + ".")
+    if r.get("mostly_shared"):
+        notes.append(f"Most of this split sits on pieces both referents share ({r.get('shared_pieces')}): "
+                     f"{float(r['shared_share']):.0%} of the referent weight; without them the split score would be "
+                     f"{float(r['split_unshared']):.4f}, not {float(r['split_score']):.4f}. The head may be reading the "
+                     "shared piece, not choosing between the names.")
+    return "".join(f'<p class="note verdict">{_e(n)}</p>' for n in notes)
 
 
 def _heatmap(capture: Capture, h: _Head, batch: int) -> str:
@@ -213,7 +241,7 @@ def _heatmap(capture: Capture, h: _Head, batch: int) -> str:
                      key=lambda p: min(abs(p - q) for q in h.positions) if same else p)
     kc, qc = _real(capture, site, "key", batch), _real(capture, site, "query", batch)
     keys, rows = _window(kc, (h.positions if same else []) + ref_pos), _window(qc, h.positions)
-    w = capture.weights(site, batch, heads=[h.head], queries=slice(rows[0], rows[-1] + 1))[0]
+    w = head_weights(capture, site, batch, heads=[h.head], queries=slice(rows[0], rows[-1] + 1), weighting=h.weighting)[0]
     w = w[[r - rows[0] for r in rows]][:, keys].numpy()
     vmax = float(w.max()) if w.size and w.max() > 0 else 1.0
     qtok, ktok = capture.tokens(site, "query", batch), capture.tokens(site, "key", batch)
@@ -321,8 +349,35 @@ def _head_card(capture: Capture, h: _Head, referents: list[str], batch: int, fla
     return "".join(parts)
 
 
+def _row_table(capture: Capture, h: _Head, batch: int) -> str:
+    """Each query row's referent weights, lift and split score, and the aggregate row split judges."""
+    refs = {r: p for r, p in h.refs.items() if p}
+    if len(refs) < 2:
+        return ""
+    try:
+        found = referent_split(capture, h.site, h.positions, refs, batch=batch, weighting=h.weighting)
+    except Exception:  # noqa: BLE001 - nothing visible: no table
+        return ""
+    qtok = capture.tokens(h.site, "query", batch)
+    rows = []
+    for i, p in enumerate(h.positions):
+        v = found.row_of(h.head, i)
+        rows.append({"query row": f"{p} {qtok[p]}", **{k: v[k] for k in v if k.startswith("weight:")},
+                     "chance_mass": v["chance_mass"], "lift": v["lift"], "split_score": v["split_score"], "passes": v["flagged"]})
+    agg = found.row(h.head)
+    rows.append({"query row": "aggregate (mean)", **{k: agg[k] for k in agg if k.startswith("weight:")},
+                 "chance_mass": agg["chance_mass"], "lift": agg["lift"], "split_score": agg["split_score"],
+                 "passes": agg["flagged"]})
+    df = pd.DataFrame(rows)
+    drive = f"{agg['driving_row']} {qtok[agg['driving_row']]}"
+    return (f'<h4>The query\'s rows over the referents ({_e(h.weighting)} weights)</h4>'
+            + _table(df, row_class=lambda i, r: "top" if r[0] == drive else "", cls="data qrows"))
+
+
 def _steps(capture: Capture, h: _Head, batch: int) -> str:
-    qi = h.positions[-1]
+    qi = int(h.row.get("driving_row", h.positions[-1])) if len(h.positions) > 1 else h.positions[-1]
+    if qi not in h.positions:
+        qi = h.positions[-1]
     try:
         exp = explain(capture, h.site, h.head, qi, batch=batch)
     except InspectorError as exc:
@@ -342,7 +397,10 @@ def _steps(capture: Capture, h: _Head, batch: int) -> str:
     rest = f" {left} other keys outside the window carry weight {float(exp.table['weight'].drop(index=keys).sum()):.4f}." if left else ""
     cap = f"scaled = dot × {site.scaling:.6g}" + (f", soft-capped at {site.softcap:g}" if site.softcap else "")
     out = ", ".join(f"{x:.4f}" for x in exp.output)
-    return (f'<p class="note">Query token <code>{_e(exp.query_token)}</code> (#{qi}, the last token of the query) at '
+    which = ("the query's only token" if len(h.positions) == 1
+             else f"the row that drives the flag, of the query's rows {' '.join(map(str, h.positions))}")
+    return (_row_table(capture, h, batch)
+            + f'<p class="note">Query token <code>{_e(exp.query_token)}</code> (#{qi}, {_e(which)}) at '
             f"<code>{_e(site.name)}</code> head {h.head}: {_e(cap)}; weight = softmax(scaled + mask); contribution = "
             f"weight × value (first {VECTOR_SHOWN} of {site.d_v} entries). Referent rows shaded, the largest weight in bold."
             f"{_e(rest)}</p>"
@@ -381,6 +439,7 @@ def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[st
             raise InspectorError(f"query {query!r} is not in this variant")
         row = {"site": site.name, "head": top.head, "query_positions": " ".join(map(str, occ[min(k, len(occ) - 1)].positions))}
         h = _locate(cap, row, query, referents, batch)
+        h.weighting = top.weighting
         w = _query_weights(cap, h, batch)
         gives = " · ".join(f"{r} {w[p].sum():.4f}" for r, p in h.refs.items())
         body = f'<p class="note">{_e(gives)}</p>' + _shaded(cap, h, batch, note=False)
@@ -388,6 +447,14 @@ def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[st
         body = f'<p class="note">cannot show this: {_e(exc)}</p>'
     model = "" if cap.model_name == main_model else f" · <code>{_e(cap.model_name)}</code>"
     return f'<div class="card variant" data-variant="{_e(name)}"><h3>{_e(name)}{model}</h3>{body}</div>'
+
+
+def _moves(moves: pd.DataFrame) -> str:
+    """Per flagged head and variant, one plain sentence: did the variant move the split down, up or not at all."""
+    if not len(moves):
+        return '<p class="note moves">No head is flagged in the original or in any variant.</p>'
+    items = "".join(f"<li>{_e(move_sentence(r))}</li>" for r in moves.to_dict("records"))
+    return f'<ul class="moves">{items}</ul>'
 
 
 def _summary(n_flagged: int, rows: list[dict], query: str, referents: list[str]) -> str:
@@ -404,7 +471,14 @@ def _summary(n_flagged: int, rows: list[dict], query: str, referents: list[str])
         gives = [f"{float(r0[f'weight:{r}']):.3f} to {r}" for r in referents if f"weight:{r}" in r0]
         if gives:
             score = f" (split score {float(r0['split_score']):.3f})" if "split_score" in r0 else ""
-            text += f" {'Strongest' if n_flagged else 'Highest'}: {r0['site']} head {r0['head']} gives {_and(gives)}{score}."
+            lift = (f", {float(r0['lift']):.2f} times what uniform attention would give the referents"
+                    if "lift" in r0 and r0["lift"] == r0["lift"] else "")
+            text += f" {'Strongest' if n_flagged else 'Highest'}: {r0['site']} head {r0['head']} gives {_and(gives)}{score}{lift}."
+        if r0.get("mostly_shared"):
+            text += (f" Most of that split sits on {r0.get('shared_pieces')!r}, a token piece both referents share "
+                     f"(without it the split score is {float(r0['split_unshared']):.3f}).")
+        if len(str(r0.get("query_positions", "")).split()) > 1 and "driving_row" in r0:
+            text += f" Of the query's rows, row {r0['driving_row']} drives it (row split scores {r0['row_split_scores']})."
     return text
 
 
@@ -421,8 +495,15 @@ def render_report(
     top: int = 3,
     batch: int = 0,
     title: str | None = None,
+    weighting: str = "attention",
+    moves: pd.DataFrame | None = None,
+    rank_note: str | None = None,
 ) -> str:
-    """One self-contained HTML document for a split-head investigation (see the module docstring)."""
+    """One self-contained HTML document for a split-head investigation (see the module docstring).
+
+    ``weighting`` is the heatmaps' and shadings' (``attention`` or ``value-norm``, as the split's);
+    ``moves`` (:func:`~inspector.investigate.variant_moves`) puts one sentence per flagged head and
+    variant first in the summary and the variants section; ``rank_note`` says how heads were ranked."""
     referents = [r.strip() for r in referents if r.strip()]
     title = title or f"Attention report: {query!r} between {_and(referents) if referents else '—'}"
     model = capture.meta.get("model", {})
@@ -435,7 +516,9 @@ def render_report(
     heads: list[tuple[_Head | None, dict, str | None]] = []
     for row in shown.to_dict("records"):
         try:
-            heads.append((_locate(capture, row, query, referents, batch), row, None))
+            h = _locate(capture, row, query, referents, batch)
+            h.weighting = weighting
+            heads.append((h, row, None))
         except InspectorError as exc:
             heads.append((None, row, str(exc)))
     summary = _summary(len(flagged), [row for _, row, _ in heads], query, referents)
@@ -447,6 +530,11 @@ def render_report(
     body = [f"<header><h1>{_e(title)}</h1><dl class=kv>"
             + "".join(f"<dt>{_e(k)}</dt><dd><code>{_e(v)}</code></dd>" for k, v in meta if v) + "</dl></header>",
             f'<p class="summary">{_e(summary)}</p>',
+            *([_moves(moves)] if moves is not None else []),
+            f'<p class="note">Weights shown: {_e(weighting)}'
+            + (" (weight × ||v_j W_O^h||, renormalized per row; Kobayashi et al. 2020)" if weighting == "value-norm" else "")
+            + ". Flagged: split_score, referent_mass and lift (referent_mass ÷ what uniform attention over the visible keys "
+            "would give the referents) all at or above their thresholds.</p>",
             f"<h2>{'Flagged heads' if len(flagged) else 'Heads with the highest split scores'}</h2>"]
     for h, row, err in heads:
         if h is None:
@@ -465,10 +553,12 @@ def render_report(
              f'<p class="note">{len(split_shown)} of {len(split)} site × head rows, highest split score first; flagged rows highlighted.</p>',
              _table(split_shown.reset_index(drop=True), row_class=lambda i, _r: "flag" if flags[i] else "", cls="data split"),
              "<h2>Head ranking</h2>",
-             f'<p class="note">The first {min(RANK_ROWS, len(rank))} of {len(rank)} heads of the ranking.</p>',
+             f'<p class="note">{_e(rank_note or "")} The first {min(RANK_ROWS, len(rank))} of {len(rank)} heads of the ranking.</p>',
              _table(rank.head(RANK_ROWS).reset_index(drop=True), cls="data rank")]
     if comparison is not None or variants:
         body.append("<h2>Variants compared</h2>")
+        if moves is not None:
+            body.append(_moves(moves))
         if comparison is not None:
             body.append(_comparison(comparison))
         if variants and first is not None:

@@ -34,8 +34,8 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
     """Every occurrence of ``phrase`` on the site's query or key axis, in axis order (only in the
     ``role`` part of the axis when given)."""
     m = _INDEX.match(phrase.strip())
-    axis = capture.axis(site, which, batch)
     if m:
+        axis = capture.axis(site, which, batch)
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if not 0 <= lo <= hi < len(axis):
             raise InspectorError(f"token index {phrase} is outside the {which} axis of {site.name} (0..{len(axis) - 1})")
@@ -46,17 +46,15 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
     start = 0
     for axis_role in site.query_input if which == "query" else site.key_input:
         rec = capture.records(axis_role, batch)
-        real = [o for o, s, p in zip(rec.offsets, rec.special, rec.padding, strict=True) if not (s or p)]
-        if role in (None, rec.role) and real and all(o is None for o in real):
+        no_offsets, token_spans, ends, ordered = _token_spans(rec)
+        if role in (None, rec.role) and no_offsets:
             raise InspectorError("this capture has no character offsets (slow tokenizer): give spans as token indices, e.g. @7")
-        token_spans = [(off[0], off[1], i) for i, off in enumerate(rec.offsets) if off is not None]
-        ends = [e for _, e, _ in token_spans]
-        ordered = all(a <= b for a, b in zip(ends, ends[1:], strict=False))
         for match in pattern.finditer(rec.text if role in (None, rec.role) else ""):
             # tokens overlapping the match: from the first token ending after its start, while they start before its end
             j = bisect.bisect_right(ends, match.start()) if ordered else 0
             pos = []
-            for a, e, i in token_spans[j:]:
+            for k in range(j, len(token_spans)):
+                a, e, i = token_spans[k]
                 if a >= match.end() and ordered:
                     break
                 if a < match.end() and e > match.start():
@@ -66,6 +64,25 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
                 found.append(Occurrence(phrase, axis_role, pos, match.start(), match.end()))
         start += len(rec.ids)
     return found
+
+
+_SPANS: dict[int, tuple] = {}  # id(record) -> (record, its token spans): every site of a capture reads the same records
+
+
+def _token_spans(rec) -> tuple[bool, list[tuple[int, int, int]], list[int], bool]:
+    """(no real token has offsets, ``(start, end, index)`` of the tokens with offsets, their ends, ends ascending),
+    computed once per input record."""
+    hit = _SPANS.get(id(rec))
+    if hit is not None and hit[0] is rec:
+        return hit[1]
+    real = [o for o, s, p in zip(rec.offsets, rec.special, rec.padding, strict=True) if not (s or p)]
+    token_spans = [(off[0], off[1], i) for i, off in enumerate(rec.offsets) if off is not None]
+    ends = [e for _, e, _ in token_spans]
+    data = (bool(real) and all(o is None for o in real), token_spans, ends, all(a <= b for a, b in zip(ends, ends[1:], strict=False)))
+    if len(_SPANS) >= 32:
+        _SPANS.clear()
+    _SPANS[id(rec)] = (rec, data)
+    return data
 
 
 def not_found_message(capture: Capture, site: Site, phrase: str, which: str, what: str, batch: int = 0) -> str:

@@ -1,7 +1,7 @@
 """The capture: site metadata, input records and tensors, and its file format.
 
 A capture file is one ``.safetensors`` file (no pickle). Tensors are named ``<site>/q``,
-``<site>/k``, ``<site>/v`` and ``<site>/weights``, plus the small tensors of compact masks
+``<site>/k``, ``<site>/v``, ``<site>/weights`` and ``<site>/value_norm``, plus the small tensors of compact masks
 (``<mask>.key_padding``, ``<mask>.packed``, ``<mask>.bias``; see :mod:`inspector.masks`); the header's
 ``__metadata__`` holds one key, ``inspector``, whose value is a JSON document (schema, model
 provenance, inputs, sites and mask specs; see README "Capture file format"). Schema 1 files (one
@@ -26,7 +26,7 @@ from .inputs import InputRecord
 
 SCHEMA = 2
 _DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-PARTS = ("q", "k", "v", "weights", "mask")
+PARTS = ("q", "k", "v", "weights", "mask", "value_norm")
 
 
 @dataclass
@@ -54,6 +54,8 @@ class Site:
     extra_kwargs: list[str] = field(default_factory=list)
     module_class: str = ""
     eager_function: str = ""
+    out_proj: str = ""  # module (named_modules) whose weight gave value_norm: the projection that consumes the output
+    value_norm_note: str = ""  # why there is no value_norm at this site, when there is none
 
     def tensor_name(self, part: str) -> str:
         if part == "mask":
@@ -218,6 +220,15 @@ class Capture:
         rows = masks.rows(self.masks[site.mask], self.tensors, batch, queries)
         self._mask_cache = (key, rows)
         return rows
+
+    def value_norms(self, site: Site | str, batch: int = 0) -> torch.Tensor | None:
+        """``[head, key]`` float32: ``||v_j W_O^h||``, the size of what key j sends through head h (the value
+        times head h's slice of the output projection, bias excluded; Kobayashi et al. 2020), or None when
+        the site has none (``site.value_norm_note`` says why)."""
+        site = self.site(site) if isinstance(site, str) else site
+        if "value_norm" not in site.parts:
+            return None
+        return self._rows(site.tensor_name("value_norm"), batch, list(range(site.num_heads)), slice(None), site.num_heads)
 
     def weights(
         self, site: Site | str, batch: int = 0, heads: list[int] | None = None, queries: slice | None = None

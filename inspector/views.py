@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .analysis import MASKED
+from .analysis import MASKED, head_weights
 from .errors import InspectorError
 from .explain import Explanation
 from .store import Capture, Site
@@ -90,12 +90,13 @@ def grid_frame(rank: pd.DataFrame, split: pd.DataFrame | None = None) -> pd.Data
 # ---- head view ---------------------------------------------------------------------------------
 def heatmap_frame(
     capture: Capture, site: Site, head: int, queries: slice, keys: slice | None = None, top_k: int | None = None,
-    batch: int = 0,
+    batch: int = 0, weighting: str = "attention",
 ) -> pd.DataFrame:
     """Long-form weights of one head for a window of query rows: every key of the ``keys`` window,
     or each row's ``top_k`` keys over the whole key axis. Columns ``query_index, query_token,
-    key_index, key_token, weight``; only these rows are read from the capture."""
-    w = capture.weights(site, batch, heads=[head], queries=queries)[0]  # [nq, key]
+    key_index, key_token, weight``; only these rows are read from the capture. ``weighting="value-norm"``
+    gives value-weighted attention (see :func:`inspector.analysis.head_weights`)."""
+    w = head_weights(capture, site, batch, heads=[head], queries=queries, weighting=weighting)[0]  # [nq, key]
     q_tokens = capture.tokens(site, "query", batch)
     k_tokens = capture.tokens(site, "key", batch)
     q_idx = list(range(*queries.indices(site.query_len)))
@@ -124,9 +125,10 @@ def heatmap_frame(
     return df
 
 
-def query_row(capture: Capture, site: Site, head: int, query_index: int, batch: int = 0) -> pd.DataFrame:
+def query_row(capture: Capture, site: Site, head: int, query_index: int, batch: int = 0,
+              weighting: str = "attention") -> pd.DataFrame:
     """One query's weights over every key: ``key_index, key_token, weight, special, padding``."""
-    w = capture.weights(site, batch, heads=[head], queries=slice(query_index, query_index + 1))[0, 0]
+    w = head_weights(capture, site, batch, heads=[head], queries=slice(query_index, query_index + 1), weighting=weighting)[0, 0]
     special, padding = capture.flags(site, "key", batch)
     df = pd.DataFrame({
         "key_index": range(site.key_len),
@@ -188,10 +190,12 @@ def split_bars(split: pd.DataFrame, top: int = 10) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["head_label", "site", "head", "referent", "weight", "flagged", "split_score"])
 
 
-def query_weights(capture: Capture, site: Site, head: int, positions: list[int], batch: int = 0) -> torch.Tensor:
-    """A query span's weights over the key axis (its rows averaged, as :func:`split_heads` does)."""
+def query_weights(capture: Capture, site: Site, head: int, positions: list[int], batch: int = 0,
+                  weighting: str = "attention") -> torch.Tensor:
+    """A query span's weights over the key axis (its rows averaged, as :func:`split_heads` does);
+    ``weighting="value-norm"``: value-weighted (see :func:`inspector.analysis.head_weights`)."""
     lo, hi = min(positions), max(positions) + 1
-    w = capture.weights(site, batch, heads=[head], queries=slice(lo, hi))[0]
+    w = head_weights(capture, site, batch, heads=[head], queries=slice(lo, hi), weighting=weighting)[0]
     return w[[p - lo for p in positions]].double().mean(0)
 
 

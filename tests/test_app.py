@@ -215,7 +215,7 @@ def test_split_finder_matches_cli(app, legal_cli):
     run(at)
     assert (at.session_state["view"], at.session_state["sel_site"], at.session_state["sel_head"]) == (
         "Head", "encoder.layer.5.attention.self", 9)
-    assert at.session_state["sel_query"] == 26  # the last token of "indemnity" (ind ##em ##nity = 24 25 26)
+    assert at.session_state["sel_query"] == 25  # the row of "indemnity" (ind ##em ##nity = 24 25 26) that drives the flag
     # the grid can now be coloured by split score
     show(at, "Overview")
     assert "split score" in at.segmented_control(key="metric").options

@@ -31,7 +31,8 @@ def test_debug_encoder_decoder_with_output_and_variant(bart, tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert {"capture.safetensors", "rank.csv", "split.csv", "report.html", "variant-quoted.safetensors",
             "compare-quoted.csv", "source.txt", "output.txt"} <= names
-    split = pd.read_csv(tmp_path / "split.csv")
+    text = ["rows_flagged", "shared_pieces"]  # space-separated lists, empty when there is nothing to list
+    split = pd.read_csv(tmp_path / "split.csv", dtype=dict.fromkeys(text, str)).fillna(dict.fromkeys(text, ""))
     kinds = split["kind"].tolist()
     assert kinds[: kinds.count("cross")] == ["cross"] * kinds.count("cross") > []  # cross sites first
     assert set(split["stack"]) == {"decoder"}  # the query is on the output side
@@ -92,6 +93,10 @@ def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--no-app"]) == 0
     out = capsys.readouterr().out
     assert "Flagged heads" in out and "encoder.layer.5.attention.self" in out
+    # the flagged head in every variant first, in plain words: quoting raised L5H9's split 0.228 -> 0.242
+    said = "Variant 'quoted' raised the split of layer 5 head 9 (encoder.layer.5.attention.self): 0.228 -> 0.242"
+    assert said in out and out.index(said) < out.index("Heads ranked by") < out.index("largest changes")
+    assert "value-weighted attention" in out and "sits on pieces both referents share (less)" in out
     for name in ("capture.safetensors", "rank.csv", "split.csv", "report.html", "compare-quoted.csv"):
         assert (tmp_path / name).is_file()
     split = pd.read_csv(tmp_path / "split.csv")
@@ -114,6 +119,15 @@ def test_report_commands_reproduce_split_csv(bart, tmp_path):
     argv[argv.index("--csv") + 1] = str(tmp_path / "again.csv")
     assert main(argv) == 0
     assert (tmp_path / "again.csv").read_text() == (tmp_path / "split.csv").read_text()
+    # the ranking was made with value-weighted attention, and its command says so and rewrites it
+    rank_cmd = next(c for c in inv.commands if c.startswith("inspector rank"))
+    assert "--weighting value-norm" in rank_cmd and inv.rank.attrs["weighting"] == "value-norm"
+    argv = shlex.split(rank_cmd)[1:]
+    argv[argv.index("--csv") + 1] = str(tmp_path / "rank-again.csv")
+    assert main(argv) == 0
+    assert (tmp_path / "rank-again.csv").read_text() == (tmp_path / "rank.csv").read_text()
+    explain_cmd = next(c for c in inv.commands if c.startswith("inspector explain"))
+    assert "--query indemnify" in explain_cmd and main(shlex.split(explain_cmd)[1:]) == 0
 
 
 def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):

@@ -245,8 +245,9 @@ def test_text_is_escaped(minilm):
 
 def test_step_by_step_table(legal):
     cap, row = legal["cap"], legal["split"].iloc[0]
-    q_last = int(row["query_positions"].split()[-1])
-    exp = explain(cap, row["site"], int(row["head"]), q_last)
+    # the row that drives the flag (25 '##em' of 'indemnity'), not the query's last token
+    assert row["query_positions"] == "24 25 26" and row["driving_row"] == 25
+    exp = explain(cap, row["site"], int(row["head"]), int(row["driving_row"]))
     cols, rows, classes = table(legal["dom"], "steps")
     assert cols == ["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"]
     assert [int(r[0]) for r in rows] == list(range(cap.site(row["site"]).key_len))
