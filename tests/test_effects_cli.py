@@ -118,7 +118,7 @@ def test_debug_does_it_matter(tokenizer, tmp_path):
 def _loose():
     from inspector.analysis import SplitRule
 
-    return SplitRule(min_split=0.0, min_mass=0.0)
+    return SplitRule(min_split=0.0, min_mass=0.0, min_lift=0.0)
 
 
 def _saved(loaded, path) -> str:
