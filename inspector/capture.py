@@ -260,6 +260,12 @@ class _Recorder:
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
             return
+        q_ok = any(sum(self.lengths.get(r, -1) for r in c) == w.shape[-2] for c in (["source"], ["target"], ["source", "target"]))
+        if self.lengths and not q_ok:
+            raise InspectorError(
+                f"{type(module).__name__} at {base} returns attention weights of shape {tuple(w.shape)}, whose axes are not "
+                f"the tokens of the inputs ({self._lengths_text()}), which a capture file cannot express: capture the "
+                f"other sites with --sites '^(?!{re.escape(base)}$)' or choose another model")
         stack, kind = self._where(module, base, w, w.transpose(-1, -2), None)
         if kind != "cross":
             kind = weights_kind(w) or ("causal" if getattr(module, "is_causal", False) else "self")
@@ -400,8 +406,12 @@ def weights_kind(weights: torch.Tensor) -> str | None:
     q_len, k_len = weights.shape[-2:]
     if q_len < 2 or q_len != k_len:
         return None
+    w = weights.detach().float()
+    # rows of padding queries that see nothing (all zero, or the uniform row softmax makes of a fully masked one)
+    # show no pattern: leave them out
+    real = ~((w == 0).all(-1) | (w == w[..., :1]).all(-1))
     later = torch.ones(q_len, k_len, dtype=torch.bool).triu_(1)
-    return "causal" if bool((weights[..., later] == 0).all()) else "self"
+    return "causal" if bool(((w * real[..., None])[..., later] == 0).all()) else "self"
 
 
 def _hides_as_sdpa_would(mask: torch.Tensor, q_len: int, k_len: int, causal: bool) -> bool:
@@ -602,7 +612,8 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
             if not maps:
                 notes.append({"module": site_name, "class": type(module).__name__,
                               "reason": "computes attention outside transformers' attention interface and returns no "
-                                        "probability map with output_attentions"})
+                                        "[batch, head, query, key] probability map with output_attentions (blocked, "
+                                        "local or pooled attention)"})
                 continue
             recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:

@@ -31,7 +31,7 @@ SIZES = {
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4, "num_experts_per_tok": 2,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_shared_experts": 1,
     "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
-    "vocab_size": VOCAB,
+    "rotary_dim": 8, "rotary_emb_base": 10000, "vocab_size": VOCAB,
 }
 MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 
@@ -70,6 +70,7 @@ def tiny_config(model_type: str):
 @cache
 def build(model_type: str):
     """(model, None) for a family that builds from its shrunk config as a text model, else (None, reason)."""
+    import transformers
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     s2s, clm, base = _text_classes()
@@ -78,6 +79,12 @@ def build(model_type: str):
     except Exception as exc:
         return None, f"config: {type(exc).__name__}"
     if config is None:
+        return None, "non-text"
+    names = next(m[model_type] for m in (s2s, clm, base) if model_type in m)
+    cls = getattr(transformers, names[0] if isinstance(names, (list, tuple)) else names, None)
+    if cls is None:
+        return None, "build: class not importable"
+    if getattr(cls, "main_input_name", "input_ids") != "input_ids":
         return None, "non-text"
     auto = AutoModelForSeq2SeqLM if model_type in s2s else AutoModelForCausalLM if model_type in clm else AutoModel
     quiet = contextlib.ExitStack()
@@ -97,8 +104,14 @@ def build(model_type: str):
             return None, "not tiny"
         try:
             torch.manual_seed(SEED)
-            model = auto.from_config(config)
+            model = auto.from_config(config).eval()
         except Exception as exc:
             return None, f"build: {type(exc).__name__}"
-    return model.eval(), None
+        try:  # the family's own forward on token ids alone, before inspector touches it
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[101, 1996, 3517, 102]]), attention_mask=torch.ones(1, 4, dtype=torch.long),
+                      **({"decoder_input_ids": torch.tensor([[0, 1996]])} if config.is_encoder_decoder else {}))
+        except Exception as exc:
+            return None, f"needs more than token ids ({type(exc).__name__})"
+    return model, None
 
