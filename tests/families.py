@@ -81,10 +81,14 @@ def build(model_type: str):
     if config is None:
         return None, "non-text"
     names = next(m[model_type] for m in (s2s, clm, base) if model_type in m)
-    cls = getattr(transformers, names[0] if isinstance(names, (list, tuple)) else names, None)
+    try:
+        cls = getattr(transformers, names[0] if isinstance(names, (list, tuple)) else names, None)
+        main_input = getattr(cls, "main_input_name", "input_ids")
+    except Exception:  # a placeholder class for a missing library (torchaudio) raises on any attribute
+        cls = None
     if cls is None:
         return None, "build: class not importable"
-    if getattr(cls, "main_input_name", "input_ids") != "input_ids":
+    if main_input != "input_ids":
         return None, "non-text"
     auto = AutoModelForSeq2SeqLM if model_type in s2s else AutoModelForCausalLM if model_type in clm else AutoModel
     quiet = contextlib.ExitStack()
