@@ -131,3 +131,21 @@ def test_lazy_capture_of_a_model_without_sdpa_leaves_outputs_unchanged(tokenizer
     lazy = capture(model, tokenizer, TEXT, weights=False)
     torch.testing.assert_close(lazy.output.last_hidden_state, ref, atol=TOL, rtol=0)
     assert all(s.kind == "self" and s.eager_function.endswith("eager_attention_forward") for s in lazy.sites)
+
+
+@pytest.mark.parametrize("family, message", [
+    # fault 3: output_attentions that is not a probability map is refused, naming the model
+    ("squeezebert", r"^SqueezeBertModel returns attentions\[0\] with output_attentions, which is not a probability map"),
+    # fault 2: weights over windows (Longformer's global/local attention) are no input's tokens
+    ("longformer", r"^LongformerSelfAttention at encoder\.layer\.0\.attention\.self returns attention weights of shape "
+                   r"\(2, \d+, 4, \d+\), whose axes are not the tokens of the inputs"),
+    # fault 2: queries over downsampled characters
+    ("canine", r"^CanineSelfAttention at encoder\.layer\.0\.attention\.self returns attention weights of shape \(2, 4, 5, 5\)"),
+])
+def test_what_a_file_cannot_express_is_refused_by_module(family, message, tokenizer, tmp_path):
+    model, why = families.build(family)
+    assert why is None
+    with pytest.raises(InspectorError, match=message) as err:
+        capture(model, tokenizer, [TEXT, "Such indemnity survives."])
+    assert "\n" not in str(err.value)
+    assert not list(tmp_path.iterdir())  # nothing written
