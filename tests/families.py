@@ -1,7 +1,7 @@
 """Every text model family of the installed transformers, built tiny from its own config.
 
 ``families()`` lists the model types that have a text model class (causal LM, sequence-to-sequence
-LM, or a bare model whose main input is ``input_ids``). ``build(model_type)`` shrinks the family's
+LM, or a bare model whose main input is ``input_ids``); the bare model is built where there is one. ``build(model_type)`` shrinks the family's
 default config generically (hidden size 32, 2 layers, 4 heads, small feed-forward and expert sizes;
 the vocabulary set to 30522 so the embedded MiniLM tokenizer's ids are valid), builds the model
 seeded and returns it, or says why it is not a text model that builds generically. Nothing is
@@ -80,7 +80,7 @@ def build(model_type: str):
         return None, f"config: {type(exc).__name__}"
     if config is None:
         return None, "non-text"
-    names = next(m[model_type] for m in (s2s, clm, base) if model_type in m)
+    names = next(m[model_type] for m in (base, s2s, clm) if model_type in m)
     try:
         cls = getattr(transformers, names[0] if isinstance(names, (list, tuple)) else names, None)
         main_input = getattr(cls, "main_input_name", "input_ids")
@@ -90,7 +90,9 @@ def build(model_type: str):
         return None, "build: class not importable"
     if main_input != "input_ids":
         return None, "non-text"
-    auto = AutoModelForSeq2SeqLM if model_type in s2s else AutoModelForCausalLM if model_type in clm else AutoModel
+    # the bare model where there is one: the attention is all there, without a 30522-wide output head (the
+    # sweep's largest cost by far)
+    auto = AutoModel if model_type in base else AutoModelForSeq2SeqLM if model_type in s2s else AutoModelForCausalLM
     quiet = contextlib.ExitStack()
     with quiet:
         quiet.enter_context(warnings.catch_warnings())
