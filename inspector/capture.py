@@ -181,6 +181,7 @@ class _Recorder:
                  roles: dict[str, tuple[list[str], list[str]]], progress=None, lengths: dict[str, int] | None = None):
         self.names = {id(m): n for n, m in model.named_modules()}
         self.lengths = dict(lengths or {})  # tokens per role (batch row 0; rows are padded alike)
+        self.padding: dict[str, list[list[bool]]] = {}  # per role, per batch row: which tokens are padding
         # configs whose model ran sdpa before the capture: lazy calls of other modules run their eager function
         self.sdpa_configs = {id(c) for c in _configs(model) if c._attn_implementation == "sdpa"}
         self.model_sdpa = id(model.config) in self.sdpa_configs
@@ -265,11 +266,20 @@ class _Recorder:
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
             return
+        q_ok = any(sum(self.lengths.get(r, -1) for r in c) == w.shape[-2] for c in (["source"], ["target"], ["source", "target"]))
+        if self.lengths and not q_ok:
+            raise InspectorError(
+                f"{type(module).__name__} at {base} returns attention weights of shape {tuple(w.shape)}, whose axes are not "
+                f"the tokens of the inputs ({self._lengths_text()}), which a capture file cannot express: capture the "
+                f"other sites with --sites '^(?!{re.escape(base)}$)' or choose another model")
         stack, kind = self._where(module, base, w, w.transpose(-1, -2), None)
-        if kind != "cross":
-            kind = weights_kind(w) or ("causal" if getattr(module, "is_causal", False) else "self")
         q_roles, k_roles = self.roles[stack if self.encoder_decoder else "none"] if kind != "cross" else self.roles["cross"]
         q_roles, k_roles = self._axes(module, base, w, w.transpose(-1, -2), None, q_roles, k_roles)
+        if kind != "cross":
+            pad = None
+            if self.padding and all(r in self.padding for r in q_roles):
+                pad = torch.cat([torch.tensor(self.padding[r], dtype=torch.bool) for r in q_roles], dim=-1)
+            kind = weights_kind(w, pad) or ("causal" if getattr(module, "is_causal", False) else "self")
         heads = int(w.shape[1])
         self.sites.append(Site(
             name=name, stack=stack, layer=int(layer), kind=kind, num_heads=heads, num_kv_heads=heads,
@@ -399,13 +409,19 @@ def kind_from_mask(mask, bias, q_len: int, k_len: int) -> str | None:
     return "causal" if bool(hidden[..., later].all()) else "self"
 
 
-def weights_kind(weights: torch.Tensor) -> str | None:
-    """The kind a weights-only site's zero pattern shows: "causal" when every later key gets exactly 0."""
+def weights_kind(weights: torch.Tensor, padding: torch.Tensor | None = None) -> str | None:
+    """The kind a weights-only site's zero pattern shows: "causal" when every later key gets exactly 0 from
+    every real query. ``padding`` (``[batch, query]``, True = padding) leaves padding queries out; rows that
+    see nothing (all zero, or the uniform row softmax makes of a fully masked one) are left out too."""
     q_len, k_len = weights.shape[-2:]
     if q_len < 2 or q_len != k_len:
         return None
+    w = weights.detach().float()
+    real = ~((w == 0).all(-1) | (w == w[..., :1]).all(-1))
+    if padding is not None and tuple(padding.shape) == (w.shape[0], q_len):
+        real &= ~padding[:, None, :]
     later = torch.ones(q_len, k_len, dtype=torch.bool).triu_(1)
-    return "causal" if bool((weights[..., later] == 0).all()) else "self"
+    return "causal" if bool(((w * real[..., None])[..., later] == 0).all()) else "self"
 
 
 def _hides_as_sdpa_would(mask: torch.Tensor, q_len: int, k_len: int, causal: bool) -> bool:
@@ -493,6 +509,7 @@ def record(
     lengths: dict[str, int] | None = None,
     notes: list[dict[str, str]] | None = None,
     masks: dict[str, dict] | None = None,
+    padding: dict[str, list[list[bool]]] | None = None,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
@@ -522,6 +539,7 @@ def record(
     from .value_norm import OutputProjections
 
     recorder.projections = OutputProjections(model)
+    recorder.padding = dict(padding or {})
     was_training = model.training
     model.eval()
     token = None
@@ -614,7 +632,8 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
             if not maps:
                 notes.append({"module": site_name, "class": type(module).__name__,
                               "reason": "computes attention outside transformers' attention interface and returns no "
-                                        "probability map with output_attentions"})
+                                        "[batch, head, query, key] probability map with output_attentions (blocked, "
+                                        "local or pooled attention)"})
                 continue
             recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:
@@ -712,6 +731,8 @@ def capture(
     site_list, tensors, output = record(
         model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
         lengths=lengths, notes=notes, masks=mask_specs,
+        padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
+                 for role in lengths},
     )
     meta = {
         "model": _provenance(model, model_name),

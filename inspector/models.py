@@ -130,18 +130,29 @@ def hub_offline() -> bool:
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether a TCP connection to the Hub endpoint (``HF_ENDPOINT``) opens within ``timeout`` seconds."""
+    import concurrent.futures
     import socket
     from urllib.parse import urlparse
 
     from huggingface_hub import constants
 
     url = urlparse(constants.ENDPOINT)
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)),
-                                      timeout=timeout):
-            return True
-    except OSError:
+
+    def connect() -> bool:
+        try:
+            with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)),
+                                          timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:  # the name lookup has no timeout of its own: bound the whole check
+        return pool.submit(connect).result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
         return False
+    finally:
+        pool.shutdown(wait=False)
 
 
 def in_hub_cache(repo_id: str) -> bool:

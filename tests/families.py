@@ -1,7 +1,7 @@
 """Every text model family of the installed transformers, built tiny from its own config.
 
 ``families()`` lists the model types that have a text model class (causal LM, sequence-to-sequence
-LM, or a bare model whose main input is ``input_ids``). ``build(model_type)`` shrinks the family's
+LM, or a bare model whose main input is ``input_ids``); the bare model is built where there is one. ``build(model_type)`` shrinks the family's
 default config generically (hidden size 32, 2 layers, 4 heads, small feed-forward and expert sizes;
 the vocabulary set to 30522 so the embedded MiniLM tokenizer's ids are valid), builds the model
 seeded and returns it, or says why it is not a text model that builds generically. Nothing is
@@ -31,7 +31,7 @@ SIZES = {
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4, "num_experts_per_tok": 2,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_shared_experts": 1,
     "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
-    "vocab_size": VOCAB,
+    "rotary_dim": 8, "rotary_emb_base": 10000, "vocab_size": VOCAB,
 }
 MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 
@@ -70,6 +70,7 @@ def tiny_config(model_type: str):
 @cache
 def build(model_type: str):
     """(model, None) for a family that builds from its shrunk config as a text model, else (None, reason)."""
+    import transformers
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     s2s, clm, base = _text_classes()
@@ -79,7 +80,19 @@ def build(model_type: str):
         return None, f"config: {type(exc).__name__}"
     if config is None:
         return None, "non-text"
-    auto = AutoModelForSeq2SeqLM if model_type in s2s else AutoModelForCausalLM if model_type in clm else AutoModel
+    names = next(m[model_type] for m in (base, s2s, clm) if model_type in m)
+    try:
+        cls = getattr(transformers, names[0] if isinstance(names, (list, tuple)) else names, None)
+        main_input = getattr(cls, "main_input_name", "input_ids")
+    except Exception:  # a placeholder class for a missing library (torchaudio) raises on any attribute
+        cls = None
+    if cls is None:
+        return None, "build: class not importable"
+    if main_input != "input_ids":
+        return None, "non-text"
+    # the bare model where there is one: the attention is all there, without a 30522-wide output head (the
+    # sweep's largest cost by far)
+    auto = AutoModel if model_type in base else AutoModelForSeq2SeqLM if model_type in s2s else AutoModelForCausalLM
     quiet = contextlib.ExitStack()
     with quiet:
         quiet.enter_context(warnings.catch_warnings())
@@ -97,8 +110,8 @@ def build(model_type: str):
             return None, "not tiny"
         try:
             torch.manual_seed(SEED)
-            model = auto.from_config(config)
+            model = auto.from_config(config).eval()
         except Exception as exc:
             return None, f"build: {type(exc).__name__}"
-    return model.eval(), None
+    return model, None
 

@@ -72,6 +72,18 @@ def test_uncached_id_offline_is_one_line_naming_the_id(offline_cache, name):
     assert "\n" not in msg and repr(name) in msg and "offline" in msg and f"hf download {name}" in msg
 
 
+def test_unreachable_hub_uses_the_cache_and_refuses_the_rest_in_seconds(offline_cache, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: no network
+    assert type(load_model("tiny-owner/tiny-gpt2").model).__name__ == "GPT2LMHeadModel"
+    t0 = time.monotonic()
+    with pytest.raises(InspectorError, match=r"'someone/else' is not in the Hugging Face cache and the Hub cannot be reached"):
+        load_model("someone/else")
+    assert time.monotonic() - t0 < 5
+
+
 def test_missing_path_is_named_as_a_folder(offline_cache):
     with pytest.raises(InspectorError, match="model folder './nowhere/model' does not exist"):
         load_model("./nowhere/model")
