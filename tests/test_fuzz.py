@@ -149,7 +149,9 @@ def test_every_tensor_reshaped_retyped_and_rescaled(base, bases, tmp_path, capsy
             for scale in (3.0, -1.0, float("nan")):
                 path = write(tmp_path, header, {**tensors, name: t * scale})
                 line = outcome(capsys, path)
-                if name.endswith("/weights") or math.isnan(scale) and not full and not name.endswith("/v"):
+                if name.endswith("/value_norm"):  # a norm is >= 0 and finite: refused on open, by name
+                    assert (line is None) == (scale > 0) and (line is None or name in line), (name, scale, line)
+                elif name.endswith("/weights") or math.isnan(scale) and not full and not name.endswith("/v"):
                     # weights x 3 or negative, NaN Q/K/mask: rank refuses with site, head and row
                     assert line is not None and " head " in line and " row " in line, (name, scale, line)
                 elif math.isnan(scale):  # what rank does not read, explain does
@@ -272,11 +274,13 @@ def test_value_norms_are_checked_when_present(bases, tmp_path, capsys):
     header, tensors = bases["full"]
     site = header["sites"][0]
     name, b, h, k = site["name"], len(TEXTS), site["num_heads"], site["key_len"]
+    assert "value_norm" in site["parts"], "captures store value norms where the output projection is found"
     h2 = copy.deepcopy(header)
-    h2["sites"][0]["parts"] = site["parts"] + ["value_norm"]
+    bare = copy.deepcopy(header)  # the tensor stored, but not named by the site's parts
+    bare["sites"][0]["parts"] = [p for p in site["parts"] if p != "value_norm"]
     good = torch.rand(b, h, k)
     assert outcome(capsys, write(tmp_path, h2, {**tensors, f"{name}/value_norm": good})) is None
     for bad in (good - 2, good * float("nan"), good[:, :, :-1].contiguous(), good.to(torch.int32), good[0].contiguous()):
         line = outcome(capsys, write(tmp_path, h2, {**tensors, f"{name}/value_norm": bad}))
         assert line is not None and f"{name}/value_norm" in line, line
-    assert "'parts'" in outcome(capsys, write(tmp_path, header, {**tensors, f"{name}/value_norm": good}))
+    assert "'parts'" in outcome(capsys, write(tmp_path, bare, {**tensors, f"{name}/value_norm": good}))
