@@ -171,21 +171,70 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_app(args) -> int:
-    import subprocess
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
+
+def app_command(args) -> list[str]:
+    """The ``streamlit run`` command line of ``inspector app`` (the app's own options after ``--``)."""
     app = Path(__file__).resolve().parent.parent / "apps" / "app.py"
     if not app.is_file():
         raise InspectorError(f"the app is not at {app}: run `inspector app` from a source checkout (pip install -e .[app])")
+    host = getattr(args, "host", None) or "127.0.0.1"
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(args.port),
-           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+           "--server.address", host, "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+    extra: list[str] = []
     if args.file:
-        cmd += ["--", str(Path(args.file).resolve())]
-    _status(f"starting the app on http://localhost:{args.port} (Ctrl-C stops it)")
+        extra.append(str(Path(args.file).resolve()))
+    for opt in ("site", "head", "query", "occurrence", "referents", "variant"):
+        value = getattr(args, opt, None)
+        if value is not None:
+            extra += [f"--{opt}", str(Path(value).resolve()) if opt == "variant" else str(value)]
+    return cmd + (["--", *extra] if extra else [])
+
+
+def cmd_app(args) -> int:
+    """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too."""
+    import signal
+    import subprocess
+    import time
+
+    from .store import load
+
+    for what in ("file", "variant"):
+        if getattr(args, what, None):
+            load(getattr(args, what))  # refuses a missing or unreadable capture before anything starts
+    cmd = app_command(args)
+    host = getattr(args, "host", None) or "127.0.0.1"
+    if host not in LOOPBACK:
+        _status(f"inspector: warning: the app listens on {host}: anyone who can reach port {args.port} can open any capture "
+                "on this machine by path, upload files and run local models, with no login")
+    shown = f"[{host}]" if ":" in host else host
+    _status(f"starting the app on http://{shown if host not in ('0.0.0.0', '::') else 'localhost'}:{args.port} (Ctrl-C stops it)")
+    proc = subprocess.Popen(cmd)
+    stopping: list[float] = []
+
+    def stop(signum, frame) -> None:
+        if not stopping and proc.poll() is None:
+            proc.terminate()
+        stopping.append(time.monotonic())
+
+    signals = [s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, stop) for s in signals}
     try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 0
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > 10:  # a child that ignores SIGTERM
+                    proc.kill()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return 0 if stopping else rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,6 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("app", help="browse captures in the Streamlit app")
     p.add_argument("file", nargs="?")
     p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                   help="address to listen on (default 127.0.0.1, this machine only); another exposes the app, with no login")
+    p.add_argument("--site", help="open on this site")
+    p.add_argument("--head", type=int, help="open on this head")
+    p.add_argument("--query", help="with --referents: run the split finder on this query word at start")
+    p.add_argument("--occurrence", type=int, help="which occurrence of the query (1-based)")
+    p.add_argument("--referents", help="comma-separated referents for the split finder at start")
+    p.add_argument("--variant", help="a second capture for the Compare page")
     p.set_defaults(func=cmd_app)
 
     try:
