@@ -466,8 +466,9 @@ def script_safe_json(page: str, template: str) -> str:
         _, end = json.JSONDecoder().raw_decode(page, start)  # the exact end of the pasted JSON
     except ValueError:
         raise InspectorError("bertviz's page holds no JSON where its script expects it: the app cannot escape its tokens") from None
-    blob = page[start:end].replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return page[:start] + blob + page[end:]
+    blob = page[start:end]
+    safe = blob.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return page.replace(blob, safe)  # bertviz pastes it twice: also into a comment of the same script
 
 
 def sandboxed(page: str, height: int) -> str:
