@@ -25,6 +25,7 @@ from inspector.errors import InspectorError  # noqa: E402
 from inspector.store import load as load_capture  # noqa: E402
 
 st.set_page_config(page_title="inspector", page_icon="🔎", layout="wide")
+st.set_option("client.showErrorDetails", "type")  # an unexpected error never shows a traceback with server paths
 shared.setup()
 
 # one line per page; a page is a standalone script under apps/ that calls shared.current() for the selection
@@ -108,9 +109,12 @@ with st.sidebar:
         names = [s.name for s in cap.sites]
         if ss.get("sel_site") not in names:
             ss.sel_site = names[0]
+        short = {n: views.site_short(cap.site(n)) for n in names}
+        unique = len(set(short.values())) == len(short)
         st.selectbox("Site (layer · kind · module)", names, key="sel_site",
-                     format_func=lambda n: views.site_label(cap.site(n)))
+                     format_func=lambda n: short[n] if unique else views.site_label(cap.site(n)))
         site = cap.site(ss.sel_site)
+        st.caption(views.md_text(site.name))
         if not 0 <= int(ss.get("sel_head", 0)) < site.num_heads:
             ss.sel_head = 0
         st.selectbox("Head", list(range(site.num_heads)), key="sel_head")

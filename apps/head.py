@@ -40,17 +40,19 @@ def shade(df: pd.DataFrame, scale: str) -> pd.Series:
 
 n_q, n_k = site.query_len, site.key_len
 causal = site.kind == "causal" and site.query_input == site.key_input
-c1, c2, c3, c4, c5 = st.columns([1.3, 1.5, 1.1, 1.3, 1.3])
+c1, c2, c3 = st.columns([1.2, 2, 1])
 c1.segmented_control("Heatmap", ["Window", "Top-k keys"], key="hm_mode", required=True, persist_state=PERSIST,
                      help="Window: every key of a key window. Top-k keys: each query row's k strongest keys over the whole input.")
 c2.select_slider("Window (query rows × keys)", [8, 16, 32, 48, 64, 96, 128], key="hm_size", persist_state=PERSIST,
                  help="Only these rows are read from the capture and sent to the browser.")
 if ss.hm_mode == "Top-k keys":
     c3.number_input("k (keys per query)", 1, 50, key="hm_topk", persist_state=PERSIST)
+c4, c5 = st.columns([1.2, 3], vertical_alignment="bottom")
 c4.segmented_control("Colour scale", list(SCALES), key="hm_scale", required=True, persist_state=PERSIST,
                      help="0..1: comparable across heads. Per row: each row's strongest key darkest (a first row with "
                           "weight 1.0 no longer washes out the rest). Log: small weights visible.")
-c5.toggle("Centre on the selected query", key="hm_follow", persist_state=PERSIST)
+c5.toggle("Centre on the selected query", key="hm_follow", persist_state=PERSIST,
+          help="Causal sites: the window ends at the selected query, so it shows the keys the query could see.")
 size = int(ss.hm_size)
 row = views.query_row(cap, site, head, qi)
 if ss.hm_follow:

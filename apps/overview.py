@@ -45,7 +45,7 @@ def grid_chart(df: pd.DataFrame, metric: str, title: str, domain: tuple[float, f
                                           values=ticks, format=".2f")),
     )
     n_heads, n_layers = df["head"].nunique(), df["layer"].nunique()
-    cell_w = max(22, min(40, 560 // max(1, n_heads)))  # the whole grid fits half of a 1400 px window
+    cell_w = max(18, min(40, 360 // max(1, n_heads)))  # the whole grid fits half of a 1400 px window
     text = base.mark_text(fontSize=11 if cell_w >= 34 else 9).encode(
         text=alt.Text(f"{metric}:Q", format=".2f"),
         color=alt.condition(f"datum['{metric}'] > {mid!r}", alt.value("black"), alt.value("white")),
@@ -58,17 +58,16 @@ def grid_chart(df: pd.DataFrame, metric: str, title: str, domain: tuple[float, f
         title=title, width=cell_w * n_heads, height=28 * n_layers, autosize=alt.AutoSizeParams(type="pad"))
 
 
-c1, c2 = st.columns([3, 1])
 metrics = list(views.GRID_METRICS)
 if ss.split is None:
     metrics.remove("split_score")
     if ss.metric == "split_score":
         ss.metric = "normalized_entropy"
-c1.segmented_control("Colour the grid by", metrics, key="metric", format_func=lambda m: views.GRID_METRICS[m],
+st.segmented_control("Colour the grid by", metrics, key="metric", format_func=lambda m: views.GRID_METRICS[m],
                      required=True, persist_state=PERSIST,
                      help="Split score appears once the split finder has run. Scales are fixed: 0..1 for masses, "
                           "weights and normalized entropy, 0..log(keys) for entropy.")
-c2.toggle("Ignore special-token keys", key="exclude_special", persist_state=PERSIST,
+st.toggle("Ignore special-token keys", key="exclude_special", persist_state=PERSIST,
           help="Drop [CLS]/[SEP]-like keys and renormalize before the entropies (as `inspector rank --exclude-special`).")
 rank = shared.ranking(ss.exclude_special)
 grid = views.grid_frame(rank, ss.split["df"] if ss.split else None)
@@ -94,8 +93,9 @@ with right:
             "layer": st.column_config.NumberColumn("layer", width=50),
             "head": st.column_config.NumberColumn("head", width=50),
             "label": st.column_config.TextColumn("label", width=100),
+            "normalized_entropy": st.column_config.NumberColumn("normalized entropy", format="%.3f", width=135),
             **{k: st.column_config.NumberColumn(k.replace("_", " "), format="%.3f", width=90) for k in
-               ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight")},
+               ("entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight")},
         },
     )
     st.download_button("Download CSV (as `inspector rank --csv`)", views.csv_bytes(rank), file_name="rank.csv",

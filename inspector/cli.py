@@ -171,6 +171,33 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    """A figure of one head as PNG or SVG: its heatmap, or with --query that query's weights over the text."""
+    from . import show
+    from .store import load
+
+    out = Path(args.output)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise InspectorError(f"figures are saved as .png or .svg; got {out.name!r}: use -o head.png or -o head.svg")
+    cap = load(args.file)
+    site = cap.site(args.site)
+    if not 0 <= args.head < site.num_heads:
+        raise InspectorError(f"head {args.head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
+    query = args.query_index if args.query_index is not None else args.query
+    kind = args.kind or ("query" if query is not None else "heatmap")
+    if kind == "query":
+        if query is None:
+            raise InspectorError("--kind query needs --query WORD or --query-index N")
+        chart = show.query_weights(cap, site, args.head, query, batch=args.batch)
+    elif kind == "grid":
+        chart = show.head_grid(cap, batch=args.batch)
+    else:
+        chart = show.head_heatmap(cap, site, args.head, query=query, window=args.window, batch=args.batch)
+    show.save(chart, out)
+    _status(f"wrote {out}")
+    return 0
+
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -181,7 +208,7 @@ def app_command(args) -> list[str]:
         raise InspectorError(f"the app is not at {app}: run `inspector app` from a source checkout (pip install -e .[app])")
     host = getattr(args, "host", None) or "127.0.0.1"
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(args.port),
-           "--server.address", host, "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+           "--server.address", host, "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--client.showErrorDetails", "type"]
     extra: list[str] = []
     if args.file:
         extra.append(str(Path(args.file).resolve()))
@@ -301,6 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="describe a capture file")
     p.add_argument("file")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("plot", help="save a figure of one head (heatmap or a query's weights) as PNG or SVG")
+    p.add_argument("file")
+    p.add_argument("--site", required=True)
+    p.add_argument("--head", type=int, required=True)
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--query", help="a word of the text: the heatmap centres on it; --kind query plots its weights")
+    q.add_argument("--query-index", type=int, help="a query token position instead of a word")
+    p.add_argument("--kind", choices=["heatmap", "query", "grid"],
+                   help="heatmap (default without --query), query (default with --query) or grid (layer x head)")
+    p.add_argument("--window", type=int, default=64, help="query rows and keys of the heatmap (default 64)")
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("app", help="browse captures in the Streamlit app")
     p.add_argument("file", nargs="?")

@@ -46,6 +46,14 @@ def site_label(site: Site) -> str:
     return f"L{site.layer} {where} · {site.name}"
 
 
+def site_short(site: Site) -> str:
+    """``L5 self · attention.self``: the layer, kind and the last two parts of the module name (a
+    sidebar-wide label; :func:`site_label` has the whole name)."""
+    where = f"{site.stack} {site.kind}" if site.stack != "none" else site.kind
+    tail = ".".join(site.name.split(".")[-2:])
+    return f"L{site.layer} {where} · {tail}"
+
+
 def group_label(stack: str, kind: str) -> str:
     """A grid's title: ``encoder self``, ``decoder causal``, ``decoder cross`` or just ``self``."""
     return f"{stack} {kind}" if stack != "none" else kind
