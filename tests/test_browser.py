@@ -233,8 +233,7 @@ def test_temporary_folders_removed_when_the_server_stops(tmp_path):
     with serve(tmp_path) as url, chromium() as page:
         expect.set_options(timeout=WAIT_MS)
         page.goto(url)
-        page.get_by_text("Open or make a capture").click()
-        page.get_by_role("tab", name="Upload").click()
+        page.get_by_role("tab", name="Upload").click()  # the expander is open while no capture is
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(fixture))
         expect(page.get_by_test_id("stSidebar")).to_contain_text("upload worked_example.safetensors")
         folders = list((tmp_path / "tmp").glob("inspector-app-*"))
