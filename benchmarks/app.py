@@ -36,7 +36,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run", "--disable-quic"]
 TARGET_S = 0.5
 BASELINE_TOKENS = 16
-WAIT_MS = 600_000
+WAIT_MS = 300_000
 
 
 def make_capture(model, tok, n_tokens: int, folder: Path) -> Path:
@@ -97,6 +97,10 @@ def pick(page, index: int, text: str) -> None:
     page.keyboard.press("Enter")
 
 
+def heatmap(page, title: str):
+    return page.locator('[data-testid="stVegaLiteChart"]').filter(has_text=title).first
+
+
 def nav(page, name: str) -> None:
     page.get_by_test_id("stTopNavLink").filter(has_text=name).click()
 
@@ -122,24 +126,24 @@ def measure(url: str, n_tokens: int, repeats: int) -> dict[str, list[float]]:
                 cell = grid.locator(f'path[aria-label^="head: {head}; layer: {layer};"]').last
                 out["grid click"].append(timed(page, cell.click, lambda h=head, la=layer: (
                     expect(header).to_contain_text(f"L{la} "), expect(header).to_contain_text(f"· head {h} ·"))))
-            toggle = page.get_by_role("switch", name="Ignore special-token keys")
+            toggle = page.locator("label").filter(has_text="Ignore special-token keys")
             for _ in range(2):  # on, then off (the first "on" ranks every head without special keys, once)
                 out["special toggle"].append(timed(page, toggle.click, lambda: None))
             nav(page, "Head")
-            expect(page.get_by_text("weights of query rows over keys").first).to_be_attached()
+            expect(heatmap(page, "weights of query rows over keys")).to_be_attached()
             settle(page)
             for _ in range(repeats):  # Head: another head of the sidebar
                 head = rng.randrange(12)
                 out["head switch"].append(timed(page, lambda h=head: pick(page, 1, str(h)), lambda h=head: (
                     expect(header).to_contain_text(f"· head {h} ·"),
-                    expect(page.get_by_text(f"head {h}: weights of query rows over keys").first).to_be_attached())))
+                    expect(heatmap(page, f"head {h}: weights of query rows over keys")).to_be_attached())))
             for _ in range(repeats):  # Head: another query token
                 qi = rng.randrange(1, n_tokens)
                 out["query change"].append(timed(page, lambda q=qi: pick(page, 2, f"{q} · "), lambda q=qi: (
                     expect(header).to_contain_text(f"· query {q} "),
                     expect(page.get_by_text(f"Weights of query {q} ").first).to_be_visible())))
             pages = [("Step by step", lambda: page.get_by_text("Output vector").first),
-                     ("Head", lambda: page.get_by_text("weights of query rows over keys").first),
+                     ("Head", lambda: heatmap(page, "weights of query rows over keys")),
                      ("Overview", lambda: page.get_by_text("Ranking: focused heads first"))]
             for i in range(repeats):  # tab switch: the pages in turn
                 name, shown = pages[i % len(pages)]
