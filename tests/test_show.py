@@ -116,3 +116,10 @@ def test_notebook_runs_in_a_kernel(tmp_path):
     assert "normalized_entropy" in outs[5][0]["data"]["text/html"]
     assert outs[6][0]["data"]["text/plain"] == "['head.png', 'head.svg']"
     assert not any(p.name.endswith((".png", ".svg")) for p in ROOT.iterdir())
+
+
+def test_bertviz_views_from_a_capture(cap):
+    page = show.head_view(cap, start=0, size=4, html_action="return").data
+    assert '"blocked"' in page and "attention" in page
+    page = show.model_view(cap, start=1, size=2, html_action="return").data
+    assert '"card"' in page and '"was"' in page and '"blocked"' not in page
