@@ -137,7 +137,7 @@ def measure(url: str, n_tokens: int, repeats: int) -> dict[str, list[float]]:
             for _ in range(repeats):  # Head: another head of the sidebar
                 head = rng.randrange(12)
                 out["head switch"].append(timed(page, lambda h=head: pick(page, 1, str(h)), lambda h=head: (
-                    expect(header).to_contain_text(f"· head {h} ·"), expect(page.get_by_text("Query rows")).to_be_visible(),
+                    expect(header).to_contain_text(f"· head {h} ·"), expect(page.get_by_text("Query rows").first).to_be_visible(),
                     expect(heatmap(page, f"head {h}: weights of query rows over keys")).to_be_attached())))
             for _ in range(repeats):  # Head: another query token
                 qi = rng.randrange(1, n_tokens)
