@@ -78,7 +78,7 @@ k_order = [views.token_label(i, c.k_tokens[i]) for i in k_idx]
 what = (f"each query row's top {topk} keys over all {n_k}" if topk else f"keys {ks.start}..{ks.stop - 1} of {n_k}")
 n_masked = int((~df["visible"]).sum())
 st.caption(f"Query rows {qs.start}..{qs.stop - 1} of {n_q}, {what}. Colour: {SCALES[ss.hm_scale]}."
-           + (f" Hatched grey: {n_masked} masked cells (the query cannot see the key; not a weight of 0)." if n_masked else "")
+           + (f" Grey: {n_masked} masked cells (the query cannot see the key; not a weight of 0)." if n_masked else "")
            + " Click a cell to choose its query token and key.")
 pick = alt.selection_point(name="cellpick", fields=["query_index", "key_index"], on="click")
 row_px = max(4, min(18, MAX_HEIGHT // max(1, len(q_order))))
@@ -98,9 +98,6 @@ heat = alt.Chart(df).mark_rect(cursor="pointer").encode(
     tooltip=tooltip,
 ).add_params(pick)
 layers = [heat]
-masked = df[~df["visible"]]
-if len(masked):  # masked cells: grey with a diagonal stroke, never a colour of the weight scale
-    layers.append(alt.Chart(masked).mark_text(text="╱", color="#b0b0b0", fontSize=max(6, row_px - 2)).encode(x=x, y=y))
 sel = df[df["query_index"] == qi]
 if len(sel):
     layers.append(alt.Chart(sel).mark_rect(fill=None, stroke="#ff4b4b", strokeWidth=1.2).encode(x=x, y=y))

@@ -81,9 +81,17 @@ def settle(page) -> None:
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=WAIT_MS)
 
 
+def started(page) -> None:
+    """Wait (at most 2 s) until Streamlit shows that a script runs: an action whose result is not in the page
+    (the toggle) is timed to the end of its rerun, not to the click."""
+    with contextlib.suppress(Exception):
+        page.wait_for_selector('[data-testid="stStatusWidget"]', timeout=2000)
+
+
 def timed(page, act, done) -> float:
     t0 = time.perf_counter()
     act()
+    started(page)
     done()
     settle(page)
     return time.perf_counter() - t0
