@@ -233,3 +233,21 @@ def test_signal_stops_the_streamlit_child(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+def test_special_token_ranking_is_ready_when_toggled(app, legal_cli):
+    """The other ranking is computed in the background after the first; the toggle shows exactly
+    rank_heads(exclude_special=True)."""
+    import pandas as pd
+
+    from inspector import analysis
+
+    at = app(legal_cli[0])
+    at.toggle(key="exclude_special").set_value(True)
+    run(at)
+    got = at.dataframe[0].value
+    want = analysis.rank_heads(load(legal_cli[0]), exclude_special=True)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_exact=True)
+    at.toggle(key="exclude_special").set_value(False)
+    run(at)
+    pd.testing.assert_frame_equal(at.dataframe[0].value.reset_index(drop=True), analysis.rank_heads(load(legal_cli[0])))
