@@ -257,21 +257,97 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_app(args) -> int:
-    import subprocess
+def cmd_plot(args) -> int:
+    """A figure of one head as PNG or SVG: its heatmap, or with --query that query's weights over the text."""
+    from . import show
+    from .store import load
 
+    out = Path(args.output)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise InspectorError(f"figures are saved as .png or .svg; got {out.name!r}: use -o head.png or -o head.svg")
+    cap = load(args.file)
+    site = cap.site(args.site)
+    if not 0 <= args.head < site.num_heads:
+        raise InspectorError(f"head {args.head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
+    query = args.query_index if args.query_index is not None else args.query
+    kind = args.kind or ("query" if query is not None else "heatmap")
+    if kind == "query":
+        if query is None:
+            raise InspectorError("--kind query needs --query WORD or --query-index N")
+        chart = show.query_weights(cap, site, args.head, query, batch=args.batch)
+    elif kind == "grid":
+        chart = show.head_grid(cap, batch=args.batch)
+    else:
+        chart = show.head_heatmap(cap, site, args.head, query=query, window=args.window, batch=args.batch)
+    show.save(chart, out)
+    _status(f"wrote {out}")
+    return 0
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def app_command(args) -> list[str]:
+    """The ``streamlit run`` command line of ``inspector app`` (the app's own options after ``--``)."""
     app = Path(__file__).resolve().parent.parent / "apps" / "app.py"
     if not app.is_file():
         raise InspectorError(f"the app is not at {app}: run `inspector app` from a source checkout (pip install -e .[app])")
+    host = getattr(args, "host", None) or "127.0.0.1"
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(args.port),
-           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+           "--server.address", host, "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--client.showErrorDetails", "type"]
+    extra: list[str] = []
     if args.file:
-        cmd += ["--", str(Path(args.file).resolve())]
-    _status(f"starting the app on http://localhost:{args.port} (Ctrl-C stops it)")
+        extra.append(str(Path(args.file).resolve()))
+    for opt in ("site", "head", "query", "occurrence", "referents", "variant"):
+        value = getattr(args, opt, None)
+        if value is not None:
+            extra += [f"--{opt}", str(Path(value).resolve()) if opt == "variant" else str(value)]
+    return cmd + (["--", *extra] if extra else [])
+
+
+def cmd_app(args) -> int:
+    """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too."""
+    import signal
+    import subprocess
+    import time
+
+    from .store import load
+
+    for what in ("file", "variant"):
+        if getattr(args, what, None):
+            load(getattr(args, what))  # refuses a missing or unreadable capture before anything starts
+    cmd = app_command(args)
+    host = getattr(args, "host", None) or "127.0.0.1"
+    if host not in LOOPBACK:
+        _status(f"inspector: warning: the app listens on {host}: anyone who can reach port {args.port} can open any capture "
+                "on this machine by path, upload files and run local models, with no login")
+    shown = f"[{host}]" if ":" in host else host
+    _status(f"starting the app on http://{shown if host not in ('0.0.0.0', '::') else 'localhost'}:{args.port} (Ctrl-C stops it)")
+    proc = subprocess.Popen(cmd)
+    stopping: list[float] = []
+
+    def stop(signum, frame) -> None:
+        if not stopping and proc.poll() is None:
+            proc.terminate()
+        stopping.append(time.monotonic())
+
+    signals = [s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, stop) for s in signals}
     try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 0
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > 10:  # a child that ignores SIGTERM
+                    proc.kill()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return 0 if stopping else rc
 
 
 # ---- ablate / effects: does a head matter? ------------------------------------------------------
@@ -583,9 +659,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.set_defaults(func=cmd_info)
 
+    p = sub.add_parser("plot", help="save a figure of one head (heatmap or a query's weights) as PNG or SVG")
+    p.add_argument("file")
+    p.add_argument("--site", required=True)
+    p.add_argument("--head", type=int, required=True)
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--query", help="a word of the text: the heatmap centres on it; --kind query plots its weights")
+    q.add_argument("--query-index", type=int, help="a query token position instead of a word")
+    p.add_argument("--kind", choices=["heatmap", "query", "grid"],
+                   help="heatmap (default without --query), query (default with --query) or grid (layer x head)")
+    p.add_argument("--window", type=int, default=64, help="query rows and keys of the heatmap (default 64)")
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
+    p.set_defaults(func=cmd_plot)
+
     p = sub.add_parser("app", help="browse captures in the Streamlit app")
     p.add_argument("file", nargs="?")
     p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                   help="address to listen on (default 127.0.0.1, this machine only); another exposes the app, with no login")
+    p.add_argument("--site", help="open on this site")
+    p.add_argument("--head", type=int, help="open on this head")
+    p.add_argument("--query", help="with --referents: run the split finder on this query word at start")
+    p.add_argument("--occurrence", type=int, help="which occurrence of the query (1-based)")
+    p.add_argument("--referents", help="comma-separated referents for the split finder at start")
+    p.add_argument("--variant", help="a second capture for the Compare page")
     p.set_defaults(func=cmd_app)
 
     add_corpus_commands(sub)

@@ -60,7 +60,8 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
         print(summary_text(inv.matter, format_table))
     else:
         print("\nDoes it matter? add --contrast RIGHT,WRONG (e.g. Lessee,Lessor) to measure each head's effect on the output")
-    print(f"\nWrote {inv.capture_path}, rank.csv, split.csv and {inv.report_path}")
+    written = sorted(p.name for p in inv.out_dir.iterdir() if p.is_file())
+    print(f"\nWrote {len(written)} files to {inv.out_dir}: {', '.join(written)}")
 
 
 def _parse_variants(items: list[str] | None) -> dict[str, str]:
@@ -123,6 +124,10 @@ def cmd_demo(args) -> int:
     if args.no_app:
         return 0
     args.file = str(inv.capture_path)
+    # open the app on what the demo found: the split finder run on the query and referents, the flagged head
+    # selected, the quoted variant ready on the Compare page
+    args.query, args.referents = "indemnity", "Lessee,Lessor"
+    args.variant = str(inv.variants["quoted"]) if "quoted" in inv.variants else None
     return cmd_app(args)
 
 
@@ -169,4 +174,5 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default="out", help="folder for the results (default out/)")
     p.add_argument("--no-app", action="store_true", help="do not start the app afterwards (for scripts)")
     p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address the app listens on (default 127.0.0.1)")
     p.set_defaults(func=cmd_demo)

@@ -37,6 +37,11 @@ class Explanation:
     table: pd.DataFrame  # one row per key, EXPLAIN_COLUMNS
     output: list[float]
 
+    def _repr_html_(self) -> str:
+        from .display import explanation_html
+
+        return explanation_html(self)
+
     def to_json(self) -> dict:
         def num(x):
             return x if math.isfinite(x) else ("-inf" if x < 0 else "inf" if x > 0 else "nan")

@@ -79,6 +79,7 @@ background:linear-gradient(90deg,rgba(var(--heat),0),rgba(var(--heat),1))}
 background:rgba(var(--shade),var(--a))}
 pre{background:var(--soft);border:1px solid var(--line);border-radius:4px;padding:10px 12px;overflow:auto;font-size:12.5px}
 .vec{font-size:12px;line-height:1.7}
+.plot{overflow:auto;max-width:100%}.plot svg{max-width:100%;height:auto}
 """
 
 
@@ -420,6 +421,32 @@ def _comparison(comparison: pd.DataFrame) -> str:
             + _table(shown, cls="data compare"))
 
 
+def _referent_plot(split: pd.DataFrame, referents: list[str], top: int = 10) -> str:
+    """The top heads' referent weights as grouped bars (inline SVG), or a note when the plot libraries are missing."""
+    from .report_plots import referent_bars
+
+    svg = referent_bars(split, referents, top)
+    if svg is None:
+        return '<p class="note">(bar charts need Altair and vl-convert: pip install inspector[plots])</p>'
+    if not svg:
+        return ""
+    return (f'<div class="plot referent-plot">{svg}</div><p class="note">Weight of the query on each referent for the '
+            f"first {min(top, len(split))} heads of the split table; flagged heads opaque, the others faded.</p>")
+
+
+def _comparison_plot(comparison: pd.DataFrame, top: int = 10) -> str:
+    """Split scores of the original and each variant as paired bars (inline SVG), largest changes first."""
+    from .report_plots import comparison_bars
+
+    svg = comparison_bars(comparison, top)
+    if svg is None:
+        return '<p class="note">(bar charts need Altair and vl-convert: pip install inspector[plots])</p>'
+    if not svg:
+        return ""
+    return (f'<div class="plot compare-plot">{svg}</div><p class="note">Split score per head in each capture, '
+            f"paired; the {top} largest changes.</p>")
+
+
 def _occurrence(capture: Capture, h: _Head, query: str, batch: int) -> int:
     """Which occurrence of the query (0-based) the head's query positions are; 0 when none matches."""
     try:
@@ -531,6 +558,7 @@ def render_report(
             + "".join(f"<dt>{_e(k)}</dt><dd><code>{_e(v)}</code></dd>" for k, v in meta if v) + "</dl></header>",
             f'<p class="summary">{_e(summary)}</p>',
             *([_moves(moves)] if moves is not None else []),
+            _referent_plot(split, referents),
             f'<p class="note">Weights shown: {_e(weighting)}'
             + (" (weight × ||v_j W_O^h||, renormalized per row; Kobayashi et al. 2020)" if weighting == "value-norm" else "")
             + ". Flagged: split_score, referent_mass and lift (referent_mass ÷ what uniform attention over the visible keys "
@@ -560,6 +588,7 @@ def render_report(
         if moves is not None:
             body.append(_moves(moves))
         if comparison is not None:
+            body.append(_comparison_plot(comparison))
             body.append(_comparison(comparison))
         if variants and first is not None:
             body.append(f'<p class="note">How <code>{_e(first.site.name)}</code> head {first.head} reads each variant:</p>')

@@ -72,6 +72,11 @@ class Site:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    def _repr_html_(self) -> str:
+        from .display import site_html
+
+        return site_html(self)
+
 
 class _FileTensors:
     """Tensors read lazily from a memory-mapped safetensors file."""
@@ -312,6 +317,11 @@ class Capture:
 
     def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
         return save(self, path, force=force)
+
+    def _repr_html_(self) -> str:
+        from .display import capture_html
+
+        return capture_html(self)
 
 
 def save(capture: Capture, path: str | os.PathLike, *, force: bool = False) -> Path:

@@ -9,6 +9,7 @@ matrix of a long input.
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from pathlib import Path
@@ -43,6 +44,14 @@ def site_label(site: Site) -> str:
     """``L5 self · encoder.layer.5.attention.self`` (stack shown for encoder-decoder models)."""
     where = f"{site.stack} {site.kind}" if site.stack != "none" else site.kind
     return f"L{site.layer} {where} · {site.name}"
+
+
+def site_short(site: Site) -> str:
+    """``L5 self · attention.self``: the layer, kind and the last two parts of the module name (a
+    sidebar-wide label; :func:`site_label` has the whole name)."""
+    where = f"{site.stack} {site.kind}" if site.stack != "none" else site.kind
+    tail = ".".join(site.name.split(".")[-2:])
+    return f"L{site.layer} {where} · {tail}"
 
 
 def group_label(stack: str, kind: str) -> str:
@@ -287,8 +296,8 @@ def bertviz_kwargs(capture: Capture, start: int, size: int, *, batch: int = 0, d
         return out
 
     def toks(site: Site, which: str, ax: slice) -> list[str]:
-        # a token that reads "</script>" must not end bertviz's inline script: a word joiner breaks it up
-        return [t.replace("</", "<\u2060/") for t in capture.tokens(site, which, batch)[ax]]
+        # tokens go to bertviz as they are; bertviz_html escapes them for its inline script (script_safe_json)
+        return list(capture.tokens(site, which, batch)[ax])
 
     def win(site: Site, which: str) -> slice:
         n = site.query_len if which == "query" else site.key_len
@@ -379,9 +388,103 @@ def bertviz_html(capture: Capture, view: str, start: int, size: int, vendor_dir:
         page = bertviz.model_view(**kwargs, html_action="return").data
     else:
         raise InspectorError(f"unknown bertviz view {view!r}: use head or model")
-    return offline_bertviz(page, scripts)
+    template = (Path(bertviz.__file__).parent / f"{view}_view.js").read_text(encoding="utf-8")
+    return offline_bertviz(script_safe_json(page, template), scripts)
 
 
 def html_size(page: str) -> str:
     n = len(page.encode("utf-8"))
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
+
+
+# ---- text from a capture, errors and scales (app safety and readability) ----------------------------
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>#!|~:$^&])")
+_MD_LINE_START = re.compile(r"^(\s*)([-+=]|\d+(?=[.)]))")
+
+
+def md_text(value: object) -> str:
+    """``value`` as literal text inside Streamlit Markdown: every Markdown, HTML, emoji-shortcode
+    (``:x:``), colour-directive and LaTeX (``$``) character backslash-escaped, line breaks made spaces.
+
+    Strings from a capture file (site names, the model name, tokens) are untrusted: a site name
+    ``x![s](http://host/s.png)`` must not make the browser fetch an image, a backtick must not end a
+    code span."""
+    text = str(value).replace("\r", " ").replace("\n", " ")
+    text = _MD_SPECIAL.sub(r"\\\1", text)
+    return _MD_LINE_START.sub(lambda m: m.group(1) + "\\" + m.group(2), text)
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s'\"\\/:,;)]+)+[\\/]?")
+
+
+def app_error(exc: BaseException) -> str:
+    """One line for an error box: the message without server paths (each absolute path shortened to
+    its last component) and never a traceback; exceptions that are not :class:`InspectorError` are
+    named by their type."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    msg = _PATH.sub(lambda m: Path(m.group(0).rstrip("/\\")).name or "/", msg)[:300]
+    if isinstance(exc, InspectorError):
+        return msg
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def metric_domain(metric: str, max_keys: int) -> tuple[float, float]:
+    """The fixed colour domain of a grid metric, so grids of different heads and captures compare:
+    ``[0, log n]`` nats for ``entropy`` (``n`` = the longest key axis), ``[0, 1]`` for every other
+    metric (normalized entropy, masses, top-key weight, split score)."""
+    if metric == "entropy":
+        return 0.0, math.log(max(2, max_keys))
+    return 0.0, 1.0
+
+
+def causal_keys(site: Site, queries: slice, size: int) -> slice:
+    """The key window a causal site's query rows ``queries`` could see: the ``size`` keys ending at the
+    last row's own position (keys after it are masked for every row of the window)."""
+    offset = site.key_len - site.query_len  # a decoder continuing a cached prefix sees that prefix too
+    stop = min(site.key_len, queries.stop + offset)
+    return slice(max(0, stop - max(1, size)), stop)
+
+
+def visible_frame(capture: Capture, site: Site, frame: pd.DataFrame, batch: int = 0) -> pd.Series:
+    """For each row of a :func:`heatmap_frame`, whether its query may see its key (the capture's own
+    mask; padding keys and, for maskless causal captures, future keys are not visible)."""
+    from .analysis import visible_keys
+
+    if not len(frame):
+        return pd.Series([], dtype=bool)
+    q0, q1 = int(frame["query_index"].min()), int(frame["query_index"].max()) + 1
+    _, pad_k = capture.flags(site, "key", batch)
+    vis = visible_keys(capture, site, batch, slice(q0, q1), pad_k)[0]  # [query, key] (head 0 of a per-head mask)
+    qi = torch.as_tensor(frame["query_index"].to_numpy() - q0)
+    ki = torch.as_tensor(frame["key_index"].to_numpy().copy())
+    return pd.Series(vis[qi, ki].numpy(), index=frame.index, name="visible")
+
+
+def script_safe_json(page: str, template: str) -> str:
+    """bertviz's page with ``<``, ``>`` and ``&`` escaped (``\\u003c`` ...) inside the JSON it pasted into
+    its inline script in place of ``PYTHON_PARAMS`` in ``template`` (head_view.js / model_view.js).
+
+    A token ``</script>`` or ``<!--<script>`` would otherwise end or suspend the inline script and blank
+    the view; JSON has no ``<`` outside strings, and ``\\u003c`` reads back as the same character."""
+    before, marker, after = template.partition("PYTHON_PARAMS")
+    if not marker:
+        raise InspectorError("this bertviz version's script has no PYTHON_PARAMS marker: the app cannot escape its tokens")
+    head = before[-200:]
+    start = page.find(head)
+    if start < 0:
+        raise InspectorError("bertviz's page does not contain its own script: the app cannot escape its tokens")
+    start += len(head)
+    try:
+        _, end = json.JSONDecoder().raw_decode(page, start)  # the exact end of the pasted JSON
+    except ValueError:
+        raise InspectorError("bertviz's page holds no JSON where its script expects it: the app cannot escape its tokens") from None
+    blob = page[start:end]
+    safe = blob.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return page.replace(blob, safe)  # bertviz pastes it twice: also into a comment of the same script
+
+
+def sandboxed(page: str, height: int) -> str:
+    """``page`` inside an ``<iframe sandbox="allow-scripts">``: its scripts run in an opaque origin,
+    with no access to the app's page, cookies or Streamlit's connection."""
+    return (f'<iframe sandbox="allow-scripts" title="bertviz" style="width:100%;height:{int(height)}px;border:0" '
+            f'srcdoc="{html.escape(page, quote=True)}"></iframe>')

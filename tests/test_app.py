@@ -7,6 +7,7 @@ MiniLM comes from its PyPI package, bertviz's scripts from apps/vendor (``make a
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import logging
@@ -82,8 +83,12 @@ def run(at: AppTest) -> AppTest:
     return at
 
 
+PAGES = {"Overview": "overview.py", "Head": "head.py", "Step by step": "steps.py", "Split finder": "split.py",
+         "Compare": "compare.py", "bertviz": "bertviz_view.py"}
+
+
 def show(at: AppTest, view: str) -> AppTest:
-    at.session_state["view"] = view
+    at.switch_page(PAGES[view])
     return run(at)
 
 
@@ -213,8 +218,8 @@ def test_split_finder_matches_cli(app, legal_cli):
     # "Open in the Head view" selects the shaded head and its query token and switches the view
     next(b for b in at.button if b.label == "Open in the Head view").click()
     run(at)
-    assert (at.session_state["view"], at.session_state["sel_site"], at.session_state["sel_head"]) == (
-        "Head", "encoder.layer.5.attention.self", 9)
+    assert (at.session_state["sel_site"], at.session_state["sel_head"]) == ("encoder.layer.5.attention.self", 9)
+    assert json.loads(at.get("vega_lite_chart")[0].proto.spec)["title"].endswith("weights of query rows over keys")
     assert at.session_state["sel_query"] == 25  # the row of "indemnity" (ind ##em ##nity = 24 25 26) that drives the flag
     # the grid can now be coloured by split score
     show(at, "Overview")
@@ -315,10 +320,11 @@ def test_bertviz_served_offline(app):
     assert not errors(at)
     frames = at.get("iframe")
     assert len(frames) == 1
-    page = frames[0].proto.srcdoc
+    page = html.unescape(frames[0].proto.srcdoc)
+    assert 'sandbox="allow-scripts"' in frames[0].proto.srcdoc  # bertviz runs in an opaque origin
     assert "cdnjs" not in page and "https://cdn" not in page
     assert "requirejs" in page and "d3js.org" in page and "jQuery" in page
     assert '"blocked"' in page  # the captured tokens
     at.radio(key="bv_view").set_value("model view")
     run(at)
-    assert "cdnjs" not in at.get("iframe")[0].proto.srcdoc
+    assert "cdnjs" not in html.unescape(at.get("iframe")[0].proto.srcdoc)

@@ -82,3 +82,36 @@ def test_report_renders_offline(minilm, tmp_path):
             browser.close()
     assert outside == [], f"the report tried to fetch {outside}"
     assert errors == []
+
+
+def test_wide_tables_scroll_inside_their_box(minilm, tmp_path):
+    """At a 1000 x 900 window no table runs past the page edge: wide ones scroll inside their box; the bar
+    charts are drawn (inline SVG) within the page."""
+    from playwright.sync_api import sync_playwright
+
+    cap = capture(minilm.model, minilm.tokenizer, LEGAL)
+    split = split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    html = render_report(cap, split, rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"], commands=[])
+    page_path = tmp_path / "report.html"
+    page_path.write_text(html, encoding="utf-8")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 900})
+            page.goto(page_path.as_uri(), wait_until="load")
+            width = page.evaluate("document.documentElement.clientWidth")
+            assert page.evaluate("document.documentElement.scrollWidth") <= width  # nothing sticks out of the page
+            boxes = page.locator("div.scroll").evaluate_all(
+                "ds => ds.map(d => ({right: d.getBoundingClientRect().right, scroll: d.scrollWidth, client: d.clientWidth,"
+                " table: d.querySelector('table').getBoundingClientRect().width, cls: d.querySelector('table').className}))")
+            assert boxes and all(b["right"] <= width for b in boxes)
+            wide = [b for b in boxes if b["table"] > b["client"] + 1]
+            assert any("rank" in b["cls"] or "split" in b["cls"] for b in wide)  # the wide ones are there, ...
+            assert all(b["scroll"] >= b["table"] - 1 for b in wide)  # ... and reachable by scrolling their box
+            plot = page.locator("div.referent-plot svg")
+            assert plot.is_visible()
+            box = plot.bounding_box()
+            assert box["x"] + box["width"] <= width and box["height"] > 100
+            assert plot.locator("path[aria-roledescription='bar']").count() >= 2
+        finally:
+            browser.close()

@@ -1,0 +1,102 @@
+"""Overview page: a layer x head grid per stack and kind on a fixed colour scale, and the ranking table."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import shared
+import streamlit as st
+from shared import PERSIST, ss
+
+from inspector import views
+
+c = shared.current()
+
+
+def on_grid_select(key: str) -> None:
+    picked = ss[key]["selection"].get("cell") or []
+    if picked and "site" in picked[0] and "head" in picked[0]:
+        shared.select_head(picked[0]["site"], picked[0]["head"])
+
+
+def on_table_select(key: str, table: pd.DataFrame) -> None:
+    rows = ss[key]["selection"].get("rows") or []
+    if rows and rows[0] < len(table):
+        r = table.iloc[rows[0]]
+        shared.select_head(r["site"], int(r["head"]))
+
+
+def grid_chart(df: pd.DataFrame, metric: str, title: str, domain: tuple[float, float]) -> alt.LayerChart:
+    pick = alt.selection_point(name="cell", fields=["site", "head"], on="click", clear=False)
+    lo, hi = domain
+    mid = (lo + hi) / 2  # viridis is dark below the middle of its (fixed) domain
+    base = alt.Chart(df).encode(
+        x=alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, orient="top")),
+        y=alt.Y("layer:O", title="layer"),
+    )
+    tooltip = ["site:N", "layer:O", "head:O", "label:N", "top_key:N",
+               alt.Tooltip("normalized_entropy:Q", format=".3f"), alt.Tooltip("entropy:Q", format=".3f"),
+               alt.Tooltip("sink_mass:Q", format=".3f"), alt.Tooltip("split_score:Q", format=".3f")]
+    ticks = [lo + (hi - lo) * i / 4 for i in range(5)]
+    cells = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
+        color=alt.Color(f"{metric}:Q", title=views.GRID_METRICS[metric],
+                        scale=alt.Scale(scheme="viridis", domain=[lo, hi], clamp=True),
+                        legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=220, titleLimit=300,
+                                          values=ticks, format=".2f")),
+    )
+    n_heads, n_layers = df["head"].nunique(), df["layer"].nunique()
+    cell_w = max(18, min(40, 360 // max(1, n_heads)))  # the whole grid fits half of a 1400 px window
+    text = base.mark_text(fontSize=11 if cell_w >= 34 else 9).encode(
+        text=alt.Text(f"{metric}:Q", format=".2f"),
+        color=alt.condition(f"datum['{metric}'] > {mid!r}", alt.value("black"), alt.value("white")),
+    )
+    chosen = df[(df["site"] == c.site.name) & (df["head"] == c.head)]
+    outline = alt.Chart(chosen).mark_rect(fill=None, stroke="#ff2b2b", strokeWidth=3.5).encode(x="head:O", y="layer:O")
+    # an invisible layer on top takes the clicks and tooltips, so clicking a cell's number selects it too
+    hits = base.mark_rect(cursor="pointer", fill="white", fillOpacity=0.001).encode(tooltip=tooltip).add_params(pick)
+    return alt.layer(cells, text, outline, hits).properties(
+        title=title, width=cell_w * n_heads, height=28 * n_layers, autosize=alt.AutoSizeParams(type="pad"))
+
+
+metrics = list(views.GRID_METRICS)
+if ss.split is None:
+    metrics.remove("split_score")
+    if ss.metric == "split_score":
+        ss.metric = "normalized_entropy"
+st.segmented_control("Colour the grid by", metrics, key="metric", format_func=lambda m: views.GRID_METRICS[m],
+                     required=True, persist_state=PERSIST,
+                     help="Split score appears once the split finder has run. Scales are fixed: 0..1 for masses, "
+                          "weights and normalized entropy, 0..log(keys) for entropy.")
+st.toggle("Ignore special-token keys", key="exclude_special", persist_state=PERSIST,
+          help="Drop [CLS]/[SEP]-like keys and renormalize before the entropies (as `inspector rank --exclude-special`).")
+rank = shared.ranking(ss.exclude_special)
+grid = views.grid_frame(rank, ss.split["df"] if ss.split else None)
+domain = views.metric_domain(ss.metric, max(s.key_len for s in c.cap.sites))
+left, right = st.columns([1, 1], gap="medium")
+with left:
+    st.caption("Click a cell to select that layer and head (outlined in red).")
+    for stack, kind, sites in views.groups(c.cap):
+        names = {s.name for s in sites}
+        part = grid[grid["site"].isin(names)]
+        key = f"grid_{stack}_{kind}"
+        st.altair_chart(grid_chart(part, ss.metric, f"{views.group_label(stack, kind)} attention: layer × head", domain),
+                        key=key, on_select=lambda k=key: on_grid_select(k), selection_mode="cell", width="content")
+with right:
+    st.caption("Ranking: focused heads first (normalized entropy ascending); click a header to sort, a row to select.")
+    where = ["kind"] if (rank["stack"] == "none").all() else ["stack", "kind"]
+    shown = ["layer", "head", "label", "normalized_entropy", "entropy", "sink_mass", "top_key", "top_key_weight",
+             *where, "self_mass", "prev_mass", "top_key_index", "site"]
+    st.dataframe(
+        rank, key="rank_table", column_order=shown, on_select=lambda: on_table_select("rank_table", rank),
+        selection_mode="single-row", hide_index=True, height=560,
+        column_config={
+            "layer": st.column_config.NumberColumn("layer", width=50),
+            "head": st.column_config.NumberColumn("head", width=50),
+            "label": st.column_config.TextColumn("label", width=100),
+            "normalized_entropy": st.column_config.NumberColumn("normalized entropy", format="%.3f", width=135),
+            **{k: st.column_config.NumberColumn(k.replace("_", " "), format="%.3f", width=90) for k in
+               ("entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight")},
+        },
+    )
+    st.download_button("Download CSV (as `inspector rank --csv`)", views.csv_bytes(rank), file_name="rank.csv",
+                       mime="text/csv", key="dl_rank", on_click="ignore")

@@ -1,0 +1,324 @@
+"""Session set-up shared by every page of the app: state defaults, the open capture, selection callbacks.
+
+``apps/app.py`` calls :func:`setup` once per run before the pages; a page calls :func:`current` for the
+open capture and the selected site, head and query (it shows the welcome text and stops when none is
+open). Strings from a capture are shown through :func:`inspector.views.md_text` (literal text, never
+Markdown); errors through :func:`inspector.views.app_error` (one line, no server paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from inspector import analysis, views
+from inspector.errors import InspectorError
+from inspector.models import DEFAULT_MODEL, load_model
+from inspector.store import Capture, Site
+from inspector.store import load as load_capture
+
+HERE = Path(__file__).resolve().parent
+APP = HERE / "app.py"
+VENDOR = HERE / "vendor" / "node_modules"
+LEGAL = (
+    "The Lessee shall indemnify the Lessor against all claims arising from the use of the premises. "
+    "Such indemnity survives termination."
+)
+PERSIST = "session"  # page widgets keep their values while another page is open
+FLAG_COLOUR = "#ffe08a"
+
+ss = st.session_state
+
+
+def app_args(argv: list[str]) -> argparse.Namespace:
+    """What ``inspector app`` passes after ``--``: ``FILE [--site S] [--head H] [--query WORD]
+    [--referents A,B] [--variant FILE]``."""
+    p = argparse.ArgumentParser(prog="app.py", add_help=False)
+    p.add_argument("file", nargs="?")
+    p.add_argument("--site")
+    p.add_argument("--head", type=int)
+    p.add_argument("--query")
+    p.add_argument("--occurrence", type=int)
+    p.add_argument("--referents")
+    p.add_argument("--variant")
+    args, _ = p.parse_known_args(argv)
+    return args
+
+
+def setup() -> None:
+    """Session state, set up once per browser session; opens what the command line names."""
+    if "ready" in ss:
+        return
+    tmp = tempfile.TemporaryDirectory(prefix="inspector-app-")  # removed when the session goes, and at exit
+    ss.update({
+        "ready": True,
+        "capture": None,  # the open Capture (memory-mapped)
+        "path": None,  # its file
+        "source": "",  # how it was opened
+        "rank": {},  # exclude_special -> rank_heads DataFrame of the open capture
+        "split": None,  # the last split finder result: {"df", "query", "refs", "rule"}
+        "split_error": None,
+        "bertviz_page": None,  # (cache key, html) of the last bertviz rendering
+        "variant": None, "variant_path": None,  # a second capture for the Compare page
+        "tmp": tmp, "tmpdir": tmp.name,  # uploads and new captures, never the working directory
+        "upload_id": None,
+        "problems": [],
+        # widget defaults (widgets take their values from here, never from value=)
+        "open_path": "", "new_model": DEFAULT_MODEL, "new_text": LEGAL, "new_target": "", "new_weights": True,
+        "metric": "normalized_entropy", "exclude_special": False,
+        "hm_mode": "Window", "hm_size": 64, "hm_follow": True, "hm_q0": 0, "hm_k0": 0, "hm_topk": 5, "qkv_key": -1,
+        "hm_scale": "0..1",
+        "sp_query": "", "sp_occ": 0, "sp_refs": "", "sp_pick": [], "sp_sites": "all", "sp_min_split": 0.2,
+        "sp_min_mass": 0.25, "sp_ignore_case": False, "sp_top": 10, "sp_min_lift": 2.0, "sp_weighting": "attention",
+        "hm_weighting": "attention",
+        "bv_view": "head view", "bv_start": 0, "bv_size": 32, "cmp_path": "",
+    })
+    if len(sys.argv) > 1 and Path(sys.argv[0]).resolve() == APP:  # `inspector app FILE` -> `streamlit run app.py -- FILE`
+        args = app_args(sys.argv[1:])
+        if args.file:
+            ss.open_path = args.file
+            ss.pending_open = args
+
+
+def tmp_path(stem: str) -> Path:
+    """A new file name in the session's temporary folder."""
+    folder = Path(ss.tmpdir)
+    return folder / f"{len(list(folder.iterdir()))}-{stem}"
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def get_model(name: str):
+    """The model and tokenizer, loaded once per process and name."""
+    name = name.strip()
+    return load_model(None if name in ("", DEFAULT_MODEL, "embedded", "default") else name)
+
+
+def first_query(cap: Capture, site: Site) -> int:
+    special, _ = cap.flags(site, "query")
+    return next((i for i, s in enumerate(special.tolist()) if not s), 0)
+
+
+def set_capture(cap: Capture, path: Path | str, source: str) -> None:
+    """Make ``cap`` the open capture and reset everything that belonged to the previous one.
+
+    Everything the views need first is worked out before anything is replaced: a capture that loads but
+    that the app cannot show (no sites, no tokens) raises here and the open capture stays."""
+    if not cap.sites:
+        raise InspectorError("this capture has no attention sites, so there is nothing to show: capture it again")
+    first = cap.sites[0]
+    query = first_query(cap, first)
+    cap.tokens(first, "query")
+    cap.tokens(first, "key")
+    ss.capture, ss.path, ss.source = cap, str(path), source
+    ss.rank, ss.split, ss.split_error, ss.bertviz_page = {}, None, None, None
+    ss.sel_site, ss.sel_head, ss.sel_query = first.name, 0, query
+    ss.hm_q0 = ss.hm_k0 = ss.bv_start = 0
+    ss.qkv_key = -1
+    ss.sp_pick = []
+
+
+def open_capture(path: str, source: str) -> bool:
+    """Open ``path``; on any failure keep the open capture and note the error (no server paths)."""
+    try:
+        cap = load_capture(Path(path).expanduser())
+        set_capture(cap, Path(path).expanduser().resolve(), source)
+    except Exception as exc:  # a file that loads but cannot be shown, too
+        ss.problems.append(views.app_error(exc))
+        return False
+    return True
+
+
+def open_pending() -> None:
+    """Open what the command line named; with ``--query`` and ``--referents`` run the split finder and
+    select its first flagged head, query and referents (what ``inspector demo`` passes)."""
+    args = ss.pop("pending_open", None)
+    if args is None or not open_capture(args.file, "command line"):
+        return
+    cap = ss.capture
+    if args.site:
+        try:
+            ss.sel_site = cap.site(args.site).name
+        except InspectorError as exc:
+            ss.problems.append(views.app_error(exc))
+    if args.head is not None and 0 <= args.head < cap.site(ss.sel_site).num_heads:
+        ss.sel_head = args.head
+    if args.variant:
+        open_variant(args.variant)
+    if args.query and args.referents:
+        ss.sp_query, ss.sp_refs, ss.sp_occ = args.query, args.referents, int(args.occurrence or 0)
+        run_split()
+        if ss.split_error:
+            ss.problems.append(ss.split_error)
+        else:
+            ss.goto = "split"
+
+
+def open_variant(path: str) -> None:
+    try:
+        ss.variant = load_capture(Path(path).expanduser())
+        ss.variant_path = str(Path(path).expanduser().resolve())
+    except Exception as exc:
+        ss.problems.append(views.app_error(exc))
+
+
+# ---- split finder (shared: the command line can run it at start) ---------------------------------------
+FLAG_WORDS = {  # the CLI's flags, as the split finder's fields are called
+    "--query-index": "a token index like @7",
+    "--occurrence": "Occurrence",
+    "--referents": "Referents",
+    "--query": "Query word",
+    "--sites": "Sites",
+    "--min-split": "min split score",
+    "--min-mass": "min referent mass",
+    "--ignore-case": "Ignore case",
+    "--query-role": "Query word",
+    "--referent-role": "Referents",
+}
+
+
+def app_words(message: str) -> str:
+    """An analysis error with the CLI's flags replaced by the names of the split finder's fields."""
+    for flag in sorted(FLAG_WORDS, key=len, reverse=True):
+        message = message.replace(flag, FLAG_WORDS[flag])
+    return message
+
+
+def run_split() -> None:
+    """Run the split finder on the fields; select the first flagged head (else the highest split score),
+    the query row that drives its verdict and the view of the result."""
+    cap = ss.capture
+    refs = [r for r in ss.sp_refs.split(",") if r.strip()] + [f"@{i}" for i in ss.sp_pick]
+    rule = analysis.SplitRule(min_split=float(ss.sp_min_split), min_mass=float(ss.sp_min_mass), min_lift=float(ss.sp_min_lift))
+    try:
+        df = analysis.split_heads(cap, ss.sp_query.strip() or None, refs, occurrence=int(ss.sp_occ) or None,
+                                  sites=ss.sp_sites, rule=rule, case_sensitive=not ss.sp_ignore_case,
+                                  weighting=ss.sp_weighting)
+    except InspectorError as exc:
+        ss.split_error = app_words(views.app_error(exc))
+        return
+    ss.split_error = None
+    ss.split = {"df": df, "query": ss.sp_query.strip(), "refs": refs, "rule": rule}
+    first = df[df["flagged"]].head(1) if df["flagged"].any() else df.head(1)
+    if len(first):
+        r = first.iloc[0]
+        ss.sp_shade = f"{r['site']}|{int(r['head'])}"
+        select_head(r["site"], int(r["head"]), int(r["driving_row"]))
+
+
+# ---- selection ---------------------------------------------------------------------------------------
+def select_head(site_name: str, head: int, query: int | None = None, goto: str | None = None) -> None:
+    """Point the sidebar selection at a head (a callback: runs before the widgets are drawn)."""
+    ss.sel_site, ss.sel_head = site_name, int(head)
+    if query is not None:
+        ss.sel_query = int(query)
+    if goto is not None:
+        ss.goto = goto
+
+
+@dataclass
+class Current:
+    """The open capture and the sidebar's selection, as a page sees them."""
+
+    cap: Capture
+    site: Site
+    head: int
+    qi: int
+    q_tokens: list[str]
+    k_tokens: list[str]
+
+
+def current() -> Current:
+    """The open capture and selection, with the selection header drawn; the welcome text and
+    ``st.stop()`` when no capture is open."""
+    cap = ss.capture
+    if cap is None:
+        welcome()
+        st.stop()
+    site = cap.site(ss.sel_site)
+    head, qi = int(ss.sel_head), int(ss.sel_query)
+    q_tokens, k_tokens = cap.tokens(site, "query"), cap.tokens(site, "key")
+    st.markdown(f"#### {views.md_text(views.site_label(site))} · head {head} · query {qi} "
+                f"«{views.md_text(q_tokens[qi])}»")
+    return Current(cap, site, head, qi, q_tokens, k_tokens)
+
+
+def welcome() -> None:
+    st.title("inspector")
+    st.markdown(
+        "Open a capture in the sidebar (a file made with `inspector capture`, or an upload), or make a new one "
+        "from a model and a text. Then:\n\n"
+        "* **Overview**: a layer × head grid per stack and kind, coloured by entropy, sink mass or split score, "
+        "and the ranking table; click a cell or a row to select that head.\n"
+        "* **Head**: the query × key heatmap of the selected head, a query's weights, its Q, K and V vectors.\n"
+        "* **Step by step**: dot products, scaling, mask, softmax and weighted values for one query.\n"
+        "* **Split finder**: heads whose weight is split between competing referents.\n"
+        "* **Compare**: one head's heatmap in two captures (variants of a text) side by side.\n"
+        "* **bertviz**: head and model views of a token window."
+    )
+
+
+# capture -> {exclude_special: thread or result}; weak keys, so a closed capture's entries go with it and a
+# new capture never finds an old one's ranking
+_PREFETCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _prefetch(cap: Capture, exclude_special: bool) -> None:
+    """Rank ``cap`` with the other ``exclude_special`` setting in a background thread (pure torch, no
+    Streamlit calls), so the "Ignore special-token keys" toggle finds it ready or nearly so."""
+    with _LOCK:
+        slots = _PREFETCH.setdefault(cap, {})
+        if exclude_special in slots:
+            return
+        box: dict = {}
+
+        def work() -> None:
+            try:
+                box["df"] = analysis.rank_heads(cap, exclude_special=exclude_special)
+            except Exception as exc:  # raised when the toggle asks for it
+                box["error"] = exc
+
+        t = threading.Thread(target=work, name="inspector-rank-prefetch", daemon=True)
+        slots[exclude_special] = (t, box)
+    t.start()
+
+
+def _take_prefetched(cap: Capture, exclude_special: bool):
+    with _LOCK:
+        entry = _PREFETCH.get(cap, {}).pop(exclude_special, None)
+    if entry is None:
+        return None
+    t, box = entry
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["df"]
+
+
+def ranking(exclude_special: bool):
+    """``rank_heads`` of the open capture, once per capture and setting; the other setting is ranked in
+    the background right after the first, so toggling "Ignore special-token keys" does not wait for it."""
+    key = bool(exclude_special)
+    if key not in ss.rank:
+        with st.spinner("Ranking every head (once per capture) …"):
+            df = _take_prefetched(ss.capture, key)
+            ss.rank[key] = df if df is not None else analysis.rank_heads(ss.capture, exclude_special=key)
+    if (not key) not in ss.rank:
+        _prefetch(ss.capture, not key)
+    return ss.rank[key]
+
+
+def show_error(message: str) -> None:
+    st.error(views.md_text(message), icon="🚫")
+
+
+def quote(value: str) -> str:
+    return shlex.quote(value)

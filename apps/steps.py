@@ -1,0 +1,61 @@
+"""Step by step page: dot products, scaling, mask, softmax and weighted values for one query."""
+
+from __future__ import annotations
+
+import json
+
+import altair as alt
+import pandas as pd
+import shared
+import streamlit as st
+
+from inspector import views
+from inspector.errors import InspectorError
+from inspector.explain import check_against_capture, explain
+
+c = shared.current()
+cap, site, head, qi = c.cap, c.site, c.head, c.qi
+try:
+    exp = explain(cap, site, head, qi)
+except InspectorError as exc:
+    shared.show_error(views.app_error(exc))
+    st.stop()
+d = site.d_head
+st.markdown(
+    f"Query {qi} «{views.md_text(exp.query_token)}» at **{views.md_text(site.name)}**, head **{head}**: how its weights "
+    "come about, one key per row.\n\n"
+    f"1. **dot** = q · k for every key  \n"
+    f"2. **scaled** = dot × {exp.scaling:.6g}" + (f" (1/√{d})" if d and abs(exp.scaling - d ** -0.5) < 1e-9 else "")
+    + (f", then soft-capped at {exp.softcap}" if exp.softcap else "") + "  \n"
+    "3. **mask**: 0 where the query may look, a huge negative number where it may not (**visible** says which); "
+    "**logit** = scaled + mask  \n"
+    "4. **weight** = softmax of the logits (the row's maximum subtracted first; masked keys get 0)  \n"
+    "5. **contribution** = weight × v for every key; the **output vector** is their sum"
+)
+table = views.explain_frame(exp)
+st.dataframe(
+    table, hide_index=True, height=min(600, 38 + 35 * len(table)),
+    column_config={
+        **{k: st.column_config.NumberColumn(format="%.4f") for k in ("dot", "scaled", "logit")},
+        "mask": st.column_config.NumberColumn(format="%.3g"),
+        "visible": st.column_config.CheckboxColumn(),
+        "weight": st.column_config.ProgressColumn(format="%.4f", min_value=0.0, max_value=1.0),
+        "contribution": st.column_config.TextColumn("contribution (first entries)"),
+    },
+)
+c1, c2, _ = st.columns([1, 1.3, 1.7])
+c1.download_button("Download CSV", views.csv_bytes(exp.table), file_name=f"explain-{site.name}-h{head}-q{qi}.csv",
+                   mime="text/csv", key="dl_explain", on_click="ignore")
+c2.download_button("Download JSON", json.dumps(exp.to_json(), indent=2) + "\n",
+                   file_name=f"explain-{site.name}-h{head}-q{qi}.json", mime="application/json", key="dl_explain_json",
+                   on_click="ignore", help="The same JSON as `inspector explain --json`.")
+out = pd.DataFrame({"dim": range(len(exp.output)), "output": exp.output})
+st.markdown(f"**Output vector** (d_v = {len(exp.output)}): the sum of the contributions")
+st.altair_chart(alt.Chart(out).mark_bar().encode(
+    x=alt.X("dim:O", title="dimension"), y=alt.Y("output:Q", title="value"),
+    tooltip=["dim", alt.Tooltip("output:Q", format=".4f")]).properties(height=180), width="stretch")
+try:
+    diff = check_against_capture(cap, exp)
+    st.caption(f"Largest difference between these weights and the captured ones: {diff:.2e}")
+except InspectorError:
+    pass

@@ -1,0 +1,114 @@
+"""Bar charts for the HTML report, drawn by Altair and rendered to inline SVG by vl-convert.
+
+The SVG is text inside the report (no script, nothing fetched), so the report stays self-contained under
+its Content-Security-Policy. Each bar carries its exact value in its ``aria-label`` (Vega's SVG
+renderer), so tests and screen readers read the same numbers as the tables.
+
+* :func:`referent_bars`: the top heads' weight on each referent, side by side per head.
+* :func:`comparison_bars`: per head, the split score in the original and in each variant, as pairs.
+
+Both return ``None`` when Altair or vl-convert are not installed (the report then says how to get them).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+PALETTE = ["#ea7814", "#1d4ed8", "#16a34a", "#9333ea", "#dc2626", "#0891b2"]
+_SCORE = re.compile(r"^split_score(?:\[(.+)\]|:(.+))$")  # compare_captures' split_score[name], or split_score:name
+
+
+def _svg(chart) -> str | None:
+    try:
+        import vl_convert as vlc
+    except ImportError:
+        return None
+    svg = vlc.vegalite_to_svg(chart.to_json())
+    svg = re.sub(r"^<\?xml[^>]*>\s*", "", svg)
+    # inline SVG in HTML needs no namespace declarations; without them the report names no URL at all
+    return re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg, count=2)
+
+
+def _label(r: dict) -> str:
+    where = f"L{r['layer']}" if "layer" in r else str(r.get("site", ""))
+    return f"{where} H{r['head']}" + (f" {r['kind']}" if r.get("kind") == "cross" else "")
+
+
+def _name(column: str) -> str:
+    m = _SCORE.match(column)
+    return m.group(1) or m.group(2)
+
+
+def referent_frame(split: pd.DataFrame, referents: list[str], top: int) -> pd.DataFrame:
+    """Long form of the first ``top`` rows of a split table: ``head, referent, weight, flagged``."""
+    rows = []
+    for r in split.head(top).to_dict("records"):
+        for ref in referents:
+            if f"weight:{ref}" in r:
+                rows.append({"head": _label(r), "referent": ref, "weight": float(r[f"weight:{ref}"]),
+                             "flagged": bool(r.get("flagged", False))})
+    return pd.DataFrame(rows, columns=["head", "referent", "weight", "flagged"])
+
+
+def referent_bars(split: pd.DataFrame, referents: list[str], top: int = 10) -> str | None:
+    """SVG: grouped bars of the top heads' referent weights (0..1 axis); None without Altair/vl-convert."""
+    try:
+        import altair as alt
+    except ImportError:
+        return None
+    df = referent_frame(split, referents, top)
+    if df.empty:
+        return ""
+    order = list(dict.fromkeys(df["head"]))
+    chart = alt.Chart(df).mark_bar().encode(
+        x=alt.X("head:N", sort=order, title="layer and head (split table order)", axis=alt.Axis(labelAngle=-40)),
+        xOffset=alt.XOffset("referent:N", sort=referents),
+        y=alt.Y("weight:Q", title="weight on the referent", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("referent:N", sort=referents, scale=alt.Scale(range=PALETTE), title="referent"),
+        opacity=alt.condition("datum.flagged", alt.value(1.0), alt.value(0.5)),
+        tooltip=["head:N", "referent:N", alt.Tooltip("weight:Q", format=".4f")],
+    ).properties(width=max(300, 48 * len(order)), height=220)
+    return _svg(chart)
+
+
+def comparison_frame(comparison: pd.DataFrame, top: int) -> pd.DataFrame:
+    """Long form of a comparison table's split scores: ``head, capture, split_score, order`` for the
+    ``top`` rows with the largest ``split_change`` (per variant when the table holds several)."""
+    cols = [c for c in comparison.columns if _SCORE.match(str(c))]
+    if not cols:
+        return pd.DataFrame(columns=["head", "capture", "split_score", "order"])
+    df = comparison
+    change = next((c for c in ("split_change", "change") if c in df.columns), None)
+    if change is not None:
+        df = df.reindex(df[change].abs().sort_values(ascending=False, kind="stable").index)
+    rows = []
+    for i, r in enumerate(df.head(top).to_dict("records")):
+        label = _label(r) + (f" · {r['variant']}" if "variant" in r and isinstance(r["variant"], str) else "")
+        for c in cols:
+            v = r[c]
+            if v is not None and not pd.isna(v):
+                rows.append({"head": label, "capture": _name(c), "split_score": float(v), "order": i})
+    return pd.DataFrame(rows, columns=["head", "capture", "split_score", "order"])
+
+
+def comparison_bars(comparison: pd.DataFrame, top: int = 10) -> str | None:
+    """SVG: per head, paired bars of the split score in each capture (largest changes first)."""
+    try:
+        import altair as alt
+    except ImportError:
+        return None
+    df = comparison_frame(comparison, top)
+    if df.empty:
+        return ""
+    order = list(dict.fromkeys(df["head"]))
+    captures = list(dict.fromkeys(df["capture"]))
+    chart = alt.Chart(df).mark_bar().encode(
+        x=alt.X("head:N", sort=order, title="layer and head (largest change first)", axis=alt.Axis(labelAngle=-40)),
+        xOffset=alt.XOffset("capture:N", sort=captures),
+        y=alt.Y("split_score:Q", title="split score", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("capture:N", sort=captures, scale=alt.Scale(range=PALETTE), title="capture"),
+        tooltip=["head:N", "capture:N", alt.Tooltip("split_score:Q", format=".4f")],
+    ).properties(width=max(300, 48 * len(order)), height=220)
+    return _svg(chart)
