@@ -140,6 +140,8 @@ def open_pending() -> None:
     """Open what the command line named; with ``--query`` and ``--referents`` run the split finder and
     select its first flagged head, query and referents (what ``inspector demo`` passes)."""
     args = ss.pop("pending_open", None)
+    if isinstance(args, (str, Path)):  # a path alone (the Corpus page's "Capture" hands over the file it made)
+        args = app_args([str(args)])
     if args is None or not open_capture(args.file, "command line"):
         return
     cap = ss.capture

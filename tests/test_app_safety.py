@@ -121,7 +121,7 @@ def test_demo_arguments_open_on_the_flagged_head(app, tmp_path, monkeypatch, leg
     at.run()
     assert not at.exception and not errors(at), errors(at)
     assert (at.session_state["sel_site"], at.session_state["sel_head"]) == ("encoder.layer.5.attention.self", 9)
-    assert at.session_state["sel_query"] == 26  # the last token of "indemnity"
+    assert at.session_state["sel_query"] == 25  # the row of "indemnity" that drives the flag
     assert at.table[0].value["site"].tolist() == ["encoder.layer.5.attention.self"]  # the split finder is open
     assert at.session_state["variant"] is not None
     show(at, "Compare")
