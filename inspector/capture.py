@@ -286,6 +286,7 @@ class _Recorder:
             head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles, key_input=k_roles,
             query_len=int(w.shape[-2]), key_len=int(w.shape[-1]), parts=["weights"], recomputable=False,
             extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
+            value_norm_note="captured through output_attentions, without values",
         ))
         self.tensors[f"{name}/weights"] = self._keep(w)
 

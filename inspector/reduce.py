@@ -127,6 +127,10 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
             "query": split["query"].tolist(),
             "query_positions": [" ".join(str(int(p) - q_shift[site]) for p in pos.split())
                                 for site, pos in zip(split["site"], split["query_positions"], strict=True)],
+            # the row that drives the verdict, and the rows that pass on their own: positions on the query axis too
+            "driving_row": [int(d) - q_shift[site] for site, d in zip(split["site"], split["driving_row"], strict=True)],
+            "rows_flagged": [" ".join(str(int(p) - q_shift[site]) for p in str(pos or "").split())
+                             for site, pos in zip(split["site"], split["rows_flagged"], strict=True)],
             "referents": [list(doc.referents)] * len(split),
         }
         # per-referent columns "<name>:<referent>" become one list column each: weight -> referent_weights,
@@ -139,7 +143,8 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
         for name in per_ref:
             list_name = "referent_weights" if name == "weight" else f"referent_{name}"
             extra[list_name] = split[[f"{name}:{r}" for r in doc.referents]].to_numpy().tolist()
-        done = {c for cs in per_ref.values() for c in cs} | {"site", "stack", "kind", "layer", "head", "query_positions"}
+        done = {c for cs in per_ref.values() for c in cs} | {"site", "stack", "kind", "layer", "head", "query_positions",
+                                                               "driving_row", "rows_flagged"}
         for c in split.columns:
             if c not in done and c not in extra:
                 extra[c] = split[c].tolist()

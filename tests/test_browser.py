@@ -184,7 +184,7 @@ def test_app_in_chromium(legal_capture, tmp_path):
         expect(cells.nth(2)).to_have_text("9")
         for i in range(cells.count()):  # the weights are not cut
             assert inside(cells.nth(i).bounding_box(), window)
-        expect(header).to_contain_text("query 26")
+        expect(header).to_contain_text("query 25")
         expect(page.locator(".shade")).to_be_visible()
         everything = page.locator('[data-testid="stDataFrame"]').first
         expect(everything).to_be_visible()
