@@ -491,7 +491,8 @@ def cmd_scan(args) -> int:
         fields = Fields(text="text", query="query", referents="referents", id="id")
     elif data is None:
         raise InspectorError("give the corpus to scan (a .jsonl, .csv or .parquet file, or a datasets folder), or --demo")
-    options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass)
+    options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass,
+                      min_lift=args.min_lift)
     if args.engine == "local" and Path(data).exists():
         _status(f"loading model {args.model or 'embedded all-MiniLM-L6-v2'} ...")
     t0 = time.perf_counter()
@@ -559,6 +560,7 @@ def add_corpus_commands(sub) -> None:
     p.add_argument("--exclude-special", action="store_true", help="as in `inspector rank`")
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
+    add_lift_option(p)
     p.add_argument("--demo", type=int, nargs="?", const=300, metavar="N",
                    help="scan N generated lease clauses (default 300), written to OUT/demo-corpus.jsonl")
     p.add_argument("--top", type=int, default=10, help="heads shown at the end (default 10)")

@@ -44,11 +44,12 @@ class Options:
     exclude_special: bool = False
     min_split: float = 0.2
     min_mass: float = 0.25
+    min_lift: float = 2.0
     dtype: str = "float32"
 
     def to_dict(self) -> dict:
         return {"exclude_special": self.exclude_special, "min_split": self.min_split, "min_mass": self.min_mass,
-                "dtype": self.dtype}
+                "min_lift": self.min_lift, "dtype": self.dtype}
 
 
 @dataclass
@@ -121,7 +122,8 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
     if doc.query is not None:
         split = split_heads(capture, doc.query, doc.referents, occurrence=doc.occurrence, batch=batch,
-                            rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass))
+                            rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass,
+                                           min_lift=options.min_lift))
         q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
         extra: dict[str, list] = {
             "query": split["query"].tolist(),
