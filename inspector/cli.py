@@ -433,18 +433,24 @@ def cmd_effects(args) -> int:
     return 0
 
 
+def add_source_output_options(p: argparse.ArgumentParser, generated: str) -> None:
+    """``(--source T | --source-file F) [--output T | --output-file F | --generate N]``, as ``debug``,
+    ``ablate`` and ``effects`` take them."""
+    s = p.add_mutually_exclusive_group(required=True)
+    s.add_argument("--source", help="the document (encoder input or prompt)")
+    s.add_argument("--source-file")
+    o = p.add_mutually_exclusive_group()
+    o.add_argument("--output", help="what the model said (teacher-forced)")
+    o.add_argument("--output-file")
+    o.add_argument("--generate", type=int, metavar="N", help=f"generate up to N tokens (greedy) and {generated}")
+
+
 def add_effects_commands(sub) -> None:
     for name, help_, func in (("ablate", "ablate (or patch) chosen heads and show how the output moves", cmd_ablate),
                               ("effects", "rank every head by its effect on a contrast (attribution, then exact)", cmd_effects)):
         p = sub.add_parser(name, help=help_)
         add_model_options(p)
-        s = p.add_mutually_exclusive_group(required=True)
-        s.add_argument("--source", help="the document (encoder input or prompt)")
-        s.add_argument("--source-file")
-        o = p.add_mutually_exclusive_group()
-        o.add_argument("--output", help="what the model said (teacher-forced)")
-        o.add_argument("--output-file")
-        o.add_argument("--generate", type=int, metavar="N", help="generate up to N tokens (greedy) and use them as the output")
+        add_source_output_options(p, "use them as the output")
         if name == "ablate":
             p.add_argument("--heads", required=True, metavar="SITE:HEAD[,SITE:HEAD...]", help="heads to ablate or patch")
             p.add_argument("--patch-from", metavar="FILE", help="patch the heads with their outputs on this source (same output) instead of ablating")

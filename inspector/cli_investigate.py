@@ -12,6 +12,7 @@ from .cli import (
     _read_text,
     add_lift_option,
     add_model_options,
+    add_source_output_options,
     add_weighting_option,
     check_before_loading,
     cmd_app,
@@ -134,13 +135,7 @@ def cmd_demo(args) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("debug", help="investigate a wrong output: capture, rank, split, variants, report")
     add_model_options(p)
-    s = p.add_mutually_exclusive_group(required=True)
-    s.add_argument("--source", help="the document (encoder input or prompt)")
-    s.add_argument("--source-file")
-    o = p.add_mutually_exclusive_group()
-    o.add_argument("--output", help="what the model said (teacher-forced)")
-    o.add_argument("--output-file")
-    o.add_argument("--generate", type=int, metavar="N", help="generate up to N tokens (greedy) and inspect them")
+    add_source_output_options(p, "inspect them")
     p.add_argument("--query", required=True, help="the word whose attention to inspect (looked up in the output first)")
     p.add_argument("--occurrence", type=int)
     p.add_argument("--referents", required=True, help="competing referents in the source, e.g. Lessee,Lessor")
