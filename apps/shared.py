@@ -12,8 +12,6 @@ import argparse
 import shlex
 import sys
 import tempfile
-import threading
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,54 +265,14 @@ def welcome() -> None:
     )
 
 
-# capture -> {exclude_special: thread or result}; weak keys, so a closed capture's entries go with it and a
-# new capture never finds an old one's ranking
-_PREFETCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
-def _prefetch(cap: Capture, exclude_special: bool) -> None:
-    """Rank ``cap`` with the other ``exclude_special`` setting in a background thread (pure torch, no
-    Streamlit calls), so the "Ignore special-token keys" toggle finds it ready or nearly so."""
-    with _LOCK:
-        slots = _PREFETCH.setdefault(cap, {})
-        if exclude_special in slots:
-            return
-        box: dict = {}
-
-        def work() -> None:
-            try:
-                box["df"] = analysis.rank_heads(cap, exclude_special=exclude_special)
-            except Exception as exc:  # raised when the toggle asks for it
-                box["error"] = exc
-
-        t = threading.Thread(target=work, name="inspector-rank-prefetch", daemon=True)
-        slots[exclude_special] = (t, box)
-    t.start()
-
-
-def _take_prefetched(cap: Capture, exclude_special: bool):
-    with _LOCK:
-        entry = _PREFETCH.get(cap, {}).pop(exclude_special, None)
-    if entry is None:
-        return None
-    t, box = entry
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["df"]
-
-
 def ranking(exclude_special: bool):
-    """``rank_heads`` of the open capture, once per capture and setting; the other setting is ranked in
-    the background right after the first, so toggling "Ignore special-token keys" does not wait for it."""
+    """``rank_heads`` of the open capture with special-token keys kept and excluded, both from one pass
+    (:func:`inspector.analysis.rank_heads_both`) the first time either is asked for, so toggling
+    "Ignore special-token keys" reads a ranking already made."""
     key = bool(exclude_special)
     if key not in ss.rank:
         with st.spinner("Ranking every head (once per capture) …"):
-            df = _take_prefetched(ss.capture, key)
-            ss.rank[key] = df if df is not None else analysis.rank_heads(ss.capture, exclude_special=key)
-    if (not key) not in ss.rank:
-        _prefetch(ss.capture, not key)
+            ss.rank.update(analysis.rank_heads_both(ss.capture))
     return ss.rank[key]
 
 

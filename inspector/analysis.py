@@ -181,14 +181,28 @@ def weighted_sites(capture: Capture, sites: list[Site], weighting: str) -> tuple
 
 def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool, chunk: int,
                 weighting: str = "attention") -> list[dict]:
+    return _site_stats_both(capture, site, batch, chunk, weighting, want=(bool(exclude_special),))[bool(exclude_special)]
+
+
+def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weighting: str = "attention",
+                     want: tuple[bool, ...] = (False, True)) -> dict[bool, list[dict]]:
+    """The rank rows of one site with special-token keys kept (``False``) and excluded (``True``), from
+    one pass over the weights. Excluding renormalizes each row over its other keys; its entropy follows
+    from the same ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its
+    ``-sum p log p`` over them, the renormalized row's entropy is ``H_ns / S + log S`` (0 when ``S`` is
+    0), so no second softmax-sized pass is needed. Only the entropies differ between the two; the
+    masses and the top key are read from the weights as the model gave them. ``want`` names the settings
+    to compute (each costs one pass of sums over the block; the logarithms are shared)."""
     h = site.num_heads
     special_k, pad_k = capture.flags(site, "key", batch)
     _, pad_q = capture.flags(site, "query", batch)
     same_axis = site.query_input == site.key_input
-    ent = torch.zeros(h, dtype=torch.float64)
-    ent_n = torch.zeros(h, dtype=torch.float64)
-    norm = torch.zeros(h, dtype=torch.float64)
-    norm_n = torch.zeros(h, dtype=torch.float64)
+    # entropy sums and counts, [setting, head]: setting 0 keeps special keys, 1 excludes them
+    ent = torch.zeros(2, h, dtype=torch.float64)
+    ent_n = torch.zeros(2, h, dtype=torch.float64)
+    norm = torch.zeros(2, h, dtype=torch.float64)
+    norm_n = torch.zeros(2, h, dtype=torch.float64)
+    any_special = bool(special_k.any()) and True in want
     sink = torch.zeros(h, dtype=torch.float64)
     self_m = torch.zeros(h, dtype=torch.float64)
     prev_m = torch.zeros(h, dtype=torch.float64)
@@ -208,23 +222,31 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
         if vn is not None:
             reweight_(w, vn)
         vis = visible_keys(capture, site, batch, qs, pad_k)
-        p = w
-        if exclude_special:
-            p = w.masked_fill(special_k, 0.0)
-            p.div_(p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny))
-            vis = vis & ~special_k
         # p * log(p) with 0 log 0 = 0, in one [head, c, key] block: p.clamp_min(tiny) is tiny (> 0) where
         # p == 0, so its product with p is 0 there
-        plogp = p.clamp_min(torch.finfo(p.dtype).tiny).log_().mul_(p)
-        row_ent = -plogp.sum(-1).double()  # [head, c]
+        plogp = w.clamp_min(torch.finfo(w.dtype).tiny).log_().mul_(w)
+        row_ents = [-plogp.sum(-1).double() if (False in want or not any_special) else None]  # [head, c]
+        vis_sets = [vis]
+        if any_special:  # the renormalized rows without special keys, from the same block
+            h_ns = -plogp.masked_fill_(special_k, 0.0).sum(-1).double()
+            mass = w.masked_fill(special_k, 0.0).sum(-1).double()  # S: weight left on non-special keys
+            safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
+            row_ents.append(torch.where(mass > 0, h_ns / safe + torch.log(safe), 0.0))
+            vis_sets.append(vis & ~special_k)
+        else:
+            row_ents.append(row_ents[0])
+            vis_sets.append(vis)
         del plogp
-        n_vis = vis.sum(-1).expand(h, -1)  # [head, c]
-        ok = rows[None, :] & (n_vis >= 2)
-        counted = rows[None, :] & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
-        ent += torch.where(counted, row_ent, 0.0).sum(-1)
-        ent_n += counted.sum(-1)
-        norm += torch.where(ok, row_ent / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
-        norm_n += ok.sum(-1)
+        for i in (0, 1):
+            if (i == 1) not in want:
+                continue
+            n_vis = vis_sets[i].sum(-1).expand(h, -1)  # [head, c]
+            ok = rows[None, :] & (n_vis >= 2)
+            counted = rows[None, :] & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
+            ent[i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
+            ent_n[i] += counted.sum(-1)
+            norm[i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
+            norm_n[i] += ok.sum(-1)
         sink += w[..., special_k].sum(-1)[:, rows].double().sum(-1)
         cols += (w if bool(rows.all()) else w[:, rows]).sum(1, dtype=torch.float64)
         n_rows += int(rows.sum())
@@ -237,19 +259,22 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
             prev_m += w[:, local[has_prev], q_idx[has_prev] - 1].double().sum(-1)
             prev_n += int(has_prev.sum())
     key_tokens = capture.tokens(site, "key", batch)
-    out = []
+    out: dict[bool, list[dict]] = {excluded: [] for excluded in want}
     for head in range(h):
         mean_cols = cols[head] / max(n_rows, 1)
         top = int(mean_cols.argmax())
-        out.append({
-            "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
-            "entropy": float(ent[head] / ent_n[head]) if ent_n[head] > 0 else float("nan"),
-            "normalized_entropy": float(norm[head] / norm_n[head]) if norm_n[head] > 0 else float("nan"),
-            "sink_mass": float(sink[head] / max(n_rows, 1)),
-            "self_mass": float(self_m[head] / max(n_rows, 1)) if same_axis else float("nan"),
-            "prev_mass": float(prev_m[head] / prev_n) if same_axis and prev_n else float("nan"),
-            "top_key": key_tokens[top], "top_key_index": top, "top_key_weight": float(mean_cols[top]),
-        })
+        for i, excluded in enumerate((False, True)):
+            if excluded not in want:
+                continue
+            out[excluded].append({
+                "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
+                "entropy": float(ent[i, head] / ent_n[i, head]) if ent_n[i, head] > 0 else float("nan"),
+                "normalized_entropy": float(norm[i, head] / norm_n[i, head]) if norm_n[i, head] > 0 else float("nan"),
+                "sink_mass": float(sink[head] / max(n_rows, 1)),
+                "self_mass": float(self_m[head] / max(n_rows, 1)) if same_axis else float("nan"),
+                "prev_mass": float(prev_m[head] / prev_n) if same_axis and prev_n else float("nan"),
+                "top_key": key_tokens[top], "top_key_index": top, "top_key_weight": float(mean_cols[top]),
+            })
     return out
 
 
@@ -272,11 +297,36 @@ def rank_heads(
     ``weighting="value-norm"`` computes every metric on value-weighted attention; sites without value
     norms are left out and named in ``df.attrs["left_out"]`` (site -> reason).
     """
+    return rank_heads_both(capture, batch=batch, sites=sites, rule=rule, sort_by=sort_by, ascending=ascending,
+                           chunk=chunk, weighting=weighting, want=(bool(exclude_special),))[bool(exclude_special)]
+
+
+def rank_heads_both(
+    capture: Capture,
+    *,
+    batch: int = 0,
+    sites: list[Site] | None = None,
+    rule: LabelRule = LabelRule(),
+    sort_by: str = "normalized_entropy",
+    ascending: bool = True,
+    chunk: int = 256,
+    weighting: str = "attention",
+    want: tuple[bool, ...] = (False, True),
+) -> dict[bool, pd.DataFrame]:
+    """:func:`rank_heads` with special-token keys kept (key ``False``) and excluded (``True``), both
+    from one pass over the weights (the app shows either at the flip of a toggle)."""
     _check_batch(capture, batch)
     chosen, left_out = weighted_sites(capture, list(sites if sites is not None else capture.sites), weighting)
-    rows: list[dict] = []
+    rows: dict[bool, list[dict]] = {excluded: [] for excluded in want}
     for site in chosen:
-        rows += _site_stats(capture, site, batch, exclude_special, chunk, weighting)
+        for excluded, site_rows in _site_stats_both(capture, site, batch, chunk, weighting, want).items():
+            rows[excluded] += site_rows
+    return {excluded: _rank_frame(rows[excluded], rule, sort_by, ascending, weighting, dict(left_out))
+            for excluded in want}
+
+
+def _rank_frame(rows: list[dict], rule: LabelRule, sort_by: str, ascending: bool, weighting: str,
+                left_out: dict) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=[c for c in RANK_COLUMNS if c != "label"])
     df["label"] = [rule.label(r) for r in df.to_dict("records")] if len(df) else []
     if sort_by not in df.columns:

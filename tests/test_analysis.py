@@ -280,6 +280,25 @@ def test_exclude_special_skips_rows_that_only_see_special_keys(tokenizer):
     assert abs(got - ent.numpy()).max() < 1e-6
 
 
+def test_both_rankings_in_one_pass_equal_renormalizing_by_hand(minilm):
+    """rank_heads_both (the app's toggle) on MiniLM, whose sink heads put most weight on [CLS] and [SEP]:
+    the excluded entropies equal rows renormalized by hand in float64; the kept ones equal rank_heads."""
+    cap = capture(minilm.model, minilm.tokenizer, LEGAL)
+    both = analysis.rank_heads_both(cap)
+    pd_kept = analysis.rank_heads(cap)
+    assert both[False].equals(pd_kept)
+    for site in cap.sites:
+        w = cap.tensor(site, "weights")[0].double()
+        special, _ = cap.flags(site, "key")
+        p = w.masked_fill(special, 0)
+        p = p / p.sum(-1, keepdim=True)
+        ent = -(torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros(()))).sum(-1)
+        n = (~special).sum()
+        got = both[True][both[True]["site"] == site.name].sort_values("head")
+        assert abs(got["entropy"].to_numpy() - ent.mean(-1).numpy()).max() < 1e-5
+        assert abs(got["normalized_entropy"].to_numpy() - (ent / math.log(n)).mean(-1).numpy()).max() < 1e-5
+
+
 def test_split_by_query_index_skips_sites_whose_axis_is_shorter(tokenizer):
     cap = capture(tiny.build("bart"), tokenizer, LEGAL, "The Lessor pays.")
     df = analysis.split_heads(cap, None, ["Lessee", "Lessor"], query_index=12)
