@@ -236,7 +236,7 @@ def test_signal_stops_the_streamlit_child(tmp_path, sig):
 
 
 def test_special_token_ranking_is_ready_when_toggled(app, legal_cli):
-    """The other ranking is computed in the background after the first; the toggle shows exactly
+    """Both rankings are made in one pass the first time either is shown; the toggle shows exactly
     rank_heads(exclude_special=True)."""
     import pandas as pd
 
