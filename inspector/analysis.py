@@ -112,6 +112,12 @@ class SplitRule:
     min_mass: float = 0.25
     min_lift: float = 2.0
 
+    def __post_init__(self) -> None:
+        for name in ("min_split", "min_mass", "min_lift"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise InspectorError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+
     def passes(self, split_score: float, referent_mass: float, lift: float) -> bool:
         return bool(split_score >= self.min_split and referent_mass >= self.min_mass and lift >= self.min_lift)
 

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pandas as pd
 
@@ -19,10 +20,31 @@ from .errors import InspectorError
 def _read_text(value: str | None, file: str | None, what: str) -> str | None:
     if file is not None:
         path = Path(file)
+        if path.is_dir():
+            raise InspectorError(f"{what} file {file!r} is a folder: give the text file itself")
         if not path.is_file():
             raise InspectorError(f"{what} file {file!r} does not exist: check the path")
         return path.read_text(encoding="utf-8")
     return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors: ``inspector: error: ...`` naming the fix, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"inspector: error: {message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: a whole number >= 1 (``--top``, ``--window``, ``--batch-size``, ``--workers``)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
 
 
 def _int_list(value: str | None, what: str) -> list[int] | None:
@@ -483,16 +505,25 @@ def cmd_scan(args) -> int:
     data = args.data
     fields = Fields(text=args.text_field, target=args.target_field, query=args.query_field,
                     referents=args.referents_field, id=args.id_field, occurrence=args.occurrence_field)
-    if args.demo:
+    if args.demo is not None:
         if data is not None:
             raise InspectorError("--demo scans the generated lease corpus: drop DATA, or drop --demo to scan DATA")
+        if args.demo < 10:
+            raise InspectorError(f"--demo makes at least 10 lease clauses, got {args.demo}: e.g. --demo 300")
         from .leases import lease_rows, write_jsonl
 
         data = out / DEMO_CORPUS
-        if not data.is_file():
+        rows = lease_rows(args.demo)
+        if data.is_file():  # resuming: the same demo corpus, or a refusal (never silently another size)
+            with open(data, encoding="utf-8") as f:
+                have = sum(1 for line in f if line.strip())
+            if have != len(rows):
+                raise InspectorError(f"{out} holds a demo scan of {have} lease clauses, not {args.demo}: resume it with "
+                                     f"--demo {have}, or scan --demo {args.demo} into a new folder")
+        else:
             if out.is_dir() and any(out.iterdir()):
                 raise InspectorError(f"{out} is not empty: give a new folder for the demo scan")
-            write_jsonl(data, lease_rows(args.demo))
+            write_jsonl(data, rows)
             _status(f"wrote the demo corpus ({args.demo} lease clauses) to {data}")
         fields = Fields(text="text", query="query", referents="referents", id="id")
     elif data is None:
@@ -504,7 +535,7 @@ def cmd_scan(args) -> int:
     t0 = time.perf_counter()
     result = scan(data, out, model=args.model, fields=fields, batch_size=args.batch_size, options=options,
                   engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
-                  trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo else ())
+                  trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo is not None else ())
     dt = time.perf_counter() - t0
     _status(f"scanned {result.scanned} documents ({result.errors} with errors, {result.skipped} done before) "
             f"in {dt:.1f} s -> {out}/heads/, {out}/documents.parquet")
@@ -559,24 +590,24 @@ def add_corpus_commands(sub) -> None:
     p.add_argument("--referents-field", help="column with the referents: a list, a JSON list or A,B")
     p.add_argument("--occurrence-field", help="column with which occurrence of the query (1-based) when it occurs more than once")
     p.add_argument("--id-field", help="column with a unique document id (default: the row number)")
-    p.add_argument("--batch-size", type=int, default=8, help="documents captured together, padded (default 8)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="documents captured together, padded (default 8)")
     p.add_argument("--engine", choices=["local", "ray"], default="local", help="local (this process) or ray (Ray Data actors)")
     p.add_argument("--ray-address", help="join this Ray cluster (e.g. ray://head:10001 or auto); default: a local Ray instance")
-    p.add_argument("--workers", type=int, help="Ray actors holding the model (default: one per GPU, else one per node)")
+    p.add_argument("--workers", type=positive_int, help="Ray actors holding the model (default: one per GPU, else one per node)")
     p.add_argument("--exclude-special", action="store_true", help="as in `inspector rank`")
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
     add_lift_option(p)
     p.add_argument("--demo", type=int, nargs="?", const=300, metavar="N",
                    help="scan N generated lease clauses (default 300), written to OUT/demo-corpus.jsonl")
-    p.add_argument("--top", type=int, default=10, help="heads shown at the end (default 10)")
+    p.add_argument("--top", type=positive_int, default=10, help="heads shown at the end (default 10)")
     p.set_defaults(func=cmd_scan)
 
     p = sub.add_parser("corpus", help="per-head statistics over a scanned corpus (DuckDB)")
     p.add_argument("out", help="folder written by `inspector scan`")
     p.add_argument("--sql", help="run this query over the views heads and documents instead")
     p.add_argument("--csv", help="write the full result to this CSV file")
-    p.add_argument("--top", type=int, help="show only the first N rows")
+    p.add_argument("--top", type=positive_int, help="show only the first N rows")
     p.add_argument("--app", action="store_true", help="browse it in the Corpus page of the app instead")
     p.add_argument("--port", type=int, default=8501, help="port of the Corpus page (with --app)")
     p.set_defaults(func=cmd_corpus)
@@ -593,7 +624,7 @@ def add_weighting_option(p: argparse.ArgumentParser, what: str = "every weight")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inspector", description="Capture and inspect transformer attention.")
+    parser = _Parser(prog="inspector", description="Capture and inspect transformer attention.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("capture", help="run a model on a text and save Q/K/V and weights per layer and head")
@@ -617,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rank", help="rank heads by attention entropy")
     p.add_argument("file")
     p.add_argument("--exclude-special", action="store_true", help="drop special-token keys and renormalize before entropy")
-    p.add_argument("--top", type=int, help="show only the first N rows")
+    p.add_argument("--top", type=positive_int, help="show only the first N rows")
     p.add_argument("--sort", default="normalized_entropy", help="column to sort by (default normalized_entropy)")
     p.add_argument("--descending", action="store_true")
     p.add_argument("--batch", type=int, default=0, help="batch row to analyse")
@@ -641,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--query-role", choices=["source", "target"], help="look for the query only in this input")
     p.add_argument("--referent-role", choices=["source", "target"], help="look for the referents only in this input")
     p.add_argument("--cross-first", action="store_true", help="list cross-attention sites first")
-    p.add_argument("--top", type=int)
+    p.add_argument("--top", type=positive_int)
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--csv")
     p.set_defaults(func=cmd_split)
@@ -676,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--query-index", type=int, help="a query token position instead of a word")
     p.add_argument("--kind", choices=["heatmap", "query", "grid"],
                    help="heatmap (default without --query), query (default with --query) or grid (layer x head)")
-    p.add_argument("--window", type=int, default=64, help="query rows and keys of the heatmap (default 64)")
+    p.add_argument("--window", type=positive_int, default=64, help="query rows and keys of the heatmap (default 64)")
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
     p.set_defaults(func=cmd_plot)

@@ -18,6 +18,7 @@ from .cli import (
     cmd_app,
     format_table,
     load_from_args,
+    positive_int,
 )
 from .errors import InspectorError
 from .files import check_folder_target, write_csv
@@ -161,7 +162,7 @@ def add_commands(sub) -> None:
     p.add_argument("--min-mass", type=float, default=0.25)
     add_lift_option(p)
     add_weighting_option(p)
-    p.add_argument("--top", type=int)
+    p.add_argument("--top", type=positive_int)
     p.add_argument("--csv")
     p.set_defaults(func=cmd_compare)
 

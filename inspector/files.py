@@ -114,6 +114,13 @@ def write_atomic(path: str | os.PathLike, fill: Callable[[str], None], stream: C
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` with :func:`write_atomic`. Refuses (one line) to replace an existing
+    ``.safetensors`` file: a table, a JSON document or a figure never takes the place of a capture or
+    of a model's weights."""
+    if not is_stdout(path) and Path(path).suffix == ".safetensors" and Path(path).is_file():
+        raise InspectorError(f"{path} is a safetensors file (a capture or a model's weights) and would be replaced: "
+                             "write to another name, e.g. rank.csv")
+
     def fill(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)

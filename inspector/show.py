@@ -142,7 +142,7 @@ def save(chart, path: str | os.PathLike, *, scale: float = 2.0) -> Path:
     (no browser, nothing fetched), atomically. Raises InspectorError for another suffix."""
     import vl_convert as vlc
 
-    from .files import check_target, temp_beside
+    from .files import write_bytes
 
     path = Path(path)
     suffix = path.suffix.lower()
@@ -150,16 +150,7 @@ def save(chart, path: str | os.PathLike, *, scale: float = 2.0) -> Path:
         raise InspectorError(f"figures are saved as .png or .svg; got {path.name!r}: use e.g. -o head.png")
     spec = chart.to_json()
     data = vlc.vegalite_to_png(spec, scale=scale) if suffix == ".png" else vlc.vegalite_to_svg(spec).encode("utf-8")
-    check_target(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_beside(path)
-    try:
-        Path(tmp).write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_bytes(path, data)
 
 
 def to_svg(chart) -> str:

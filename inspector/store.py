@@ -378,6 +378,8 @@ def load(path: str | os.PathLike) -> Capture:
     from safetensors import safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise InspectorError(f"{path} is a folder, not a capture file: give the .safetensors file inside it")
     if not path.is_file():
         raise InspectorError(f"{path} does not exist: make a capture with `inspector capture ... -o {path.name}`")
     validate.header_length(path)  # bounded before safetensors or json parse anything
