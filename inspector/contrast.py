@@ -205,6 +205,9 @@ def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occur
     found = spans.find(capture, site, wrong, "query", batch=batch, role=role)
     what = "output" if role == "target" else "prompt"
     if not found:
+        if role == "target" and spans.find(capture, site, wrong, "query", batch=batch, role="source"):
+            raise InspectorError(f"{wrong!r} is in the prompt but not in the output: --contrast RIGHT,WRONG is measured "
+                                 "where the output says WRONG; give an output that says it (--output TEXT)")
         raise InspectorError(spans.not_found_message(capture, site, wrong, "query", f"WRONG word (in the {what})", batch))
     k = occurrence or 1
     if not 1 <= k <= len(found):

@@ -139,3 +139,13 @@ def test_report_section_escapes_every_string():
     html = insert_section("<html><body><h2>Reproduce</h2></body></html>", render_section(m))
     assert "<script>" not in html and html.count("&lt;script&gt;") >= 4
     assert html.index("Does it matter?") < html.index("Reproduce")
+
+
+def test_a_wrong_word_only_in_the_prompt_is_named_so(tokenizer):
+    """A decoder's contrast is measured where the output says WRONG: a WRONG word found only in the prompt
+    gets a line that says so (not 'not in the text' with itself as the nearest word)."""
+    from inspector.errors import InspectorError
+
+    model = tiny.build("gpt2")
+    with pytest.raises(InspectorError, match="in the prompt but not in the output"):
+        E.effects(model, tokenizer, "The Lessee shall indemnify the Lessor", "the tenant pays", contrast="Lessee,Lessor")
