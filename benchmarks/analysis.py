@@ -30,8 +30,7 @@ Versions and weightings (issue 10): ``--versus REV`` compares, side by side on o
 ``inspector`` package of git revision REV (extracted with ``git archive`` into a temporary folder and
 put first on the worker's ``sys.path``), and this checkout's ``weighting="value-norm"`` against
 ``weighting="attention"``. The capture is made once by this checkout (with value norms); the older
-version reads a copy whose header leaves ``value_norm`` out of every site's parts (the tensors are the
-same bytes). Targets: this checkout's time per query-key pair at most the older version's (x 1.05 for
+version reads a schema-1 copy (dense masks, no ``value_norm`` part; Q, K and V the same values). Targets: this checkout's time per query-key pair at most the older version's (x 1.05 for
 timer noise on a shared machine), and value-norm weighting at most 1.2x attention weighting.
 
     .venv/bin/python benchmarks/analysis.py --versus 447605d              # 8192 tokens
@@ -187,24 +186,30 @@ def worker(spec: dict) -> None:
         answer(analysis_job(spec))
 
 
-def _without_value_norms(src: Path, dst: Path) -> None:
-    """A copy of a capture file whose inspector header leaves ``value_norm`` out of every site's parts
-    (what an inspector from before value norms can load); the tensor bytes are copied unchanged."""
-    import struct
+def _as_schema1(src: Path, dst: Path) -> None:
+    """The capture at ``src`` written as an inspector from before schema 2 and value norms reads it: schema
+    1, each mask one dense float tensor named by the sites' ``mask`` field (rebuilt element for element
+    from its compact spec), no ``value_norm`` part, no input field that reader does not know. Q, K and V
+    are the same values."""
+    from safetensors.torch import save_file
 
-    with open(src, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        meta = json.loads(header["__metadata__"]["inspector"])
-        for site in meta["sites"]:
-            site["parts"] = [x for x in site["parts"] if x != "value_norm"]
-        header["__metadata__"]["inspector"] = json.dumps(meta)
-        raw = json.dumps(header).encode()
-        raw += b" " * (-len(raw) % 8)
-        with open(dst, "wb") as g:
-            g.write(struct.pack("<Q", len(raw)))
-            g.write(raw)
-            shutil.copyfileobj(f, g, 64 * MB)
+    from inspector import masks
+    from inspector.store import load
+
+    cap = load(src)
+    compact = {t for spec in cap.masks.values() for t in (spec.get("key_padding"), spec.get("packed"), spec.get("bias")) if t}
+    tensors = {name: cap.tensors[name].contiguous() for name in cap.tensors.keys()
+               if name not in compact and not name.endswith("/value_norm")}
+    for name, spec in cap.masks.items():
+        tensors[name] = masks.dense(spec, cap.tensors).float().contiguous()
+    meta = cap.header()
+    meta["schema"] = 1
+    meta.pop("masks", None)
+    for site in meta["sites"]:
+        site["parts"] = [x for x in site["parts"] if x != "value_norm"]
+    for record in meta["inputs"]:
+        record.pop("type_ids", None)
+    save_file(tensors, str(dst), metadata={"inspector": json.dumps(meta)})
 
 
 def versus(args) -> int:
@@ -230,7 +235,7 @@ def versus(args) -> int:
                                 "tokens": n, "kinds": ["lazy"]})
         new_path = Path(c["captures"]["lazy"]["path"])
         old_path = folder / "old.safetensors"
-        _without_value_norms(new_path, old_path)
+        _as_schema1(new_path, old_path)
         jobs = [(what, version, weighting) for what in args.jobs.split(",")
                 for version, weighting in (("old", "attention"), ("new", "attention"), ("new", "value-norm"))]
         results: dict = {j: [] for j in jobs}
