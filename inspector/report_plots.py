@@ -61,16 +61,9 @@ def referent_bars(split: pd.DataFrame, referents: list[str], top: int = 10) -> s
     df = referent_frame(split, referents, top)
     if df.empty:
         return ""
-    order = list(dict.fromkeys(df["head"]))
-    chart = alt.Chart(df).mark_bar().encode(
-        x=alt.X("head:N", sort=order, title="layer and head (split table order)", axis=alt.Axis(labelAngle=-40)),
-        xOffset=alt.XOffset("referent:N", sort=referents),
-        y=alt.Y("weight:Q", title="weight on the referent", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("referent:N", sort=referents, scale=alt.Scale(range=PALETTE), title="referent"),
-        opacity=alt.condition("datum.flagged", alt.value(1.0), alt.value(0.5)),
-        tooltip=["head:N", "referent:N", alt.Tooltip("weight:Q", format=".4f")],
-    ).properties(width=max(300, 48 * len(order)), height=220)
-    return _svg(chart)
+    return _grouped_bars(alt, df, group="referent", group_order=referents, value="weight", y_title="weight on the referent",
+                         x_title="layer and head (split table order)",
+                         opacity=alt.condition("datum.flagged", alt.value(1.0), alt.value(0.5)))
 
 
 def comparison_frame(comparison: pd.DataFrame, top: int) -> pd.DataFrame:
@@ -102,13 +95,22 @@ def comparison_bars(comparison: pd.DataFrame, top: int = 10) -> str | None:
     df = comparison_frame(comparison, top)
     if df.empty:
         return ""
+    return _grouped_bars(alt, df, group="capture", group_order=list(dict.fromkeys(df["capture"])), value="split_score",
+                         y_title="split score", x_title="layer and head (largest change first)")
+
+
+def _grouped_bars(alt, df: pd.DataFrame, *, group: str, group_order: list[str], value: str, y_title: str, x_title: str,
+                  opacity=None) -> str:
+    """Bars of ``value`` (0..1 axis) per head, one per ``group`` side by side, as inline SVG."""
     order = list(dict.fromkeys(df["head"]))
-    captures = list(dict.fromkeys(df["capture"]))
-    chart = alt.Chart(df).mark_bar().encode(
-        x=alt.X("head:N", sort=order, title="layer and head (largest change first)", axis=alt.Axis(labelAngle=-40)),
-        xOffset=alt.XOffset("capture:N", sort=captures),
-        y=alt.Y("split_score:Q", title="split score", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("capture:N", sort=captures, scale=alt.Scale(range=PALETTE), title="capture"),
-        tooltip=["head:N", "capture:N", alt.Tooltip("split_score:Q", format=".4f")],
-    ).properties(width=max(300, 48 * len(order)), height=220)
+    encoding = dict(
+        x=alt.X("head:N", sort=order, title=x_title, axis=alt.Axis(labelAngle=-40)),
+        xOffset=alt.XOffset(f"{group}:N", sort=group_order),
+        y=alt.Y(f"{value}:Q", title=y_title, scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color(f"{group}:N", sort=group_order, scale=alt.Scale(range=PALETTE), title=group),
+        tooltip=["head:N", f"{group}:N", alt.Tooltip(f"{value}:Q", format=".4f")],
+    )
+    if opacity is not None:
+        encoding["opacity"] = opacity
+    chart = alt.Chart(df).mark_bar().encode(**encoding).properties(width=max(300, 48 * len(order)), height=220)
     return _svg(chart)
