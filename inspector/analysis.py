@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -82,17 +83,18 @@ class LabelRule:
     broad: float = 0.85
 
     def label(self, row: dict) -> str:
-        if row["sink_mass"] >= self.sink:
-            return "sink"
-        if not math.isnan(row["prev_mass"]) and row["prev_mass"] >= self.previous:
-            return "previous-token"
-        if not math.isnan(row["self_mass"]) and row["self_mass"] >= self.self_:
-            return "self"
-        if row["normalized_entropy"] <= self.focused:
-            return "focused"
-        if row["normalized_entropy"] >= self.broad:
-            return "broad"
-        return ""
+        """The label of one rank row (a dict with the rank columns)."""
+        return self.labels(row["sink_mass"], row["prev_mass"], row["self_mass"], row["normalized_entropy"])[0]
+
+    def labels(self, sink_mass, prev_mass, self_mass, normalized_entropy) -> list[str]:
+        """The labels of many heads at once (array-likes of equal length, or scalars); the first rule that
+        holds, NaN failing every test."""
+        cols = [np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (sink_mass, prev_mass, self_mass, normalized_entropy)]
+        sink, prev, self_, norm = np.broadcast_arrays(*cols)
+        with np.errstate(invalid="ignore"):
+            picked = np.select([sink >= self.sink, prev >= self.previous, self_ >= self.self_, norm <= self.focused,
+                                norm >= self.broad], ["sink", "previous-token", "self", "focused", "broad"], default="")
+        return picked.tolist()
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,10 @@ class SplitRule:
 
     def passes(self, split_score: float, referent_mass: float, lift: float) -> bool:
         return bool(split_score >= self.min_split and referent_mass >= self.min_mass and lift >= self.min_lift)
+
+    def passes_all(self, split_score: torch.Tensor, referent_mass: torch.Tensor, lift: torch.Tensor) -> torch.Tensor:
+        """:meth:`passes` elementwise over tensors of one shape (NaN fails, as there)."""
+        return (split_score >= self.min_split) & (referent_mass >= self.min_mass) & (lift >= self.min_lift)
 
 
 def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k: torch.Tensor) -> torch.Tensor:
@@ -190,31 +196,118 @@ def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool,
     return _site_stats_both(capture, site, batch, chunk, weighting, want=(bool(exclude_special),))[bool(exclude_special)]
 
 
+class RankSums:
+    """Running sums of the rank metrics over query rows, for ``batch`` documents and every head at once.
+
+    Shapes: ``ent``, ``ent_n``, ``norm``, ``norm_n`` ``[batch, 2, head]`` (setting 0 keeps special-token
+    keys, 1 excludes them); ``sink``, ``self_m``, ``prev_m`` ``[batch, head]``; ``prev_n``, ``n_rows``
+    ``[batch]``; ``cols`` ``[batch, head, key]`` (the weights summed over real query rows). All float64.
+    :func:`rank_heads` feeds one capture's batch row through it, block by block; the corpus scan
+    (:mod:`inspector.batch_reduce`) feeds every document of a padded batch at once. Same sums, one definition.
+    """
+
+    def __init__(self, batch: int, heads: int, keys: int, same_axis: bool, want: tuple[bool, ...] = (False, True)):
+        f64 = torch.float64
+        self.same_axis, self.want = same_axis, want
+        self.ent, self.ent_n, self.norm, self.norm_n = (torch.zeros(batch, 2, heads, dtype=f64) for _ in range(4))
+        self.sink, self.self_m, self.prev_m = (torch.zeros(batch, heads, dtype=f64) for _ in range(3))
+        self.prev_n = torch.zeros(batch, dtype=f64)
+        self.n_rows = torch.zeros(batch, dtype=f64)
+        self.cols = torch.zeros(batch, heads, keys, dtype=f64)
+
+    def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
+            pad_k: torch.Tensor) -> None:
+        """Add one block of query rows: ``w [batch, head, c, key]`` weights (float32, not modified),
+        ``vis [batch, 1|head, c, key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding)
+        query rows, ``q_idx [c]`` the block's positions on the query axis, ``special_k`` and ``pad_k``
+        ``[batch, key]`` the special-token and padding keys.
+
+        Excluding special keys renormalizes each row over its other keys; its entropy follows from the same
+        ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its ``-sum p log p``
+        over them, the renormalized row's entropy is ``H_ns / S + log S`` (0 when ``S`` is 0), so no second
+        softmax-sized pass is needed. Only the entropies differ between the two settings."""
+        b, h, c, _ = w.shape
+        want = self.want
+        spec = special_k[:, None, None, :]  # [batch, 1, 1, key]
+        any_special = bool(special_k.any()) and True in want
+        # log p with log 0 clamped to the dtype's minimum, so that p log p is 0 where p is 0; each row's
+        # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
+        logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
+        row_ents = [-torch.einsum("bhqk,bhqk->bhq", w, logw).double()]  # [batch, head, c]
+        vis_sets = [vis]
+        n_special = special_k.sum(-1)  # [batch]
+        width = int(n_special.max()) if b else 0
+        if width:
+            where = torch.argsort((~special_k).to(torch.uint8), dim=-1, stable=True)[:, :width]  # special keys first
+            valid = (torch.arange(width)[None, :] < n_special[:, None]).to(w.dtype)  # [batch, width]
+            picked = w.gather(-1, where[:, None, None, :].expand(b, h, c, width))
+            on_special = torch.einsum("bhqs,bs->bhq", picked, valid)  # [batch, head, c]
+        else:
+            on_special = w.new_zeros(b, h, c)
+        if any_special:  # the renormalized rows without special keys, from the same block
+            plain = (~special_k).to(w.dtype)[:, None, :, None]
+            h_ns = -torch.matmul(w * logw, plain).squeeze(-1).double()
+            mass = torch.matmul(w, plain).squeeze(-1).double()  # S: weight left on non-special keys
+            safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
+            row_ents.append(torch.where(mass > 0, h_ns / safe + torch.log(safe), 0.0))
+            vis_sets.append(vis & ~spec)
+        else:
+            row_ents.append(row_ents[0])
+            vis_sets.append(vis)
+        del logw
+        real = rows[:, None, :]  # [batch, 1, c]
+        for i in (0, 1):
+            if (i == 1) not in want:
+                continue
+            n_vis = vis_sets[i].sum(-1).expand(b, h, c)
+            ok = real & (n_vis >= 2)
+            counted = real & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
+            self.ent[:, i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
+            self.ent_n[:, i] += counted.sum(-1)
+            self.norm[:, i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
+            self.norm_n[:, i] += ok.sum(-1)
+        self.sink += torch.where(real, on_special, 0.0).double().sum(-1)
+        self.cols += torch.matmul(rows.to(w.dtype)[:, None, None, :], w).squeeze(2).double()  # [batch, head, key]
+        self.n_rows += rows.sum(-1)
+        if self.same_axis:
+            at = q_idx[None, None, :, None].expand(b, h, c, 1)
+            self.self_m += torch.where(real, w.gather(-1, at).squeeze(-1), 0.0).double().sum(-1)
+            # the previous position must be a real token (left padding puts padding before the first one)
+            prev = (q_idx - 1).clamp(min=0)
+            has_prev = rows & (q_idx >= 1)[None, :] & ~pad_k[:, prev]  # [batch, c]
+            got = w.gather(-1, prev[None, None, :, None].expand(b, h, c, 1)).squeeze(-1)
+            self.prev_m += torch.where(has_prev[:, None, :], got, 0.0).double().sum(-1)
+            self.prev_n += has_prev.sum(-1)
+
+    def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:
+        """``[batch, head]`` float64 tensors of the rank metrics (NaN where undefined) and ``top_key_index``
+        (int64), with special-token keys kept or excluded from the entropies."""
+        i = int(excluded)
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        n = self.n_rows.clamp_min(1)[:, None]
+        mean_cols = self.cols / n[..., None]
+        top = mean_cols.argmax(-1)
+        return {
+            "entropy": torch.where(self.ent_n[:, i] > 0, self.ent[:, i] / self.ent_n[:, i].clamp_min(1), nan),
+            "normalized_entropy": torch.where(self.norm_n[:, i] > 0, self.norm[:, i] / self.norm_n[:, i].clamp_min(1), nan),
+            "sink_mass": self.sink / n,
+            "self_mass": self.self_m / n if self.same_axis else torch.full_like(self.sink, float("nan")),
+            "prev_mass": (torch.where(self.prev_n[:, None] > 0, self.prev_m / self.prev_n.clamp_min(1)[:, None], nan)
+                          if self.same_axis else torch.full_like(self.sink, float("nan"))),
+            "top_key_index": top,
+            "top_key_weight": mean_cols.gather(-1, top[..., None]).squeeze(-1),
+        }
+
+
 def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weighting: str = "attention",
                      want: tuple[bool, ...] = (False, True)) -> dict[bool, list[dict]]:
     """The rank rows of one site with special-token keys kept (``False``) and excluded (``True``), from
-    one pass over the weights. Excluding renormalizes each row over its other keys; its entropy follows
-    from the same ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its
-    ``-sum p log p`` over them, the renormalized row's entropy is ``H_ns / S + log S`` (0 when ``S`` is
-    0), so no second softmax-sized pass is needed. Only the entropies differ between the two; the
-    masses and the top key are read from the weights as the model gave them. ``want`` names the settings
-    to compute (each costs one pass of sums over the block; the logarithms are shared)."""
+    one pass over the weights (:class:`RankSums`). ``want`` names the settings to compute (each costs
+    one pass of sums over the block; the logarithms are shared)."""
     h = site.num_heads
     special_k, pad_k = capture.flags(site, "key", batch)
     _, pad_q = capture.flags(site, "query", batch)
-    same_axis = site.query_input == site.key_input
-    # entropy sums and counts, [setting, head]: setting 0 keeps special keys, 1 excludes them
-    ent = torch.zeros(2, h, dtype=torch.float64)
-    ent_n = torch.zeros(2, h, dtype=torch.float64)
-    norm = torch.zeros(2, h, dtype=torch.float64)
-    norm_n = torch.zeros(2, h, dtype=torch.float64)
-    any_special = bool(special_k.any()) and True in want
-    sink = torch.zeros(h, dtype=torch.float64)
-    self_m = torch.zeros(h, dtype=torch.float64)
-    prev_m = torch.zeros(h, dtype=torch.float64)
-    prev_n = 0
-    cols = torch.zeros(h, site.key_len, dtype=torch.float64)
-    n_rows = 0
+    sums = RankSums(1, h, site.key_len, site.query_input == site.key_input, want)
     # at most `chunk` query rows at a time, fewer for long key axes: blocks of at most _BLOCK_VALUES values are
     # reused from the allocator's heap, where larger ones are mapped (and page-faulted in) anew for every chunk
     step = max(1, min(chunk, _BLOCK_VALUES // max(1, h * site.key_len)))
@@ -228,59 +321,17 @@ def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weigh
         if vn is not None:
             reweight_(w, vn)
         vis = visible_keys(capture, site, batch, qs, pad_k)
-        # p * log(p) with 0 log 0 = 0, in one [head, c, key] block: p.clamp_min(tiny) is tiny (> 0) where
-        # p == 0, so its product with p is 0 there
-        plogp = w.clamp_min(torch.finfo(w.dtype).tiny).log_().mul_(w)
-        row_ents = [-plogp.sum(-1).double() if (False in want or not any_special) else None]  # [head, c]
-        vis_sets = [vis]
-        if any_special:  # the renormalized rows without special keys, from the same block
-            h_ns = -plogp.masked_fill_(special_k, 0.0).sum(-1).double()
-            mass = w.masked_fill(special_k, 0.0).sum(-1).double()  # S: weight left on non-special keys
-            safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
-            row_ents.append(torch.where(mass > 0, h_ns / safe + torch.log(safe), 0.0))
-            vis_sets.append(vis & ~special_k)
-        else:
-            row_ents.append(row_ents[0])
-            vis_sets.append(vis)
-        del plogp
-        for i in (0, 1):
-            if (i == 1) not in want:
-                continue
-            n_vis = vis_sets[i].sum(-1).expand(h, -1)  # [head, c]
-            ok = rows[None, :] & (n_vis >= 2)
-            counted = rows[None, :] & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
-            ent[i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
-            ent_n[i] += counted.sum(-1)
-            norm[i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
-            norm_n[i] += ok.sum(-1)
-        sink += w[..., special_k].sum(-1)[:, rows].double().sum(-1)
-        cols += (w if bool(rows.all()) else w[:, rows]).sum(1, dtype=torch.float64)
-        n_rows += int(rows.sum())
-        if same_axis:
-            q_idx = torch.arange(qs.start, qs.stop)[rows]
-            local = torch.nonzero(rows).squeeze(1)
-            self_m += w[:, local, q_idx].double().sum(-1)
-            # the previous position must be a real token (left padding puts padding before the first one)
-            has_prev = (q_idx >= 1) & ~pad_k[(q_idx - 1).clamp(min=0)]
-            prev_m += w[:, local[has_prev], q_idx[has_prev] - 1].double().sum(-1)
-            prev_n += int(has_prev.sum())
+        sums.add(w[None], vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None])
     key_tokens = capture.tokens(site, "key", batch)
-    out: dict[bool, list[dict]] = {excluded: [] for excluded in want}
-    for head in range(h):
-        mean_cols = cols[head] / max(n_rows, 1)
-        top = int(mean_cols.argmax())
-        for i, excluded in enumerate((False, True)):
-            if excluded not in want:
-                continue
-            out[excluded].append({
-                "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
-                "entropy": float(ent[i, head] / ent_n[i, head]) if ent_n[i, head] > 0 else float("nan"),
-                "normalized_entropy": float(norm[i, head] / norm_n[i, head]) if norm_n[i, head] > 0 else float("nan"),
-                "sink_mass": float(sink[head] / max(n_rows, 1)),
-                "self_mass": float(self_m[head] / max(n_rows, 1)) if same_axis else float("nan"),
-                "prev_mass": float(prev_m[head] / prev_n) if same_axis and prev_n else float("nan"),
-                "top_key": key_tokens[top], "top_key_index": top, "top_key_weight": float(mean_cols[top]),
-            })
+    out: dict[bool, list[dict]] = {}
+    for excluded in want:
+        m = {k: v[0].tolist() for k, v in sums.metrics(excluded).items()}
+        out[excluded] = [{
+            "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
+            **{k: m[k][head] for k in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass")},
+            "top_key": key_tokens[m["top_key_index"][head]], "top_key_index": m["top_key_index"][head],
+            "top_key_weight": m["top_key_weight"][head],
+        } for head in range(h)]
     return out
 
 
@@ -334,7 +385,7 @@ def rank_heads_both(
 def _rank_frame(rows: list[dict], rule: LabelRule, sort_by: str, ascending: bool, weighting: str,
                 left_out: dict) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=[c for c in RANK_COLUMNS if c != "label"])
-    df["label"] = [rule.label(r) for r in df.to_dict("records")] if len(df) else []
+    df["label"] = rule.labels(df["sink_mass"], df["prev_mass"], df["self_mass"], df["normalized_entropy"]) if len(df) else []
     if sort_by not in df.columns:
         raise InspectorError(f"cannot sort by {sort_by!r}: choose one of {', '.join(RANK_COLUMNS)}")
     df = df.sort_values([sort_by, "site", "head"], ascending=[ascending, True, True], kind="stable").reset_index(drop=True)
@@ -390,9 +441,7 @@ def split_heads(
     ``cross_first``).
     """
     _check_batch(capture, batch)
-    refs = [r.strip() for r in referents if r.strip()]
-    if len(refs) < 2 or len(set(refs)) != len(refs):
-        raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
+    refs = clean_referents(referents)
     candidates = _site_filter(capture, sites) if isinstance(sites, str) else sites
     candidates, left_out = weighted_sites(capture, list(candidates), weighting)
     rows: list[dict] = []
@@ -441,13 +490,20 @@ def split_heads(
 
 
 # ---- one query's rows over the referents ---------------------------------------------------------
+def clean_referents(referents: list[str]) -> list[str]:
+    """The referents stripped of surrounding spaces, blanks dropped; InspectorError unless two or more
+    different ones remain."""
+    refs = [r.strip() for r in referents if r.strip()]
+    if len(refs) < 2 or len(set(refs)) != len(refs):
+        raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
+    return refs
+
+
 def find_referents(capture: Capture, site: Site, referents: list[str], *, batch: int = 0, case_sensitive: bool = True,
                    role: str | None = None) -> dict[str, list[int]]:
     """Each referent's key positions at ``site`` (every occurrence, subword tokens included);
     InspectorError naming the nearest words when one is not in the text."""
-    refs = [r.strip() for r in referents if r.strip()]
-    if len(refs) < 2 or len(set(refs)) != len(refs):
-        raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
+    refs = clean_referents(referents)
     out: dict[str, list[int]] = {}
     for ref in refs:
         found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=role)
@@ -473,10 +529,12 @@ class ReferentSplit:
     """How a query's rows divide their weight among referents at one site, every head at once.
 
     Shapes: ``per_row [head, row, referent]`` weights, ``chance_row [head, row, referent]`` chance,
-    ``per_key [head, key]`` the aggregate row's weights (the mean of the rows), all float64.
+    ``per_key [head, key]`` the aggregate row's weights (the mean of the rows), all float64. The corpus
+    scan stacks the heads of several sites that share the query and key axes along ``head``; ``site``
+    is then None.
     """
 
-    site: Site
+    site: Site | None
     query_positions: list[int]
     referents: dict[str, list[int]]  # referent -> key positions
     key_tokens: list[str]
@@ -510,17 +568,26 @@ class ReferentSplit:
         agg = self.per_row.mean(1)  # [head, referent]
         row_mass = self.per_row.sum(-1)  # [head, row]
         row_chance = self.chance_row.sum(-1)  # [head, row]
-        self._agg = agg.tolist()
-        self._mass = agg.sum(-1).tolist()
-        self._chance = row_chance.mean(-1).tolist()
-        self._split = (2 * agg.topk(2, dim=-1).values[:, 1]).tolist()
-        self._unshared_sum = unshared_t.sum(-1).tolist()
-        self._split_unshared = (2 * unshared_t.topk(2, dim=-1).values[:, 1]).tolist()
+        mass = agg.sum(-1)
+        chance = row_chance.mean(-1)
+        split = 2 * agg.topk(2, dim=-1).values[:, 1]
+        lift = torch.where(chance > 0, mass / chance.clamp_min(1e-300), torch.nan)
+        unshared_sum = unshared_t.sum(-1)
+        split_unshared = 2 * unshared_t.topk(2, dim=-1).values[:, 1]
         row_split = 2 * self.per_row.topk(2, dim=-1).values[..., 1]  # [head, row]
+        row_lift = torch.where(row_chance > 0, row_mass / row_chance.clamp_min(1e-300), torch.nan)
+        self._agg = agg.tolist()
+        self._mass, self._chance, self._split, self._lift = mass.tolist(), chance.tolist(), split.tolist(), lift.tolist()
+        self._flagged = self.rule.passes_all(split, mass, lift).tolist()
+        self._shared_share = torch.where(mass > 0, 1 - unshared_sum / mass.clamp_min(1e-300), 0.0).tolist()
+        self._split_unshared = split_unshared.tolist()
+        self._mostly_shared = ((split > 0) & (split_unshared < split / 2) & bool(self.shared)).tolist()
         self._row_split = row_split.tolist()
         self._driving = row_split.argmax(-1).tolist()
-        self._row_mass = row_mass.tolist()
-        self._row_lift = torch.where(row_chance > 0, row_mass / row_chance.clamp_min(1e-300), torch.nan).tolist()
+        # the rows that pass the rule alone, per head
+        self._rows_flagged = [[] for _ in range(row_split.shape[0])]
+        for h, i in torch.nonzero(self.rule.passes_all(row_split, row_mass, row_lift)).tolist():
+            self._rows_flagged[h].append(self.query_positions[i])
 
     def row_of(self, head: int, i: int) -> dict:
         """The i-th query row alone: the referents' weights, ``referent_mass``, ``chance_mass``, ``lift``,
@@ -537,28 +604,51 @@ class ReferentSplit:
 
     def row(self, head: int) -> dict:
         """The split table's columns for one head (after the site, head and query columns)."""
+        return {name: values[head] for name, values in self.columns().items()}
+
+    def columns(self) -> dict[str, list]:
+        """The split table's columns (after the site, head and query columns), each a list over heads."""
+        cached = self.__dict__.get("_columns")
+        if cached is not None:
+            return cached
         refs = list(self.referents)
-        mass, chance, split = self._mass[head], self._chance[head], self._split[head]
-        lift = mass / chance if chance > 0 else float("nan")
-        split_unshared = self._split_unshared[head]
-        out: dict = {f"weight:{r}": self._agg[head][i] for i, r in enumerate(refs)}
+        heads = range(len(self._mass))
+        out: dict[str, list] = {f"weight:{r}": [self._agg[h][i] for h in heads] for i, r in enumerate(refs)}
+        shared = " ".join(sorted(self.shared))
         out.update({
-            "referent_mass": mass, "chance_mass": chance, "lift": lift, "split_score": split,
-            "flagged": self.rule.passes(split, mass, lift),
-            "driving_row": int(self.query_positions[self._driving[head]]),
-            "row_split_scores": " ".join(f"{x:.4f}" for x in self._row_split[head]),
-            "rows_flagged": " ".join(str(p) for p, s_, m, li in zip(self.query_positions, self._row_split[head],
-                                                                    self._row_mass[head], self._row_lift[head], strict=True)
-                                     if self.rule.passes(s_, m, li)),
-            "shared_pieces": " ".join(sorted(self.shared)),
-            "shared_share": (1 - self._unshared_sum[head] / mass) if mass > 0 else 0.0,
-            "split_unshared": split_unshared,
-            "mostly_shared": bool(self.shared) and split > 0 and split_unshared < split / 2,
+            "referent_mass": self._mass, "chance_mass": self._chance, "lift": self._lift, "split_score": self._split,
+            "flagged": self._flagged,
+            "driving_row": [int(self.query_positions[d]) for d in self._driving],
+            "row_split_scores": [" ".join(f"{x:.4f}" for x in rs) for rs in self._row_split],
+            "rows_flagged": [" ".join(map(str, rows)) for rows in self._rows_flagged],
+            "shared_pieces": [shared] * len(self._mass),
+            "shared_share": self._shared_share,
+            "split_unshared": self._split_unshared,
+            "mostly_shared": self._mostly_shared,
         })
         for r in refs:
             names, weights = self._pieces[r]
-            out[f"pieces:{r}"] = " ".join(f"{t}={x:.4f}" for t, x in zip(names, weights[head], strict=True))
+            out[f"pieces:{r}"] = [" ".join(f"{t}={x:.4f}" for t, x in zip(names, weights[h], strict=True)) for h in heads]
+        self._columns = out
         return out
+
+
+def referent_rows(w: torch.Tensor, vis: torch.Tensor, referents: dict[str, list[int]],
+                  value_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(per_row, chance, per_key)`` of :class:`ReferentSplit` from the query rows' weights
+    ``w [head, row, key]`` (float32, value-weighted already when ``value_norm [head, key]`` is given) and
+    the keys they see, ``vis [1|head, row, key]``. Raises ``_NothingVisible`` when no referent key is
+    visible to any of the rows."""
+    if not any(bool(vis[..., pos].any()) for pos in referents.values()):
+        raise _NothingVisible
+    w = w.double()
+    base = vis.double()
+    if value_norm is not None:  # uniform attention seen through the same weighting
+        base = base * value_norm.double()[:, None, :]
+    total = base.sum(-1).clamp_min(1e-300)  # [1|head, row]
+    chance = torch.stack([base[..., pos].sum(-1) / total for pos in referents.values()], dim=-1)  # [1|head, row, referent]
+    per_row = torch.stack([w[..., pos].sum(-1) for pos in referents.values()], dim=-1)  # [head, row, referent]
+    return per_row, chance.expand(w.shape[0], -1, -1), w.mean(1)
 
 
 def referent_split(capture: Capture, site: Site, query_positions: list[int], referents: dict[str, list[int]], *,
@@ -574,19 +664,11 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
     w = capture.weights(site, batch, queries=slice(lo, hi))[:, idx]  # [head, row, key]
     if vn is not None:
         reweight_(w, vn)
-    w = w.double()
     vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
-    if not any(bool(vis[..., pos].any()) for pos in referents.values()):
-        raise _NothingVisible
-    base = vis.double()
-    if vn is not None:  # uniform attention seen through the same weighting
-        base = base * vn.double()[:, None, :]
-    total = base.sum(-1).clamp_min(1e-300)  # [1|head, row]
-    chance = torch.stack([base[..., pos].sum(-1) / total for pos in referents.values()], dim=-1)  # [1|head, row, referent]
-    per_row = torch.stack([w[..., pos].sum(-1) for pos in referents.values()], dim=-1)  # [head, row, referent]
+    per_row, chance, per_key = referent_rows(w, vis, referents, vn)
     return ReferentSplit(site=site, query_positions=q_pos, referents={r: list(p) for r, p in referents.items()},
-                         key_tokens=capture.tokens(site, "key", batch), per_row=per_row,
-                         chance_row=chance.expand(site.num_heads, -1, -1), per_key=w.mean(1), rule=rule, weighting=weighting)
+                         key_tokens=capture.tokens(site, "key", batch), per_row=per_row, chance_row=chance,
+                         per_key=per_key, rule=rule, weighting=weighting)
 
 
 def split_notes(df: pd.DataFrame) -> list[str]:

@@ -511,6 +511,7 @@ def record(
     notes: list[dict[str, str]] | None = None,
     masks: dict[str, dict] | None = None,
     padding: dict[str, list[list[bool]]] | None = None,
+    value_norms: bool = True,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
@@ -519,7 +520,8 @@ def record(
     modules that make no call through the interface are captured weights-only from a second, eager
     pass with ``output_attentions`` (named after the module); any that return no probability map are
     appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
-    The mask specs the sites name are added to ``masks`` when given.
+    The mask specs the sites name are added to ``masks`` when given. ``value_norms=False`` skips the
+    value norms (each site's ``value_norm_note`` then says so).
     """
     notes = [] if notes is None else notes
     if dtype not in STORAGE_DTYPES:
@@ -537,9 +539,9 @@ def record(
         bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
     recorder = _Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
                          sites=sites, roles=roles, progress=bar, lengths=lengths)
-    from .value_norm import OutputProjections
+    from .value_norm import NotRecorded, OutputProjections
 
-    recorder.projections = OutputProjections(model)
+    recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
     recorder.padding = dict(padding or {})
     was_training = model.training
     model.eval()
@@ -716,12 +718,14 @@ def capture(
     sites: list[str] | None = None,
     model_name: str | None = None,
     progress: bool = False,
+    value_norms: bool = True,
 ) -> Capture:
     """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
 
     ``target`` is the decoder side of an encoder-decoder (teacher-forced) or a continuation appended
     to a decoder-only prompt. ``weights=False`` makes a lazy capture (Q/K/V and masks only).
     ``layers`` and ``sites`` (regular expressions over site names) restrict what is recorded.
+    ``value_norms=False`` leaves out the value norms ``||v_j W_O^h||`` (a scan that reads attention only).
     The model's own output is kept on the returned capture as ``capture.output`` (not saved).
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
@@ -731,14 +735,14 @@ def capture(
     mask_specs: dict[str, dict] = {}
     site_list, tensors, output = record(
         model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
-        lengths=lengths, notes=notes, masks=mask_specs,
+        lengths=lengths, notes=notes, masks=mask_specs, value_norms=value_norms,
         padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
                  for role in lengths},
     )
     meta = {
         "model": _provenance(model, model_name),
         "layout": encoded.layout,
-        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites},
+        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites, "value_norms": value_norms},
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # the records' fields as InputRecord.to_dict gives them, without its deep copy (encode's lists are
         # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)

@@ -173,7 +173,7 @@ def _capture(model, tokenizer, docs: list[Document], options: Options):
 
     targets = [d.target for d in docs]
     return capture(model, tokenizer, [d.text for d in docs], None if all(t is None for t in targets) else targets,
-                   weights=False, dtype=options.dtype)
+                   weights=False, dtype=options.dtype, value_norms=False)
 
 
 def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> BatchResult:
@@ -239,14 +239,35 @@ def analyse(captured: Captured) -> BatchResult:
 
 
 def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: dict, frames: list) -> None:
+    """The rows of every document in ``cap``: all at once (:mod:`inspector.batch_reduce`) where that applies,
+    else one by one with :func:`document_rows`; in batch order either way."""
+    from .batch_reduce import batch_rows
+
+    fast = batch_rows(cap, [d for _, d in group], options)
+    done, errors = fast if fast is not None else ({}, {})
+    parts: list[pd.DataFrame] = []
     for b, (i, doc) in enumerate(group):
         tokens = _real_tokens(cap, b)
+        if b in errors:
+            doc_rows[i] = _doc_row(doc, tokens, errors[b])
+            continue
+        if b in done:
+            if not any(p is done[b] for p in parts):
+                parts.append(done[b])
+            doc_rows[i] = _doc_row(doc, tokens, None)
+            continue
         try:
-            frames.append(document_rows(cap, b, doc, options))
+            parts.append(document_rows(cap, b, doc, options))
         except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
             doc_rows[i] = _doc_row(doc, tokens, _error_line(exc))
         else:
             doc_rows[i] = _doc_row(doc, tokens, None)
+    if len(parts) == 1:
+        frames.append(parts[0])
+    elif parts:
+        heads = pd.concat(parts, ignore_index=True)
+        order = heads["id"].map({doc.id: k for k, (_, doc) in enumerate(group)}).to_numpy()
+        frames.append(heads.iloc[np.argsort(order, kind="stable")].reset_index(drop=True))
 
 
 def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:

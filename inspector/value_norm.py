@@ -26,7 +26,7 @@ import torch
 
 from .store import Site
 
-__all__ = ["OutputProjections", "head_slices", "norms"]
+__all__ = ["NotRecorded", "OutputProjections", "head_slices", "norms"]
 
 
 def _is_conv1d(module) -> bool:
@@ -124,3 +124,14 @@ class OutputProjections:
         self.tensors[f"{site.name}/value_norm"] = norms(value.detach(), slices.detach(), site.head_map).cpu()
         site.out_proj = name
         site.parts.append("value_norm")
+
+
+class NotRecorded:
+    """In place of :class:`OutputProjections` when value norms are not asked for: every site says so."""
+
+    def expect(self, site: Site, out, value: torch.Tensor) -> None:
+        site.value_norm_note = "value norms were not recorded for this capture (value_norms=False)"
+
+    @contextlib.contextmanager
+    def watching(self, tensors: dict[str, torch.Tensor]):
+        yield self

@@ -1,0 +1,112 @@
+"""The corpus scan's fast path (every document of a batch at once, inspector.batch_reduce) against the
+per-document path (reduce.document_rows: rank_heads and split_heads on each batch row).
+
+Both read the same capture; every column must agree, on bidirectional, left-padded causal and
+encoder-decoder models, with documents that exercise the split's edges: a multi-token query, a query
+that occurs twice (with and without --occurrence), a referent not in the text, a query before its
+referents under a causal mask, shared word pieces, and special-token exclusion.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from test_scan import assert_same_rows, docs_of
+
+from inspector import reduce
+from inspector.batch_reduce import batch_rows
+from inspector.documents import Fields
+from inspector.models import LoadedModel
+from inspector.reduce import Options, capture_batch
+
+import tiny
+
+ROWS = [
+    {"id": "one", "text": "The Lessee shall indemnify the Lessor. Such indemnity survives termination.",
+     "query": "indemnity", "referents": ["Lessee", "Lessor"]},
+    {"id": "multi", "text": "Acme Ltd leases the yard to Globex Inc, and the indemnity clause binds Globex Inc to Acme Ltd.",
+     "query": "indemnity clause", "referents": ["Acme Ltd", "Globex Inc"]},
+    {"id": "plain", "text": "A short clause without any query at all."},
+    {"id": "twice", "text": "The indemnity of the Lessee and the indemnity of the Lessor differ.",
+     "query": "indemnity", "referents": ["Lessee", "Lessor"], "occurrence": 2},
+    {"id": "ambiguous", "text": "The indemnity of the Lessee and the indemnity of the Lessor differ.",
+     "query": "indemnity", "referents": ["Lessee", "Lessor"]},
+    {"id": "missing", "text": "The Lessee pays the rent; the indemnity is void.", "query": "indemnity",
+     "referents": ["Lessee", "Landlord"]},
+    {"id": "early", "text": "Indemnity is owed by the Lessee to the Lessor under this lease.", "query": "Indemnity",
+     "referents": ["Lessee", "Lessor"]},
+    {"id": "spaced", "text": "The Lessor gives notice. The Lessee pays, and its indemnity covers the Lessor.",
+     "query": "indemnity", "referents": [" Lessee", "Lessor "]},
+]
+TARGETS = ["The Lessee indemnifies.", "Globex Inc pays Acme Ltd for the yard and the indemnity clause.", "Short.",
+           "The Lessor.", "Rent.", "The indemnity is void.", "Indemnity by the Lessee.", "Notice."]
+
+
+def per_document(cap, group, options):
+    """The rows and errors of the per-document path on the same capture."""
+    frames, errors = [], {}
+    for b, (_, doc) in enumerate(group):
+        try:
+            frames.append(reduce.document_rows(cap, b, doc, options))
+        except Exception as exc:  # noqa: BLE001
+            errors[b] = reduce._error_line(exc)
+    return frames, errors
+
+
+@pytest.mark.parametrize("name,exclude_special", [
+    ("bert", False), ("bert", True), ("gpt2", False), ("gpt2", True), ("bart", False), ("bart", True),
+    ("t5", False),  # a position bias in the mask, three kinds of site
+    ("gemma2", False),  # soft-capping and sliding windows
+    ("llama", True),  # grouped-query attention
+    ("mistral", False),
+])
+def test_the_fast_path_gives_the_rows_of_the_per_document_path(name, exclude_special):
+    lm = LoadedModel(tiny.build(name), tiny.tokenizer(), name)
+    rows = [dict(r) for r in ROWS]
+    fields = Fields(query="query", referents="referents", id="id", occurrence="occurrence")
+    if name in ("bart", "t5"):
+        fields = Fields(query="query", referents="referents", id="id", occurrence="occurrence", target="target")
+        for r, t in zip(rows, TARGETS, strict=True):
+            r["target"] = t
+    options = Options(exclude_special=exclude_special)
+    docs = docs_of(rows, fields)
+    captured = capture_batch(lm.model, lm.tokenizer, docs, options)
+    assert len(captured.captures) == 1, "the documents were captured together"
+    cap, group = captured.captures[0]
+    fast = batch_rows(cap, [d for _, d in group], options)
+    assert fast is not None
+    done, errors = fast
+    slow_frames, slow_errors = per_document(cap, group, options)
+    # every document is decided by the fast path or handed to the per-document one; what it decides agrees
+    slow_ids = {f["id"].iloc[0] for f in slow_frames}
+    got = []
+    for b, (_, doc) in enumerate(group):
+        if b in errors:
+            assert errors[b] == slow_errors.get(b), doc.id
+        elif b in done:
+            assert doc.id in slow_ids, doc.id
+            got.append(done[b][done[b]["id"] == doc.id])
+    fast_ids = {f["id"].iloc[0] for f in got}
+    assert "plain" in fast_ids and len(fast_ids - {"plain"}) >= 2, f"the fast path took the usual documents: {fast_ids}"
+    assert "ambiguous" in {group[b][1].id for b in errors}
+    want = pd.concat([f for f in slow_frames if f["id"].iloc[0] in {g["id"].iloc[0] for g in got}], ignore_index=True)
+    mine = pd.concat(got, ignore_index=True)
+    assert_same_rows(mine[want.columns], want)
+    assert list(mine.columns) == list(want.columns)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "mistral"])
+def test_a_scan_batch_equals_documents_reduced_one_by_one_through_the_per_document_path(name, monkeypatch):
+    """reduce_batch with the fast path on equals reduce_batch with it off, documents and rows (mistral's
+    4-token window hides the referents from most queries: those documents take the per-document path)."""
+    lm = LoadedModel(tiny.build(name), tiny.tokenizer(), name)
+    docs = docs_of(ROWS, Fields(query="query", referents="referents", id="id", occurrence="occurrence"))
+    fast = reduce.reduce_batch(lm.model, lm.tokenizer, docs)
+    import inspector.batch_reduce as br
+
+    monkeypatch.setattr(br, "fast_path_applies", lambda capture: False)
+    slow = reduce.reduce_batch(lm.model, lm.tokenizer, docs_of(ROWS, Fields(query="query", referents="referents", id="id",
+                                                                          occurrence="occurrence")))
+    assert fast.documents.equals(slow.documents)
+    assert fast.heads["id"].tolist() == slow.heads["id"].tolist()
+    assert_same_rows(fast.heads, slow.heads)
