@@ -376,30 +376,18 @@ def test_scan_demo_cli_writes_the_corpus_scans_it_and_resumes(bert_folder, tmp_p
 
 
 
-def test_columns_the_split_analysis_adds_are_stored_and_lift_is_summarised(bert, tmp_path, monkeypatch):
-    """Issue 10 adds columns to split_heads (lift, per-referent chance mass); a scan stores them as they
-    come and `inspector corpus` then reports the mean lift. Simulated here by wrapping split_heads."""
-    import inspector.analysis as analysis
-
-    original = analysis.split_heads
-
-    def with_lift(cap, query, referents, **kw):
-        df = original(cap, query, referents, **kw)
-        for r in referents:
-            df[f"chance:{r}"] = 0.5 * df[f"weight:{r}"]
-        df["lift"] = df["referent_mass"] * 3
-        return df
-
-    monkeypatch.setattr(analysis, "split_heads", with_lift)
+def test_the_split_verdict_columns_are_stored_and_lift_is_summarised(bert, tmp_path):
+    """The scan stores split_heads' verdict columns (lift, chance_mass, the per-row rule, shared pieces) as
+    the analysis defines them, and `inspector corpus` reports the mean lift."""
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
     scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
     heads = read_heads(tmp_path / "out")
-    assert {"lift", "referent_chance"} <= set(heads.columns)
-    assert not any(c.startswith("chance:") or c.startswith("weight:") for c in heads.columns)
+    assert {"lift", "chance_mass", "driving_row", "rows_flagged", "shared_pieces", "mostly_shared",
+            "referent_pieces"} <= set(heads.columns)
+    assert not any(c.startswith("weight:") or c.startswith("pieces:") for c in heads.columns)
     ok = heads["lift"].notna()
-    np.testing.assert_allclose(heads.loc[ok, "lift"], 3 * heads.loc[ok, "referent_mass"], atol=1e-12)
-    np.testing.assert_allclose(np.array(heads.loc[ok, "referent_chance"].tolist(), float),
-                               0.5 * np.array(heads.loc[ok, "referent_weights"].tolist(), float), atol=1e-12)
+    assert ok.any()
+    np.testing.assert_allclose(heads.loc[ok, "lift"], heads.loc[ok, "referent_mass"] / heads.loc[ok, "chance_mass"], rtol=1e-12)
     got = corpus.summary(tmp_path / "out")
     want = _pandas_summary(heads)
     merged = got.merge(want, on=corpus.KEYS, suffixes=("", "_pd"))
