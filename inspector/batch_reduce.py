@@ -30,7 +30,6 @@ from .analysis import (
     RankSums,
     ReferentSplit,
     SplitRule,
-    _NothingVisible,
     clean_referents,
     find_referents,
     referent_rows,
@@ -38,6 +37,7 @@ from .analysis import (
 from .errors import InspectorError
 
 _BATCH_BLOCK_VALUES = 1 << 21  # a [batch, head, rows, key] block of at most this many values (8 MB float32: passes over it stay in cache)
+_GROUP_OVERHEAD_VALUES = 1 << 18  # the fixed cost of one more block, in values of block (Python and small tensor operations)
 _SPLIT_FLOATS = ("referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared")
 
 
@@ -70,8 +70,38 @@ class _Axes:
 
     def tensors(self, roles: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(special, padding)`` as ``[batch, position]`` booleans."""
-        rows = [self.flags(roles, b) for b in range(self.capture.batch_size)]
-        return (torch.tensor([r[0] for r in rows], dtype=torch.bool), torch.tensor([r[1] for r in rows], dtype=torch.bool))
+        key = ("tensors", roles)
+        if key not in self._flags:
+            rows = [self.flags(roles, b) for b in range(self.capture.batch_size)]
+            self._flags[key] = (torch.tensor([r[0] for r in rows], dtype=torch.bool),
+                                torch.tensor([r[1] for r in rows], dtype=torch.bool))
+        return self._flags[key]
+
+    def site_inputs(self, site):
+        """``(special_k, pad_k, pad_q, mask, vis)`` of a site: the key axis's special and padding flags and the
+        query axis's padding ``[batch, position]``, the additive mask ``[batch|1, head|1, query|1, key]``
+        (float32, or None) and the keys each query row sees ``[batch, 1|head, query|1, key]`` (shared by the
+        sites with the same mask and axes)."""
+        key = ("site", site.mask, tuple(site.query_input), tuple(site.key_input), site.kind, site.query_len, site.key_len)
+        if key not in self._flags:
+            special_k, pad_k = self.tensors(tuple(site.key_input))
+            _, pad_q = self.tensors(tuple(site.query_input))
+            mask = None if site.mask is None else masks.dense(self.capture.masks[site.mask], self.capture.tensors).float()
+            vis = ~pad_k[:, None, None, :]
+            if mask is not None:
+                vis = vis & (mask > MASKED)
+            elif site.kind == "causal":  # as analysis.visible_keys: a causal site captured without its mask
+                k_len, q_len = site.key_len, site.query_len
+                vis = vis & (torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len))
+            self._flags[key] = (special_k, pad_k, pad_q, mask, vis)
+        return self._flags[key]
+
+    def groups(self, site) -> list[tuple[list[int], slice, slice]]:
+        key = ("groups", tuple(site.query_input), tuple(site.key_input), site.num_heads)
+        if key not in self._flags:
+            self._flags[key] = groups(self.tensors(tuple(site.query_input))[1], self.tensors(tuple(site.key_input))[1],
+                                      site.num_heads)
+        return self._flags[key]
 
     def leading_padding(self, roles: tuple[str, ...], batch: int) -> int:
         padding = self.flags(roles, batch)[1]
@@ -81,48 +111,111 @@ class _Axes:
         return n
 
 
+def _extent(padding: torch.Tensor) -> tuple[int, int]:
+    """``(first, last + 1)`` of the real positions of one batch row (``(0, 0)`` when it has none)."""
+    real = torch.nonzero(~padding).flatten()
+    return (int(real[0]), int(real[-1]) + 1) if len(real) else (0, 0)
+
+
+def groups(pad_q: torch.Tensor, pad_k: torch.Tensor, heads: int) -> list[tuple[list[int], slice, slice]]:
+    """Batch rows in groups that share one block, each with the query and key window holding their real
+    tokens: ``[(rows, query window, key window), ...]``. Rows sorted by length are cut where a block of
+    their own costs less than the padding they would share (a block costs its ``head x query x key``
+    values plus a fixed :data:`_GROUP_OVERHEAD_VALUES`), so documents of very different lengths are not
+    reduced over each other's padding. ``pad_q`` / ``pad_k``: ``[batch, position]`` padding flags."""
+    b_n = pad_q.shape[0]
+    ext_q = [_extent(pad_q[b]) for b in range(b_n)]
+    ext_k = [_extent(pad_k[b]) for b in range(b_n)]
+    order = sorted(range(b_n), key=lambda b: ((ext_k[b][1] - ext_k[b][0]) * (ext_q[b][1] - ext_q[b][0]), b))
+
+    def window(members: list[int]) -> tuple[slice, slice]:
+        qs = [ext_q[b] for b in members if ext_q[b][1] > ext_q[b][0]] or [(0, 0)]
+        ks = [ext_k[b] for b in members if ext_k[b][1] > ext_k[b][0]] or [(0, 0)]
+        return (slice(min(a for a, _ in qs), max(e for _, e in qs)), slice(min(a for a, _ in ks), max(e for _, e in ks)))
+
+    def cost(members: list[int]) -> int:
+        qw, kw = window(members)
+        return _GROUP_OVERHEAD_VALUES + len(members) * heads * (qw.stop - qw.start) * (kw.stop - kw.start)
+
+    best = [0] + [None] * b_n  # best[i]: the cheapest grouping of order[:i]
+    cut = [0] * (b_n + 1)
+    for i in range(1, b_n + 1):
+        for j in range(i):
+            c = best[j] + cost(order[j:i])
+            if best[i] is None or c < best[i]:
+                best[i], cut[i] = c, j
+    out = []
+    i = b_n
+    while i > 0:
+        members = sorted(order[cut[i]:i])
+        out.append((members, *window(members)))
+        i = cut[i]
+    return sorted(out, key=lambda g: g[0][0])
+
+
 def _site_pass(capture, site, axes: _Axes, keep: dict[int, list[int]], want: tuple[bool, ...]):
-    """One pass over a site's weights for every batch row: the :class:`RankSums`, and for each batch row in
-    ``keep`` the weights and visible keys of its query rows ``keep[b]`` (``[head, row, key]`` float32 and
-    ``[1|head, row, key]`` bool, in ``keep[b]`` order). Raises ``LookupError`` when a real row's weights are
-    not finite (the per-document path then reports it)."""
+    """One pass over a site's weights for every batch row, in groups of rows of similar length (:func:`groups`):
+    the rank metrics (``[batch, head]`` arrays as :meth:`RankSums.metrics` gives them, ``top_key_index``
+    on the whole key axis), and for each batch row in ``keep`` the weights and visible keys of its query
+    rows ``keep[b]`` (``[head, row, key]`` float32 and ``[1|head, row, key]`` bool, in ``keep[b]`` order).
+    Raises ``LookupError`` when a real row's weights are not finite (the per-document path then reports it)."""
     t = capture.tensors
-    b_n, h, k_len, q_len = capture.batch_size, site.num_heads, site.key_len, site.query_len
-    special_k, pad_k = axes.tensors(tuple(site.key_input))
-    _, pad_q = axes.tensors(tuple(site.query_input))
+    b_n, h, k_len = capture.batch_size, site.num_heads, site.key_len
+    special_k, pad_k, pad_q, mask, vis = axes.site_inputs(site)
     q = t[site.tensor_name("q")].float()
     k = attention.expand_kv(t[site.tensor_name("k")].float(), site.head_map)
-    mask = None if site.mask is None else masks.dense(capture.masks[site.mask], t).float()  # [batch|1, head|1, query|1, key]
-    vis = ~pad_k[:, None, None, :]
-    if mask is not None:
-        vis = vis & (mask > MASKED)
-    elif site.kind == "causal":
-        vis = vis & (torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len))
-    sums = RankSums(b_n, h, k_len, site.query_input == site.key_input, want)
+    same_axis = site.query_input == site.key_input
+    out_metrics: dict[str, np.ndarray] = {}
     kept: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {b: {} for b in keep}
-    step = max(1, _BATCH_BLOCK_VALUES // max(1, b_n * h * k_len))
-    for q0 in range(0, q_len, step):
-        q1 = min(q_len, q0 + step)
-        rows = ~pad_q[:, q0:q1]
-        if not bool(rows.any()):
+    for members, qw, kw in axes.groups(site):
+        idx = torch.tensor(members)
+        n_q, n_k = qw.stop - qw.start, kw.stop - kw.start
+        if n_q == 0 or n_k == 0:
             continue
-        m = mask[:, :, q0:q1] if mask is not None and mask.shape[2] > 1 else mask
-        w = attention.attention_weights(q[:, :, q0:q1], k, scaling=site.scaling, mask=m, softcap=site.softcap,
-                                        out_dtype=torch.float32)
-        if not bool((torch.isfinite(w.sum(-1)) | ~rows[:, None, :]).all()):
-            raise LookupError(site.name)
-        v = vis[:, :, q0:q1] if vis.shape[2] > 1 else vis
-        sums.add(w, v, rows, torch.arange(q0, q1), special_k, pad_k)
-        for b, positions in keep.items():
-            for p in positions:
-                if q0 <= p < q1:
-                    kept[b][p] = (w[b, :, p - q0].clone(), v[b if v.shape[0] > 1 else 0, :, p - q0 if v.shape[2] > 1 else 0])
-    out = {}
+        g_q = q.index_select(0, idx)[:, :, qw]
+        g_k = k.index_select(0, idx)[:, :, kw]
+        g_mask = None if mask is None else mask[idx if mask.shape[0] > 1 else slice(None)][..., kw]
+        g_vis = vis[idx if vis.shape[0] > 1 else slice(None)][..., kw]
+        g_pad_q, g_pad_k, g_special = pad_q[idx][:, qw], pad_k[idx][:, kw], special_k[idx][:, kw]
+        sums = RankSums(len(members), h, n_k, same_axis, want)
+        step = max(1, _BATCH_BLOCK_VALUES // max(1, len(members) * h * n_k))
+        for r0 in range(0, n_q, step):
+            r1 = min(n_q, r0 + step)
+            a0, a1 = qw.start + r0, qw.start + r1  # on the whole query axis
+            rows = ~g_pad_q[:, r0:r1]
+            if not bool(rows.any()):
+                continue
+            m = g_mask[:, :, a0:a1] if g_mask is not None and g_mask.shape[2] > 1 else g_mask
+            w = attention.attention_weights(g_q[:, :, r0:r1], g_k, scaling=site.scaling, mask=m, softcap=site.softcap,
+                                            out_dtype=torch.float32)
+            if not bool((torch.isfinite(w.sum(-1)) | ~rows[:, None, :]).all()):
+                raise LookupError(site.name)
+            v = g_vis[:, :, a0:a1] if g_vis.shape[2] > 1 else g_vis
+            # self / previous position are read on the key window, which is the query window on one axis
+            sums.add(w, v, rows, torch.arange(a0, a1) - kw.start, g_special, g_pad_k)
+            pairs = [(i, b, p) for i, b in enumerate(members) for p in keep.get(b, ()) if a0 <= p < a1]
+            if pairs:  # the query rows the splits read, back on the whole key axis (0 weight, unseen outside the window)
+                ii = torch.tensor([i for i, _, _ in pairs])
+                pp = torch.tensor([p - a0 for _, _, p in pairs])
+                row_w = w.new_zeros(len(pairs), h, k_len)
+                row_w[..., kw] = w[ii, :, pp]
+                vv = v[ii if v.shape[0] > 1 else torch.zeros_like(ii), :, pp if v.shape[2] > 1 else torch.zeros_like(pp)]
+                row_v = vv.new_zeros(len(pairs), vv.shape[1], k_len)
+                row_v[..., kw] = vv
+                for j, (_, b, p) in enumerate(pairs):
+                    kept[b][p] = (row_w[j], row_v[j])
+        found = sums.metrics(want[0])
+        found["top_key_index"] = found["top_key_index"] + kw.start
+        for c, values in found.items():
+            if c not in out_metrics:
+                out_metrics[c] = np.full((b_n, h), np.nan) if values.dtype.is_floating_point else np.zeros((b_n, h), np.int64)
+            out_metrics[c][members] = values.numpy()
+    rows_out = {}
     for b, positions in keep.items():
-        rows_w = torch.stack([kept[b][p][0] for p in positions], dim=1)  # [head, row, key]
-        rows_v = torch.stack([kept[b][p][1] for p in positions], dim=1)  # [1|head, row, key]
-        out[b] = (rows_w, rows_v)
-    return sums, out
+        if all(p in kept[b] for p in positions):
+            rows_out[b] = (torch.stack([kept[b][p][0] for p in positions], dim=1),  # [head, row, key]
+                           torch.stack([kept[b][p][1] for p in positions], dim=1))  # [1|head, row, key]
+    return out_metrics, rows_out
 
 
 class _Query:
@@ -177,10 +270,10 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
         keep = {b: q.positions(site) for b, q in queries.items()}
         keep = {b: p for b, p in keep.items() if p}
         try:
-            sums, kept = _site_pass(capture, site, axes, keep, want)
+            found, kept = _site_pass(capture, site, axes, keep, want)
         except LookupError:
             return None
-        metrics.append({c: v.numpy() for c, v in sums.metrics(want[0]).items()})
+        metrics.append(found)
         for b in queries:
             split_rows[b].append(kept.get(b))
     rule = SplitRule(min_split=options.min_split, min_mass=options.min_mass, min_lift=options.min_lift)
@@ -197,24 +290,25 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
             with_query.append((b, split))
     frames: dict[int, pd.DataFrame] = {}
     if plain:
-        df = _rank_rows(capture, axes, docs, plain, sites, metrics, options)
+        df = pd.DataFrame(_rank_rows(axes, docs, plain, sites, metrics))
         frames.update({b: df for b in plain})
     if with_query:
         bs = [b for b, _ in with_query]
-        df = _rank_rows(capture, axes, docs, bs, sites, metrics, options)
+        cols = _rank_rows(axes, docs, bs, sites, metrics)
         for c in with_query[0][1]:
             values = [v for _, split in with_query for v in split[c]]
             if c == "flagged":
-                df[c] = pd.array(values, dtype="boolean")
+                cols[c] = pd.array(values, dtype="boolean")
             elif c in _SPLIT_FLOATS:
-                df[c] = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+                cols[c] = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
             else:
-                df[c] = values
+                cols[c] = values
+        df = pd.DataFrame(cols)
         frames.update({b: df for b in bs})
     return frames, errors
 
 
-def _rank_rows(capture, axes: _Axes, docs: list, batch_rows_: list[int], sites, metrics: list[dict], options) -> pd.DataFrame:
+def _rank_rows(axes: _Axes, docs: list, batch_rows_: list[int], sites, metrics: list[dict]) -> dict[str, object]:
     """The rank columns of the documents in ``batch_rows_`` (each: every site in order, every head)."""
     n_heads = [s.num_heads for s in sites]
     cols: dict[str, object] = {"id": [docs[b].id for b in batch_rows_ for h in n_heads for _ in range(h)]}
@@ -236,9 +330,8 @@ def _rank_rows(capture, axes: _Axes, docs: list, batch_rows_: list[int], sites, 
     cols["top_key"] = top_tokens
     cols["top_key_index"] = np.concatenate(top_index).astype(np.int64)
     cols["top_key_weight"] = np.concatenate([m["top_key_weight"][b] for b in batch_rows_ for m in metrics])
-    df = pd.DataFrame(cols)
-    df["label"] = LabelRule().labels(cols["sink_mass"], cols["prev_mass"], cols["self_mass"], cols["normalized_entropy"])
-    return df
+    cols["label"] = LabelRule().labels(cols["sink_mass"], cols["prev_mass"], cols["self_mass"], cols["normalized_entropy"])
+    return cols
 
 
 def _split_columns(capture, axes: _Axes, b: int, query: _Query, sites, rows: list, rule: SplitRule) -> dict | None:
@@ -246,29 +339,28 @@ def _split_columns(capture, axes: _Axes, b: int, query: _Query, sites, rows: lis
     has no split row), or None when the per-document path must decide (no site has one)."""
     refs = query.refs
     groups: dict[tuple, list[int]] = {}
-    found: dict[int, tuple] = {}
     for i, (site, kept) in enumerate(zip(sites, rows, strict=True)):
         key = (tuple(site.query_input), tuple(site.key_input))
         if kept is None or query.groups[key] is None:
             continue
         _, ref_pos = query.groups[key]
-        try:
-            found[i] = referent_rows(kept[0], kept[1], ref_pos)
-        except _NothingVisible:
-            continue
-        groups.setdefault(key, []).append(i)
-    if not found:
+        if bool(kept[1][..., [p for pos in ref_pos.values() for p in pos]].any()):  # else the query cannot see them here
+            groups.setdefault(key, []).append(i)
+    if not groups:
         return None
     per_site: dict[int, tuple[dict, int]] = {}  # site index -> (columns of its group, first head's offset)
     query_text: dict[tuple, tuple[str, str, list[int]]] = {}
     for key, members in groups.items():
         occ, ref_pos = query.groups[key]
         site0 = sites[members[0]]
+        # the heads of the group's sites stacked: one referent_rows and one ReferentSplit per document and axis pair
+        w = torch.cat([rows[i][0] for i in members])
+        vis = torch.cat([rows[i][1].expand(sites[i].num_heads, -1, -1) for i in members])
+        per_row, chance, per_key = referent_rows(w, vis, ref_pos)
         split = ReferentSplit(
             site=None, query_positions=list(occ.positions), referents={r: list(p) for r, p in ref_pos.items()},
-            key_tokens=axes.flags(tuple(site0.key_input), b)[2],
-            per_row=torch.cat([found[i][0] for i in members]), chance_row=torch.cat([found[i][1] for i in members]),
-            per_key=torch.cat([found[i][2] for i in members]), rule=rule, weighting="attention")
+            key_tokens=axes.flags(tuple(site0.key_input), b)[2], per_row=per_row, chance_row=chance, per_key=per_key,
+            rule=rule, weighting="attention")
         cols = split.columns()
         offset = 0
         for i in members:

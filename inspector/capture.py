@@ -200,6 +200,7 @@ class _Recorder:
         self._alive: list[Any] = []  # keep mask inputs alive so their ids stay unique
         self._sdpa_masks: dict[tuple, Any] = {}
         self.projections = None  # a value_norm.OutputProjections while recording
+        self._kinds: dict[tuple, tuple] = {}  # (mask id, bias id, query len, key len) -> (mask, bias, kind)
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
@@ -381,7 +382,13 @@ class _Recorder:
         flat = name.lower().replace("_", "").replace(".", "")
         if getattr(module, "is_cross_attention", False) or any(c.replace("_", "") in flat for c in _CROSS_NAMES):
             return stack, "cross"
-        kind = kind_from_mask(mask, bias, int(query.shape[-2]), int(key.shape[-2]))
+        # every layer of a stack gets the same mask object: its kind is read once (the entry keeps it alive)
+        ident = (id(mask), id(bias), int(query.shape[-2]), int(key.shape[-2]))
+        hit = self._kinds.get(ident)
+        if hit is None or hit[0] is not mask or hit[1] is not bias:
+            hit = (mask, bias, kind_from_mask(mask, bias, int(query.shape[-2]), int(key.shape[-2])))
+            self._kinds[ident] = hit
+        kind = hit[2]
         if kind is None:  # one query, or no square mask: nothing tells causal from bidirectional but the module
             kind = "causal" if getattr(module, "is_causal", False) and mask is not None else "self"
         return stack, kind
@@ -544,7 +551,8 @@ def record(
     recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
     recorder.padding = dict(padding or {})
     was_training = model.training
-    model.eval()
+    if was_training or any(m.training for m in model.modules()):
+        model.eval()
     token = None
     try:
         with _LOCK, _registered(), attn_implementation(model, IMPL), torch.no_grad(), \
@@ -560,7 +568,8 @@ def record(
             if not recorder._calls and not recorder.sites:
                 return _fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[dtype], layers=layers, sites=sites)
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train(True)
         if bar is not None:
             bar.close()
     if not recorder.sites:

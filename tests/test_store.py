@@ -150,7 +150,8 @@ def test_schema1_files_open_and_give_the_same_numbers(name, arch, text, target, 
     expected["label"] = expected["label"].fillna("")
     for cap in (old, load(old.save(tmp_path / "v2.safetensors"))):
         got = analysis.rank_heads(cap)
-        pd.testing.assert_frame_equal(got.reset_index(drop=True), expected, check_dtype=False, atol=1e-9, rtol=0)
+        # the metrics are float32 row sums (relative precision ~1e-7): equal to that, whatever order the sums run in
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), expected, check_dtype=False, atol=1e-6, rtol=0)
     assert load(tmp_path / "v2.safetensors").meta["schema"] == 2
     full = capture(tiny.build(arch, attn="eager"), tokenizer, text, target)
     for site in old.sites:
