@@ -37,7 +37,7 @@ from .analysis import (
 from .errors import InspectorError
 
 _BATCH_BLOCK_VALUES = 1 << 21  # a [batch, head, rows, key] block of at most this many values (8 MB float32: passes over it stay in cache)
-_GROUP_OVERHEAD_VALUES = 1 << 18  # the fixed cost of one more block, in values of block (Python and small tensor operations)
+_GROUP_OVERHEAD_VALUES = 1 << 16  # the fixed cost of one more block, in values of block (Python and small tensor operations)
 _SPLIT_FLOATS = ("referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared")
 
 

@@ -99,6 +99,25 @@ def _workers(ray, workers: int | None) -> tuple[int, int]:
     return workers, 1 if gpus >= workers else 0
 
 
+def _join(ray, address: str) -> None:
+    """``ray.init(address=...)``, with the fix named in one line when the cluster cannot be joined."""
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError or its own errors here
+        chain, e = [], exc
+        while e is not None and len(chain) < 8:
+            chain.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__ or e.__context__
+        text = " ".join(chain)
+        if "InvalidAuthToken" in text or "AuthenticationError" in text:
+            raise InspectorError(
+                f"the Ray cluster at {address} asks for its token (Ray >= 2.52 starts clusters with token "
+                "authentication): set RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token or "
+                "RAY_AUTH_TOKEN") from None
+        raise InspectorError(f"cannot join the Ray cluster at {address} ({chain[0][:300]}): check --ray-address "
+                             "(HOST:PORT of the head node, ray://HOST:10001, or auto on a cluster node)") from None
+
+
 def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int = 8, options: Options = Options(),
                 address: str | None = None, workers: int | None = None, device: str | None = None,
                 trust_remote_code: bool = False, num_cpus: int | None = None) -> Iterator[BatchResult]:
@@ -114,7 +133,7 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
     started = False
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False)
+            _join(ray, address)
         else:
             cpus = num_cpus or os.cpu_count() or 1
             ray.init(num_cpus=cpus + 1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,

@@ -392,3 +392,73 @@ def test_the_split_verdict_columns_are_stored_and_lift_is_summarised(bert, tmp_p
     want = _pandas_summary(heads)
     merged = got.merge(want, on=corpus.KEYS, suffixes=("", "_pd"))
     np.testing.assert_allclose(merged["lift_mean"], merged["lift_mean_pd"], atol=1e-12)
+
+
+def test_ray_address_joins_a_running_cluster_through_the_cli(bert_folder, tmp_path, capsys):
+    """`--engine ray --ray-address HOST:PORT` joins a cluster started apart (`ray start --head`, as on a
+    real cluster's head node, here on 127.0.0.1) and gives the local engine's rows; the cluster keeps
+    running after the scan and is stopped by this test."""
+    pytest.importorskip("ray")
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        pytest.skip("the `ray` command is not installed next to this Python")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: Ray keeps 127.0.0.1 as the node address (else it swaps a loopback
+    # address for the machine's own IP, where this cluster does not listen)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    start = [str(ray_bin), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+             "--include-dashboard=false", "--disable-usage-stats"]
+    proc = subprocess.run(start, capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    try:
+        data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
+        argv = ["scan", str(data), "-o", str(tmp_path / "ray"), "--model", str(bert_folder), "--query-field", "query",
+                "--referents-field", "referents", "--id-field", "id", "--batch-size", "4", "--engine", "ray",
+                "--ray-address", f"127.0.0.1:{port}"]
+        # a cluster started by `ray start` asks for its token (Ray >= 2.52; without it see the next test)
+        code = subprocess.run([sys.executable, "-m", "inspector.cli", *argv], capture_output=True, text=True,
+                              env={**env, "RAY_AUTH_MODE": "token"}, timeout=300)
+        assert code.returncode == 0, code.stderr[-3000:]
+        status = subprocess.run([str(ray_bin), "status", f"--address=127.0.0.1:{port}"], capture_output=True, text=True,
+                                env={**env, "RAY_AUTH_MODE": "token"}, timeout=60)
+        assert status.returncode == 0, f"the cluster the scan joined is still running: {status.stderr[-1500:]}"
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
+    from inspector.models import load_model
+
+    scan(data, tmp_path / "local", fields=FIELDS, batch_size=4, loaded=load_model(str(bert_folder)), progress=False)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "local" / "documents.parquet"),
+                                  pd.read_parquet(tmp_path / "ray" / "documents.parquet"))
+    assert_same_rows(read_heads(tmp_path / "local"), read_heads(tmp_path / "ray"))
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_line_naming_the_fix():
+    """Ray's errors when joining (here: the token a `ray start` cluster asks for, and an unreachable
+    address) become one line naming the fix, exit 2 in the CLI."""
+    from inspector.errors import InspectorError
+    from inspector.ray_engine import _join
+
+    class FakeRay:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def init(self, **kw):
+            raise self.exc
+
+    auth = RuntimeError("Failed to connect to GCS")
+    auth.__cause__ = RuntimeError("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: missing")
+    try:
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from auth
+    except ConnectionError as exc:
+        wrapped = exc
+    with pytest.raises(InspectorError, match="RAY_AUTH_MODE=token") as info:
+        _join(FakeRay(wrapped), "10.0.0.1:6379")
+    assert "\n" not in str(info.value)
+    with pytest.raises(InspectorError, match="check --ray-address") as info:
+        _join(FakeRay(ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:1")), "10.0.0.9:1")
+    assert "\n" not in str(info.value)
