@@ -216,7 +216,7 @@ class RankSums:
         self.cols = torch.zeros(batch, heads, keys, dtype=f64)
 
     def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
-            pad_k: torch.Tensor) -> None:
+            pad_k: torch.Tensor) -> bool:
         """Add one block of query rows: ``w [batch, head, c, key]`` weights (float32, not modified),
         ``vis [batch, 1|head, c, key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding)
         query rows, ``q_idx [c]`` the block's positions on the query axis, ``special_k`` and ``pad_k``
@@ -225,7 +225,10 @@ class RankSums:
         Excluding special keys renormalizes each row over its other keys; its entropy follows from the same
         ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its ``-sum p log p``
         over them, the renormalized row's entropy is ``H_ns / S + log S`` (0 when ``S`` is 0), so no second
-        softmax-sized pass is needed. Only the entropies differ between the two settings."""
+        softmax-sized pass is needed. Only the entropies differ between the two settings.
+
+        Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
+        ``sum p log p`` non-finite), so callers need no pass of their own to check."""
         b, h, c, _ = w.shape
         want = self.want
         spec = special_k[:, None, None, :]  # [batch, 1, 1, key]
@@ -234,6 +237,7 @@ class RankSums:
         # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
         logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
         row_ents = [-torch.einsum("bhqk,bhqk->bhq", w, logw).double()]  # [batch, head, c]
+        finite = bool((torch.isfinite(row_ents[0]) | ~rows[:, None, :]).all())
         vis_sets = [vis]
         n_special = special_k.sum(-1)  # [batch]
         width = int(n_special.max()) if b else 0
@@ -278,6 +282,7 @@ class RankSums:
             got = w.gather(-1, prev[None, None, :, None].expand(b, h, c, 1)).squeeze(-1)
             self.prev_m += torch.where(has_prev[:, None, :], got, 0.0).double().sum(-1)
             self.prev_n += has_prev.sum(-1)
+        return finite
 
     def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:
         """``[batch, head]`` float64 tensors of the rank metrics (NaN where undefined) and ``top_key_index``

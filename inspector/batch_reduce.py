@@ -188,11 +188,10 @@ def _site_pass(capture, site, axes: _Axes, keep: dict[int, list[int]], want: tup
             m = g_mask[:, :, a0:a1] if g_mask is not None and g_mask.shape[2] > 1 else g_mask
             w = attention.attention_weights(g_q[:, :, r0:r1], g_k, scaling=site.scaling, mask=m, softcap=site.softcap,
                                             out_dtype=torch.float32)
-            if not bool((torch.isfinite(w.sum(-1)) | ~rows[:, None, :]).all()):
-                raise LookupError(site.name)
             v = g_vis[:, :, a0:a1] if g_vis.shape[2] > 1 else g_vis
             # self / previous position are read on the key window, which is the query window on one axis
-            sums.add(w, v, rows, torch.arange(a0, a1) - kw.start, g_special, g_pad_k)
+            if not sums.add(w, v, rows, torch.arange(a0, a1) - kw.start, g_special, g_pad_k):
+                raise LookupError(site.name)
             pairs = [(i, b, p) for i, b in enumerate(members) for p in keep.get(b, ()) if a0 <= p < a1]
             if pairs:  # the query rows the splits read, back on the whole key axis (0 weight, unseen outside the window)
                 ii = torch.tensor([i for i, _, _ in pairs])

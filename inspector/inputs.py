@@ -129,6 +129,16 @@ def special_token_ids(tokenizer) -> set[int]:
     return ids
 
 
+def _tokens(tokenizer, enc, b: int, ids: list[int], changed: bool) -> list[str]:
+    """The token strings of batch row ``b``: a fast tokenizer's own (``Encoding.tokens``, the vocabulary
+    entries of its ids), else ``convert_ids_to_tokens`` (a Python call per id)."""
+    encodings = getattr(enc, "encodings", None)
+    if not changed and encodings and b < len(encodings) and len(encodings[b].ids) == len(ids) \
+            and list(encodings[b].ids) == [int(i) for i in ids]:
+        return list(encodings[b].tokens)
+    return tokenizer.convert_ids_to_tokens([int(i) for i in ids])
+
+
 def _records(tokenizer, enc, texts: list[str], role: str, prefix_ids: list[int] | None = None,
              pairs: list[str] | None = None) -> list[InputRecord]:
     out = []
@@ -164,7 +174,7 @@ def _records(tokenizer, enc, texts: list[str], role: str, prefix_ids: list[int] 
                 batch=b,
                 text=text,
                 ids=[int(i) for i in ids],
-                tokens=tokenizer.convert_ids_to_tokens([int(i) for i in ids]),
+                tokens=_tokens(tokenizer, enc, b, ids, bool(prefix_ids)),
                 offsets=offs,
                 special=special,
                 padding=padding,

@@ -110,3 +110,19 @@ def test_a_scan_batch_equals_documents_reduced_one_by_one_through_the_per_docume
     assert fast.documents.equals(slow.documents)
     assert fast.heads["id"].tolist() == slow.heads["id"].tolist()
     assert_same_rows(fast.heads, slow.heads)
+
+
+def test_a_non_finite_weight_leaves_the_batch_to_the_per_document_path_which_reports_it():
+    """A NaN in one document's Q: the fast path declines the capture, and the per-document path records
+    that document's error (site, head, row) while the others are reduced as usual."""
+    lm = LoadedModel(tiny.build("bert"), tiny.tokenizer(), "bert")
+    docs = docs_of(ROWS[:3], Fields(query="query", referents="referents", id="id"))
+    captured = capture_batch(lm.model, lm.tokenizer, docs)
+    cap, group = captured.captures[0]
+    site = cap.sites[1]
+    cap.tensors[site.tensor_name("q")][1, 0, 2, 0] = float("nan")
+    assert batch_rows(cap, [d for _, d in group], Options()) is None
+    result = reduce.analyse(captured)
+    assert result.documents["status"].tolist() == ["ok", "error", "ok"]
+    assert site.name in result.documents["error"][1]
+    assert set(result.heads["id"]) == {"one", "plain"}

@@ -221,3 +221,19 @@ def test_encoder_decoder_without_target_records_the_decoder_input(name, tokenize
     path = cap.save(tmp_path / "run.safetensors")
     assert len(analysis.rank_heads(load(path))) == sum(s.num_heads for s in cap.sites)
     assert main(["info", str(path)]) == 0 and main(["rank", str(path)]) == 0
+
+
+@pytest.mark.parametrize("which", ["wordpiece", "byte-level"])
+def test_record_tokens_are_the_tokenizers_own_strings(which, tokenizer):
+    """Records take a fast tokenizer's Encoding.tokens: the same strings convert_ids_to_tokens gives,
+    padding, special and added tokens included."""
+    tok = tokenizer if which == "wordpiece" else _byte_level_tokenizer()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    from inspector.inputs import _records, _tokenize
+
+    texts = [TRICKY, "The Lessee [SEP] shall indemnify the Lessor.", "Short."]
+    records = _records(tok, _tokenize(tok, texts, add_special=True), texts, "source")
+    assert any(any(r.padding) for r in records)  # padded rows are in the test
+    for rec in records:
+        assert rec.tokens == tok.convert_ids_to_tokens(rec.ids)
