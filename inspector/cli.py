@@ -537,7 +537,8 @@ def cmd_scan(args) -> int:
                   engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
                   trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo is not None else ())
     dt = time.perf_counter() - t0
-    _status(f"scanned {result.scanned} documents ({result.errors} with errors, {result.skipped} done before) "
+    before = f", {result.skipped} done before ({result.errors_before} with errors)" if result.skipped else ""
+    _status(f"scanned {result.scanned} documents ({result.errors} with errors{before}) "
             f"in {dt:.1f} s -> {out}/heads/, {out}/documents.parquet")
     top = corpus.summary(out).head(args.top)
     print(format_table(top.drop(columns=["stack"] if (top["stack"] == "none").all() else [])))

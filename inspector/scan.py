@@ -29,6 +29,7 @@ class ScanSummary:
     skipped: int  # committed by an earlier run
     scanned: int  # committed by this run
     errors: int  # of those, recorded with an error
+    errors_before: int = 0  # recorded with an error by earlier runs of this scan
 
 
 def _pending(corpus: Corpus, done: set[str]) -> Iterator[Document]:
@@ -103,6 +104,7 @@ def scan(
               "(--batch-size has no effect)", file=sys.stderr)
     folder.open()
     skipped = folder.committed
+    errors_before = folder.errors
     pending = _pending(corpus, folder.done)
     if engine == "local":
         results = local_batches(loaded.model, loaded.tokenizer, pending, batch_size=batch_size, options=options)
@@ -133,4 +135,5 @@ def scan(
         if bar is not None:
             bar.close()
         folder.flush()
-    return ScanSummary(out=folder.out, total=total, skipped=skipped, scanned=scanned, errors=errors)
+    return ScanSummary(out=folder.out, total=total, skipped=skipped, scanned=scanned, errors=errors,
+                       errors_before=errors_before)

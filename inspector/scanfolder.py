@@ -118,6 +118,7 @@ class ScanFolder:
         docs = committed_documents(self.out)
         self.done: set[str] = set(docs["id"].astype(str))
         self.committed = len(docs)
+        self.errors = int((docs["status"] != "ok").sum())  # committed with an error
         self.next_part = max(done, default=-1) + 1
         self._last_flush = 0.0
         self._flush_every = _FLUSH_SECONDS
