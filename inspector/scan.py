@@ -73,12 +73,15 @@ def scan(
     progress: bool = True,
     loaded=None,
     allow: tuple[str, ...] = (),
+    prefetch: bool = True,
 ) -> ScanSummary:
     """Scan the corpus ``data`` into the folder ``out`` (created, or resumed when it holds this scan).
 
     ``loaded`` (a :class:`~inspector.models.LoadedModel`) reuses a model already in memory for the
     local engine; ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
-    torch threads; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
+    torch threads; ``prefetch=False`` makes the local engine capture and analyse in turn instead of
+    capturing the next batch while it analyses this one (less memory: one batch's capture at a time,
+    and a peak that does not depend on how the two threads meet); ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
     loads; bad documents are recorded in ``documents.parquet`` and never stop the scan.
     """
     if batch_size < 1:
@@ -107,7 +110,8 @@ def scan(
     errors_before = folder.errors
     pending = _pending(corpus, folder.done)
     if engine == "local":
-        results = local_batches(loaded.model, loaded.tokenizer, pending, batch_size=batch_size, options=options)
+        results = local_batches(loaded.model, loaded.tokenizer, pending, batch_size=batch_size, options=options,
+                                prefetch=prefetch)
     else:
         from .ray_engine import ray_batches
 
