@@ -97,7 +97,8 @@ with left:
         st.vega_lite_chart(spec=spec, key=key, on_select=lambda k=key: on_grid_select(k), selection_mode="cell",
                            width="content")
 with right:
-    st.caption("Ranking: focused heads first (normalized entropy ascending); click a header to sort, a row to select.")
+    st.caption("Ranking: focused heads first (normalized entropy ascending); click a header to sort, a row to select."
+               + (" Special-token keys ignored." if ss.exclude_special else ""))
     where = ["kind"] if (rank["stack"] == "none").all() else ["stack", "kind"]
     shown = ["layer", "head", "label", "normalized_entropy", "entropy", "sink_mass", "top_key", "top_key_weight",
              *where, "self_mass", "prev_mass", "top_key_index", "site"]
@@ -114,5 +115,4 @@ with right:
         },
     )
     st.download_button("Download CSV (as `inspector rank --csv`)", rank_csv(shared.capture_key(), ss.exclude_special, rank),
-                       file_name="rank.csv",
-                       mime="text/csv", key="dl_rank", on_click="ignore")
+                       file_name="rank.csv", mime="text/csv", key="dl_rank", on_click="ignore")
