@@ -28,6 +28,7 @@ def on_heatmap_select(key: str) -> None:
             ss.sel_query = int(picked[0]["query_index"])
         if "key_index" in picked[0]:
             ss.qkv_key = int(picked[0]["key_index"])
+        ss.hm_picked = True  # the sidebar and the header follow: the page's fragment asks for a whole-app rerun
 
 
 def shade(df: pd.DataFrame, scale: str) -> pd.Series:
@@ -110,86 +111,15 @@ def bars_spec(n: int) -> dict:
     return spec
 
 
-n_q, n_k = site.query_len, site.key_len
-causal = site.kind == "causal" and site.query_input == site.key_input
-c1, c2, c3 = st.columns([1.2, 2, 1])
-c1.segmented_control("Heatmap", ["Window", "Top-k keys"], key="hm_mode", required=True, persist_state=PERSIST,
-                     help="Window: every key of a key window. Top-k keys: each query row's k strongest keys over the whole input.")
-c2.select_slider("Window (query rows × keys)", [8, 16, 32, 48, 64, 96, 128], key="hm_size", persist_state=PERSIST,
-                 help="Only these rows are read from the capture and sent to the browser.")
-if ss.hm_mode == "Top-k keys":
-    c3.number_input("k (keys per query)", 1, 50, key="hm_topk", persist_state=PERSIST)
-c4, c5 = st.columns([1.2, 3], vertical_alignment="bottom")
-c4.segmented_control("Colour scale", list(SCALES), key="hm_scale", required=True, persist_state=PERSIST,
-                     help="0..1: comparable across heads. Per row: each row's strongest key darkest (a first row with "
-                          "weight 1.0 no longer washes out the rest). Log: small weights visible.")
-c5.toggle("Centre on the selected query", key="hm_follow", persist_state=PERSIST,
-          help="Causal sites: the window ends at the selected query, so it shows the keys the query could see.")
-if "value_norm" in site.parts:
-    st.radio("Weights", ["attention", "value-norm"], key="hm_weighting", horizontal=True, persist_state=PERSIST,
-             help="value-norm: each weight times ||v_j W_O^h||, what the key sends through this head, renormalized per "
-                  "row (Kobayashi et al. 2020).")
-weighting = ss.hm_weighting if "value_norm" in site.parts else "attention"
-size = int(ss.hm_size)
-row = weight_row(key, cap, site.name, head, qi, weighting)
-if ss.hm_follow:
-    qs = views.window(qi, size, n_q)
-    if causal:  # the keys these rows could see: the window ends at the last row's own position
-        ks = views.causal_keys(site, qs, size)
-    else:
-        centre_k = qi if site.query_input == site.key_input else int(row["weight"].idxmax())
-        ks = views.window(centre_k, size, n_k)
-else:
-    d1, d2 = st.columns(2)
-    d1.number_input(f"First query row (0..{n_q - 1})", 0, n_q - 1, key="hm_q0", persist_state=PERSIST)
-    d2.number_input(f"First key (0..{n_k - 1})", 0, n_k - 1, key="hm_k0", persist_state=PERSIST)
-    qs = slice(int(ss.hm_q0), min(n_q, int(ss.hm_q0) + size))
-    ks = slice(int(ss.hm_k0), min(n_k, int(ss.hm_k0) + size))
-topk = int(ss.hm_topk) if ss.hm_mode == "Top-k keys" else None
-ks = slice(0, n_k) if topk else ks
-df = heat_cells(key, cap, site.name, head, (qs.start, qs.stop), (ks.start, ks.stop), topk, weighting, ss.hm_scale)
-k_idx = sorted(set(df["key_index"])) if topk else list(range(ks.start, ks.stop))
-what = (f"each query row's top {topk} keys over all {n_k}" if topk else f"keys {ks.start}..{ks.stop - 1} of {n_k}")
-n_masked = int((~df["visible"]).sum())
-st.caption(f"Query rows {qs.start}..{qs.stop - 1} of {n_q}, {what}. Colour: {SCALES[ss.hm_scale]}."
-           + (f" Grey: {n_masked} masked cells (the query cannot see the key; not a weight of 0)." if n_masked else "")
-           + " Click a cell to choose its query token and key.")
-n_rows = qs.stop - qs.start
-row_px = max(4, min(18, MAX_HEIGHT // max(1, n_rows)))
-q_axis = pd.DataFrame({"query_index": range(qs.start, qs.stop)})
-q_axis["query_label"] = [views.token_label(i, c.q_tokens[i]) for i in q_axis["query_index"]]
-k_axis = pd.DataFrame({"key_index": k_idx, "key_label": [views.token_label(i, c.k_tokens[i]) for i in k_idx]})
-spec = heat_spec(f"{site.name} · head {head}: weights of query rows over keys", ss.hm_scale, bool(topk), n_rows,
-                 len(k_idx), row_px)
-spec["datasets"] = {"cells": df if topk else df[df["visible"]], "rows": q_axis, "keys": k_axis,
-                    "selected": q_axis[q_axis["query_index"] == qi]}
-st.vega_lite_chart(spec=spec, key="heatmap", on_select=lambda: on_heatmap_select("heatmap"), selection_mode="cellpick",
-                   width="stretch")
-
-left, right = st.columns([3, 2], gap="large")
-with left:
-    st.markdown(f"**Weights of query {qi} «{views.md_text(c.q_tokens[qi])}» over the keys**")
-    if n_k <= 128:
-        bars, note = row, f"all {n_k} keys"
-    elif topk:
-        bars, note = row.nlargest(max(topk, 32), "weight").sort_values("key_index"), "the 32 strongest keys"
-    elif causal:
-        seen = views.causal_keys(site, slice(qi, qi + 1), 128)
-        bars, note = row.iloc[seen], f"keys {seen.start}..{seen.stop - 1} (the last 128 this query could see)"
-    else:
-        bars, note = row.iloc[ks], f"keys {ks.start}..{ks.stop - 1}"
-    bars = bars[["key_index", "key_label", "weight"]].assign(kind=["special" if x else "token" for x in bars["special"]])
-    spec = bars_spec(len(bars))
-    spec["datasets"] = {"bars": bars}
-    st.vega_lite_chart(spec=spec, width="stretch")
-    st.caption(f"Showing {note}; the row sums to 1 over all keys.")
-with right:
+@st.fragment(key="head_qkv")
+def qkv_panel(row: pd.DataFrame) -> None:
+    """The Q, K and V vectors of the query and a key: choosing another key reruns this panel only."""
     st.markdown("**Q, K and V vectors**")
     if not {"q", "k", "v"} <= set(site.parts):
         st.info(f"Site {views.md_text(site.name)} was captured through output_attentions, without Q, K and V.")
-        st.stop()
+        return
     strongest = int(row["weight"].idxmax())
-    options = [-1] + list(range(n_k))
+    options = [-1] + list(range(site.key_len))
     st.selectbox("Key", options, key="qkv_key", persist_state=PERSIST,
                  format_func=lambda i: "the query's strongest key" if i < 0 else views.token_label(i, c.k_tokens[i]),
                  help="The key whose vectors are shown; the caption below names it.")
@@ -206,3 +136,89 @@ with right:
                  column_config={k: st.column_config.NumberColumn(format="%.4f") for k in ("q", "k", "q*k", "v")})
     st.download_button("Download CSV", views.csv_bytes(vec), file_name=f"qkv-{site.name}-h{head}-q{qi}-k{kj}.csv",
                        mime="text/csv", key="dl_qkv", on_click="ignore")
+
+
+@st.fragment(key="head_body")
+def page_body() -> None:
+    """Everything below the header: the page's own controls (heatmap mode, window, colour scale, weights) rerun
+    this fragment only, not the sidebar and the rest of the app."""
+    if ss.pop("hm_picked", False):  # a click on the heatmap chose a query: the sidebar and the header follow
+        st.rerun(scope="app")
+    n_q, n_k = site.query_len, site.key_len
+    causal = site.kind == "causal" and site.query_input == site.key_input
+    c1, c2, c3 = st.columns([1.2, 2, 1])
+    c1.segmented_control("Heatmap", ["Window", "Top-k keys"], key="hm_mode", required=True, persist_state=PERSIST,
+                         help="Window: every key of a key window. Top-k keys: each query row's k strongest keys over the whole input.")
+    c2.select_slider("Window (query rows × keys)", [8, 16, 32, 48, 64, 96, 128], key="hm_size", persist_state=PERSIST,
+                     help="Only these rows are read from the capture and sent to the browser.")
+    if ss.hm_mode == "Top-k keys":
+        c3.number_input("k (keys per query)", 1, 50, key="hm_topk", persist_state=PERSIST)
+    c4, c5 = st.columns([1.2, 3], vertical_alignment="bottom")
+    c4.segmented_control("Colour scale", list(SCALES), key="hm_scale", required=True, persist_state=PERSIST,
+                         help="0..1: comparable across heads. Per row: each row's strongest key darkest (a first row with "
+                              "weight 1.0 no longer washes out the rest). Log: small weights visible.")
+    c5.toggle("Centre on the selected query", key="hm_follow", persist_state=PERSIST,
+              help="Causal sites: the window ends at the selected query, so it shows the keys the query could see.")
+    if "value_norm" in site.parts:
+        st.radio("Weights", ["attention", "value-norm"], key="hm_weighting", horizontal=True, persist_state=PERSIST,
+                 help="value-norm: each weight times ||v_j W_O^h||, what the key sends through this head, renormalized per "
+                      "row (Kobayashi et al. 2020).")
+    weighting = ss.hm_weighting if "value_norm" in site.parts else "attention"
+    size = int(ss.hm_size)
+    row = weight_row(key, cap, site.name, head, qi, weighting)
+    if ss.hm_follow:
+        qs = views.window(qi, size, n_q)
+        if causal:  # the keys these rows could see: the window ends at the last row's own position
+            ks = views.causal_keys(site, qs, size)
+        else:
+            centre_k = qi if site.query_input == site.key_input else int(row["weight"].idxmax())
+            ks = views.window(centre_k, size, n_k)
+    else:
+        d1, d2 = st.columns(2)
+        d1.number_input(f"First query row (0..{n_q - 1})", 0, n_q - 1, key="hm_q0", persist_state=PERSIST)
+        d2.number_input(f"First key (0..{n_k - 1})", 0, n_k - 1, key="hm_k0", persist_state=PERSIST)
+        qs = slice(int(ss.hm_q0), min(n_q, int(ss.hm_q0) + size))
+        ks = slice(int(ss.hm_k0), min(n_k, int(ss.hm_k0) + size))
+    topk = int(ss.hm_topk) if ss.hm_mode == "Top-k keys" else None
+    ks = slice(0, n_k) if topk else ks
+    df = heat_cells(key, cap, site.name, head, (qs.start, qs.stop), (ks.start, ks.stop), topk, weighting, ss.hm_scale)
+    k_idx = sorted(set(df["key_index"])) if topk else list(range(ks.start, ks.stop))
+    what = (f"each query row's top {topk} keys over all {n_k}" if topk else f"keys {ks.start}..{ks.stop - 1} of {n_k}")
+    n_masked = int((~df["visible"]).sum())
+    st.caption(f"Query rows {qs.start}..{qs.stop - 1} of {n_q}, {what}. Colour: {SCALES[ss.hm_scale]}."
+               + (f" Grey: {n_masked} masked cells (the query cannot see the key; not a weight of 0)." if n_masked else "")
+               + " Click a cell to choose its query token and key.")
+    n_rows = qs.stop - qs.start
+    row_px = max(4, min(18, MAX_HEIGHT // max(1, n_rows)))
+    q_axis = pd.DataFrame({"query_index": range(qs.start, qs.stop)})
+    q_axis["query_label"] = [views.token_label(i, c.q_tokens[i]) for i in q_axis["query_index"]]
+    k_axis = pd.DataFrame({"key_index": k_idx, "key_label": [views.token_label(i, c.k_tokens[i]) for i in k_idx]})
+    spec = heat_spec(f"{site.name} · head {head}: weights of query rows over keys", ss.hm_scale, bool(topk), n_rows,
+                     len(k_idx), row_px)
+    spec["datasets"] = {"cells": df if topk else df[df["visible"]], "rows": q_axis, "keys": k_axis,
+                        "selected": q_axis[q_axis["query_index"] == qi]}
+    st.vega_lite_chart(spec=spec, key="heatmap", on_select=lambda: on_heatmap_select("heatmap"), selection_mode="cellpick",
+                       width="stretch")
+
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        st.markdown(f"**Weights of query {qi} «{views.md_text(c.q_tokens[qi])}» over the keys**")
+        if n_k <= 128:
+            bars, note = row, f"all {n_k} keys"
+        elif topk:
+            bars, note = row.nlargest(max(topk, 32), "weight").sort_values("key_index"), "the 32 strongest keys"
+        elif causal:
+            seen = views.causal_keys(site, slice(qi, qi + 1), 128)
+            bars, note = row.iloc[seen], f"keys {seen.start}..{seen.stop - 1} (the last 128 this query could see)"
+        else:
+            bars, note = row.iloc[ks], f"keys {ks.start}..{ks.stop - 1}"
+        bars = bars[["key_index", "key_label", "weight"]].assign(kind=["special" if x else "token" for x in bars["special"]])
+        spec = bars_spec(len(bars))
+        spec["datasets"] = {"bars": bars}
+        st.vega_lite_chart(spec=spec, width="stretch")
+        st.caption(f"Showing {note}; the row sums to 1 over all keys.")
+    with right:
+        qkv_panel(row)
+
+
+page_body()
