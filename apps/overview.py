@@ -26,14 +26,19 @@ def on_table_select(key: str, table: pd.DataFrame) -> None:
         shared.select_head(r["site"], int(r["head"]))
 
 
-def grid_chart(df: pd.DataFrame, metric: str, title: str, domain: tuple[float, float]) -> alt.LayerChart:
+GRID_COLUMNS = ["site", "layer", "head", "label", "top_key", "normalized_entropy", "entropy", "sink_mass", "split_score"]
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def grid_spec(metric: str, title: str, domain: tuple[float, float], n_heads: int, n_layers: int) -> dict:
+    """The layer x head grid's Vega-Lite spec over named datasets ``cells`` (one row per head) and ``chosen``
+    (the selected head, outlined): built and validated once per metric and shape; a click sends new data only."""
     pick = alt.selection_point(name="cell", fields=["site", "head"], on="click", clear=False)
     lo, hi = domain
     mid = (lo + hi) / 2  # viridis is dark below the middle of its (fixed) domain
-    base = alt.Chart(df).encode(
-        x=alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, orient="top")),
-        y=alt.Y("layer:O", title="layer"),
-    )
+    x = alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, orient="top"))
+    y = alt.Y("layer:O", title="layer")
+    base = alt.Chart(alt.NamedData("cells")).encode(x=x, y=y)
     tooltip = ["site:N", "layer:O", "head:O", "label:N", "top_key:N",
                alt.Tooltip("normalized_entropy:Q", format=".3f"), alt.Tooltip("entropy:Q", format=".3f"),
                alt.Tooltip("sink_mass:Q", format=".3f"), alt.Tooltip("split_score:Q", format=".3f")]
@@ -44,18 +49,24 @@ def grid_chart(df: pd.DataFrame, metric: str, title: str, domain: tuple[float, f
                         legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=220, titleLimit=300,
                                           values=ticks, format=".2f")),
     )
-    n_heads, n_layers = df["head"].nunique(), df["layer"].nunique()
     cell_w = max(18, min(40, 360 // max(1, n_heads)))  # the whole grid fits half of a 1400 px window
     text = base.mark_text(fontSize=11 if cell_w >= 34 else 9).encode(
         text=alt.Text(f"{metric}:Q", format=".2f"),
         color=alt.condition(f"datum['{metric}'] > {mid!r}", alt.value("black"), alt.value("white")),
     )
-    chosen = df[(df["site"] == c.site.name) & (df["head"] == c.head)]
-    outline = alt.Chart(chosen).mark_rect(fill=None, stroke="#ff2b2b", strokeWidth=3.5).encode(x="head:O", y="layer:O")
+    outline = alt.Chart(alt.NamedData("chosen")).mark_rect(fill=None, stroke="#ff2b2b", strokeWidth=3.5).encode(x=x, y=y)
     # an invisible layer on top takes the clicks and tooltips, so clicking a cell's number selects it too
     hits = base.mark_rect(cursor="pointer", fill="white", fillOpacity=0.001).encode(tooltip=tooltip).add_params(pick)
-    return alt.layer(cells, text, outline, hits).properties(
-        title=title, width=cell_w * n_heads, height=28 * n_layers, autosize=alt.AutoSizeParams(type="pad"))
+    spec = alt.layer(cells, text, outline, hits).properties(
+        title=title, width=cell_w * n_heads, height=28 * n_layers, autosize=alt.AutoSizeParams(type="pad")).to_dict()
+    spec.pop("config", None)  # Altair's default theme (Streamlit's own theme applies)
+    return spec
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def rank_csv(cap_key: str, exclude_special: bool, _rank: pd.DataFrame) -> bytes:
+    del cap_key, exclude_special  # the cache key
+    return views.csv_bytes(_rank)
 
 
 metrics = list(views.GRID_METRICS)
@@ -77,12 +88,17 @@ with left:
     st.caption("Click a cell to select that layer and head (outlined in red).")
     for stack, kind, sites in views.groups(c.cap):
         names = {s.name for s in sites}
-        part = grid[grid["site"].isin(names)]
+        part = grid.loc[grid["site"].isin(names), list(dict.fromkeys([*GRID_COLUMNS, ss.metric]))]
         key = f"grid_{stack}_{kind}"
-        st.altair_chart(grid_chart(part, ss.metric, f"{views.group_label(stack, kind)} attention: layer × head", domain),
-                        key=key, on_select=lambda k=key: on_grid_select(k), selection_mode="cell", width="content")
+        spec = grid_spec(ss.metric, f"{views.group_label(stack, kind)} attention: layer × head", domain,
+                         int(part["head"].nunique()), int(part["layer"].nunique()))
+        spec["datasets"] = {"cells": part, "chosen": part.loc[(part["site"] == c.site.name) & (part["head"] == c.head),
+                                                              ["layer", "head"]]}
+        st.vega_lite_chart(spec=spec, key=key, on_select=lambda k=key: on_grid_select(k), selection_mode="cell",
+                           width="content")
 with right:
-    st.caption("Ranking: focused heads first (normalized entropy ascending); click a header to sort, a row to select.")
+    st.caption("Ranking: focused heads first (normalized entropy ascending); click a header to sort, a row to select."
+               + (" Special-token keys ignored." if ss.exclude_special else ""))
     where = ["kind"] if (rank["stack"] == "none").all() else ["stack", "kind"]
     shown = ["layer", "head", "label", "normalized_entropy", "entropy", "sink_mass", "top_key", "top_key_weight",
              *where, "self_mass", "prev_mass", "top_key_index", "site"]
@@ -98,5 +114,5 @@ with right:
                ("entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight")},
         },
     )
-    st.download_button("Download CSV (as `inspector rank --csv`)", views.csv_bytes(rank), file_name="rank.csv",
-                       mime="text/csv", key="dl_rank", on_click="ignore")
+    st.download_button("Download CSV (as `inspector rank --csv`)", rank_csv(shared.capture_key(), ss.exclude_special, rank),
+                       file_name="rank.csv", mime="text/csv", key="dl_rank", on_click="ignore")

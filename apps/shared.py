@@ -67,7 +67,7 @@ def setup() -> None:
         "bertviz_page": None,  # (cache key, html) of the last bertviz rendering
         "variant": None, "variant_path": None,  # a second capture for the Compare page
         "tmp": tmp, "tmpdir": tmp.name,  # uploads and new captures, never the working directory
-        "upload_id": None,
+        "upload_id": None, "cap_key": None,
         "problems": [],
         # widget defaults (widgets take their values from here, never from value=)
         "open_path": "", "new_model": DEFAULT_MODEL, "new_text": LEGAL, "new_target": "", "new_weights": True,
@@ -116,11 +116,21 @@ def set_capture(cap: Capture, path: Path | str, source: str) -> None:
     cap.tokens(first, "query")
     cap.tokens(first, "key")
     ss.capture, ss.path, ss.source = cap, str(path), source
+    try:
+        stat = Path(path).stat()
+        ss.cap_key = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    except OSError:
+        ss.cap_key = f"{path}|{id(cap)}"
     ss.rank, ss.split, ss.split_error, ss.bertviz_page = {}, None, None, None
     ss.sel_site, ss.sel_head, ss.sel_query = first.name, 0, query
     ss.hm_q0 = ss.hm_k0 = ss.bv_start = 0
     ss.qkv_key = -1
     ss.sp_pick = []
+
+
+def capture_key() -> str:
+    """The open capture's identity for the caches (``st.cache_data``): its file, size and modification time."""
+    return ss.get("cap_key") or str(ss.path)
 
 
 def open_capture(path: str, source: str) -> bool:

@@ -81,18 +81,9 @@ def settle(page) -> None:
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=WAIT_MS)
 
 
-def started(page) -> None:
-    """Wait (at most 2 s) until Streamlit shows that a script runs: an action whose result is not in the page
-    (the toggle) is timed to the end of its rerun, not to the click."""
-    with contextlib.suppress(Exception):
-        page.wait_for_selector('[data-testid="stStatusWidget"]', timeout=2000)
-
-
-def timed(page, act, done, wait_start: bool = False) -> float:
+def timed(page, act, done) -> float:
     t0 = time.perf_counter()
     act()
-    if wait_start:
-        started(page)
     done()
     settle(page)
     return time.perf_counter() - t0
@@ -138,8 +129,10 @@ def measure(url: str, n_tokens: int, repeats: int) -> dict[str, list[float]]:
                 out["grid click"].append(timed(page, cell.click, lambda h=head, la=layer: (
                     expect(header).to_contain_text(f"L{la} "), expect(header).to_contain_text(f"· head {h} ·"))))
             toggle = page.locator("label").filter(has_text="Ignore special-token keys")
-            for _ in range(2):  # on, then off (the first "on" ranks every head without special keys, once)
-                out["special toggle"].append(timed(page, toggle.click, lambda: None, wait_start=True))
+            ignored = page.get_by_text("Special-token keys ignored.")
+            for on in (True, False):  # on, then off (the first "on" ranks every head without special keys, once)
+                out["special toggle"].append(timed(page, toggle.click, lambda on=on: (
+                    expect(ignored).to_be_visible() if on else expect(ignored).to_have_count(0))))
             nav(page, "Head")
             expect(heatmap(page, "weights of query rows over keys")).to_be_attached()
             settle(page)

@@ -328,3 +328,56 @@ def test_bertviz_served_offline(app):
     at.radio(key="bv_view").set_value("model view")
     run(at)
     assert "cdnjs" not in html.unescape(at.get("iframe")[0].proto.srcdoc)
+
+
+# ---- fragments: a widget inside a page's fragment reruns that fragment only -------------------------------
+def run_fragment(at: AppTest, key: str, monkeypatch) -> AppTest:
+    """Rerun only the fragment ``key`` (``@st.fragment(key=...)``) with the widgets' new values, as the server
+    does after a widget inside it changed (AppTest itself always reruns the whole app)."""
+    import functools
+
+    from streamlit.runtime.scriptrunner import RerunData
+    from streamlit.testing.v1 import local_script_runner
+
+    ids = list(at._fragment_storage._ids_by_target_key[key])
+    assert ids, f"no fragment {key!r} in the last run"
+    with monkeypatch.context() as m:
+        m.setattr(local_script_runner, "RerunData", functools.partial(RerunData, fragment_id_queue=ids))
+        return run(at)
+
+
+def test_head_page_controls_rerun_their_fragment_only(app, monkeypatch):
+    """The Head page's own controls rerun the page's fragment (not the app: no sidebar, no header); the Q/K/V
+    key reruns its panel only (no heatmap, no bars)."""
+    at = app(FIXTURE)
+    show(at, "Head")
+    shared = sys.modules["shared"]  # apps/shared.py, as the app imported it
+    calls = {"current": 0, "qkv_frame": 0, "chart": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(shared, "current", counted("current", shared.current))
+    monkeypatch.setattr(views, "qkv_frame", counted("qkv_frame", views.qkv_frame))
+    import streamlit
+
+    monkeypatch.setattr(streamlit, "vega_lite_chart", counted("chart", streamlit.vega_lite_chart))
+    # a log colour scale: the heatmap (and the rest of the page body) drawn again, the sidebar and header not
+    at.segmented_control(key="hm_scale").set_value("log")
+    run_fragment(at, "head_body", monkeypatch)
+    assert calls == {"current": 0, "qkv_frame": 1, "chart": 2}
+    assert not at.sidebar.selectbox  # the sidebar was not drawn again
+    heat = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert heat["layer"][2]["encoding"]["color"]["scale"]["domain"] == [-4.0, 0.0]
+    # another key for the Q/K/V vectors: only that panel
+    calls.update(current=0, qkv_frame=0, chart=0)
+    at.selectbox(key="qkv_key").set_value(2)
+    run_fragment(at, "head_qkv", monkeypatch)
+    assert calls == {"current": 0, "qkv_frame": 1, "chart": 0}
+    assert not at.get("vega_lite_chart")
+    assert "key 2 «was»" in at.caption[0].value
+    cap = load(FIXTURE)
+    assert at.dataframe[0].value.equals(views.qkv_frame(cap, cap.sites[0], 0, 0, 2))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -162,6 +163,14 @@ def test_app_in_chromium(legal_capture, tmp_path):
         assert heatmap.locator("path[aria-roledescription='rect mark']").count() >= 31 * 31
         expect(heatmap.get_by_text("1.00", exact=True)).to_be_attached()
         assert heatmap.bounding_box()["height"] < 900
+        # a click on a cell chooses its query: the page's fragment asks for a whole-app rerun, so the sidebar
+        # and the header follow; the colour scale reruns the page's fragment only and redraws the legend
+        heatmap.locator("path[aria-label*='; query: 7 · ']").first.click()
+        expect(header).to_contain_text("query 7")
+        expect(page.get_by_test_id("stSidebar").get_by_role("combobox", name="Query token")).to_have_value(re.compile("^7 · "))
+        page.get_by_test_id("stButtonGroup").filter(has_text="per row").get_by_text("log", exact=True).click()
+        expect(heatmap.get_by_text("\u22124.00", exact=True)).to_be_attached()  # Vega's minus sign
+        expect(header).to_contain_text("query 7")
 
         # Step by step: both download buttons in the window
         goto(page, "Step by step")
