@@ -295,12 +295,24 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
         return
     from concurrent.futures import ThreadPoolExecutor
 
+    def analysed(captured: Captured) -> BatchResult:
+        # one torch thread for the analysis while the capture thread runs the model on the others (torch's
+        # thread count is per thread): the two do not fight over the cores
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return analyse(captured)
+        finally:
+            torch.set_num_threads(threads)
+
     with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
         pending = None
         for batch in batched(docs, batch_size):
             submitted = pool.submit(capture_batch, model, tokenizer, batch, options)
             if pending is not None:
-                yield analyse(pending.result())
+                yield analysed(pending.result())
             pending = submitted
         if pending is not None:
-            yield analyse(pending.result())
+            yield analysed(pending.result())
