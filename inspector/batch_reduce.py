@@ -256,12 +256,14 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
     errors: dict[int, str] = {}
     queries: dict[int, _Query] = {}
     for b, doc in enumerate(docs):
-        if doc.query is None or list(doc.referents) != [r.strip() for r in doc.referents]:
-            continue  # no query, or referents the per-document path names as given
+        if doc.query is None:
+            continue
         try:
             queries[b] = _Query(capture, b, doc, sites)
         except InspectorError as exc:  # the query occurs several times, bad referents: the doc's error
-            errors[b] = str(exc).strip().splitlines()[0]
+            from .reduce import error_line
+
+            errors[b] = error_line(exc)
     want = (bool(options.exclude_special),)
     metrics = []
     split_rows: dict[int, list] = {b: [] for b in queries}  # per site: (w_rows, vis_rows) or None

@@ -220,9 +220,12 @@ def to_document(i: int, row: dict[str, Any] | str, fields: Fields) -> Document:
         value = row.get(fields.occurrence)
         if value is not None and str(value).strip() != "":
             try:
-                doc.occurrence = int(value)
-            except (TypeError, ValueError):
-                doc.problem = doc.problem or f"occurrence {value!r} is not a whole number"
+                number = float(value) if not isinstance(value, bool) else float("nan")
+                if not number.is_integer():
+                    raise ValueError
+                doc.occurrence = int(number)
+            except (TypeError, ValueError, OverflowError):
+                doc.problem = doc.problem or f"occurrence {value!r} is not a whole number: check --occurrence-field"
     return doc
 
 
@@ -244,5 +247,5 @@ def parse_referents(value: Any) -> list[str] | None:
         else:
             return [r.strip() for r in s.split(",") if r.strip()]
     if isinstance(value, (list, tuple)) and all(isinstance(r, str) for r in value):
-        return [r for r in value if r.strip()]
+        return [r.strip() for r in value if r.strip()]  # as the A,B text form: surrounding spaces are not the word
     raise ValueError(f"referents must be a list of strings or a comma-separated text, not {type(value).__name__}")

@@ -99,8 +99,27 @@ def _workers(ray, workers: int | None) -> tuple[int, int]:
     return workers, 1 if gpus >= workers else 0
 
 
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """InspectorError unless a ``HOST:PORT`` (or ``ray://HOST:PORT``) address takes a TCP connection within
+    ``timeout`` seconds: ``ray.init`` retries an address where nothing listens for minutes, deaf to Ctrl-C."""
+    import socket
+
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", "local", or a form Ray resolves itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise InspectorError(f"nothing answers at the Ray address {address} ({exc.strerror or exc}): check --ray-address "
+                             "(HOST:PORT of the head node's GCS, ray://HOST:10001, or auto on a cluster node), "
+                             "or use --engine local") from None
+
+
 def _join(ray, address: str) -> None:
     """``ray.init(address=...)``, with the fix named in one line when the cluster cannot be joined."""
+    _reachable(address)
     try:
         ray.init(address=address, log_to_driver=False)
     except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError or its own errors here

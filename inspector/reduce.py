@@ -61,11 +61,21 @@ class BatchResult:
     heads: pd.DataFrame
 
 
-def _error_line(exc: BaseException) -> str:
+# split's flags as a scan's document gives them
+_SCAN_WORDING = (("pick one with --occurrence", "give the document an occurrence (--occurrence-field)"),
+                 ("so --occurrence must be", "so the document's occurrence must be"))
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a document's ``error`` column (split's flag names put as a scan's document fields)."""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, InspectorError):
+        for flag, field in _SCAN_WORDING:
+            msg = msg.replace(flag, field)
         return msg
     return f"{type(exc).__name__}: {msg}"[:500]
+
+
 
 
 def check_document(doc: Document) -> str | None:
@@ -73,7 +83,8 @@ def check_document(doc: Document) -> str | None:
     if doc.problem:
         return doc.problem
     if doc.text is not None and not isinstance(doc.text, str):
-        return f"the text is a {type(doc.text).__name__}, not a string: check --text-field"
+        kind = type(doc.text).__name__
+        return f"the text is {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, not a string: check --text-field"
     if not isinstance(doc.text, str) or not doc.text.strip():
         return "the text is empty"
     if doc.target is not None and not (isinstance(doc.target, str) and doc.target.strip()):
@@ -106,7 +117,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     on that batch row. Raises :class:`InspectorError` when the split analysis cannot run (e.g. a referent
     is not in the document).
     """
-    from .analysis import SplitRule, rank_heads, split_heads
+    from .analysis import SplitRule, clean_referents, rank_heads, split_heads
 
     order = {s.name: i for i, s in enumerate(capture.sites)}
     rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)
@@ -121,7 +132,8 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     key_shift = {s.name: _leading_padding(capture, s, "key", batch) for s in capture.sites}
     cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
     if doc.query is not None:
-        split = split_heads(capture, doc.query, doc.referents, occurrence=doc.occurrence, batch=batch,
+        refs = clean_referents(doc.referents)  # the names split_heads gives its columns
+        split = split_heads(capture, doc.query, refs, occurrence=doc.occurrence, batch=batch,
                             rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass,
                                            min_lift=options.min_lift))
         q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
@@ -133,18 +145,18 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
             "driving_row": [int(d) - q_shift[site] for site, d in zip(split["site"], split["driving_row"], strict=True)],
             "rows_flagged": [" ".join(str(int(p) - q_shift[site]) for p in str(pos or "").split())
                              for site, pos in zip(split["site"], split["rows_flagged"], strict=True)],
-            "referents": [list(doc.referents)] * len(split),
+            "referents": [list(refs)] * len(split),
         }
         # per-referent columns "<name>:<referent>" become one list column each: weight -> referent_weights,
         # any other name -> referent_<name>
         per_ref: dict[str, list[str]] = {}
         for c in split.columns:
             name, _, ref = c.partition(":")
-            if ref in doc.referents:
+            if ref in refs:
                 per_ref.setdefault(name, []).append(c)
         for name in per_ref:
             list_name = "referent_weights" if name == "weight" else f"referent_{name}"
-            extra[list_name] = split[[f"{name}:{r}" for r in doc.referents]].to_numpy().tolist()
+            extra[list_name] = split[[f"{name}:{r}" for r in refs]].to_numpy().tolist()
         done = {c for cs in per_ref.values() for c in cs} | {"site", "stack", "kind", "layer", "head", "query_positions",
                                                                "driving_row", "rows_flagged"}
         for c in split.columns:
@@ -223,7 +235,7 @@ def capture_batch(model, tokenizer, docs: list[Document], options: Options = Opt
         try:
             captures.append((_capture(model, tokenizer, [doc], options), group))
         except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
-            doc_rows[i] = _doc_row(doc, 0, _error_line(exc))
+            doc_rows[i] = _doc_row(doc, 0, error_line(exc))
     return Captured(docs=docs, options=options, captures=captures, doc_rows=doc_rows)
 
 
@@ -259,7 +271,7 @@ def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: 
         try:
             parts.append(document_rows(cap, b, doc, options))
         except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
-            doc_rows[i] = _doc_row(doc, tokens, _error_line(exc))
+            doc_rows[i] = _doc_row(doc, tokens, error_line(exc))
         else:
             doc_rows[i] = _doc_row(doc, tokens, None)
     if len(parts) == 1:

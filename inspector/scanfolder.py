@@ -78,6 +78,9 @@ def committed_heads(out: str | os.PathLike) -> list[Path]:
     return [p for n, p in sorted(_parts(out / "heads").items()) if n in done]
 
 
+_OTHER = {"corpus": "another corpus", "fields": "other fields", "model": "another model", "options": "other options"}
+
+
 class ScanFolder:
     """``OUT/`` for writing: new (empty or absent) or a scan of the same corpus to resume. Checked when
     made (nothing written); :meth:`open` creates it or prepares the resume."""
@@ -95,7 +98,7 @@ class ScanFolder:
             for key in ("corpus", "fields", "model", "options"):
                 if old.get(key) != meta.get(key):
                     raise InspectorError(
-                        f"{self.out} holds a scan with another {key} ({json.dumps(old.get(key))[:120]}): "
+                        f"{self.out} holds a scan with {_OTHER[key]} ({json.dumps(old.get(key))[:120]}): "
                         "resume with the same options, or scan into a new folder")
         elif self.out.is_dir() and any(p.name not in allow for p in self.out.iterdir()):
             raise InspectorError(f"{self.out} is not empty and holds no scan: scan into a new or empty folder")

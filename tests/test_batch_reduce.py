@@ -49,7 +49,7 @@ def per_document(cap, group, options):
         try:
             frames.append(reduce.document_rows(cap, b, doc, options))
         except Exception as exc:  # noqa: BLE001
-            errors[b] = reduce._error_line(exc)
+            errors[b] = reduce.error_line(exc)
     return frames, errors
 
 
@@ -126,3 +126,27 @@ def test_a_non_finite_weight_leaves_the_batch_to_the_per_document_path_which_rep
     assert result.documents["status"].tolist() == ["ok", "error", "ok"]
     assert site.name in result.documents["error"][1]
     assert set(result.heads["id"]) == {"one", "plain"}
+
+
+def test_documents_made_in_python_with_spaced_referents_give_the_rows_of_clean_ones():
+    """reduce_batch called with Document objects directly (no corpus reader to strip them): the referent
+    columns are the words', on the fast path and on the per-document path alike."""
+    from inspector.documents import Document
+
+    lm = LoadedModel(tiny.build("gpt2"), tiny.tokenizer(), "gpt2")
+    text = ROWS[0]["text"]
+    docs = [Document(row=0, id="spaced", text=text, query="indemnity", referents=[" Lessee", "Lessor "]),
+            Document(row=1, id="clean", text=text, query="indemnity", referents=["Lessee", "Lessor"])]
+    for fast in (True, False):
+        import inspector.batch_reduce as br
+
+        original = br.fast_path_applies
+        br.fast_path_applies = original if fast else (lambda capture: False)
+        try:
+            heads = reduce.reduce_batch(lm.model, lm.tokenizer, docs).heads
+        finally:
+            br.fast_path_applies = original
+        assert not any(":" in c for c in heads.columns)
+        a, b = (heads[heads["id"] == i].reset_index(drop=True) for i in ("spaced", "clean"))
+        assert all(list(r) == ["Lessee", "Lessor"] for r in a["referents"])
+        assert a["referent_weights"].tolist() == b["referent_weights"].tolist()

@@ -222,7 +222,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_pat
 def test_a_scan_folder_refuses_other_options_and_foreign_folders(bert, tmp_path, capsys):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
     scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
-    with pytest.raises(Exception, match="another options"):
+    with pytest.raises(Exception, match="other options"):
         scan(data, tmp_path / "out", fields=FIELDS, options=Options(min_split=0.5), loaded=bert, progress=False)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -437,11 +437,14 @@ def test_ray_address_joins_a_running_cluster_through_the_cli(bert_folder, tmp_pa
     assert_same_rows(read_heads(tmp_path / "local"), read_heads(tmp_path / "ray"))
 
 
-def test_a_cluster_that_cannot_be_joined_is_one_line_naming_the_fix():
+def test_a_cluster_that_cannot_be_joined_is_one_line_naming_the_fix(monkeypatch):
     """Ray's errors when joining (here: the token a `ray start` cluster asks for, and an unreachable
     address) become one line naming the fix, exit 2 in the CLI."""
+    from inspector import ray_engine
     from inspector.errors import InspectorError
     from inspector.ray_engine import _join
+
+    monkeypatch.setattr(ray_engine, "_reachable", lambda address: None)  # these addresses answer; Ray refuses
 
     class FakeRay:
         def __init__(self, exc):
@@ -462,3 +465,40 @@ def test_a_cluster_that_cannot_be_joined_is_one_line_naming_the_fix():
     with pytest.raises(InspectorError, match="check --ray-address") as info:
         _join(FakeRay(ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:1")), "10.0.0.9:1")
     assert "\n" not in str(info.value)
+
+
+def test_a_ray_address_where_nothing_listens_fails_at_once_through_the_cli(tmp_path):
+    """ray.init retries such an address for minutes, deaf to Ctrl-C: the scan checks it first (one line, exit 2)."""
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "inspector.cli", "scan", str(data), "-o", str(tmp_path / "out"),
+                           "--engine", "ray", "--ray-address", f"127.0.0.1:{port}"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"nothing answers at the Ray address 127.0.0.1:{port}" in last and "--ray-address" in last
+
+
+def test_list_referents_are_stripped_and_an_occurrence_must_be_whole(bert, tmp_path):
+    """Referents given as a list with spaces read as the words (as the A,B text form does); an occurrence of
+    1.5 is the document's error, not occurrence 1."""
+    rows = [dict(DOCS[0], id="spaced", referents=[" Lessee ", "Lessor "]),
+            dict(DOCS[0], id="half", occurrence=1.5), dict(DOCS[0], id="plain-list")]
+    data = write_jsonl(tmp_path / "c.jsonl", rows)
+    fields = Fields(query="query", referents="referents", id="id", occurrence="occurrence")
+    scan(data, tmp_path / "out", fields=fields, batch_size=4, loaded=bert, progress=False)
+    docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
+    assert docs.loc["half", "status"] == "error" and "not a whole number" in docs.loc["half", "error"]
+    heads = read_heads(tmp_path / "out")
+    assert not any(":" in c for c in heads.columns)
+    spaced, plain = (heads[heads["id"] == i].sort_values(["site", "head"]).reset_index(drop=True)
+                     for i in ("spaced", "plain-list"))
+    assert all(list(r) == ["Lessee", "Lessor"] for r in spaced["referents"])
+    np.testing.assert_allclose(np.array(spaced["referent_weights"].tolist(), float),
+                               np.array(plain["referent_weights"].tolist(), float), atol=1e-12)
