@@ -552,6 +552,9 @@ def cmd_corpus(args) -> int:
 
     if args.app:
         return _run_corpus_page(args)
+    if args.sql is not None and not args.sql.strip():
+        raise InspectorError("--sql is empty: give a statement, e.g. --sql \"SELECT * FROM heads LIMIT 5\", or drop --sql "
+                             "for the per-head summary")
     df = corpus.query(args.out, args.sql) if args.sql else corpus.summary(args.out)
     if args.csv:
         write_csv(args.csv, df)

@@ -293,6 +293,7 @@ def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path
                      "--csv", str(tmp_path / "s.csv")]) == 0
     assert pd.read_csv(tmp_path / "s.csv").to_dict("records") == [{"status": "error", "n": 2}, {"status": "ok", "n": 15}]
     assert cli.main(["corpus", str(out), "--sql", "SELECT nope FROM heads"]) == 2
+    assert cli.main(["corpus", str(out), "--sql", "  "]) == 2
 
 
 def test_mean_lift_appears_when_the_split_rows_have_a_lift_column(tmp_path):
