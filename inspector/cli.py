@@ -530,12 +530,11 @@ def cmd_scan(args) -> int:
         raise InspectorError("give the corpus to scan (a .jsonl, .csv or .parquet file, or a datasets folder), or --demo")
     options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass,
                       min_lift=args.min_lift)
-    if args.engine == "local" and Path(data).exists():
-        _status(f"loading model {args.model or 'embedded all-MiniLM-L6-v2'} ...")
     t0 = time.perf_counter()
     result = scan(data, out, model=args.model, fields=fields, batch_size=args.batch_size, options=options,
                   engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
-                  trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo is not None else ())
+                  trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo is not None else (),
+                  status=_status)
     dt = time.perf_counter() - t0
     before = f", {result.skipped} done before ({result.errors_before} with errors)" if result.skipped else ""
     _status(f"scanned {result.scanned} documents ({result.errors} with errors{before}) "

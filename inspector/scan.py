@@ -74,6 +74,7 @@ def scan(
     loaded=None,
     allow: tuple[str, ...] = (),
     prefetch: bool = True,
+    status=None,
 ) -> ScanSummary:
     """Scan the corpus ``data`` into the folder ``out`` (created, or resumed when it holds this scan).
 
@@ -81,7 +82,8 @@ def scan(
     local engine; ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
     torch threads; ``prefetch=False`` makes the local engine capture and analyse in turn instead of
     capturing the next batch while it analyses this one (less memory: one batch's capture at a time,
-    and a peak that does not depend on how the two threads meet); ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
+    and a peak that does not depend on how the two threads meet); ``status`` (a function of one line) is told
+    when the model starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
     loads; bad documents are recorded in ``documents.parquet`` and never stop the scan.
     """
     if batch_size < 1:
@@ -101,6 +103,8 @@ def scan(
     if engine == "local" and loaded is None:
         from .models import load_model
 
+        if status is not None:
+            status(f"loading model {model or 'embedded all-MiniLM-L6-v2'} ...")
         loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
     if loaded is not None and batch_size > 1 and getattr(loaded.tokenizer, "pad_token", None) is None and progress:
         print("inspector: this tokenizer has no padding token, so documents are captured one at a time "

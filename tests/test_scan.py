@@ -227,7 +227,9 @@ def test_a_scan_folder_refuses_other_options_and_foreign_folders(bert, tmp_path,
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert cli.main(["scan", str(data), "-o", str(tmp_path / "other"), "--query-field", "query"]) == 2
-    assert "is not empty and holds no scan" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is not empty and holds no scan" in err
+    assert "loading model" not in err  # refused before any model loads, and says nothing of one
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
     assert cli.main(["scan", str(data), "-o", str(tmp_path / "x"), "--text-field", "body"]) == 2
     assert "has no column 'body'" in capsys.readouterr().err and not (tmp_path / "x").exists()
