@@ -264,6 +264,13 @@ def _tokenize(tokenizer, texts: list[str], *, add_special: bool, padding_side: s
         tokenizer.padding_side = padding_side
     if tokenizer.pad_token is None and len(texts) > 1:
         raise InspectorError("this tokenizer has no padding token, so a batch cannot be padded: capture one text at a time")
+    # a text longer than the model takes is refused by inspector with the fix (check_lengths); transformers'
+    # own "Token indices sequence length is longer ..." warning would only come before that line
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    flag = "sequence-length-is-longer-than-the-specified-maximum"
+    had = warned.get(flag) if isinstance(warned, dict) else None
+    if isinstance(warned, dict):
+        warned[flag] = True
     try:
         if target:
             return tokenizer(text_target=texts, **kwargs)
@@ -273,6 +280,11 @@ def _tokenize(tokenizer, texts: list[str], *, add_special: bool, padding_side: s
     finally:
         if padding_side is not None:
             tokenizer.padding_side = old_side
+        if isinstance(warned, dict):  # the caller's tokenizer as it was
+            if had is None:
+                warned.pop(flag, None)
+            else:
+                warned[flag] = had
 
 
 def encode(

@@ -237,3 +237,17 @@ def test_record_tokens_are_the_tokenizers_own_strings(which, tokenizer):
     assert any(any(r.padding) for r in records)  # padded rows are in the test
     for rec in records:
         assert rec.tokens == tok.convert_ids_to_tokens(rec.ids)
+
+
+def test_a_text_too_long_gives_inspector_s_line_only_and_leaves_the_tokenizer_as_it_was(tokenizer, capfd):
+    """transformers' "Token indices sequence length is longer ..." warning is not printed before inspector's
+    own refusal, and the caller's tokenizer still warns as before afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    from inspector.inputs import _tokenize
+
+    hf_logging.enable_default_handler()
+    before = dict(tokenizer.deprecation_warnings)
+    _tokenize(tokenizer, ["word " * 900], add_special=True)
+    assert "Token indices sequence length" not in capfd.readouterr().err
+    assert tokenizer.deprecation_warnings == before
