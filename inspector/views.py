@@ -122,16 +122,18 @@ def heatmap_frame(
         qi = [q for q in q_idx for _ in k_idx]
         ki = k_idx * len(q_idx)
         wv = sub.reshape(-1).tolist()
-    df = pd.DataFrame({
+    # labels from the Python lists (iterating the frame's Arrow-backed string columns costs ~5x more)
+    q_label = {i: token_label(i, q_tokens[i]) for i in set(qi)}
+    k_label = {i: token_label(i, k_tokens[i]) for i in set(ki)}
+    return pd.DataFrame({
         "query_index": qi,
         "query_token": [q_tokens[i] for i in qi],
         "key_index": ki,
         "key_token": [k_tokens[i] for i in ki],
         "weight": wv,
+        "query_label": [q_label[i] for i in qi],
+        "key_label": [k_label[i] for i in ki],
     })
-    df["query_label"] = [token_label(i, t) for i, t in zip(df["query_index"], df["query_token"], strict=True)]
-    df["key_label"] = [token_label(i, t) for i, t in zip(df["key_index"], df["key_token"], strict=True)]
-    return df
 
 
 def query_row(capture: Capture, site: Site, head: int, query_index: int, batch: int = 0,
@@ -139,15 +141,15 @@ def query_row(capture: Capture, site: Site, head: int, query_index: int, batch: 
     """One query's weights over every key: ``key_index, key_token, weight, special, padding``."""
     w = head_weights(capture, site, batch, heads=[head], queries=slice(query_index, query_index + 1), weighting=weighting)[0, 0]
     special, padding = capture.flags(site, "key", batch)
-    df = pd.DataFrame({
+    tokens = capture.tokens(site, "key", batch)
+    return pd.DataFrame({
         "key_index": range(site.key_len),
-        "key_token": capture.tokens(site, "key", batch),
+        "key_token": tokens,
         "weight": w.tolist(),
         "special": special.tolist(),
         "padding": padding.tolist(),
+        "key_label": [token_label(i, t) for i, t in enumerate(tokens)],
     })
-    df["key_label"] = [token_label(i, t) for i, t in zip(df["key_index"], df["key_token"], strict=True)]
-    return df
 
 
 def qkv_frame(capture: Capture, site: Site, head: int, query_index: int, key_index: int, batch: int = 0) -> pd.DataFrame:
