@@ -130,15 +130,20 @@ class SplitRule:
 
 def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k: torch.Tensor) -> torch.Tensor:
     """Boolean ``[1 or head, query, key]``: keys each query row can see."""
-    mask = capture.mask_rows(site, batch, queries)
     n = len(range(*queries.indices(site.query_len)))
-    vis = (~pad_k).expand(1, n, -1)
+    return visible(site, (~pad_k).expand(1, n, -1), capture.mask_rows(site, batch, queries),
+                   torch.arange(*queries.indices(site.query_len)))
+
+
+def visible(site: Site, seen: torch.Tensor, mask: torch.Tensor | None, q_idx: torch.Tensor) -> torch.Tensor:
+    """``seen`` (the non-padding keys, broadcast to ``[..., query, key]``) narrowed to the keys the additive
+    ``mask`` shows (``> MASKED``); a causal site without a mask (weights-only fallback captures carry
+    none) hides the keys after each query position ``q_idx [query]``."""
     if mask is not None:
-        vis = vis & (mask > MASKED)
-    elif site.kind == "causal":  # weights-only fallback captures carry no mask
-        q_idx = torch.arange(*queries.indices(site.query_len))[:, None]
-        vis = vis & (torch.arange(site.key_len)[None, :] <= q_idx + (site.key_len - site.query_len))
-    return vis
+        return seen & (mask > MASKED)
+    if site.kind == "causal":
+        return seen & (torch.arange(site.key_len)[None, :] <= q_idx[:, None] + (site.key_len - site.query_len))
+    return seen
 
 
 def _check_weighting(weighting: str) -> None:

@@ -25,7 +25,6 @@ import torch
 
 from . import attention, masks, spans
 from .analysis import (
-    MASKED,
     LabelRule,
     RankSums,
     ReferentSplit,
@@ -33,6 +32,7 @@ from .analysis import (
     clean_referents,
     find_referents,
     referent_rows,
+    visible,
 )
 from .errors import InspectorError
 
@@ -87,12 +87,7 @@ class _Axes:
             special_k, pad_k = self.tensors(tuple(site.key_input))
             _, pad_q = self.tensors(tuple(site.query_input))
             mask = None if site.mask is None else masks.dense(self.capture.masks[site.mask], self.capture.tensors).float()
-            vis = ~pad_k[:, None, None, :]
-            if mask is not None:
-                vis = vis & (mask > MASKED)
-            elif site.kind == "causal":  # as analysis.visible_keys: a causal site captured without its mask
-                k_len, q_len = site.key_len, site.query_len
-                vis = vis & (torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len))
+            vis = visible(site, ~pad_k[:, None, None, :], mask, torch.arange(site.query_len))
             self._flags[key] = (special_k, pad_k, pad_q, mask, vis)
         return self._flags[key]
 

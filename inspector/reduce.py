@@ -76,8 +76,6 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"[:500]
 
 
-
-
 def check_document(doc: Document) -> str | None:
     """The problem that keeps ``doc`` from being captured at all, or None."""
     if doc.problem:
