@@ -118,6 +118,19 @@ def goto(page, name: str) -> None:
     page.get_by_test_id("stTopNavLink").filter(has_text=name).click()
 
 
+def box_of(locator) -> dict:
+    """The locator's bounding box once it is visible: a rerun may detach or hide an element between a
+    visibility check and the box read (Playwright then gives None), so wait for it again, up to WAIT_MS."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while True:
+        locator.wait_for(state="visible")
+        box = locator.bounding_box()
+        if box is not None:
+            return box
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{locator} never stayed visible long enough to measure")
+
+
 def inside(box: dict, outer: dict, slack: float = 1.0) -> bool:
     return (box["x"] >= outer["x"] - slack and box["y"] >= outer["y"] - slack
             and box["x"] + box["width"] <= outer["x"] + outer["width"] + slack)
@@ -138,16 +151,16 @@ def test_app_in_chromium(legal_capture, tmp_path):
         grid = page.locator('[data-testid="stVegaLiteChart"]').first
         last = grid.locator('path[aria-label^="head: 11; layer: 5;"]').last
         expect(last).to_be_attached()
-        assert inside(last.bounding_box(), grid.bounding_box()) and inside(last.bounding_box(), window)
+        assert inside(box_of(last), box_of(grid)) and inside(box_of(last), window)
         # the ranking table shows its label and the metric it is sorted by
         # (its header is drawn on a canvas: the table box is in the window and those columns come first)
         table = page.locator('[data-testid="stDataFrame"]').first
         expect(table).to_be_visible()
-        assert inside(table.bounding_box(), window)
+        assert inside(box_of(table), window)
         # the sidebar's select boxes are inside the sidebar
         sidebar = page.get_by_test_id("stSidebar")
         for box in sidebar.get_by_test_id("stSelectbox").all():
-            assert inside(box.bounding_box(), sidebar.bounding_box())
+            assert inside(box_of(box), box_of(sidebar))
         expect(sidebar.get_by_text("encoder.layer.0.attention.self", exact=True)).to_be_visible()
 
         # choose a head by clicking its cell in the layer x head grid: layer 5, head 9
@@ -162,7 +175,7 @@ def test_app_in_chromium(legal_capture, tmp_path):
         expect(heatmap.locator("path[aria-roledescription='rect mark']").first).to_be_attached()
         assert heatmap.locator("path[aria-roledescription='rect mark']").count() >= 31 * 31
         expect(heatmap.get_by_text("1.00", exact=True)).to_be_attached()
-        assert heatmap.bounding_box()["height"] < 900
+        assert box_of(heatmap)["height"] < 900
         # a click on a cell chooses its query: the page's fragment asks for a whole-app rerun, so the sidebar
         # and the header follow; the colour scale reruns the page's fragment only and redraws the legend
         heatmap.locator("path[aria-label*='; query: 7 · ']").first.click()
@@ -177,7 +190,7 @@ def test_app_in_chromium(legal_capture, tmp_path):
         for label in ("Download CSV", "Download JSON"):
             button = page.get_by_role("button", name=label, exact=True)
             expect(button).to_be_visible()
-            assert inside(button.bounding_box(), window)
+            assert inside(box_of(button), window)
 
         # the split finder on the legal example: one flagged head, layer 5 head 9; the sidebar follows it
         goto(page, "Split finder")
@@ -192,12 +205,12 @@ def test_app_in_chromium(legal_capture, tmp_path):
         expect(cells.nth(1)).to_have_text("5")
         expect(cells.nth(2)).to_have_text("9")
         for i in range(cells.count()):  # the weights are not cut
-            assert inside(cells.nth(i).bounding_box(), window)
+            assert inside(box_of(cells.nth(i)), window)
         expect(header).to_contain_text("query 25")
         expect(page.locator(".shade")).to_be_visible()
         everything = page.locator('[data-testid="stDataFrame"]').first
         expect(everything).to_be_visible()
-        assert inside(everything.bounding_box(), window)
+        assert inside(box_of(everything), window)
 
         shot = tmp_path / "app.png"
         page.screenshot(path=str(shot), full_page=True)
