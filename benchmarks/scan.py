@@ -15,11 +15,15 @@ documents.
    at two corpus sizes: wall time including start-up (Ray itself and the actor's model load), the
    per-document rate from the difference of the two, and the start-up it implies.
 
-Model: the embedded all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads), CPU, batch size 8.
+Model: the embedded all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384), CPU, batch size 8. With
+``--model bert-base``, section 1 runs a model of BERT-base's shape instead (random weights, seeded): MiniLM is
+small next to the attention maps it makes (hidden 384, head size 32), so the per-weight analysis weighs more
+against its forward than against a larger model's.
 
     .venv/bin/python benchmarks/scan.py            # about 15 minutes on 2 busy CPUs
     .venv/bin/python benchmarks/scan.py --quick    # fewer documents and rounds
     .venv/bin/python benchmarks/scan.py --threads 1   # one torch thread everywhere (a machine shared with other jobs)
+    .venv/bin/python benchmarks/scan.py --sections 1 --model bert-base
 """
 
 from __future__ import annotations
@@ -78,14 +82,31 @@ def _threads(spec: dict) -> None:
         torch.set_num_threads(spec["threads"])
 
 
+def bench_model(which: str | None):
+    """The embedded MiniLM, or (``bert-base``) a model of BERT-base's shape (12 layers, 12 heads, hidden 768)
+    with seeded random weights and MiniLM's tokenizer (the same WordPiece vocabulary): no such weights ship
+    offline, and a forward's cost and the analysis's depend on the shapes, not on the values."""
+    from inspector.models import LoadedModel, load_model
+
+    lm = load_model(None)
+    if which in (None, "minilm"):
+        return lm
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(lm.tokenizer), hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, attn_implementation="sdpa")
+    return LoadedModel(model=BertModel(config).eval(), tokenizer=lm.tokenizer, name="bert-base shape, random weights")
+
+
 def worker_throughput(spec: dict) -> dict:
     import torch
 
     _threads(spec)
     from inspector.leases import write_jsonl
-    from inspector.models import load_model
 
-    lm = load_model(None)
+    lm = bench_model(spec.get("model"))
     rows = corpus_rows(spec["kind"], spec["n"])
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
     data = write_jsonl(tmp / "c.jsonl", rows)
@@ -194,6 +215,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default="1,2,3", help="which measurements to run, e.g. 2 or 1,3")
     ap.add_argument("--threads", type=int, help="torch threads in every measured process (default: torch's)")
+    ap.add_argument("--model", choices=("minilm", "bert-base"), default="minilm",
+                    help="section 1's model: the embedded MiniLM, or BERT-base's shape with random weights")
     ap.add_argument("--worker")
     args = ap.parse_args()
     if args.worker:
@@ -206,13 +229,15 @@ def main() -> None:
     script = str(Path(__file__).resolve())
     n, rounds = (32, 2) if args.quick else (64, 3)
     print(f"inspector scan benchmark: {machine_line()}")
-    print(f"model: embedded all-MiniLM-L6-v2, CPU, batch size {BATCH}, torch threads: {args.threads or 'default'}\n")
+    model = ("embedded all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384)" if args.model == "minilm" else
+             "section 1: BERT-base's shape (12 layers x 12 heads, hidden 768), random weights; sections 2, 3: MiniLM")
+    print(f"model: {model}, CPU, batch size {BATCH}, torch threads: {args.threads or 'default'}\n")
     th = {"threads": args.threads}
     lines = []
 
     sections = {int(x) for x in args.sections.split(",")}
     if 1 in sections:
-        throughput(script, n, rounds, th, lines)
+        throughput(script, n, rounds, {**th, "model": args.model}, lines)
     if 2 in sections:
         memory(script, args.quick, th, lines)
     if 3 in sections:

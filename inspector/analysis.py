@@ -72,6 +72,7 @@ SPLIT_COLUMNS = ["site", "stack", "kind", "layer", "head", "query", "query_posit
 SPLIT_VERDICT_COLUMNS = ["referent_mass", "chance_mass", "lift", "split_score", "flagged", "driving_row", "row_split_scores",
                          "rows_flagged", "shared_pieces", "shared_share", "split_unshared", "mostly_shared"]
 WEIGHTINGS = ("attention", "value-norm")
+_FOUR = "{:.4f}"  # weights in the split table's text columns
 
 
 @dataclass(frozen=True)
@@ -629,7 +630,7 @@ class ReferentSplit:
             "referent_mass": self._mass, "chance_mass": self._chance, "lift": self._lift, "split_score": self._split,
             "flagged": self._flagged,
             "driving_row": [int(self.query_positions[d]) for d in self._driving],
-            "row_split_scores": [" ".join(f"{x:.4f}" for x in rs) for rs in self._row_split],
+            "row_split_scores": [" ".join(map(_FOUR.format, rs)) for rs in self._row_split],
             "rows_flagged": [" ".join(map(str, rows)) for rows in self._rows_flagged],
             "shared_pieces": [shared] * len(self._mass),
             "shared_share": self._shared_share,
@@ -638,7 +639,9 @@ class ReferentSplit:
         })
         for r in refs:
             names, weights = self._pieces[r]
-            out[f"pieces:{r}"] = [" ".join(f"{t}={x:.4f}" for t, x in zip(names, weights[h], strict=True)) for h in heads]
+            labels = [t.replace("{", "{{").replace("}", "}}") + "={:.4f}" for t in names]
+            line = " ".join(labels).format  # one format call per head, the token names baked in
+            out[f"pieces:{r}"] = [line(*weights[h]) for h in heads]
         self._columns = out
         return out
 

@@ -167,8 +167,9 @@ def _site_pass(capture, site, axes: _Axes, keep: dict[int, list[int]], want: tup
         n_q, n_k = qw.stop - qw.start, kw.stop - kw.start
         if n_q == 0 or n_k == 0:
             continue
-        g_q = q.index_select(0, idx)[:, :, qw]
-        g_k = k.index_select(0, idx)[:, :, kw]
+        whole = members == list(range(b_n))  # the whole batch in order: views, no copies
+        g_q = (q if whole else q.index_select(0, idx))[:, :, qw]
+        g_k = (k if whole else k.index_select(0, idx))[:, :, kw]
         g_mask = None if mask is None else mask[idx if mask.shape[0] > 1 else slice(None)][..., kw]
         g_vis = vis[idx if vis.shape[0] > 1 else slice(None)][..., kw]
         g_pad_q, g_pad_k, g_special = pad_q[idx][:, qw], pad_k[idx][:, kw], special_k[idx][:, kw]

@@ -191,6 +191,15 @@ def test_a_split_on_shared_pieces_is_reported_as_such(tmp_path, capsys):
     assert "split_score is 0.1000" in out and "head 1:" not in out
 
 
+def test_pieces_name_tokens_with_braces_as_they_are():
+    # the pieces column is built with str.format: a token "{0}" or "}" is text there, not a field
+    toks = [("[CLS]", None), ("{", "{"), ("0", "0"), ("}", "}"), ("met", "met"), ("{0}", "{0}"), ("today", "today"),
+            ("[SEP]", None)]
+    p = torch.full((1, 8, 8), 1 / 8, dtype=torch.float64)
+    row = analysis.split_heads(build(toks, p), "today", ["{0}", "{"]).iloc[0]
+    assert row["pieces:{0}"] == "{0}=0.1250" and row["pieces:{"] == "{=0.1250"
+
+
 def test_no_shared_pieces_without_common_tokens():
     toks = words("Bob", "met", "Carol", "today")
     p = torch.full((1, 6, 6), 1 / 6, dtype=torch.float64)
