@@ -46,6 +46,21 @@ if ss.get("goto") in PAGES:
     if target.url_path != page.url_path:
         st.switch_page(target)
 
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def search_labels(cap_key: str, _cap, site_name: str) -> list[str]:
+    del cap_key  # the cache key: the capture file's identity
+    return views.search_labels(_cap, _cap.site(site_name))
+
+
+def find_query() -> None:
+    """The token search's pick moves the query position; the search box empties again."""
+    if ss.get("query_find") is not None:
+        ss.sel_query = int(ss.query_find)
+        ss.query_find = None
+
+
 # ---- sidebar: open or make a capture, select a site, head and query -------------------------------------
 with st.sidebar:
     st.title("inspector")
@@ -122,12 +137,20 @@ with st.sidebar:
         q_tokens = cap.tokens(site, "query")
         if not 0 <= int(ss.get("sel_query", 0)) < site.query_len:
             ss.sel_query = 0
-        # "contains": a plain substring filter; the default fuzzy match scores every option on each key press,
-        # which costs a 2,000-token capture a fifth of a second and matches positions the user did not type
-        st.selectbox("Query token", list(range(site.query_len)), key="sel_query",
-                     format_func=lambda i: views.token_label(i, q_tokens[i]), filter_mode="contains",
-                     help="The query position for the bars, the Q/K/V vectors and the step-by-step table; type part of "
-                          "a token or its position to search.")
+        # two ways to the query: its position (typed, or stepped with − and +), or a search over the tokens; the
+        # position box is one small input, where a select box of every token costs a 2,000-token capture about a
+        # quarter of a second of browser work on each pick (it opens, and filters its options on every key press)
+        st.number_input("Query position", 0, site.query_len - 1, key="sel_query",
+                        help="The query for the bars, the Q/K/V vectors and the step-by-step table: type a position and "
+                             "press Enter, or step with − and +. A click on a heatmap cell chooses its query too.")
+        st.caption(f"«{views.md_text(q_tokens[int(ss.sel_query)])}», of positions 0..{site.query_len - 1}")
+        # "contains": a plain substring filter; the default fuzzy match scores every option on each key press and
+        # matches positions the user did not type
+        st.selectbox("Find a query token", list(range(site.query_len)), key="query_find", index=None,
+                     format_func=search_labels(shared.capture_key(), cap, site.name).__getitem__, filter_mode="contains",
+                     placeholder="type part of a token", on_change=find_query,
+                     help="Type part of a token or word (or a position) and choose a match: the query position moves "
+                          "to it. A token that is a piece of a longer word shows that word in brackets.")
         st.divider()
         m = cap.meta.get("model", {})
         st.caption(

@@ -63,6 +63,25 @@ def token_label(index: int, token: str) -> str:
     return f"{index} · {token}"
 
 
+def search_labels(capture: Capture, site: Site, which: str = "query", batch: int = 0) -> list[str]:
+    """A label per position of an axis for a token search: ``"25 · ##em (indemnity)"``, the token and, when
+    the tokenizer split a word into several tokens, the word (from the tokenizer's word ids and character
+    offsets), so that a search for a word finds each of its pieces."""
+    out: list[str] = []
+    words: dict[int, dict[int, str]] = {}  # id(record) -> word id -> its text, for words of two or more tokens
+    for pos, (rec, i) in enumerate(capture.axis(site, which, batch)):
+        if id(rec) not in words:
+            spans: dict[int, list[int]] = {}
+            for w, off in zip(rec.word_ids or [], rec.offsets, strict=False):
+                if w is not None and off is not None:
+                    spans.setdefault(w, []).extend(off)
+            words[id(rec)] = {w: rec.text[min(o):max(o)] for w, o in spans.items() if len(o) > 2}
+        wid = rec.word_ids[i] if i < len(rec.word_ids or []) else None
+        word = words[id(rec)].get(wid) if wid is not None else None
+        out.append(token_label(pos, rec.tokens[i]) + (f" ({word})" if word else ""))
+    return out
+
+
 def groups(capture: Capture) -> list[tuple[str, str, list[Site]]]:
     """Sites grouped by (stack, kind), in the capture's order, each group sorted by layer."""
     out: dict[tuple[str, str], list[Site]] = {}

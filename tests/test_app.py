@@ -134,7 +134,7 @@ def test_fixture_from_command_line_step_by_step(app):
     assert at.selectbox(key="sel_site").value == "example.attention"
     assert at.selectbox(key="sel_head").value == 0
     # the seed's worked example: query "blocked" (position 3)
-    at.selectbox(key="sel_query").set_value(3)
+    at.number_input(key="sel_query").set_value(3)
     show(at, "Step by step")
     table = at.dataframe[0].value
     assert list(table.columns) == ["key_index", "key_token", "dot", "scaled", "mask", "visible", "logit", "weight", "contribution"]
@@ -145,11 +145,20 @@ def test_fixture_from_command_line_step_by_step(app):
     expected = explain(cap, "example.attention", 0, 3)
     assert download(at, "dl_explain") == views.csv_bytes(expected.table)
     # a causal mask: query "card" (1) cannot see "was" and "blocked", and the table says so
-    at.selectbox(key="sel_query").set_value(1)
+    at.number_input(key="sel_query").set_value(1)
     run(at)
     table = at.dataframe[0].value
     assert table["visible"].tolist() == [True, True, False, False]
     assert table["weight"].iloc[2:].tolist() == [0.0, 0.0]
+    # the token search moves the query position to its pick and empties itself
+    find = at.selectbox(key="query_find")
+    assert find.value is None and "2 · was" in find.options
+    find.set_value(2)
+    run(at)
+    assert at.session_state["sel_query"] == 2 and at.number_input(key="sel_query").value == 2
+    assert at.selectbox(key="query_find").value is None
+    assert any("· query 2 «was»" in m.value for m in at.markdown)  # the header follows
+    assert at.dataframe[0].value["visible"].tolist() == [True, True, True, False]
 
 
 def test_open_legal_capture_and_select_head(app, legal_cli):

@@ -180,7 +180,25 @@ def test_app_in_chromium(legal_capture, tmp_path):
         # and the header follow; the colour scale reruns the page's fragment only and redraws the legend
         heatmap.locator("path[aria-label*='; query: 7 · ']").first.click()
         expect(header).to_contain_text("query 7")
-        expect(page.get_by_test_id("stSidebar").get_by_role("combobox", name="Query token")).to_have_value(re.compile("^7 · "))
+        sidebar = page.get_by_test_id("stSidebar")
+        position = sidebar.get_by_role("spinbutton", name="Query position")
+        expect(position).to_have_value("7")
+        # the position box: a typed position and Enter; its + button steps to the next query
+        position.fill("12")
+        position.press("Enter")
+        expect(header).to_contain_text("query 12")
+        sidebar.get_by_test_id("stNumberInputStepUp").first.click()
+        expect(header).to_contain_text("query 13")
+        expect(position).to_have_value("13")
+        # the token search: part of a token, Enter picks the first match; the position box follows
+        sidebar.get_by_role("combobox", name="Find a query token").click()
+        page.keyboard.type("(indemnity)")  # the word a piece belongs to: the first piece of "indemnity" is chosen
+        page.keyboard.press("Enter")
+        expect(header).to_contain_text(re.compile(r"query \d+ «ind»"))
+        expect(position).not_to_have_value("13")
+        position.fill("7")
+        position.press("Enter")
+        expect(header).to_contain_text("query 7")
         page.get_by_test_id("stButtonGroup").filter(has_text="per row").get_by_text("log", exact=True).click()
         expect(heatmap.get_by_text("\u22124.00", exact=True)).to_be_attached()  # Vega's minus sign
         expect(header).to_contain_text("query 7")

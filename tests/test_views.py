@@ -134,3 +134,24 @@ def test_grid_frame_adds_split_score(bert):
     grid = views.grid_frame(rank)
     assert grid["split_score"].isna().all() and set(grid["group"]) == {"self"}
     assert torch.isfinite(torch.tensor(grid["normalized_entropy"].to_numpy())).all()
+
+
+def test_search_labels_name_the_word_of_each_piece(tokenizer, bart):
+    cap = capture(tiny.build("bert"), tokenizer, "The Lessee shall indemnify the Lessor.")
+    site = cap.sites[0]
+    tokens = cap.tokens(site, "query")
+    labels = views.search_labels(cap, site)
+    assert len(labels) == len(tokens) == site.query_len
+    pieces = [i for i, t in enumerate(tokens) if t.startswith("##")]
+    assert pieces, tokens  # the tokenizer split a word: its pieces carry the word, from the text's offsets
+    for i, t in enumerate(tokens):
+        assert labels[i].startswith(views.token_label(i, t))
+    word_of = {i: labels[i].split(" (")[-1].rstrip(")") for i in range(len(tokens)) if labels[i].endswith(")")}
+    assert set(pieces) <= set(word_of)
+    assert "indemnify" in word_of.values() and "Lessee" in word_of.values()
+    assert labels[0] == "0 · [CLS]" and labels[-1].endswith("[SEP]")  # special tokens: no word
+    assert labels[tokens.index("the")] == f"{tokens.index('the')} · the"  # a one-token word: no brackets
+    # an encoder-decoder's decoder axis reads the target's own record
+    dec = next(s for s in bart.sites if s.kind == "cross")
+    assert views.search_labels(bart, dec, "query")[1].startswith("1 · ")
+    assert len(views.search_labels(bart, dec, "key")) == dec.key_len
