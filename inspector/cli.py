@@ -554,11 +554,20 @@ def cmd_corpus(args) -> int:
     if args.sql is not None and not args.sql.strip():
         raise InspectorError("--sql is empty: give a statement, e.g. --sql \"SELECT * FROM heads LIMIT 5\", or drop --sql "
                              "for the per-head summary")
-    df = corpus.query(args.out, args.sql) if args.sql else corpus.summary(args.out)
+    results = corpus.queries(args.out, args.sql) if args.sql else [("", corpus.summary(args.out))]
+    if args.csv and len(results) > 1:
+        raise InspectorError(f"--sql gave {len(results)} results and --csv writes one: give one SELECT with --csv, or "
+                             "drop --csv to print them all")
     if args.csv:
+        df = results[0][1] if results else pd.DataFrame()
         write_csv(args.csv, df)
         _status(f"wrote {len(df)} rows to {args.csv}")
-    print(format_table(df.head(args.top) if args.top else df))
+    if not results:
+        _status("the statements ran; none of them returns rows")
+    for i, (statement, df) in enumerate(results):
+        if len(results) > 1:  # each result under its statement
+            print(("\n" if i else "") + f"-- {statement}")
+        print(format_table(df.head(args.top) if args.top else df))
     return 0
 
 

@@ -93,19 +93,44 @@ def summary(out_or_con) -> pd.DataFrame:
     return con.execute(summary_sql(columns(con))).df()
 
 
+_ASKING = {"SELECT", "EXPLAIN", "PRAGMA", "CALL"}  # DuckDB statement types that return rows (DESCRIBE, SHOW are SELECTs)
+
+
 def query(out_or_con, sql: str) -> pd.DataFrame:
-    """Run ``sql`` (over the views ``heads`` and ``documents``); a DuckDB error becomes one line."""
+    """Run ``sql`` (over the views ``heads`` and ``documents``) and return the last statement's result (an
+    empty frame for a statement without one); :func:`queries` gives every statement's. A DuckDB error
+    becomes one line (``InspectorError``)."""
+    results = queries(out_or_con, sql)
+    return results[-1][1] if results else pd.DataFrame()
+
+
+def queries(out_or_con, sql: str) -> list[tuple[str, pd.DataFrame]]:
+    """Run each statement of ``sql`` in order (a ``CREATE VIEW`` is seen by the next ones): ``(statement
+    text, result)`` for each statement that asks for rows (``SELECT``, ``DESCRIBE``, ``EXPLAIN``, ...; a lone
+    statement of another kind gives what DuckDB answers, e.g. a row count). Raises
+    ``InspectorError`` (one line) on a DuckDB error, naming the statement when there are several."""
     import duckdb
 
     con = connect(out_or_con) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
-    try:
-        result = con.execute(sql)
-    except duckdb.Error as exc:
+
+    def failed(exc: Exception, where: str = "") -> InspectorError:
         first = str(exc).strip().splitlines()[0]
-        raise InspectorError(f"the query failed ({first[:300]}): query the views heads and documents") from None
-    if result.description is None:
-        return pd.DataFrame()
-    return result.df()
+        return InspectorError(f"the query failed{where} ({first[:300]}): query the views heads and documents")
+
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise failed(exc) from None
+    out: list[tuple[str, pd.DataFrame]] = []
+    for i, statement in enumerate(statements):
+        try:
+            result = con.execute(statement)
+        except duckdb.Error as exc:
+            raise failed(exc, f" at statement {i + 1} of {len(statements)}" if len(statements) > 1 else "") from None
+        # of several statements, those that ask for rows; a CREATE or INSERT answers only its row count
+        if result.description is not None and (len(statements) == 1 or statement.type.name in _ASKING):
+            out.append((statement.query.strip(), result.df()))
+    return out
 
 
 def head_documents(out_or_con, site: str, head: int, limit: int = 20) -> pd.DataFrame:

@@ -274,7 +274,7 @@ def _pandas_summary(heads: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path):
+def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path, capsys):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(16) + [{"id": "plain", "text": "No query here."}])
     out = tmp_path / "out"
     scan(data, out, fields=FIELDS, batch_size=4, loaded=bert, progress=False)
@@ -296,6 +296,22 @@ def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path
     assert pd.read_csv(tmp_path / "s.csv").to_dict("records") == [{"status": "error", "n": 2}, {"status": "ok", "n": 15}]
     assert cli.main(["corpus", str(out), "--sql", "SELECT nope FROM heads"]) == 2
     assert cli.main(["corpus", str(out), "--sql", "  "]) == 2
+    # several statements: each result printed under its statement, in order; a view made by one is seen by the next
+    capsys.readouterr()
+    two = ("CREATE VIEW bad AS SELECT id FROM documents WHERE status = 'error'; SELECT count(*) AS n_bad FROM bad; "
+           "SELECT count(*) AS n_ok FROM documents WHERE status = 'ok'")
+    assert cli.main(["corpus", str(out), "--sql", two]) == 0
+    printed = capsys.readouterr().out
+    assert "-- SELECT count(*) AS n_bad FROM bad;" in printed and "-- SELECT count(*) AS n_ok" in printed
+    assert printed.index("n_bad") < printed.index("n_ok") and "CREATE VIEW" not in printed
+    assert [r[1].iloc[0, 0] for r in corpus.queries(out, two)] == [2, 15] and corpus.query(out, two).iloc[0, 0] == 15
+    # --csv writes one result: several are refused with one line, and the file is not written
+    assert cli.main(["corpus", str(out), "--sql", two, "--csv", str(tmp_path / "two.csv")]) == 2
+    assert "give one SELECT with --csv" in capsys.readouterr().err and not (tmp_path / "two.csv").exists()
+    assert cli.main(["corpus", str(out), "--sql", "SELECT 1; SELEC 2"]) == 2
+    assert "the query failed" in capsys.readouterr().err
+    assert cli.main(["corpus", str(out), "--sql", "SELECT 1; SELECT nope FROM heads"]) == 2
+    assert "at statement 2 of 2" in capsys.readouterr().err
 
 
 def test_mean_lift_appears_when_the_split_rows_have_a_lift_column(tmp_path):
