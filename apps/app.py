@@ -135,8 +135,7 @@ with st.sidebar:
             ss.sel_head = 0
         st.selectbox("Head", list(range(site.num_heads)), key="sel_head")
         q_tokens = cap.tokens(site, "query")
-        if not 0 <= int(ss.get("sel_query", 0)) < site.query_len:
-            ss.sel_query = 0
+        shared.follow_query_axis(cap, site)
         # two ways to the query: its position (typed, or stepped with − and +), or a search over the tokens; the
         # position box is one small input, where a select box of every token costs a 2,000-token capture about a
         # quarter of a second of browser work on each pick (it opens, and filters its options on every key press)

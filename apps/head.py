@@ -157,8 +157,9 @@ def page_body() -> None:
     c4.segmented_control("Colour scale", list(SCALES), key="hm_scale", required=True, persist_state=PERSIST,
                          help="0..1: comparable across heads. Per row: each row's strongest key darkest (a first row with "
                               "weight 1.0 no longer washes out the rest). Log: small weights visible.")
-    c5.toggle("Centre on the selected query", key="hm_follow", persist_state=PERSIST,
-              help="Causal sites: the window ends at the selected query, so it shows the keys the query could see.")
+    c5.toggle("Follow the selected query", key="hm_follow", persist_state=PERSIST,
+              help="The window moves with the query: centred on it, or on a causal site ending at it, so that it "
+                   "shows every key of the window the query could see. Off: choose the first row and key yourself.")
     if "value_norm" in site.parts:
         st.radio("Weights", ["attention", "value-norm"], key="hm_weighting", horizontal=True, persist_state=PERSIST,
                  help="value-norm: each weight times ||v_j W_O^h||, what the key sends through this head, renormalized per "
@@ -167,10 +168,11 @@ def page_body() -> None:
     size = int(ss.hm_size)
     row = weight_row(key, cap, site.name, head, qi, weighting)
     if ss.hm_follow:
-        qs = views.window(qi, size, n_q)
-        if causal:  # the keys these rows could see: the window ends at the last row's own position
+        if causal:  # the rows up to the query, and the keys they could see (ending at the last row's position)
+            qs = views.window_to(qi, size, n_q)
             ks = views.causal_keys(site, qs, size)
         else:
+            qs = views.window(qi, size, n_q)
             centre_k = qi if site.query_input == site.key_input else int(row["weight"].idxmax())
             ks = views.window(centre_k, size, n_k)
     else:

@@ -123,6 +123,7 @@ def set_capture(cap: Capture, path: Path | str, source: str) -> None:
         ss.cap_key = f"{path}|{id(cap)}"
     ss.rank, ss.split, ss.split_error, ss.bertviz_page = {}, None, None, None
     ss.sel_site, ss.sel_head, ss.sel_query = first.name, 0, query
+    ss.sel_axis, ss.query_by_axis = query_axis(first), {}
     ss.hm_q0 = ss.hm_k0 = ss.bv_start = 0
     ss.qkv_key = -1
     ss.sp_pick = []
@@ -224,11 +225,32 @@ def run_split() -> None:
 
 
 # ---- selection ---------------------------------------------------------------------------------------
+def query_axis(site) -> str:
+    """The identity of a site's query axis (its input roles): sites that share it share query positions."""
+    return "|".join(site.query_input)
+
+
+def follow_query_axis(cap, site) -> None:
+    """Keep the query position per query axis: moving to a site on another axis (an encoder's to a decoder's)
+    remembers the position left and restores the one last used there, else the first real token. Runs before
+    the position box is drawn."""
+    axis = query_axis(site)
+    if ss.get("sel_axis") != axis:
+        memory = dict(ss.get("query_by_axis") or {})
+        if ss.get("sel_axis") is not None and "sel_query" in ss:
+            memory[ss.sel_axis] = int(ss.sel_query)
+        ss.query_by_axis, ss.sel_axis = memory, axis
+        ss.sel_query = memory.get(axis, first_query(cap, site))
+    if not 0 <= int(ss.get("sel_query", 0)) < site.query_len:
+        ss.sel_query = first_query(cap, site)
+
+
 def select_head(site_name: str, head: int, query: int | None = None, goto: str | None = None) -> None:
     """Point the sidebar selection at a head (a callback: runs before the widgets are drawn)."""
     ss.sel_site, ss.sel_head = site_name, int(head)
-    if query is not None:
+    if query is not None:  # a position on this site's query axis
         ss.sel_query = int(query)
+        ss.sel_axis = query_axis(ss.capture.site(site_name))
     if goto is not None:
         ss.goto = goto
 

@@ -76,6 +76,9 @@ def kind_of(path: Path) -> str:
                          "(or give a `datasets` save_to_disk folder)")
 
 
+_JSONL_CHECKED_ROWS = 1000  # a JSONL corpus's named fields are looked for in this many rows before the scan starts
+
+
 class Corpus:
     """A corpus file opened for reading: its columns are known (and checked against ``fields``) before
     any document is read; iterate to get :class:`Document` records in file order."""
@@ -87,13 +90,40 @@ class Corpus:
         self.kind = kind_of(self.path)
         self.fields = fields
         self.columns = self._columns()
-        # JSONL rows may differ: only the text field is checked against the first row; a later row without a
-        # field is a bad document
-        wanted = ([fields.text] if self.columns else []) if self.kind == "jsonl" else fields.used()
-        missing = [c for c in wanted if c not in self.columns]
+        if self.kind == "jsonl":
+            # JSONL rows may differ: a field is checked against the fields of the first rows (a named field none of
+            # them has is a misspelling); a later row without it is a bad document, or one without a query
+            seen, n = self._jsonl_fields()
+            missing = [c for c in fields.used() if c not in seen] if seen else []
+            if missing:
+                where = f"none of its first {n} rows" if n == _JSONL_CHECKED_ROWS else "no row"
+                raise InspectorError(f"{self.path.name} has no field {missing[0]!r} ({where} has it); its fields are "
+                                     f"{', '.join(seen[:12])}: pick one with --{_option(fields, missing[0])}")
+            return
+        missing = [c for c in fields.used() if c not in self.columns]
         if missing:
             raise InspectorError(f"{self.path.name} has no column {missing[0]!r}; its columns are {', '.join(self.columns[:12])}"
                                  f": pick one with --{_option(fields, missing[0])}")
+
+    def _jsonl_fields(self) -> tuple[list[str], int]:
+        """The fields of the first ``_JSONL_CHECKED_ROWS`` object rows, in order of appearance, and how many
+        rows were read (lines that are not JSON objects are skipped: they become bad documents)."""
+        seen: dict[str, None] = {}
+        n = 0
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    seen.update(dict.fromkeys(row))
+                    n += 1
+                    if n >= _JSONL_CHECKED_ROWS:
+                        break
+        return list(seen), n
 
     # ---- the file's shape ----------------------------------------------------------------------
     def _columns(self) -> list[str]:

@@ -68,17 +68,32 @@ def search_labels(capture: Capture, site: Site, which: str = "query", batch: int
     the tokenizer split a word into several tokens, the word (from the tokenizer's word ids and character
     offsets), so that a search for a word finds each of its pieces."""
     out: list[str] = []
-    words: dict[int, dict[int, str]] = {}  # id(record) -> word id -> its text, for words of two or more tokens
+    words: dict[int, list[str | None]] = {}  # id(record) -> per token: its word's text when the word has 2+ tokens
     for pos, (rec, i) in enumerate(capture.axis(site, which, batch)):
         if id(rec) not in words:
-            spans: dict[int, list[int]] = {}
-            for w, off in zip(rec.word_ids or [], rec.offsets, strict=False):
-                if w is not None and off is not None:
-                    spans.setdefault(w, []).extend(off)
-            words[id(rec)] = {w: rec.text[min(o):max(o)] for w, o in spans.items() if len(o) > 2}
-        wid = rec.word_ids[i] if i < len(rec.word_ids or []) else None
-        word = words[id(rec)].get(wid) if wid is not None else None
+            words[id(rec)] = _split_words(rec)
+        word = words[id(rec)][i]
         out.append(token_label(pos, rec.tokens[i]) + (f" ({word})" if word else ""))
+    return out
+
+
+def _split_words(rec) -> list[str | None]:
+    """Per token of an input record, the text of its word when the tokenizer split that word into two or more
+    tokens, else None. A word is a run of adjacent tokens with the same word id (word ids start again at 0
+    in the second text of a pair, so the id alone does not name a word)."""
+    ids = list(rec.word_ids or [])
+    ids += [None] * (len(rec.tokens) - len(ids))
+    out: list[str | None] = [None] * len(rec.tokens)
+    start = 0
+    while start < len(ids):
+        stop = start + 1
+        while stop < len(ids) and ids[start] is not None and ids[stop] == ids[start]:
+            stop += 1
+        spans = [o for o in rec.offsets[start:stop] if o is not None]
+        if stop - start > 1 and spans:
+            text = " ".join(rec.text[min(o[0] for o in spans):max(o[1] for o in spans)].split())
+            out[start:stop] = [text or None] * (stop - start)
+        start = stop
     return out
 
 
@@ -94,6 +109,14 @@ def window(center: int, size: int, n: int) -> slice:
     """A ``size``-long slice of ``range(n)`` around ``center`` (clipped to the ends)."""
     size = max(1, min(size, n))
     start = min(max(0, center - size // 2), n - size)
+    return slice(start, start + size)
+
+
+def window_to(last: int, size: int, n: int) -> slice:
+    """A ``size``-long slice of ``range(n)`` whose last position is ``last`` where it can be (clipped to the
+    ends): a causal site's query rows up to the selected query, which then sees every key of the window."""
+    size = max(1, min(size, n))
+    start = min(max(0, last - size + 1), n - size)
     return slice(start, start + size)
 
 

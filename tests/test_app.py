@@ -390,3 +390,62 @@ def test_head_page_controls_rerun_their_fragment_only(app, monkeypatch):
     assert "key 2 «was»" in at.caption[0].value
     cap = load(FIXTURE)
     assert at.dataframe[0].value.equals(views.qkv_frame(cap, cap.sites[0], 0, 0, 2))
+
+
+def test_head_window_follows_the_query_and_ends_there_on_a_causal_site(app, tmp_path, tokenizer):
+    from inspector.capture import capture
+
+    import tiny
+
+    path = capture(tiny.build("gpt2"), tokenizer, LEGAL).save(tmp_path / "causal.safetensors")
+    at = app(path)
+    site = load(path).sites[0]
+    assert site.kind == "causal" and site.query_len > 20
+    at.number_input(key="sel_query").set_value(20)
+    show(at, "Head")
+    at.select_slider(key="hm_size").set_value(8)
+    run(at)
+    # the rows up to the query (it is the last row) and the keys they could see: the query sees them all
+    assert any(c.value.startswith(f"Query rows 13..20 of {site.query_len}, keys 13..20 of") for c in at.caption)
+    at.number_input(key="sel_query").set_value(3)  # too close to the start: the first 8 rows
+    run(at)
+    assert any(c.value.startswith(f"Query rows 0..7 of {site.query_len}, keys 0..7 of") for c in at.caption)
+    # the position box keeps the query per axis: a site with the same query axis keeps it
+    at.selectbox(key="sel_site").set_value(load(path).sites[1].name)
+    run(at)
+    assert at.number_input(key="sel_query").value == 3
+
+
+def test_query_position_is_kept_per_query_axis(app, tmp_path, tokenizer):
+    from inspector.capture import capture
+
+    import tiny
+
+    path = capture(tiny.build("bart"), tokenizer, "The Lessee shall indemnify the Lessor against all claims arising "
+                   "from the use of the premises.", "He pays.").save(tmp_path / "bart.safetensors")
+    cap = load(path)
+    enc = next(s for s in cap.sites if s.stack == "encoder")
+    cross = next(s for s in cap.sites if s.kind == "cross")
+    p = enc.query_len - 2
+    assert p >= cross.query_len  # a position of the source the decoder axis does not have
+    at = app(path)
+    at.selectbox(key="sel_site").set_value(enc.name)
+    run(at)
+    at.number_input(key="sel_query").set_value(p)
+    run(at)
+    # to the decoder's axis: its first real token, not a position of another text (nor 0, the start token)
+    at.selectbox(key="sel_site").set_value(cross.name)
+    run(at)
+    special, _ = cap.flags(cross, "query")
+    first = next(i for i, s in enumerate(special.tolist()) if not s)
+    assert at.number_input(key="sel_query").value == first
+    at.number_input(key="sel_query").set_value(2)
+    run(at)
+    # back on the encoder: position p again; and the decoder's 2 when going there again
+    at.selectbox(key="sel_site").set_value(enc.name)
+    run(at)
+    assert at.number_input(key="sel_query").value == p
+    assert any(f"· query {p} «" in m.value for m in at.markdown)
+    at.selectbox(key="sel_site").set_value(cross.name)
+    run(at)
+    assert at.number_input(key="sel_query").value == 2

@@ -137,6 +137,10 @@ def test_causal_window_shows_the_keys_rows_could_see():
     site = cap.sites[0]  # causal, 4 tokens
     assert views.causal_keys(site, slice(0, 2), 2) == slice(0, 2)
     assert views.causal_keys(site, slice(2, 4), 3) == slice(1, 4)
+    # the rows up to the selected query (the last row where there is room), then the keys those rows saw
+    assert views.window_to(1200, 64, 1236) == slice(1137, 1201)
+    assert views.window_to(5, 64, 1236) == slice(0, 64) and views.window_to(1235, 64, 1236) == slice(1172, 1236)
+    assert views.window_to(2, 8, 4) == slice(0, 4)
     df = views.heatmap_frame(cap, site, 0, slice(0, 4), slice(0, 4))
     vis = views.visible_frame(cap, site, df)
     assert vis.tolist() == [k <= q for q, k in zip(df["query_index"], df["key_index"], strict=True)]

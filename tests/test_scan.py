@@ -232,7 +232,19 @@ def test_a_scan_folder_refuses_other_options_and_foreign_folders(bert, tmp_path,
     assert "loading model" not in err  # refused before any model loads, and says nothing of one
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
     assert cli.main(["scan", str(data), "-o", str(tmp_path / "x"), "--text-field", "body"]) == 2
-    assert "has no column 'body'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert "has no field 'body' (no row has it)" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    # a misspelt optional field is refused up front too, naming its flag, not found wrong in every document
+    assert cli.main(["scan", str(data), "-o", str(tmp_path / "x"), "--query-field", "query", "--referents-field",
+                     "parties_"]) == 2
+    err = capsys.readouterr().err
+    assert "has no field 'parties_'" in err and "--referents-field" in err and not (tmp_path / "x").exists()
+    # a field only some rows have is fine: those rows have no query (scanned for rank rows only)
+    rows = lease_rows(10)[:4]
+    rows[0] = {k: v for k, v in rows[0].items() if k not in ("query", "referents")}
+    some = write_jsonl(tmp_path / "some.jsonl", rows[1:] + rows[:1])
+    scan(some, tmp_path / "y", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    docs = pd.read_parquet(tmp_path / "y" / "documents.parquet")
+    assert (docs["status"] == "ok").all() and len(docs) == 4
     assert cli.main(["corpus", str(tmp_path)]) == 2
     assert "holds no scan" in capsys.readouterr().err
 

@@ -151,6 +151,15 @@ def test_search_labels_name_the_word_of_each_piece(tokenizer, bart):
     assert "indemnify" in word_of.values() and "Lessee" in word_of.values()
     assert labels[0] == "0 · [CLS]" and labels[-1].endswith("[SEP]")  # special tokens: no word
     assert labels[tokens.index("the")] == f"{tokens.index('the')} · the"  # a one-token word: no brackets
+    # a sentence pair: word ids start again at 0 in the second text; each label names its own word only
+    pair = capture(tiny.build("bert"), tokenizer, ("The Lessee shall indemnify the Lessor.",
+                                                   "Such indemnity survives termination of the lease."))
+    toks, labels = pair.tokens(pair.sites[0], "query"), views.search_labels(pair, pair.sites[0])
+    assert all("\n" not in lab for lab in labels)
+    for i, t in enumerate(toks):
+        if t in ("the", "of", "such", "lease", "."):
+            assert labels[i] == views.token_label(i, t), labels[i]  # one-token words: no brackets
+    assert {lab.split(" (")[1] for lab in labels if "(" in lab} >= {"indemnify)", "indemnity)"}
     # an encoder-decoder's decoder axis reads the target's own record
     dec = next(s for s in bart.sites if s.kind == "cross")
     assert views.search_labels(bart, dec, "query")[1].startswith("1 · ")
