@@ -99,16 +99,20 @@ with left:
 with right:
     st.caption("Ranking: focused heads first (normalized entropy ascending); click a header to sort, a row to select."
                + (" Special-token keys ignored." if ss.exclude_special else ""))
-    where = ["kind"] if (rank["stack"] == "none").all() else ["stack", "kind"]
-    shown = ["layer", "head", "label", "normalized_entropy", "entropy", "sink_mass", "top_key", "top_key_weight",
-             *where, "self_mass", "prev_mass", "top_key_index", "site"]
+    # more than one kind of attention (an encoder-decoder's encoder self, decoder self and cross): the group comes
+    # first, so that rows of the same layer and head can be told apart
+    table = rank.assign(group=[views.group_label(s, k) for s, k in zip(rank["stack"], rank["kind"], strict=True)])
+    first = ["group"] if table["group"].nunique() > 1 else []
+    shown = [*first, "layer", "head", "label", "normalized_entropy", "entropy", "sink_mass", "top_key", "top_key_weight",
+             *([] if first else ["kind"]), "self_mass", "prev_mass", "top_key_index", "site"]
     st.dataframe(
-        rank, key="rank_table", column_order=shown, on_select=lambda: on_table_select("rank_table", rank),
+        table, key="rank_table", column_order=shown, on_select=lambda: on_table_select("rank_table", table),
         selection_mode="single-row", hide_index=True, height=560,
         column_config={
             "layer": st.column_config.NumberColumn("layer", width=50),
             "head": st.column_config.NumberColumn("head", width=50),
             "label": st.column_config.TextColumn("label", width=100),
+            "group": st.column_config.TextColumn("attention", width=105),
             "normalized_entropy": st.column_config.NumberColumn("normalized entropy", format="%.3f", width=135),
             **{k: st.column_config.NumberColumn(k.replace("_", " "), format="%.3f", width=90) for k in
                ("entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight")},

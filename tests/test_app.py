@@ -429,6 +429,10 @@ def test_query_position_is_kept_per_query_axis(app, tmp_path, tokenizer):
     p = enc.query_len - 2
     assert p >= cross.query_len  # a position of the source the decoder axis does not have
     at = app(path)
+    # the ranking table names each row's kind of attention first: the same layer and head are in three groups
+    table = at.dataframe[0]
+    assert list(table.proto.column_order)[:3] == ["group", "layer", "head"]
+    assert set(table.value["group"]) == {"encoder self", "decoder causal", "decoder cross"}
     at.selectbox(key="sel_site").set_value(enc.name)
     run(at)
     at.number_input(key="sel_query").set_value(p)
