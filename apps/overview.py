@@ -101,8 +101,9 @@ with right:
                + (" Special-token keys ignored." if ss.exclude_special else ""))
     # more than one kind of attention (an encoder-decoder's encoder self, decoder self and cross): the group comes
     # first, so that rows of the same layer and head can be told apart
-    table = rank.assign(group=[views.group_label(s, k) for s, k in zip(rank["stack"], rank["kind"], strict=True)])
-    first = ["group"] if table["group"].nunique() > 1 else []
+    groups = [views.group_label(s, k) for s, k in zip(rank["stack"], rank["kind"], strict=True)]
+    table = rank.assign(group=groups) if len(set(groups)) > 1 else rank  # else the ranking itself, rank's columns
+    first = ["group"] if "group" in table else []
     shown = [*first, "layer", "head", "label", "normalized_entropy", "entropy", "sink_mass", "top_key", "top_key_weight",
              *([] if first else ["kind"]), "self_mass", "prev_mass", "top_key_index", "site"]
     st.dataframe(
