@@ -208,10 +208,13 @@ def page_body() -> None:
         if n_k <= 128:
             bars, note = row, f"all {n_k} keys"
         elif topk:
-            bars, note = row.nlargest(max(topk, 32), "weight").sort_values("key_index"), "the 32 strongest keys"
+            n_top = max(topk, 32)
+            bars, note = row.nlargest(n_top, "weight").sort_values("key_index"), f"the {n_top} strongest keys"
         elif causal:
             seen = views.causal_keys(site, slice(qi, qi + 1), 128)
-            bars, note = row.iloc[seen], f"keys {seen.start}..{seen.stop - 1} (the last 128 this query could see)"
+            bars = row.iloc[seen]
+            note = f"keys {seen.start}..{seen.stop - 1} (" + ("every key this query could see)" if seen.start == 0 else
+                                                           f"the last {seen.stop - seen.start} this query could see)")
         else:
             bars, note = row.iloc[ks], f"keys {ks.start}..{ks.stop - 1}"
         bars = bars[["key_index", "key_label", "weight"]].assign(kind=["special" if x else "token" for x in bars["special"]])

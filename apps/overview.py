@@ -104,16 +104,19 @@ with right:
     groups = [views.group_label(s, k) for s, k in zip(rank["stack"], rank["kind"], strict=True)]
     table = rank.assign(group=groups) if len(set(groups)) > 1 else rank  # else the ranking itself, rank's columns
     first = ["group"] if "group" in table else []
-    shown = [*first, "layer", "head", "label", "normalized_entropy", "entropy", "sink_mass", "top_key", "top_key_weight",
+    shown = [*first, "layer", "head", "normalized_entropy", "label", "entropy", "sink_mass", "top_key", "top_key_weight",
              *([] if first else ["kind"]), "self_mass", "prev_mass", "top_key_index", "site"]
+    # keyed by the selection: a row ticked here is cleared when the head is chosen elsewhere (sidebar, grid), so
+    # the tick never names another head than the header, and a click on that row again selects it at once
+    table_key = f"rank_table|{c.site.name}|{c.head}"
     st.dataframe(
-        table, key="rank_table", column_order=shown, on_select=lambda: on_table_select("rank_table", table),
+        table, key=table_key, column_order=shown, on_select=lambda: on_table_select(table_key, table),
         selection_mode="single-row", hide_index=True, height=560,
         column_config={
             "layer": st.column_config.NumberColumn("layer", width=50),
             "head": st.column_config.NumberColumn("head", width=50),
             "label": st.column_config.TextColumn("label", width=100),
-            "group": st.column_config.TextColumn("attention", width=105),
+            "group": st.column_config.TextColumn("attention", width=100),
             "normalized_entropy": st.column_config.NumberColumn("normalized entropy", format="%.3f", width=135),
             **{k: st.column_config.NumberColumn(k.replace("_", " "), format="%.3f", width=90) for k in
                ("entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight")},

@@ -248,7 +248,9 @@ def follow_query_axis(cap, site) -> None:
 def select_head(site_name: str, head: int, query: int | None = None, goto: str | None = None) -> None:
     """Point the sidebar selection at a head (a callback: runs before the widgets are drawn)."""
     ss.sel_site, ss.sel_head = site_name, int(head)
-    if query is not None:  # a position on this site's query axis
+    if query is not None:  # a position on this site's query axis; the axis left keeps its own position
+        if ss.get("sel_axis") is not None and "sel_query" in ss:
+            ss.query_by_axis = {**(ss.get("query_by_axis") or {}), ss.sel_axis: int(ss.sel_query)}
         ss.sel_query = int(query)
         ss.sel_axis = query_axis(ss.capture.site(site_name))
     if goto is not None:

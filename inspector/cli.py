@@ -554,10 +554,7 @@ def cmd_corpus(args) -> int:
     if args.sql is not None and not args.sql.strip():
         raise InspectorError("--sql is empty: give a statement, e.g. --sql \"SELECT * FROM heads LIMIT 5\", or drop --sql "
                              "for the per-head summary")
-    results = corpus.queries(args.out, args.sql) if args.sql else [("", corpus.summary(args.out))]
-    if args.csv and len(results) > 1:
-        raise InspectorError(f"--sql gave {len(results)} results and --csv writes one: give one SELECT with --csv, or "
-                             "drop --csv to print them all")
+    results = corpus.queries(args.out, args.sql, single=bool(args.csv)) if args.sql else [("", corpus.summary(args.out))]
     if args.csv:
         df = results[0][1] if results else pd.DataFrame()
         write_csv(args.csv, df)

@@ -104,11 +104,12 @@ def query(out_or_con, sql: str) -> pd.DataFrame:
     return results[-1][1] if results else pd.DataFrame()
 
 
-def queries(out_or_con, sql: str) -> list[tuple[str, pd.DataFrame]]:
+def queries(out_or_con, sql: str, *, single: bool = False) -> list[tuple[str, pd.DataFrame]]:
     """Run each statement of ``sql`` in order (a ``CREATE VIEW`` is seen by the next ones): ``(statement
     text, result)`` for each statement that asks for rows (``SELECT``, ``DESCRIBE``, ``EXPLAIN``, ...; a lone
     statement of another kind gives what DuckDB answers, e.g. a row count). Raises
-    ``InspectorError`` (one line) on a DuckDB error, naming the statement when there are several."""
+    ``InspectorError`` (one line) on a DuckDB error, naming the statement when there are several, and, with
+    ``single``, before running anything when more than one statement asks for rows."""
     import duckdb
 
     con = connect(out_or_con) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
@@ -121,6 +122,10 @@ def queries(out_or_con, sql: str) -> list[tuple[str, pd.DataFrame]]:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
         raise failed(exc) from None
+    asking = [st for st in statements if st.type.name in _ASKING]
+    if single and len(asking) > 1:
+        raise InspectorError(f"--sql gives {len(asking)} results and --csv writes one: give one SELECT with --csv, or "
+                             "drop --csv to print them all")
     out: list[tuple[str, pd.DataFrame]] = []
     for i, statement in enumerate(statements):
         try:
@@ -129,7 +134,7 @@ def queries(out_or_con, sql: str) -> list[tuple[str, pd.DataFrame]]:
             raise failed(exc, f" at statement {i + 1} of {len(statements)}" if len(statements) > 1 else "") from None
         # of several statements, those that ask for rows; a CREATE or INSERT answers only its row count
         if result.description is not None and (len(statements) == 1 or statement.type.name in _ASKING):
-            out.append((statement.query.strip(), result.df()))
+            out.append((statement.query.strip().rstrip(";").rstrip(), result.df()))
     return out
 
 

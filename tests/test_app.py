@@ -453,3 +453,14 @@ def test_query_position_is_kept_per_query_axis(app, tmp_path, tokenizer):
     at.selectbox(key="sel_site").set_value(cross.name)
     run(at)
     assert at.number_input(key="sel_query").value == 2
+    # the split finder moves the selection to a head and its driving row: the axis left keeps its position too
+    at.selectbox(key="sel_site").set_value(enc.name)
+    run(at)
+    at.number_input(key="sel_query").set_value(p - 1)
+    run(at)
+    split(at, "pays", "Lessee,Lessor")
+    assert not errors(at)
+    assert cap.site(at.session_state["sel_site"]).kind == "cross"  # the decoder's axis
+    at.selectbox(key="sel_site").set_value(enc.name)
+    run(at)
+    assert at.number_input(key="sel_query").value == p - 1

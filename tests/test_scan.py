@@ -314,12 +314,18 @@ def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path
            "SELECT count(*) AS n_ok FROM documents WHERE status = 'ok'")
     assert cli.main(["corpus", str(out), "--sql", two]) == 0
     printed = capsys.readouterr().out
-    assert "-- SELECT count(*) AS n_bad FROM bad;" in printed and "-- SELECT count(*) AS n_ok" in printed
+    assert "-- SELECT count(*) AS n_bad FROM bad\n" in printed and "-- SELECT count(*) AS n_ok" in printed
     assert printed.index("n_bad") < printed.index("n_ok") and "CREATE VIEW" not in printed
     assert [r[1].iloc[0, 0] for r in corpus.queries(out, two)] == [2, 15] and corpus.query(out, two).iloc[0, 0] == 15
     # --csv writes one result: several are refused with one line, and the file is not written
     assert cli.main(["corpus", str(out), "--sql", two, "--csv", str(tmp_path / "two.csv")]) == 2
     assert "give one SELECT with --csv" in capsys.readouterr().err and not (tmp_path / "two.csv").exists()
+    # ... refused before any statement runs (the types say which statements give rows)
+    with pytest.raises(Exception, match="writes one"):
+        corpus.queries(out, "CREATE TABLE t AS SELECT 1 AS x; SELECT 1; SELECT 2", single=True)
+    assert cli.main(["corpus", str(out), "--sql", "CREATE VIEW v AS SELECT 1 AS x; SELECT x FROM v",
+                     "--csv", str(tmp_path / "one.csv")]) == 0
+    assert pd.read_csv(tmp_path / "one.csv").to_dict("records") == [{"x": 1}]
     assert cli.main(["corpus", str(out), "--sql", "SELECT 1; SELEC 2"]) == 2
     assert "the query failed" in capsys.readouterr().err
     assert cli.main(["corpus", str(out), "--sql", "SELECT 1; SELECT nope FROM heads"]) == 2
