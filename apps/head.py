@@ -31,6 +31,12 @@ def on_heatmap_select(key: str) -> None:
         ss.hm_picked = True  # the sidebar and the header follow: the page's fragment asks for a whole-app rerun
 
 
+def keep_window() -> None:
+    """Turning "Follow the selected query" off keeps the window where it was (its first row and key)."""
+    if not ss.hm_follow and ss.get("hm_shown"):
+        ss.hm_q0, ss.hm_k0 = ss.hm_shown
+
+
 def shade(df: pd.DataFrame, scale: str) -> pd.Series:
     """The colour value of each cell under ``scale`` (masked cells are drawn apart, not coloured)."""
     w = df["weight"].astype(float).where(df["visible"])
@@ -157,7 +163,7 @@ def page_body() -> None:
     c4.segmented_control("Colour scale", list(SCALES), key="hm_scale", required=True, persist_state=PERSIST,
                          help="0..1: comparable across heads. Per row: each row's strongest key darkest (a first row with "
                               "weight 1.0 no longer washes out the rest). Log: small weights visible.")
-    c5.toggle("Follow the selected query", key="hm_follow", persist_state=PERSIST,
+    c5.toggle("Follow the selected query", key="hm_follow", persist_state=PERSIST, on_change=keep_window,
               help="The window moves with the query: centred on it, or on a causal site ending at it, so that it "
                    "shows every key of the window the query could see. Off: choose the first row and key yourself.")
     if "value_norm" in site.parts:
@@ -177,10 +183,12 @@ def page_body() -> None:
             ks = views.window(centre_k, size, n_k)
     else:
         d1, d2 = st.columns(2)
+        ss.hm_q0, ss.hm_k0 = min(int(ss.hm_q0), n_q - 1), min(int(ss.hm_k0), n_k - 1)  # set on a longer site
         d1.number_input(f"First query row (0..{n_q - 1})", 0, n_q - 1, key="hm_q0", persist_state=PERSIST)
         d2.number_input(f"First key (0..{n_k - 1})", 0, n_k - 1, key="hm_k0", persist_state=PERSIST)
         qs = slice(int(ss.hm_q0), min(n_q, int(ss.hm_q0) + size))
         ks = slice(int(ss.hm_k0), min(n_k, int(ss.hm_k0) + size))
+    ss.hm_shown = (qs.start, ks.start)  # where "Follow" off starts: the window last shown
     topk = int(ss.hm_topk) if ss.hm_mode == "Top-k keys" else None
     ks = slice(0, n_k) if topk else ks
     df = heat_cells(key, cap, site.name, head, (qs.start, qs.stop), (ks.start, ks.stop), topk, weighting, ss.hm_scale)

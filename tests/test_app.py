@@ -407,6 +407,13 @@ def test_head_window_follows_the_query_and_ends_there_on_a_causal_site(app, tmp_
     run(at)
     # the rows up to the query (it is the last row) and the keys they could see: the query sees them all
     assert any(c.value.startswith(f"Query rows 13..20 of {site.query_len}, keys 13..20 of") for c in at.caption)
+    # "Follow" off keeps the window where it was, then its first row and key are the user's
+    at.toggle(key="hm_follow").set_value(False)
+    run(at)
+    assert any(c.value.startswith(f"Query rows 13..20 of {site.query_len}, keys 13..20 of") for c in at.caption)
+    assert (at.number_input(key="hm_q0").value, at.number_input(key="hm_k0").value) == (13, 13)
+    at.toggle(key="hm_follow").set_value(True)
+    run(at)
     at.number_input(key="sel_query").set_value(3)  # too close to the start: the first 8 rows
     run(at)
     assert any(c.value.startswith(f"Query rows 0..7 of {site.query_len}, keys 0..7 of") for c in at.caption)
@@ -464,3 +471,12 @@ def test_query_position_is_kept_per_query_axis(app, tmp_path, tokenizer):
     at.selectbox(key="sel_site").set_value(enc.name)
     run(at)
     assert at.number_input(key="sel_query").value == p - 1
+    # a first row chosen on the longer axis is brought into a shorter site's range, not an error
+    show(at, "Head")
+    at.toggle(key="hm_follow").set_value(False)
+    run(at)
+    at.number_input(key="hm_q0").set_value(enc.query_len - 1)
+    run(at)
+    at.selectbox(key="sel_site").set_value(cross.name)
+    run(at)
+    assert not errors(at) and at.number_input(key="hm_q0").value == cross.query_len - 1
