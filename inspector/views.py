@@ -65,8 +65,9 @@ def token_label(index: int, token: str) -> str:
 
 def search_labels(capture: Capture, site: Site, which: str = "query", batch: int = 0) -> list[str]:
     """A label per position of an axis for a token search: ``"25 · ##em (indemnity)"``, the token and, when
-    the tokenizer split a word into several tokens, the word (from the tokenizer's word ids and character
-    offsets), so that a search for a word finds each of its pieces."""
+    the tokenizer split a word into several tokens or the token does not spell the text it covers
+    (``"7 · [UNK] (😀)"``), that text (from the tokenizer's word ids and character offsets), so that a
+    search for a word finds each of its pieces."""
     out: list[str] = []
     words: dict[int, list[str | None]] = {}  # id(record) -> per token: its word's text when the word has 2+ tokens
     for pos, (rec, i) in enumerate(capture.axis(site, which, batch)):
@@ -79,7 +80,7 @@ def search_labels(capture: Capture, site: Site, which: str = "query", batch: int
 
 def _split_words(rec) -> list[str | None]:
     """Per token of an input record, the text of its word when the tokenizer split that word into two or more
-    tokens, else None. A word is a run of adjacent tokens with the same word id (word ids start again at 0
+    tokens or when the token does not spell its text (an unknown token, a byte-level piece), else None. A word is a run of adjacent tokens with the same word id (word ids start again at 0
     in the second text of a pair, so the id alone does not name a word)."""
     ids = list(rec.word_ids or [])
     ids += [None] * (len(rec.tokens) - len(ids))
@@ -90,9 +91,16 @@ def _split_words(rec) -> list[str | None]:
         while stop < len(ids) and ids[start] is not None and ids[stop] == ids[start]:
             stop += 1
         spans = [o for o in rec.offsets[start:stop] if o is not None]
-        if stop - start > 1 and spans:
+        if not spans and ids[start] is not None:  # a word's token kept without offsets ("[UNK]"): the text between
+            before = [o[1] for o in rec.offsets[:start] if o is not None]  # its neighbours' offsets
+            after = [o[0] for o in rec.offsets[stop:] if o is not None]
+            spans = [[before[-1] if before else 0, after[0] if after else len(rec.text)]]
+        if spans:
             text = " ".join(rec.text[min(o[0] for o in spans):max(o[1] for o in spans)].split())
-            out[start:stop] = [text or None] * (stop - start)
+            if stop - start > 1:
+                out[start:stop] = [text or None] * (stop - start)
+            elif text and text.lower() not in rec.tokens[start].lower():  # "[UNK]" for an emoji, "Ã©" for "é"
+                out[start] = text
         start = stop
     return out
 

@@ -160,6 +160,10 @@ def test_search_labels_name_the_word_of_each_piece(tokenizer, bart):
         if t in ("the", "of", "such", "lease", "."):
             assert labels[i] == views.token_label(i, t), labels[i]  # one-token words: no brackets
     assert {lab.split(" (")[1] for lab in labels if "(" in lab} >= {"indemnify)", "indemnity)"}
+    # a token that does not spell its text (an unknown character) carries the text
+    unk = capture(tiny.build("bert"), tokenizer, "He paid \u2603 twice.")
+    labels = views.search_labels(unk, unk.sites[0])
+    assert any(lab.endswith("(\u2603)") for lab in labels), labels
     # an encoder-decoder's decoder axis reads the target's own record
     dec = next(s for s in bart.sites if s.kind == "cross")
     assert views.search_labels(bart, dec, "query")[1].startswith("1 · ")
