@@ -47,7 +47,6 @@ if ss.get("goto") in PAGES:
         st.switch_page(target)
 
 
-
 @st.cache_data(show_spinner=False, max_entries=32)
 def search_labels(cap_key: str, _cap, site_name: str) -> list[str]:
     del cap_key  # the cache key: the capture file's identity

@@ -230,17 +230,21 @@ def query_axis(site) -> str:
     return "|".join(site.query_input)
 
 
+def _remember_query() -> None:
+    """Note the query position under its axis, before the selection moves to another axis."""
+    if ss.get("sel_axis") is not None and "sel_query" in ss:
+        ss.query_by_axis = {**(ss.get("query_by_axis") or {}), ss.sel_axis: int(ss.sel_query)}
+
+
 def follow_query_axis(cap, site) -> None:
     """Keep the query position per query axis: moving to a site on another axis (an encoder's to a decoder's)
     remembers the position left and restores the one last used there, else the first real token. Runs before
     the position box is drawn."""
     axis = query_axis(site)
     if ss.get("sel_axis") != axis:
-        memory = dict(ss.get("query_by_axis") or {})
-        if ss.get("sel_axis") is not None and "sel_query" in ss:
-            memory[ss.sel_axis] = int(ss.sel_query)
-        ss.query_by_axis, ss.sel_axis = memory, axis
-        ss.sel_query = memory.get(axis, first_query(cap, site))
+        _remember_query()
+        ss.sel_axis = axis
+        ss.sel_query = (ss.get("query_by_axis") or {}).get(axis, first_query(cap, site))
     if not 0 <= int(ss.get("sel_query", 0)) < site.query_len:
         ss.sel_query = first_query(cap, site)
 
@@ -249,8 +253,7 @@ def select_head(site_name: str, head: int, query: int | None = None, goto: str |
     """Point the sidebar selection at a head (a callback: runs before the widgets are drawn)."""
     ss.sel_site, ss.sel_head = site_name, int(head)
     if query is not None:  # a position on this site's query axis; the axis left keeps its own position
-        if ss.get("sel_axis") is not None and "sel_query" in ss:
-            ss.query_by_axis = {**(ss.get("query_by_axis") or {}), ss.sel_axis: int(ss.sel_query)}
+        _remember_query()
         ss.sel_query = int(query)
         ss.sel_axis = query_axis(ss.capture.site(site_name))
     if goto is not None:
