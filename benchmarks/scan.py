@@ -272,7 +272,7 @@ def memory(script: str, quick: bool, th: dict, lines: list) -> None:
     rows, growth = [], {}
     for prefetch in (False, True):
         mem = {m: run_once(script, {"job": "memory", "n": m, "warm": warm, "prefetch": prefetch, **th}) for m in (small, large)}
-        mode = "pipelined (default)" if prefetch else "in turn"
+        mode = "pipelined (the GPU default)" if prefetch else "in turn (the CPU default)"
         rows += [[mode, f"{m} documents", f"{mem[m]['base']:.0f}", f"{mem[m]['peak']:.0f}",
                   f"{mem[m]['peak'] - mem[m]['base']:.0f}"] for m in (small, large)]
         growth[prefetch] = (mem[large]["peak"] - mem[large]["base"]) - (mem[small]["peak"] - mem[small]["base"])

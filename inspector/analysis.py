@@ -222,16 +222,22 @@ class RankSums:
         self.cols = torch.zeros(batch, heads, keys, dtype=f64)
 
     def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
-            pad_k: torch.Tensor) -> bool:
+            pad_k: torch.Tensor, at: slice = slice(None), logits: torch.Tensor | None = None) -> bool:
         """Add one block of query rows: ``w [batch, head, c, key]`` weights (float32, not modified),
         ``vis [batch, 1|head, c, key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding)
         query rows, ``q_idx [c]`` the block's positions on the query axis, ``special_k`` and ``pad_k``
-        ``[batch, key]`` the special-token and padding keys.
+        ``[batch, key]`` the special-token and padding keys; ``at`` the documents of the sums the block's
+        batch rows are (default: all of them).
 
         Excluding special keys renormalizes each row over its other keys; its entropy follows from the same
         ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its ``-sum p log p``
         over them, the renormalized row's entropy is ``H_ns / S + log S`` (0 when ``S`` is 0), so no second
         softmax-sized pass is needed. Only the entropies differ between the two settings.
+
+        ``logits`` (optional, ``[batch, head, c, key]``: the masked scores ``w`` is the softmax of) spare the
+        logarithm of the block where special keys are kept: ``log p_k = s_k - lse`` and ``lse = s_max - log p_max``,
+        so a row's entropy is ``s_max - log p_max - sum_k p_k s_k``, read from the block without a ``log``
+        of every weight (a row this leaves non-finite, e.g. an infinite mask entry, takes ``-sum p log p``).
 
         Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
         ``sum p log p`` non-finite), so callers need no pass of their own to check."""
@@ -241,8 +247,17 @@ class RankSums:
         any_special = bool(special_k.any()) and True in want
         # log p with log 0 clamped to the dtype's minimum, so that p log p is 0 where p is 0; each row's
         # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
-        logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
-        row_ents = [-torch.einsum("bhqk,bhqk->bhq", w, logw).double()]  # [batch, head, c]
+        logw = None
+        if logits is not None and not any_special:
+            s_max = logits.amax(-1)
+            p_max = w.amax(-1)
+            row_ent = (s_max - p_max.log() - torch.linalg.vecdot(w, logits)).double()
+            if not bool((torch.isfinite(row_ent) | ~rows[:, None, :]).all()):
+                logits = None  # the log p path below decides
+        if logits is None or any_special:
+            logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
+            row_ent = -torch.linalg.vecdot(w, logw).double()  # [batch, head, c]
+        row_ents = [row_ent]
         finite = bool((torch.isfinite(row_ents[0]) | ~rows[:, None, :]).all())
         vis_sets = [vis]
         n_special = special_k.sum(-1)  # [batch]
@@ -264,7 +279,6 @@ class RankSums:
         else:
             row_ents.append(row_ents[0])
             vis_sets.append(vis)
-        del logw
         real = rows[:, None, :]  # [batch, 1, c]
         for i in (0, 1):
             if (i == 1) not in want:
@@ -272,22 +286,22 @@ class RankSums:
             n_vis = vis_sets[i].sum(-1).expand(b, h, c)
             ok = real & (n_vis >= 2)
             counted = real & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
-            self.ent[:, i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
-            self.ent_n[:, i] += counted.sum(-1)
-            self.norm[:, i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
-            self.norm_n[:, i] += ok.sum(-1)
-        self.sink += torch.where(real, on_special, 0.0).double().sum(-1)
-        self.cols += torch.matmul(rows.to(w.dtype)[:, None, None, :], w).squeeze(2).double()  # [batch, head, key]
-        self.n_rows += rows.sum(-1)
+            self.ent[at, i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
+            self.ent_n[at, i] += counted.sum(-1)
+            self.norm[at, i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
+            self.norm_n[at, i] += ok.sum(-1)
+        self.sink[at] += torch.where(real, on_special, 0.0).double().sum(-1)
+        self.cols[at] += torch.matmul(rows.to(w.dtype)[:, None, None, :], w).squeeze(2).double()  # [batch, head, key]
+        self.n_rows[at] += rows.sum(-1)
         if self.same_axis:
-            at = q_idx[None, None, :, None].expand(b, h, c, 1)
-            self.self_m += torch.where(real, w.gather(-1, at).squeeze(-1), 0.0).double().sum(-1)
+            diag = q_idx[None, None, :, None].expand(b, h, c, 1)
+            self.self_m[at] += torch.where(real, w.gather(-1, diag).squeeze(-1), 0.0).double().sum(-1)
             # the previous position must be a real token (left padding puts padding before the first one)
             prev = (q_idx - 1).clamp(min=0)
             has_prev = rows & (q_idx >= 1)[None, :] & ~pad_k[:, prev]  # [batch, c]
             got = w.gather(-1, prev[None, None, :, None].expand(b, h, c, 1)).squeeze(-1)
-            self.prev_m += torch.where(has_prev[:, None, :], got, 0.0).double().sum(-1)
-            self.prev_n += has_prev.sum(-1)
+            self.prev_m[at] += torch.where(has_prev[:, None, :], got, 0.0).double().sum(-1)
+            self.prev_n[at] += has_prev.sum(-1)
         return finite
 
     def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:

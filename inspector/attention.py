@@ -27,7 +27,7 @@ def scores(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | No
     return s
 
 
-def _fits(mask: torch.Tensor, logits: torch.Tensor) -> bool:
+def fits(mask: torch.Tensor, logits: torch.Tensor) -> bool:
     """``mask`` broadcasts to ``logits`` without enlarging them (torch.broadcast_shapes would import sympy)."""
     return mask.dtype == logits.dtype and mask.dim() <= logits.dim() and all(
         m in (1, n) for m, n in zip(reversed(mask.shape), reversed(logits.shape[logits.dim() - mask.dim():]), strict=True))
@@ -51,7 +51,7 @@ def attention_weights(
     """Attention weights ``[..., query, key]`` exactly as the eager path computes them."""
     logits = scores(q, k, scaling, softcap)
     if mask is not None:
-        logits = logits.add_(mask) if _fits(mask, logits) else logits + mask
+        logits = logits.add_(mask) if fits(mask, logits) else logits + mask
     return softmax_weights(logits, out_dtype or q.dtype)
 
 

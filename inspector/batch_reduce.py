@@ -47,7 +47,7 @@ def fast_path_applies(capture) -> bool:
         s.recomputable and {"q", "k"} <= set(s.parts) and "weights" not in s.parts for s in capture.sites)
 
 
-class _Axes:
+class Axes:
     """Per batch row and axis (a tuple of input roles): special, padding flags, tokens, leading padding."""
 
     def __init__(self, capture):
@@ -148,7 +148,7 @@ def groups(pad_q: torch.Tensor, pad_k: torch.Tensor, heads: int) -> list[tuple[l
     return sorted(out, key=lambda g: g[0][0])
 
 
-def _site_pass(capture, site, axes: _Axes, keep: dict[int, list[int]], want: tuple[bool, ...]):
+def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tuple[bool, ...]):
     """One pass over a site's weights for every batch row, in groups of rows of similar length (:func:`groups`):
     the rank metrics (``[batch, head]`` arrays as :meth:`RankSums.metrics` gives them, ``top_key_index``
     on the whole key axis), and for each batch row in ``keep`` the weights and visible keys of its query
@@ -159,6 +159,13 @@ def _site_pass(capture, site, axes: _Axes, keep: dict[int, list[int]], want: tup
     special_k, pad_k, pad_q, mask, vis = axes.site_inputs(site)
     q = t[site.tensor_name("q")].float()
     k = attention.expand_kv(t[site.tensor_name("k")].float(), site.head_map)
+    taken = getattr(capture, "forward_sums", None)
+    if taken is not None and site.name in taken.sums and taken.sums[site.name].want == want:
+        # summed while the model ran (inspector.forward_sums): only the rows the splits read are recomputed
+        if not taken.finite[site.name]:
+            raise LookupError(site.name)
+        found = taken.sums[site.name].metrics(want[0])
+        return {c: v.numpy() for c, v in found.items()}, _query_rows(site, q, k, mask, vis, keep)
     same_axis = site.query_input == site.key_input
     out_metrics: dict[str, np.ndarray] = {}
     kept: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {b: {} for b in keep}
@@ -213,6 +220,26 @@ def _site_pass(capture, site, axes: _Axes, keep: dict[int, list[int]], want: tup
     return out_metrics, rows_out
 
 
+def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
+                keep: dict[int, list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """For each batch row ``b`` in ``keep``, the weights and visible keys of its query rows ``keep[b]``
+    (``[head, row, key]`` float32 and ``[1|head, row, key]`` bool), recomputed from ``q [batch, head, query,
+    d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys ``vis``."""
+    out = {}
+    for b, positions in keep.items():
+        p = torch.tensor(positions)
+        m = None
+        if mask is not None:
+            m = mask[b:b + 1] if mask.shape[0] > 1 else mask
+            m = m[:, :, p] if m.shape[2] > 1 else m
+        w = attention.attention_weights(q[b:b + 1, :, p], k[b:b + 1], scaling=site.scaling, mask=m, softcap=site.softcap,
+                                        out_dtype=torch.float32)[0]
+        v = vis[b] if vis.shape[0] > 1 else vis[0]
+        v = v[:, p] if v.shape[1] > 1 else v.expand(-1, len(positions), -1)
+        out[b] = (w, v)
+    return out
+
+
 class _Query:
     """Where one document's query and referents sit on each axis group of the capture's sites."""
 
@@ -247,7 +274,7 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
     (the split could not run); batch rows in neither need the per-document path."""
     if not fast_path_applies(capture):
         return None
-    axes = _Axes(capture)
+    axes = Axes(capture)
     sites = list(capture.sites)
     errors: dict[int, str] = {}
     queries: dict[int, _Query] = {}
@@ -305,7 +332,7 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
     return frames, errors
 
 
-def _rank_rows(axes: _Axes, docs: list, batch_rows_: list[int], sites, metrics: list[dict]) -> dict[str, object]:
+def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: list[dict]) -> dict[str, object]:
     """The rank columns of the documents in ``batch_rows_`` (each: every site in order, every head)."""
     n_heads = [s.num_heads for s in sites]
     cols: dict[str, object] = {"id": [docs[b].id for b in batch_rows_ for h in n_heads for _ in range(h)]}
@@ -331,7 +358,7 @@ def _rank_rows(axes: _Axes, docs: list, batch_rows_: list[int], sites, metrics: 
     return cols
 
 
-def _split_columns(capture, axes: _Axes, b: int, query: _Query, sites, rows: list, rule: SplitRule) -> dict | None:
+def _split_columns(capture, axes: Axes, b: int, query: _Query, sites, rows: list, rule: SplitRule) -> dict | None:
     """The split columns of batch row ``b`` over every site and head in order (None / NaN where a site
     has no split row), or None when the per-document path must decide (no site has one)."""
     refs = query.refs

@@ -201,6 +201,7 @@ class _Recorder:
         self._sdpa_masks: dict[tuple, Any] = {}
         self.projections = None  # a value_norm.OutputProjections while recording
         self._kinds: dict[tuple, tuple] = {}  # (mask id, bias id, query len, key len) -> (mask, bias, kind)
+        self.forward_sums = None  # a forward_sums.ForwardSums: reduce recomputable calls as they run
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
@@ -223,7 +224,11 @@ class _Recorder:
             return self._lazy(module, query, key, value, attention_mask, kwargs)[1:]
 
         extra = sorted(k for k, v in kwargs.items() if v is not None and k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS)
-        if self.weights or extra:
+        summed = (self.forward_sums is not None and not (self.weights or extra)
+                  and self.forward_sums.applies(query, key, value, self.dtype))
+        if summed:  # computed below, once the site and its mask are recorded (inspector.forward_sums)
+            fn, out, w = None, None, None
+        elif self.weights or extra:
             fn = eager_function(module)
             out, w = fn(module, query, key, value, attention_mask, **kwargs)
         else:
@@ -246,6 +251,8 @@ class _Recorder:
             extra_kwargs=extra, module_class=type(module).__name__,
             eager_function=f"{fn.__module__}.{fn.__name__}" if fn is not None else "",
         )
+        if summed:
+            out = self.forward_sums.attend(site, query, key, value)
         self.tensors[f"{name}/q"] = self._keep(query)
         self.tensors[f"{name}/k"] = self._keep(key)
         self.tensors[f"{name}/v"] = self._keep(value)
@@ -519,6 +526,7 @@ def record(
     masks: dict[str, dict] | None = None,
     padding: dict[str, list[list[bool]]] | None = None,
     value_norms: bool = True,
+    forward_sums=None,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
@@ -528,7 +536,8 @@ def record(
     pass with ``output_attentions`` (named after the module); any that return no probability map are
     appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
     The mask specs the sites name are added to ``masks`` when given. ``value_norms=False`` skips the
-    value norms (each site's ``value_norm_note`` then says so).
+    value norms (each site's ``value_norm_note`` then says so). ``forward_sums`` (a
+    :class:`~inspector.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they run.
     """
     notes = [] if notes is None else notes
     if dtype not in STORAGE_DTYPES:
@@ -550,6 +559,9 @@ def record(
 
     recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
     recorder.padding = dict(padding or {})
+    if forward_sums is not None:
+        forward_sums.bind(recorder.masks, recorder.tensors)
+        recorder.forward_sums = forward_sums
     was_training = model.training
     if was_training or any(m.training for m in model.modules()):
         model.eval()
@@ -728,6 +740,7 @@ def capture(
     model_name: str | None = None,
     progress: bool = False,
     value_norms: bool = True,
+    rank_sums: tuple[bool, ...] | None = None,
 ) -> Capture:
     """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
 
@@ -736,15 +749,24 @@ def capture(
     ``layers`` and ``sites`` (regular expressions over site names) restrict what is recorded.
     ``value_norms=False`` leaves out the value norms ``||v_j W_O^h||`` (a scan that reads attention only).
     The model's own output is kept on the returned capture as ``capture.output`` (not saved).
+    ``rank_sums`` (lazy captures only; the special-token settings, as :class:`~inspector.analysis.RankSums`
+    takes them) sums the rank metrics of every site it can while the model runs, each site's weights
+    computed once, eagerly, for its output and its sums (:mod:`inspector.forward_sums`); they are kept
+    on the capture as ``capture.forward_sums`` (not saved).
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
     roles = _roles(encoded)
     lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
     notes: list[dict[str, str]] = []
     mask_specs: dict[str, dict] = {}
+    taken = None
+    if rank_sums is not None and not weights:
+        from .forward_sums import ForwardSums
+
+        taken = ForwardSums(encoded.records, rank_sums)
     site_list, tensors, output = record(
         model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
-        lengths=lengths, notes=notes, masks=mask_specs, value_norms=value_norms,
+        lengths=lengths, notes=notes, masks=mask_specs, value_norms=value_norms, forward_sums=taken,
         padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
                  for role in lengths},
     )
@@ -762,4 +784,5 @@ def capture(
         meta["unrecorded"] = notes
     cap = Capture(meta, site_list, tensors)
     cap.output = output
+    cap.forward_sums = taken
     return cap

@@ -183,7 +183,7 @@ def _capture(model, tokenizer, docs: list[Document], options: Options):
 
     targets = [d.target for d in docs]
     return capture(model, tokenizer, [d.text for d in docs], None if all(t is None for t in targets) else targets,
-                   weights=False, dtype=options.dtype, value_norms=False)
+                   weights=False, dtype=options.dtype, value_norms=False, rank_sums=(bool(options.exclude_special),))
 
 
 def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> BatchResult:
@@ -292,37 +292,30 @@ def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
 
 
 def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
-                  options: Options = Options(), prefetch: bool = True) -> Iterator[BatchResult]:
+                  options: Options = Options(), prefetch: bool | None = None) -> Iterator[BatchResult]:
     """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents at a time, in order.
 
     With ``prefetch`` the next batch is captured in a background thread while this one is analysed
     (torch releases the GIL in its kernels; on a GPU the forward pass then overlaps the analysis, which
-    runs on the CPU), holding at most two batches' captures. The rows are the same either way.
+    runs on the CPU), holding at most two batches' captures. The rows are the same either way. By default
+    (None) it is on for a model on a GPU and off on the CPU, where the two threads share the cores and
+    their torch thread pool (measured slower: ``benchmarks/scan.py``), and the rank sums are taken in the
+    forward pass anyway (:mod:`inspector.forward_sums`).
     """
+    if prefetch is None:
+        prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
     if not prefetch:
         for batch in batched(docs, batch_size):
             yield analyse(capture_batch(model, tokenizer, batch, options))
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    def analysed(captured: Captured) -> BatchResult:
-        # one torch thread for the analysis while the capture thread runs the model on the others (torch's
-        # thread count is per thread): the two do not fight over the cores
-        import torch
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return analyse(captured)
-        finally:
-            torch.set_num_threads(threads)
-
     with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
         pending = None
         for batch in batched(docs, batch_size):
             submitted = pool.submit(capture_batch, model, tokenizer, batch, options)
             if pending is not None:
-                yield analysed(pending.result())
+                yield analyse(pending.result())
             pending = submitted
         if pending is not None:
-            yield analysed(pending.result())
+            yield analyse(pending.result())

@@ -73,16 +73,16 @@ def scan(
     progress: bool = True,
     loaded=None,
     allow: tuple[str, ...] = (),
-    prefetch: bool = True,
+    prefetch: bool | None = None,
     status=None,
 ) -> ScanSummary:
     """Scan the corpus ``data`` into the folder ``out`` (created, or resumed when it holds this scan).
 
     ``loaded`` (a :class:`~inspector.models.LoadedModel`) reuses a model already in memory for the
     local engine; ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
-    torch threads; ``prefetch=False`` makes the local engine capture and analyse in turn instead of
-    capturing the next batch while it analyses this one (less memory: one batch's capture at a time,
-    and a peak that does not depend on how the two threads meet); ``status`` (a function of one line) is told
+    torch threads; ``prefetch`` makes the local engine capture the next batch while it analyses this one
+    (True; at most two batches' captures in memory) or capture and analyse in turn (False); by default
+    (None) it is on for a model on a GPU and off on the CPU (:func:`~inspector.reduce.local_batches`); ``status`` (a function of one line) is told
     when the model starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
     loads; bad documents are recorded in ``documents.parquet`` and never stop the scan.
     """

@@ -73,6 +73,7 @@ def test_the_fast_path_gives_the_rows_of_the_per_document_path(name, exclude_spe
     captured = capture_batch(lm.model, lm.tokenizer, docs, options)
     assert len(captured.captures) == 1, "the documents were captured together"
     cap, group = captured.captures[0]
+    assert set(cap.forward_sums.sums) == {s.name for s in cap.sites}, "every site was summed during the forward"
     fast = batch_rows(cap, [d for _, d in group], options)
     assert fast is not None
     done, errors = fast
@@ -113,12 +114,38 @@ def test_a_scan_batch_equals_documents_reduced_one_by_one_through_the_per_docume
 
 
 def test_a_non_finite_weight_leaves_the_batch_to_the_per_document_path_which_reports_it():
-    """A NaN in one document's Q: the fast path declines the capture, and the per-document path records
+    """A NaN in one document's Q, made by the model's forward (a hook on layer 1's query projection): the sums
+    taken during the forward see it, the fast path declines the capture, and the per-document path records
     that document's error (site, head, row) while the others are reduced as usual."""
+    lm = LoadedModel(tiny.build("bert"), tiny.tokenizer(), "bert")
+    docs = docs_of(ROWS[:3], Fields(query="query", referents="referents", id="id"))
+
+    def poison(_module, _args, out):
+        out[1, 2, 0] = float("nan")
+        return out
+
+    handle = lm.model.encoder.layer[1].attention.self.query.register_forward_hook(poison)
+    try:
+        captured = capture_batch(lm.model, lm.tokenizer, docs)
+    finally:
+        handle.remove()
+    cap, group = captured.captures[0]
+    site = cap.sites[1]
+    assert cap.forward_sums.finite == {s.name: s is cap.sites[0] for s in cap.sites}  # NaN from layer 1 on
+    assert batch_rows(cap, [d for _, d in group], Options()) is None
+    result = reduce.analyse(captured)
+    assert result.documents["status"].tolist() == ["ok", "error", "ok"]
+    assert site.name in result.documents["error"][1]
+    assert set(result.heads["id"]) == {"one", "plain"}
+
+
+def test_a_non_finite_weight_in_a_recomputed_site_leaves_the_batch_to_the_per_document_path():
+    """The same where the weights are recomputed from the stored Q and K (no sums taken in the forward)."""
     lm = LoadedModel(tiny.build("bert"), tiny.tokenizer(), "bert")
     docs = docs_of(ROWS[:3], Fields(query="query", referents="referents", id="id"))
     captured = capture_batch(lm.model, lm.tokenizer, docs)
     cap, group = captured.captures[0]
+    cap.forward_sums = None
     site = cap.sites[1]
     cap.tensors[site.tensor_name("q")][1, 0, 2, 0] = float("nan")
     assert batch_rows(cap, [d for _, d in group], Options()) is None
