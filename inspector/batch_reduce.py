@@ -3,9 +3,10 @@
 A scan captures documents ``batch_size`` at a time; reducing each one with :func:`~inspector.analysis.rank_heads`
 and :func:`~inspector.analysis.split_heads` costs one pass of Python and small tensor operations per
 document and site, which on short documents costs as much as the model's forward pass. Here each
-site's weights are recomputed for the whole batch in blocks ``[batch, head, query rows, key]`` and fed
-to the same :class:`~inspector.analysis.RankSums`; the query rows a document's split reads are kept
-from the same blocks and go through the same :func:`~inspector.analysis.referent_rows` and
+site's rank sums are the ones the capture took while the model ran (:mod:`inspector.forward_sums`), or
+where it took none, its weights are recomputed for the whole batch in blocks ``[batch, head, query rows,
+key]`` and fed to the same :class:`~inspector.analysis.RankSums`; the query rows a document's split reads
+are recomputed (or kept from the same blocks) and go through the same :func:`~inspector.analysis.referent_rows` and
 :class:`~inspector.analysis.ReferentSplit` (the heads of the sites that share the query and key axes
 stacked, so each document costs a handful of operations). The statistics are therefore the same
 definitions, computed over the document's own rows and keys; padding is excluded as in the per-document
@@ -224,19 +225,29 @@ def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
                 keep: dict[int, list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """For each batch row ``b`` in ``keep``, the weights and visible keys of its query rows ``keep[b]``
     (``[head, row, key]`` float32 and ``[1|head, row, key]`` bool), recomputed from ``q [batch, head, query,
-    d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys ``vis``."""
+    d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys ``vis``: one block
+    ``[batch, head, rows, key]`` for the whole batch (a batch row with fewer query rows repeats its first)."""
+    if not keep:
+        return {}
+    b_n, h = q.shape[0], q.shape[1]
+    width = max(len(p) for p in keep.values())
+    pos = torch.zeros(b_n, width, dtype=torch.long)
+    for b, positions in keep.items():
+        pos[b, :len(positions)] = torch.tensor(positions)
+        pos[b, len(positions):] = positions[0]
+    rows_q = q.gather(2, pos[:, None, :, None].expand(b_n, h, width, q.shape[-1]))
+    m = None
+    if mask is not None:
+        m = mask if mask.shape[2] == 1 else mask.expand(b_n, -1, -1, -1).gather(
+            2, pos[:, None, :, None].expand(b_n, mask.shape[1], width, mask.shape[-1]))
+    w = attention.attention_weights(rows_q, k, scaling=site.scaling, mask=m, softcap=site.softcap, out_dtype=torch.float32)
+    v = vis if vis.shape[2] == 1 else vis.expand(b_n, -1, -1, -1).gather(
+        2, pos[:, None, :, None].expand(b_n, vis.shape[1], width, vis.shape[-1]))
     out = {}
     for b, positions in keep.items():
-        p = torch.tensor(positions)
-        m = None
-        if mask is not None:
-            m = mask[b:b + 1] if mask.shape[0] > 1 else mask
-            m = m[:, :, p] if m.shape[2] > 1 else m
-        w = attention.attention_weights(q[b:b + 1, :, p], k[b:b + 1], scaling=site.scaling, mask=m, softcap=site.softcap,
-                                        out_dtype=torch.float32)[0]
-        v = vis[b] if vis.shape[0] > 1 else vis[0]
-        v = v[:, p] if v.shape[1] > 1 else v.expand(-1, len(positions), -1)
-        out[b] = (w, v)
+        n = len(positions)
+        vb = v[b] if v.shape[0] > 1 else v[0]
+        out[b] = (w[b, :, :n], vb[:, :n] if vb.shape[1] > 1 else vb.expand(-1, n, -1))
     return out
 
 

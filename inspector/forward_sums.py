@@ -28,7 +28,7 @@ import torch
 from . import attention
 from .analysis import RankSums
 
-BLOCK_VALUES = 1 << 21  # weights per block (2 MB float32): the passes over a block read it from cache
+BLOCK_VALUES = 1 << 21  # weights per block (8 MB float32): few blocks (each a few dozen small operations), read from the last-level cache
 
 
 class _LiveTensors:
