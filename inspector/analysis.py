@@ -234,10 +234,12 @@ class RankSums:
         over them, the renormalized row's entropy is ``H_ns / S + log S`` (0 when ``S`` is 0), so no second
         softmax-sized pass is needed. Only the entropies differ between the two settings.
 
-        ``logits`` (optional, ``[batch, head, c, key]``: the masked scores ``w`` is the softmax of) spare the
-        logarithm of the block where special keys are kept: ``log p_k = s_k - lse`` and ``lse = s_max - log p_max``,
-        so a row's entropy is ``s_max - log p_max - sum_k p_k s_k``, read from the block without a ``log``
-        of every weight (a row this leaves non-finite, e.g. an infinite mask entry, takes ``-sum p log p``).
+        ``logits`` (optional, ``[batch, head, c, key]``: the masked scores ``w`` is the softmax of; overwritten)
+        spare the logarithm of the block where special keys are kept: ``log p_k = s_k - lse`` and
+        ``lse = s_max - log p_max``, so a row's entropy is ``sum_k p_k (s_max - s_k) - log p_max``, read from
+        the block without a ``log`` of every weight. Both terms are sums of non-negative numbers (no
+        cancellation between large logits: as precise as ``-sum p log p`` on sharp heads, never negative); a
+        row this leaves non-finite (an infinite mask entry) takes ``-sum p log p``.
 
         Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
         ``sum p log p`` non-finite), so callers need no pass of their own to check."""
@@ -249,9 +251,8 @@ class RankSums:
         # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
         logw = None
         if logits is not None and not any_special:
-            s_max = logits.amax(-1)
-            p_max = w.amax(-1)
-            row_ent = (s_max - p_max.log() - torch.linalg.vecdot(w, logits)).double()
+            gap = logits.sub_(logits.amax(-1, keepdim=True)).neg_()  # s_max - s_k >= 0, in place
+            row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double()
             if not bool((torch.isfinite(row_ent) | ~rows[:, None, :]).all()):
                 logits = None  # the log p path below decides
         if logits is None or any_special:

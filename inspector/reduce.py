@@ -245,6 +245,8 @@ def analyse(captured: Captured) -> BatchResult:
         _reduce(cap, group, captured.options, doc_rows, frames)
     documents = pd.DataFrame([doc_rows[i] for i in range(len(captured.docs))], columns=DOC_COLUMNS)
     heads = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if "driving_row" in heads:  # a position, missing where the split did not reach a site (or a document has no query)
+        heads["driving_row"] = heads["driving_row"].astype("Int64")
     return BatchResult(documents=documents, heads=heads)
 
 

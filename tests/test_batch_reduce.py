@@ -110,6 +110,7 @@ def test_a_scan_batch_equals_documents_reduced_one_by_one_through_the_per_docume
                                                                           occurrence="occurrence")))
     assert fast.documents.equals(slow.documents)
     assert fast.heads["id"].tolist() == slow.heads["id"].tolist()
+    assert fast.heads["driving_row"].dtype == slow.heads["driving_row"].dtype == "Int64"  # the same Parquet type
     assert_same_rows(fast.heads, slow.heads)
 
 

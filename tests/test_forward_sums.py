@@ -136,3 +136,25 @@ def test_it_stays_out_of_what_it_cannot_reproduce():
     sinks = _capture(tiny.build("gpt_oss"), tok, "gpt_oss", weights=False, rank_sums=(False,))
     assert sinks.forward_sums.sums == {}  # attention sinks: an argument the recomputation does not model
     assert not any(s.recomputable for s in sinks.sites)
+
+
+@pytest.mark.parametrize("lead", [5.0, 22.0])
+def test_sharp_heads_on_large_logits_keep_their_entropy_and_it_is_never_negative(lead):
+    """Logits near 300 with one key ahead: read as ``s_max - log p_max - sum p s`` the large terms cancel and
+    the entropy of a near-one-hot row comes out wrong or negative; the gaps ``s_max - s_k`` keep it exact."""
+    g = torch.Generator().manual_seed(3)
+    logits = 300 + torch.randn(1, 2, 4, 9, generator=g)
+    logits[..., 0] += lead
+    w = torch.softmax(logits, -1)
+    vis = torch.ones(1, 1, 4, 9, dtype=torch.bool)
+    rows = torch.ones(1, 4, dtype=torch.bool)
+    none = torch.zeros(1, 9, dtype=torch.bool)
+    by_log, by_logits = RankSums(1, 2, 9, True, (False,)), RankSums(1, 2, 9, True, (False,))
+    by_log.add(w, vis, rows, torch.arange(4), none, none)
+    by_logits.add(w, vis, rows, torch.arange(4), none, none, logits=logits.clone())
+    got, want = _metrics(by_logits, False)["entropy"], _metrics(by_log, False)["entropy"]
+    p = torch.softmax(logits.double(), -1)
+    exact = -(p * p.log()).sum(-1).mean(-1).numpy()
+    assert (got > 0).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    np.testing.assert_allclose(got, exact, rtol=1e-3, atol=2e-7)  # float32 weights resolve about 1e-7 near 1
