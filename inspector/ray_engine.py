@@ -10,7 +10,9 @@ resuming works as with the local engine.
 ``address`` joins an existing cluster (``ray://head:10001``, ``auto``); without it a Ray instance
 already started in this process is used, or a local one is started (bound to 127.0.0.1, no
 dashboard) and shut down when the scan ends. Every node needs inspector and its model installed
-(``pip install inspector[ray]``); the documents still to scan are held in Ray's object store.
+(``pip install inspector[ray]``). The documents still to scan are handed to Ray :data:`WINDOW` at a time
+(one Dataset each, its actors loading the model anew), so the driver and Ray's object store hold at most
+that many, whatever the corpus's size.
 
 Ray is an optional dependency: only this module imports it, and only ``engine="ray"`` imports this
 module.
@@ -27,6 +29,8 @@ import pandas as pd
 from .documents import Document
 from .errors import InspectorError
 from .reduce import DOC_COLUMNS, BatchResult, Options, check_document
+
+WINDOW = 20_000  # documents per Ray Dataset: the most the driver lists at once (each window loads the model anew)
 
 
 def _item(doc: Document) -> dict[str, Any]:
@@ -146,7 +150,10 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
         import ray.data
     except ImportError:
         raise InspectorError("--engine ray needs Ray: pip install 'inspector[ray]' (or use --engine local)") from None
-    items = [_item(d) for d in docs]
+    from itertools import islice
+
+    docs = iter(docs)
+    items = [_item(d) for d in islice(docs, WINDOW)]
     if not items:
         return
     started = False
@@ -165,20 +172,24 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         ctx.execution_options.verbose_progress = False
-        ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 64 * n)))
-        ds = ds.map_batches(
-            Reducer, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
-            fn_constructor_kwargs={"model": model, "options": options.to_dict(), "device": "cuda" if gpus else device,
-                                   "trust_remote_code": trust_remote_code, "threads": threads},
-            num_gpus=gpus, num_cpus=threads or 1,
-        )
-        for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
-            heads = [from_ipc(b) for b in out["heads"] if len(b)]
-            # Ray hands back Arrow-backed columns; give them the local engine's dtypes so the Parquet parts match
-            documents = out[DOC_COLUMNS].reset_index(drop=True).astype(
-                {"id": str, "row": "int64", "tokens": "int64", "status": str, "error": str})
-            yield BatchResult(documents=documents,
-                              heads=pd.concat(heads, ignore_index=True) if heads else pd.DataFrame())
+        while items:
+            ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 64 * n)))
+            ds = ds.map_batches(
+                Reducer, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
+                fn_constructor_kwargs={"model": model, "options": options.to_dict(), "device": "cuda" if gpus else device,
+                                       "trust_remote_code": trust_remote_code, "threads": threads},
+                num_gpus=gpus, num_cpus=threads or 1,
+            )
+            del items  # Ray holds the window now
+            for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
+                heads = [from_ipc(b) for b in out["heads"] if len(b)]
+                # Ray hands back Arrow-backed columns; give them the local engine's dtypes so the Parquet parts match
+                documents = out[DOC_COLUMNS].reset_index(drop=True).astype(
+                    {"id": str, "row": "int64", "tokens": "int64", "status": str, "error": str})
+                yield BatchResult(documents=documents,
+                                  heads=pd.concat(heads, ignore_index=True) if heads else pd.DataFrame())
+            del ds
+            items = [_item(d) for d in islice(docs, WINDOW)]
     finally:
         if started:
             ray.shutdown()

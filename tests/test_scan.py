@@ -391,12 +391,16 @@ def test_the_local_engine_imports_nothing_from_ray(bert_folder, tmp_path):
     assert len(pd.read_parquet(tmp_path / "out" / "documents.parquet")) == 10
 
 
-def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path):
+def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path, monkeypatch):
+    """The documents handed to Ray in windows of 8 (three Datasets, the actors loading the model for each)."""
     try:
         import ray
     except ImportError:
         pytest.skip("Ray is not installed (pip install -e .[ray])")
+    from inspector import ray_engine
     from inspector.models import load_model
+
+    monkeypatch.setattr(ray_engine, "WINDOW", 8)
 
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20))
     local = tmp_path / "local"
