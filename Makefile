@@ -31,6 +31,7 @@ chromium:
 
 lint: install
 	$(VENV)/bin/ruff check inspector apps tests benchmarks fixtures
+	$(VENV)/bin/lint-imports
 
 test: install assets chromium lint
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q

@@ -4,7 +4,7 @@ Run it with ``inspector app [FILE]`` (or ``streamlit run apps/app.py -- FILE``).
 entry point: the page config, the shared session set-up (``apps/shared.py``), the sidebar that opens
 or makes a capture and selects a site, head and query, and the pages, one small file per view under
 ``apps/`` (``st.navigation``). UI code only: every number comes from the inspector package and the
-data for each view from ``inspector.views``.
+data for each view from ``inspector.ui.views``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pages' shared mo
 import shared  # noqa: E402
 from shared import ss  # noqa: E402
 
-from inspector import views  # noqa: E402
 from inspector.capture import capture as make_capture  # noqa: E402
 from inspector.errors import InspectorError  # noqa: E402
 from inspector.store import load as load_capture  # noqa: E402
+from inspector.ui import views  # noqa: E402
 
 st.set_page_config(page_title="inspector", page_icon="🔎", layout="wide")
 st.set_option("client.showErrorDetails", "type")  # an unexpected error never shows a traceback with server paths

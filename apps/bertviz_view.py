@@ -6,8 +6,8 @@ import shared
 import streamlit as st
 from shared import PERSIST, VENDOR, ss
 
-from inspector import views
 from inspector.errors import InspectorError
+from inspector.ui import views
 
 c = shared.current()
 cap, site, head = c.cap, c.site, c.head

@@ -9,8 +9,8 @@ import shared
 import streamlit as st
 from shared import PERSIST, ss
 
-from inspector import views
 from inspector.errors import InspectorError
+from inspector.ui import views
 
 c = shared.current()
 with st.form("compare_form", border=False):

@@ -22,7 +22,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from inspector import corpus
+from inspector.corpus import queries as corpus
 from inspector.errors import InspectorError
 
 PAGE = Path(__file__).resolve()
@@ -31,7 +31,7 @@ APP = PAGE.parent / "app.py"
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _model(name: str):
-    from inspector.models import load_model
+    from inspector.capture.models import load_model
 
     return load_model(name)
 

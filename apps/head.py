@@ -10,7 +10,7 @@ import shared
 import streamlit as st
 from shared import PERSIST, ss
 
-from inspector import views
+from inspector.ui import views
 
 c = shared.current()
 cap, site, head, qi = c.cap, c.site, c.head, c.qi
@@ -64,7 +64,7 @@ def heat_cells(cap_key: str, _cap, site_name: str, head: int, rows: tuple[int, i
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def weight_row(cap_key: str, _cap, site_name: str, head: int, qi: int, weighting: str) -> pd.DataFrame:
-    """One query's weights over every key (:func:`inspector.views.query_row`)."""
+    """One query's weights over every key (:func:`inspector.ui.views.query_row`)."""
     del cap_key
     return views.query_row(_cap, _cap.site(site_name), head, qi, weighting=weighting)
 

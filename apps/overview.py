@@ -8,7 +8,7 @@ import shared
 import streamlit as st
 from shared import PERSIST, ss
 
-from inspector import views
+from inspector.ui import views
 
 c = shared.current()
 

@@ -2,8 +2,8 @@
 
 ``apps/app.py`` calls :func:`setup` once per run before the pages; a page calls :func:`current` for the
 open capture and the selected site, head and query (it shows the welcome text and stops when none is
-open). Strings from a capture are shown through :func:`inspector.views.md_text` (literal text, never
-Markdown); errors through :func:`inspector.views.app_error` (one line, no server paths).
+open). Strings from a capture are shown through :func:`inspector.ui.views.md_text` (literal text, never
+Markdown); errors through :func:`inspector.ui.views.app_error` (one line, no server paths).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from inspector import analysis, views
+from inspector import analysis
+from inspector.capture.models import DEFAULT_MODEL, load_model
 from inspector.errors import InspectorError
-from inspector.models import DEFAULT_MODEL, load_model
 from inspector.store import Capture, Site
 from inspector.store import load as load_capture
+from inspector.ui import views
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "app.py"

@@ -8,7 +8,9 @@ import shared
 import streamlit as st
 from shared import FLAG_COLOUR, PERSIST, ss
 
-from inspector import analysis, spans, views
+from inspector import analysis
+from inspector.analysis import spans
+from inspector.ui import views
 
 c = shared.current()
 cap, site = c.cap, c.site

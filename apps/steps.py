@@ -9,9 +9,9 @@ import pandas as pd
 import shared
 import streamlit as st
 
-from inspector import views
+from inspector.analysis.explain import check_against_capture, explain
 from inspector.errors import InspectorError
-from inspector.explain import check_against_capture, explain
+from inspector.ui import views
 
 c = shared.current()
 cap, site, head, qi = c.cap, c.site, c.head, c.qi

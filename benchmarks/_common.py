@@ -60,7 +60,7 @@ def tokenizer():
     from transformers import AutoTokenizer
     from transformers.utils import logging
 
-    from inspector.models import default_model_path
+    from inspector.capture.models import default_model_path
 
     logging.set_verbosity_error()
     return AutoTokenizer.from_pretrained(str(default_model_path()))

@@ -193,8 +193,7 @@ def _as_schema1(src: Path, dst: Path) -> None:
     are the same values."""
     from safetensors.torch import save_file
 
-    from inspector import masks
-    from inspector.store import load
+    from inspector.store import load, masks
 
     cap = load(src)
     compact = {t for spec in cap.masks.values() for t in (spec.get("key_padding"), spec.get("packed"), spec.get("bias")) if t}

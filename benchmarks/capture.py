@@ -114,7 +114,7 @@ def _setup(spec: dict, variants: list[str]):
 
     torch.set_num_threads(spec["threads"])
     from inspector.capture import capture
-    from inspector.inputs import encode
+    from inspector.capture.inputs import encode
 
     n_tokens = spec["tokens"]
     tok = tokenizer()

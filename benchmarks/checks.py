@@ -25,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
 
-    from inspector import analysis, validate
+    from inspector import analysis
     from inspector.capture import capture
-    from inspector.store import load
+    from inspector.store import load, validate
 
     tok = tokenizer()
     model = gpt2_small(max(args.tokens, 1024))

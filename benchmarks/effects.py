@@ -8,7 +8,7 @@ contrast is ``RIGHT,WRONG`` = ``tenant,<the prompt's last word>``, measured wher
 Timed side by side, interleaved round by round (order rotating), one warm-up each, medians:
 
 * ``forward``      one plain forward of the model (its own sdpa attention, no grad, inputs ready-made);
-* ``attribution``  ``inspector.measure.attribute(...)``: tokenization, one forward through the seam
+* ``attribution``  ``inspector.intervene.effects.attribute(...)``: tokenization, one forward through the seam
                    with the graph kept from the head outputs on, one backward, the 144-row table --
                    every head ranked by attribution;
 * ``ablate one``   one forward with one head zero-ablated at the seam (``effects.exact_effects`` for one
@@ -42,8 +42,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from inspector import measure as effects
-    from inspector.inputs import encode
+    from inspector.capture.inputs import encode
+    from inspector.intervene import effects
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -51,7 +51,7 @@ BOILERPLATE = [
 
 
 def corpus_rows(kind: str, n: int, seed: int = 0) -> list[dict]:
-    from inspector.leases import lease_rows
+    from inspector.corpus.leases import lease_rows
 
     rows = [r for r in lease_rows(max(n + 2, 10), seed=seed) if r["text"] and r["id"] not in ("lease-0008",)][:n]
     if kind == "contracts":
@@ -63,13 +63,13 @@ def corpus_rows(kind: str, n: int, seed: int = 0) -> list[dict]:
 
 
 def fields():
-    from inspector.documents import Fields
+    from inspector.corpus.documents import Fields
 
     return Fields(query="query", referents="referents", id="id")
 
 
 def _scan(data: Path, out: Path, loaded=None, **kw):
-    from inspector.scan import scan
+    from inspector.corpus.scan import scan
 
     return scan(data, out, fields=fields(), batch_size=BATCH, loaded=loaded, progress=False, **kw)
 
@@ -86,7 +86,7 @@ def bench_model(which: str | None):
     """The embedded MiniLM, or (``bert-base``) a model of BERT-base's shape (12 layers, 12 heads, hidden 768)
     with seeded random weights and MiniLM's tokenizer (the same WordPiece vocabulary): no such weights ship
     offline, and a forward's cost and the analysis's depend on the shapes, not on the values."""
-    from inspector.models import LoadedModel, load_model
+    from inspector.capture.models import LoadedModel, load_model
 
     lm = load_model(None)
     if which in (None, "minilm"):
@@ -104,7 +104,7 @@ def worker_throughput(spec: dict) -> dict:
     import torch
 
     _threads(spec)
-    from inspector.leases import write_jsonl
+    from inspector.corpus.leases import write_jsonl
 
     lm = bench_model(spec.get("model"))
     rows = corpus_rows(spec["kind"], spec["n"])
@@ -146,8 +146,8 @@ def _trim() -> None:
 
 
 def worker_memory(spec: dict) -> dict:
-    from inspector.leases import write_jsonl
-    from inspector.models import load_model
+    from inspector.capture.models import load_model
+    from inspector.corpus.leases import write_jsonl
 
     _threads(spec)
     lm = load_model(None)
@@ -165,7 +165,7 @@ def worker_memory(spec: dict) -> dict:
     _trim()  # the warm-up's freed heap back to the system, so that "before" is what is live
     live: list[float] = []
     if spec.get("live"):  # what is live after each commit (garbage collected, freed heap returned): a leak would climb
-        from inspector.scanfolder import ScanFolder
+        from inspector.corpus.folder import ScanFolder
 
         original = ScanFolder.commit
 
@@ -182,8 +182,8 @@ def worker_memory(spec: dict) -> dict:
 
 
 def worker_engine(spec: dict) -> dict:
-    from inspector.leases import write_jsonl
-    from inspector.scanfolder import ScanFolder
+    from inspector.corpus.folder import ScanFolder
+    from inspector.corpus.leases import write_jsonl
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
     data = write_jsonl(tmp / "c.jsonl", corpus_rows(spec["kind"], spec["n"]))
@@ -198,7 +198,7 @@ def worker_engine(spec: dict) -> dict:
     _threads(spec)
     t0 = time.perf_counter()
     if spec["engine"] == "local":
-        from inspector.models import load_model
+        from inspector.capture.models import load_model
 
         _scan(data, tmp / "out", loaded=load_model(None))
     else:  # the actor gets as many torch threads as the local engine has

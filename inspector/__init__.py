@@ -5,19 +5,52 @@
     >>> cap = inspector.capture(lm.model, lm.tokenizer, "The Lessee shall indemnify the Lessor.")
     >>> cap.save("run.safetensors")
     >>> inspector.rank_heads(inspector.load("run.safetensors"))
+
+The package is a stack of stages, each a sub-package that imports only the ones below it (checked by the
+import-linter contract in ``pyproject.toml``; README "Layout")::
+
+    cli -> investigate -> ui -> corpus -> intervene -> analysis -> capture -> store -> errors
+
+``import inspector`` is light: torch, transformers and pandas are imported when a name below is first used.
 """
 
-from .analysis import LabelRule, SplitRule, rank_heads, split_heads
-from .capture import capture, record
-from .errors import InspectorError
-from .explain import explain
-from .measure import ablate, effects, patch
-from .models import load_model
-from .store import Capture, Site, load, save
+from __future__ import annotations
 
-__all__ = [
-    "Capture", "InspectorError", "LabelRule", "Site", "SplitRule", "capture", "explain", "load", "load_model",
-    "rank_heads", "record", "save", "split_heads",
-    "ablate", "effects", "patch",
-]
+import importlib
+
+# the sub-package inspector.capture is loaded first, so that the name ``capture`` below stays the function
+from inspector import capture as _capture_package  # noqa: F401
+from inspector.errors import InspectorError  # noqa: F401  (part of the API)
+
+del capture  # noqa: F821  (the import above bound the sub-package; the API's ``capture`` is the function)
+
+_API = {
+    "Capture": "inspector.store", "Site": "inspector.store", "InputRecord": "inspector.store",
+    "load": "inspector.store", "save": "inspector.store",
+    "capture": "inspector.capture.recorder", "record": "inspector.capture.recorder",
+    "load_model": "inspector.capture.models",
+    "LabelRule": "inspector.analysis", "SplitRule": "inspector.analysis",
+    "rank_heads": "inspector.analysis", "split_heads": "inspector.analysis",
+    "explain": "inspector.analysis.explain",
+    "ablate": "inspector.intervene.effects", "effects": "inspector.intervene.effects",
+    "patch": "inspector.intervene.effects",
+}
+_MODULES = {"show": "inspector.ui.show"}
+
+__all__ = sorted([*_API, *_MODULES, "InspectorError"])
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _API:
+        value = getattr(importlib.import_module(_API[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'inspector' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

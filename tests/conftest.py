@@ -27,6 +27,6 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def minilm():
-    from inspector.models import load_model
+    from inspector.capture.models import load_model
 
     return load_model(None)

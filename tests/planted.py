@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from inspector.inputs import InputRecord
+from inspector.capture.inputs import InputRecord
 from inspector.store import Capture, Site
 
 TEXT = "Alice met Bob and Carol near the river bank today"

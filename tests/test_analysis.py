@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from inspector import analysis
+from inspector.analysis.explain import check_against_capture, explain
 from inspector.capture import capture
+from inspector.capture.inputs import encode
 from inspector.cli import main
 from inspector.errors import InspectorError
-from inspector.explain import check_against_capture, explain
-from inspector.inputs import encode
 from inspector.store import load
 
 import planted
@@ -310,7 +310,7 @@ def test_byte_level_generated_text_keeps_every_word_findable():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from inspector.inputs import records_from_ids
+    from inspector.capture.inputs import records_from_ids
 
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

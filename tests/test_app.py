@@ -22,9 +22,10 @@ from streamlit import dataframe_util
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
-from inspector import analysis, cli, views
-from inspector.explain import explain
+from inspector import analysis, cli
+from inspector.analysis.explain import explain
 from inspector.store import load
+from inspector.ui import views
 
 from conftest import LEGAL
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from inspector import cli, views
+from inspector import cli
+from inspector.cli import common
 from inspector.store import load
+from inspector.ui import views
 
 import hostile
 import test_app
@@ -189,11 +191,11 @@ def test_app_refuses_a_missing_file(capsys, tmp_path):
 
 def test_app_command_binds_loopback_by_default():
     args = cli.build_parser().parse_args(["app", str(FIXTURE)])
-    cmd = cli.app_command(args)
+    cmd = common.app_command(args)
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     args = cli.build_parser().parse_args(["app", str(FIXTURE), "--host", "0.0.0.0", "--site", "example.attention",
                                           "--head", "0"])
-    cmd = cli.app_command(args)
+    cmd = common.app_command(args)
     assert cmd[cmd.index("--server.address") + 1] == "0.0.0.0"
     assert cmd[cmd.index("--") + 1:] == [str(FIXTURE.resolve()), "--site", "example.attention", "--head", "0"]
 
@@ -210,7 +212,7 @@ def test_signal_stops_the_streamlit_child(tmp_path, sig):
     port = _free_port()
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT))
     log = (tmp_path / "app.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "inspector.cli", "app", str(FIXTURE), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "inspector", "app", str(FIXTURE), "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 60

@@ -1,4 +1,4 @@
-"""The corpus scan's fast path (every document of a batch at once, inspector.batch_reduce) against the
+"""The corpus scan's fast path (every document of a batch at once, inspector.corpus.batch_reduce) against the
 per-document path (reduce.document_rows: rank_heads and split_heads on each batch row).
 
 Both read the same capture; every column must agree, on bidirectional, left-padded causal and
@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 from test_scan import assert_same_rows, docs_of
 
-from inspector import reduce
-from inspector.batch_reduce import batch_rows
-from inspector.documents import Fields
-from inspector.models import LoadedModel
-from inspector.reduce import Options, capture_batch
+from inspector.capture.models import LoadedModel
+from inspector.corpus import reduce
+from inspector.corpus.batch_reduce import batch_rows
+from inspector.corpus.documents import Fields
+from inspector.corpus.reduce import Options, capture_batch
 
 import tiny
 
@@ -103,7 +103,7 @@ def test_a_scan_batch_equals_documents_reduced_one_by_one_through_the_per_docume
     lm = LoadedModel(tiny.build(name), tiny.tokenizer(), name)
     docs = docs_of(ROWS, Fields(query="query", referents="referents", id="id", occurrence="occurrence"))
     fast = reduce.reduce_batch(lm.model, lm.tokenizer, docs)
-    import inspector.batch_reduce as br
+    import inspector.corpus.batch_reduce as br
 
     monkeypatch.setattr(br, "fast_path_applies", lambda capture: False)
     slow = reduce.reduce_batch(lm.model, lm.tokenizer, docs_of(ROWS, Fields(query="query", referents="referents", id="id",
@@ -161,14 +161,14 @@ def test_a_non_finite_weight_in_a_recomputed_site_leaves_the_batch_to_the_per_do
 def test_documents_made_in_python_with_spaced_referents_give_the_rows_of_clean_ones():
     """reduce_batch called with Document objects directly (no corpus reader to strip them): the referent
     columns are the words', on the fast path and on the per-document path alike."""
-    from inspector.documents import Document
+    from inspector.corpus.documents import Document
 
     lm = LoadedModel(tiny.build("gpt2"), tiny.tokenizer(), "gpt2")
     text = ROWS[0]["text"]
     docs = [Document(row=0, id="spaced", text=text, query="indemnity", referents=[" Lessee", "Lessor "]),
             Document(row=1, id="clean", text=text, query="indemnity", referents=["Lessee", "Lessor"])]
     for fast in (True, False):
-        import inspector.batch_reduce as br
+        import inspector.corpus.batch_reduce as br
 
         original = br.fast_path_applies
         br.fast_path_applies = original if fast else (lambda capture: False)

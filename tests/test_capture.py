@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inspector import attention
 from inspector.capture import IMPL, attn_implementation, capture
-from inspector.inputs import encode
-from inspector.store import load
+from inspector.capture.inputs import encode
+from inspector.store import attention, load
 
 import tiny
 from conftest import LEGAL
@@ -222,7 +221,7 @@ def test_embedded_minilm(minilm):
 
 def test_device_map_auto_loads_and_captures(tmp_path, tokenizer):
     """device_map="auto" goes through accelerate; on a CPU-only machine everything lands on the CPU."""
-    from inspector.models import load_model
+    from inspector.capture.models import load_model
 
     tiny.build("llama").save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
@@ -237,8 +236,8 @@ def test_device_map_auto_loads_and_captures(tmp_path, tokenizer):
 def test_attention_sinks_are_kept_as_the_model_computes_them(tokenizer):
     """gpt-oss passes learned sink logits (s_aux) to attention: the file cannot recompute them, so such
     sites keep their weights even in a lazy capture, and step-by-step refuses them."""
+    from inspector.analysis.explain import explain
     from inspector.errors import InspectorError
-    from inspector.explain import explain
 
     model = tiny.build("gpt_oss")
     for layer in model.model.layers:

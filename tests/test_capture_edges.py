@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from inspector.capture import attn_implementation, capture, record
+from inspector.capture.inputs import encode
 from inspector.errors import InspectorError
-from inspector.inputs import encode
 from inspector.store import load
 
 import families

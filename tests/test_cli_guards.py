@@ -76,7 +76,7 @@ def test_scan_demo_sizes_are_checked_before_anything_is_written(tmp_path, capsys
 
 
 def test_scan_demo_refuses_another_size_in_the_same_folder(tmp_path, capsys):
-    from inspector.leases import lease_rows, write_jsonl
+    from inspector.corpus.leases import lease_rows, write_jsonl
 
     out = tmp_path / "scan"
     out.mkdir()

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from inspector import corpus
-from inspector.documents import Fields
-from inspector.leases import lease_rows, write_jsonl
-from inspector.models import load_model
-from inspector.scan import scan
+from inspector.capture.models import load_model
+from inspector.corpus import queries as corpus
+from inspector.corpus.documents import Fields
+from inspector.corpus.leases import lease_rows, write_jsonl
+from inspector.corpus.scan import scan
 from inspector.store import load
 
 import tiny

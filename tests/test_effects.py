@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from inspector import intervene
-from inspector import measure as E
+from inspector.capture.inputs import encode
 from inspector.errors import InspectorError
-from inspector.inputs import encode
+from inspector.intervene import effects as E
+from inspector.intervene import seam as intervene
 
 import tiny
 
@@ -122,7 +122,7 @@ def test_logprob_table_matches_log_softmax(tokenizer):
 ])
 def test_regenerate_under_ablation_equals_zeroed_copy(tokenizer, arch, site, proj, conv1d):
     """generate() with its cache runs through the seam: the text equals the zeroed copy's."""
-    from inspector.generation import generate_target
+    from inspector.capture.generation import generate_target
 
     model = tiny.build(arch)
     with torch.no_grad():

@@ -7,10 +7,10 @@ import shlex
 import pandas as pd
 import pytest
 
-from inspector import measure as E
+from inspector.capture.models import LoadedModel
 from inspector.cli import main
-from inspector.investigate import investigate
-from inspector.models import LoadedModel
+from inspector.intervene import effects as E
+from inspector.investigate.debug import investigate
 
 import tiny
 from conftest import LEGAL
@@ -128,7 +128,7 @@ def _saved(loaded, path) -> str:
 
 
 def test_report_section_escapes_every_string():
-    from inspector.matter import Matter, insert_section, render_section
+    from inspector.investigate.matter import Matter, insert_section, render_section
 
     evil = "<script>alert(1)</script>"
     heads = pd.DataFrame([{"site": evil, "stack": "none", "kind": "self", "layer": 0, "head": 1, "flagged": True,

@@ -20,11 +20,10 @@ import collections
 import pytest
 import torch
 
-from inspector import attention
 from inspector.capture import attn_implementation, capture, probability_maps
+from inspector.capture.inputs import encode
 from inspector.errors import InspectorError
-from inspector.inputs import encode
-from inspector.store import load
+from inspector.store import attention, load
 
 import families
 

@@ -16,12 +16,12 @@ import pandas as pd
 import pytest
 from safetensors.torch import save_file
 
-from inspector import analysis, files
+from inspector import analysis
+from inspector.capture.models import LoadedModel
 from inspector.cli import main
 from inspector.errors import InspectorError
-from inspector.investigate import investigate
-from inspector.models import LoadedModel
-from inspector.store import load
+from inspector.investigate.debug import investigate
+from inspector.store import files, load
 
 import planted
 import tiny
@@ -171,7 +171,7 @@ def test_overwrite_guard_for_files_that_are_not_captures(tmp_path, capsys, monke
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the target was checked")
 
-    monkeypatch.setattr("inspector.cli.load_from_args", no_model)
+    monkeypatch.setattr("inspector.cli.commands.load_from_args", no_model)
     for target in (weights, junk):
         assert main(["capture", "--text", "hi", "-o", str(target)]) == 2
         assert "not an inspector capture" in _one_line(capsys.readouterr().err) and "--force" in capsys.readouterr().err + "--force"
@@ -193,7 +193,7 @@ def test_debug_refuses_an_existing_file_before_loading_the_model(tmp_path, capsy
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the target was checked")
 
-    monkeypatch.setattr("inspector.cli_investigate.load_from_args", no_model)
+    monkeypatch.setattr("inspector.cli.investigate.load_from_args", no_model)
     for out, message in ((target, "is not a folder"), (other, "other files in it")):
         assert main(["debug", "--source", LEGAL, "--output", OUTPUT, "--query", "indemnify", "--referents",
                      "Lessee,Lessor", "-o", str(out)]) == 2
@@ -220,7 +220,7 @@ def test_investigation_folder_is_swapped_in_whole(bart, tmp_path, monkeypatch):
     assert not [n for n in second if n.startswith(("variant-", "compare-"))]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inv"]  # no temporary folder beside it
 
-    import inspector.investigate as inv_module
+    import inspector.investigate.debug as inv_module
 
     real = inv_module.write_csv
 
@@ -242,7 +242,7 @@ def test_closed_pipe_ends_quietly(capfile, tmp_path):
 
     script = (
         "import os, sys\n"
-        "from inspector.cli import main\n"
+        "from inspector.cli.commands import main\n"
         "r, w = os.pipe()\n"
         "os.close(r)\n"
         "os.dup2(w, 1)\n"

@@ -1,4 +1,4 @@
-"""Rank sums taken while the model runs (inspector.forward_sums), checked against the model's own computation.
+"""Rank sums taken while the model runs (inspector.corpus.forward_sums), checked against the model's own computation.
 
 - The forward it makes is the model's eager forward: its output equals a capture that ran every site's
   eager function (``weights=True``).
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from inspector import forward_sums
 from inspector.analysis import RankSums
-from inspector.batch_reduce import Axes, _site_pass
 from inspector.capture import capture
+from inspector.corpus import forward_sums
+from inspector.corpus.batch_reduce import Axes, _site_pass
+from inspector.corpus.forward_sums import ForwardSums
 
 import tiny
 
@@ -30,8 +31,10 @@ TARGETS = ["The Lessee indemnifies.", "Globex Inc pays.", "Short."]
 FAMILIES = ["bert", "gpt2", "bart", "t5", "llama", "gemma2", "mistral"]
 
 
-def _capture(model, tok, name, **kw):
+def _capture(model, tok, name, rank_sums=None, **kw):
     target = TARGETS if name in ("bart", "t5") else None
+    if rank_sums is not None:
+        kw["forward_sums"] = lambda records: ForwardSums(records, rank_sums)
     return capture(model, tok, TEXTS, target, **kw)
 
 

@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 from inspector.capture import capture
+from inspector.capture.inputs import InputRecord
 from inspector.cli import main
 from inspector.errors import InspectorError
-from inspector.inputs import InputRecord
 from inspector.store import Site, load
-from inspector.validate import MASK_FIELDS, conforms
+from inspector.store.validate import MASK_FIELDS, conforms
 
 import tiny
 

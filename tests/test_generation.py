@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inspector.capture import capture
-from inspector.generation import generate_target
+from inspector.capture.generation import generate_target
 
 import tiny
 from conftest import LEGAL

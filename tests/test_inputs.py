@@ -9,9 +9,9 @@ import torch
 
 from inspector import analysis
 from inspector.capture import attn_implementation, capture
+from inspector.capture.generation import generate_target
+from inspector.capture.inputs import _prefix_offsets, encode, records_from_ids
 from inspector.errors import InspectorError
-from inspector.generation import generate_target
-from inspector.inputs import _prefix_offsets, encode, records_from_ids
 from inspector.store import load
 
 import tiny
@@ -230,7 +230,7 @@ def test_record_tokens_are_the_tokenizers_own_strings(which, tokenizer):
     tok = tokenizer if which == "wordpiece" else _byte_level_tokenizer()
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
-    from inspector.inputs import _records, _tokenize
+    from inspector.capture.inputs import _records, _tokenize
 
     texts = [TRICKY, "The Lessee [SEP] shall indemnify the Lessor.", "Short."]
     records = _records(tok, _tokenize(tok, texts, add_special=True), texts, "source")
@@ -244,7 +244,7 @@ def test_a_text_too_long_gives_inspector_s_line_only_and_leaves_the_tokenizer_as
     own refusal, and the caller's tokenizer still warns as before afterwards."""
     from transformers.utils import logging as hf_logging
 
-    from inspector.inputs import _tokenize
+    from inspector.capture.inputs import _tokenize
 
     hf_logging.enable_default_handler()
     before = dict(tokenizer.deprecation_warnings)

@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from inspector.capture import capture
+from inspector.capture.models import LoadedModel
 from inspector.cli import main
 from inspector.errors import InspectorError
-from inspector.investigate import compare_captures, investigate
-from inspector.models import LoadedModel
+from inspector.investigate.debug import compare_captures, investigate
 from inspector.store import load
 
 import planted
@@ -139,7 +139,7 @@ def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):
 
 
 def test_variant_names_stay_inside_the_output_folder(tmp_path):
-    from inspector.cli_investigate import _parse_variants
+    from inspector.cli.investigate import _parse_variants
 
     f = tmp_path / "v.txt"
     f.write_text("text")

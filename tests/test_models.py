@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from inspector.capture import capture
+from inspector.capture.models import load_model
 from inspector.errors import InspectorError
-from inspector.models import load_model
 
 import tiny
 from conftest import LEGAL
@@ -92,7 +92,7 @@ def test_missing_path_is_named_as_a_folder(offline_cache):
 def _cli(args, env_extra, cwd):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update({"PYTHONPATH": str(REPO), **env_extra})
-    return subprocess.run([sys.executable, "-m", "inspector.cli", *args], env=env, cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "inspector", *args], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -128,7 +128,7 @@ def test_cli_checks_that_need_no_model_come_first(tmp_path):
     ]
     for argv, expected in cases:
         with pytest.raises(InspectorError, match=expected):
-            from inspector.cli import build_parser
+            from inspector.cli.commands import build_parser
 
             args = build_parser().parse_args(argv)
             args.func(args)

@@ -10,11 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from inspector import spans
-from inspector.analysis import rank_heads, split_heads
+from inspector.analysis import rank_heads, spans, split_heads
+from inspector.analysis.explain import explain
 from inspector.capture import capture
-from inspector.explain import explain
-from inspector.report import LIMIT, render_report
+from inspector.ui.report import LIMIT, render_report
 
 import tiny
 from conftest import LEGAL

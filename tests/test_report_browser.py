@@ -9,7 +9,7 @@ import pytest
 
 from inspector.analysis import rank_heads, split_heads
 from inspector.capture import capture
-from inspector.report import render_report
+from inspector.ui.report import render_report
 
 from conftest import LEGAL
 

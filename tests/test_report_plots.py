@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from inspector import report_plots
+from inspector.ui import report_plots
 
 import test_report
 from test_report import REFS

@@ -18,15 +18,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from inspector import cli, corpus
+from inspector import cli
 from inspector.analysis import rank_heads, split_heads
 from inspector.capture import capture
-from inspector.documents import Corpus, Fields, to_document
-from inspector.leases import lease_rows, write_jsonl
-from inspector.models import LoadedModel
-from inspector.reduce import Options, reduce_batch
-from inspector.scan import scan
-from inspector.scanfolder import ScanFolder, committed_documents
+from inspector.capture.models import LoadedModel
+from inspector.corpus import queries as corpus
+from inspector.corpus.documents import Corpus, Fields, to_document
+from inspector.corpus.folder import ScanFolder, committed_documents
+from inspector.corpus.leases import lease_rows, write_jsonl
+from inspector.corpus.reduce import Options, reduce_batch
+from inspector.corpus.scan import scan
 
 import tiny
 
@@ -206,7 +207,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_pat
     def interrupted(self, documents, heads):
         calls["n"] += 1
         if calls["n"] == 3:
-            from inspector.scanfolder import write_parquet
+            from inspector.corpus.folder import write_parquet
 
             write_parquet(self.out / "heads" / f"part-{self.next_part:05d}.parquet", heads)
             raise KeyboardInterrupt
@@ -231,7 +232,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_pat
     assert_same_rows(read_heads(full), read_heads(part), tol=0.0)  # same batches: bit for bit
     # a third run has nothing left to do, and brings a documents.parquet that lags the parts (a hard kill
     # between a commit and the next rewrite) up to date
-    from inspector.scanfolder import write_parquet
+    from inspector.corpus.folder import write_parquet
 
     write_parquet(part / "documents.parquet", a.iloc[:3])
     again = scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
@@ -397,8 +398,8 @@ def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path, mo
         import ray
     except ImportError:
         pytest.skip("Ray is not installed (pip install -e .[ray])")
-    from inspector import ray_engine
-    from inspector.models import load_model
+    from inspector.capture.models import load_model
+    from inspector.corpus import ray_engine
 
     monkeypatch.setattr(ray_engine, "WINDOW", 8)
 
@@ -482,7 +483,7 @@ def test_ray_address_joins_a_running_cluster_through_the_cli(bert_folder, tmp_pa
                 "--referents-field", "referents", "--id-field", "id", "--batch-size", "4", "--engine", "ray",
                 "--ray-address", f"127.0.0.1:{port}"]
         # a cluster started by `ray start` asks for its token (Ray >= 2.52; without it see the next test)
-        code = subprocess.run([sys.executable, "-m", "inspector.cli", *argv], capture_output=True, text=True,
+        code = subprocess.run([sys.executable, "-m", "inspector", *argv], capture_output=True, text=True,
                               env={**env, "RAY_AUTH_MODE": "token"}, timeout=300)
         assert code.returncode == 0, code.stderr[-3000:]
         status = subprocess.run([str(ray_bin), "status", f"--address=127.0.0.1:{port}"], capture_output=True, text=True,
@@ -490,7 +491,7 @@ def test_ray_address_joins_a_running_cluster_through_the_cli(bert_folder, tmp_pa
         assert status.returncode == 0, f"the cluster the scan joined is still running: {status.stderr[-1500:]}"
     finally:
         subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
-    from inspector.models import load_model
+    from inspector.capture.models import load_model
 
     scan(data, tmp_path / "local", fields=FIELDS, batch_size=4, loaded=load_model(str(bert_folder)), progress=False)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "local" / "documents.parquet"),
@@ -501,9 +502,9 @@ def test_ray_address_joins_a_running_cluster_through_the_cli(bert_folder, tmp_pa
 def test_a_cluster_that_cannot_be_joined_is_one_line_naming_the_fix(monkeypatch):
     """Ray's errors when joining (here: the token a `ray start` cluster asks for, and an unreachable
     address) become one line naming the fix, exit 2 in the CLI."""
-    from inspector import ray_engine
+    from inspector.corpus import ray_engine
+    from inspector.corpus.ray_engine import _join
     from inspector.errors import InspectorError
-    from inspector.ray_engine import _join
 
     monkeypatch.setattr(ray_engine, "_reachable", lambda address: None)  # these addresses answer; Ray refuses
 
@@ -538,7 +539,7 @@ def test_a_ray_address_where_nothing_listens_fails_at_once_through_the_cli(tmp_p
         port = s.getsockname()[1]  # closed again: nothing listens there
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "inspector.cli", "scan", str(data), "-o", str(tmp_path / "out"),
+    proc = subprocess.run([sys.executable, "-m", "inspector", "scan", str(data), "-o", str(tmp_path / "out"),
                            "--engine", "ray", "--ray-address", f"127.0.0.1:{port}"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]

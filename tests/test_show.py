@@ -1,4 +1,4 @@
-"""Figures and notebook display: inspector.show's charts hold the captured weights, save as PNG/SVG
+"""Figures and notebook display: inspector.ui.show's charts hold the captured weights, save as PNG/SVG
 offline, `inspector plot` writes them, `_repr_html_` escapes, and a real notebook runs in a kernel."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from inspector import cli, show
-from inspector.explain import explain
+from inspector import cli
+from inspector.analysis.explain import explain
 from inspector.store import load
+from inspector.ui import show
 
 import hostile
 

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from inspector import analysis, masks
-from inspector.capture import _Recorder, capture
-from inspector.store import load
+from inspector import analysis
+from inspector.capture import Recorder, capture
+from inspector.store import load, masks
 
 import tiny
 from conftest import LEGAL
@@ -33,15 +33,15 @@ def case(request, tokenizer, tmp_path_factory, monkeypatch_module):
     arch, text, target = CASES[request.param]
     model = tiny.build(arch)
     seen: list[tuple] = []  # every (mask, bias) the model handed to attention
-    original = _Recorder._mask
+    original = Recorder._mask
 
     def spy(self, name, mask, bias, key_len):
         seen.append((mask, bias, key_len))
         return original(self, name, mask, bias, key_len)
 
-    monkeypatch_module.setattr(_Recorder, "_mask", spy)
+    monkeypatch_module.setattr(Recorder, "_mask", spy)
     lazy = capture(model, tokenizer, text, target, weights=False)
-    monkeypatch_module.setattr(_Recorder, "_mask", original)
+    monkeypatch_module.setattr(Recorder, "_mask", original)
     full = capture(tiny.build(arch, attn="eager"), tokenizer, text, target)
     path = lazy.save(tmp_path_factory.mktemp(request.param) / "lazy.safetensors")
     return {"lazy": lazy, "full": full, "loaded": load(path), "seen": seen, "path": path}

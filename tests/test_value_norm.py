@@ -136,8 +136,8 @@ def test_value_weighted_rank_and_split_follow_the_definition(tokenizer):
 def test_heatmaps_show_value_weighted_attention_when_asked(tokenizer):
     import re
 
-    from inspector import views
-    from inspector.report import render_report
+    from inspector.ui import views
+    from inspector.ui.report import render_report
 
     cap = capture(tiny.build("bert"), tokenizer, LEGAL)
     site = cap.sites[1]
@@ -163,7 +163,7 @@ def test_heatmaps_show_value_weighted_attention_when_asked(tokenizer):
 
 @pytest.mark.slow
 def test_value_weighting_takes_the_sinks_out_of_the_minilm_ranking(minilm):
-    from inspector.investigate import LEGAL_SOURCE
+    from inspector.investigate.debug import LEGAL_SOURCE
 
     cap = capture(minilm.model, minilm.tokenizer, LEGAL_SOURCE)
     raw = analysis.rank_heads(cap)

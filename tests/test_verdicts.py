@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from inspector import analysis
+from inspector.analysis.explain import explain
+from inspector.capture.inputs import InputRecord
 from inspector.cli import main
-from inspector.explain import explain
-from inspector.inputs import InputRecord
 from inspector.store import Capture, Site, load
 
 TOL = 1e-6
@@ -211,7 +211,7 @@ def test_no_shared_pieces_without_common_tokens():
 
 # ---- the report and the variants, in words -----------------------------------------------------
 def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
-    from inspector.report import render_report
+    from inspector.ui.report import render_report
 
     toks, p, q = _three_piece_query()
     cap = build(toks, p)
@@ -240,7 +240,7 @@ def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
 def test_variant_moves_say_up_down_or_not_at_all(change, word):
     import pandas as pd
 
-    from inspector.moves import move_sentence, variant_moves
+    from inspector.analysis.moves import move_sentence, variant_moves
 
     split = pd.DataFrame({"site": ["s", "s"], "head": [9, 3], "flagged": [True, False]})
     cmp = pd.DataFrame({"site": ["s", "s"], "layer": [5, 5], "head": [3, 9], "split_score[original]": [0.1, 0.228],

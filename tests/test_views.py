@@ -1,4 +1,4 @@
-"""inspector.views: the data behind the app's views, on tiny seeded models (no Streamlit)."""
+"""inspector.ui.views: the data behind the app's views, on tiny seeded models (no Streamlit)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from inspector import views
+from inspector.analysis.explain import explain
 from inspector.capture import capture
 from inspector.errors import InspectorError
-from inspector.explain import explain
+from inspector.ui import views
 
 import tiny
 

@@ -26,7 +26,7 @@ def config_for(name: str):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from inspector.models import default_model_path
+    from inspector.capture.models import default_model_path
 
     return AutoTokenizer.from_pretrained(str(default_model_path()))
 

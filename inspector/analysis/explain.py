@@ -1,0 +1,202 @@
+"""One query's attention weights, step by step (the seed's five steps, for any site and head).
+
+For a site, head and query position: per key, the key token, ``q.k``, the scaled (and soft-capped)
+score, the additive mask, the softmax weight (computed with the row maximum subtracted) and the
+contribution ``weight * v``; then the output vector, their sum. Computed in float64 from the stored
+Q, K, V and mask, so it can be checked against the captured weights.
+
+For a word (``query="indemnity"``), every token of the word is one query row: each row is explained,
+and the aggregate row that :func:`~inspector.analysis.split_heads` uses (the mean of the rows) is
+given too, with the referents' weights, chance, lift and split score computed by the same code as
+``split``'s, per row and for the aggregate (:class:`WordExplanation`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from inspector.errors import InspectorError
+from inspector.store import attention
+from inspector.store.capture_file import Capture, Site
+
+EXPLAIN_COLUMNS = ["key_index", "key_token", "dot", "scaled", "mask", "logit", "weight", "contribution"]
+
+
+@dataclass
+class Explanation:
+    site: str
+    head: int
+    query_index: int
+    query_token: str
+    scaling: float
+    softcap: float | None
+    table: pd.DataFrame  # one row per key, EXPLAIN_COLUMNS
+    output: list[float]
+
+    def _repr_html_(self) -> str:
+        from inspector.store.display import explanation_html
+
+        return explanation_html(self)
+
+    def to_json(self) -> dict:
+        def num(x):
+            return x if math.isfinite(x) else ("-inf" if x < 0 else "inf" if x > 0 else "nan")
+
+        rows = []
+        for r in self.table.to_dict("records"):
+            rows.append({k: (num(v) if isinstance(v, float) else v) for k, v in r.items()})
+        return {"site": self.site, "head": self.head, "query_index": self.query_index, "query_token": self.query_token,
+                "scaling": self.scaling, "softcap": self.softcap, "rows": rows, "output": self.output}
+
+
+@dataclass
+class WordExplanation:
+    """Every query row of a word at one site and head, and the aggregate row ``split`` judges.
+
+    ``rows``: one :class:`Explanation` per token of the word, in ``query_positions`` order;
+    ``aggregate``: ``key_index, key_token, weight`` with ``weight`` the mean of the rows' weights;
+    ``verdict``: with referents, the head's row of the split table (same code, same numbers);
+    ``row_verdicts``: per query row, the referents' weights, ``referent_mass``, ``chance_mass``,
+    ``lift``, ``split_score`` and ``flagged`` of that row alone."""
+
+    site: str
+    head: int
+    query: str
+    query_positions: list[int]
+    rows: list[Explanation]
+    aggregate: pd.DataFrame
+    verdict: dict | None = None
+    row_verdicts: list[dict] | None = None
+    weighting: str = "attention"
+
+    def to_json(self) -> dict:
+        rows = []
+        for i, e in enumerate(self.rows):
+            d = e.to_json()
+            if self.row_verdicts is not None:
+                d["referents"] = self.row_verdicts[i]
+            rows.append(d)
+        out = {"site": self.site, "head": self.head, "query": self.query, "query_positions": self.query_positions,
+               "query_rows": rows,
+               "aggregate": {"rule": "mean of the query rows' weights: the row split judges",
+                             "weighting": self.weighting,
+                             "weights": [float(x) for x in self.aggregate["weight"]],
+                             "referents": self.verdict}}
+        if len(rows) == 1:  # a one-token query: its row's fields at the top level too, as for explain --query-index
+            out.update({k: v for k, v in rows[0].items() if k not in out})
+        return out
+
+
+def explain(capture: Capture, site: Site | str, head: int, query_index: int | str | None = None, *, query: str | None = None,
+            occurrence: int | None = None, referents: list[str] | None = None, batch: int = 0, case_sensitive: bool = True,
+            query_role: str | None = None, referent_role: str | None = None, rule=None,
+            weighting: str = "attention") -> Explanation | WordExplanation:
+    """Explain one query row (``query_index``, an int: an :class:`Explanation`) or every row of a word
+    or phrase (``query="indemnity"``, or a string as ``query_index``; ``@7-9`` works too: a
+    :class:`WordExplanation`), as ``inspector explain --query-index`` / ``--query`` do.
+
+    With ``referents`` the word's explanation carries the split verdict for this head, computed as
+    :func:`~inspector.analysis.split_heads` computes it (``rule``, ``weighting`` as there).
+    Raises InspectorError for an unknown head, a position outside the query axis, a site without
+    Q/K/V or a word not in the text."""
+    if isinstance(query_index, str):
+        query, query_index = query_index, None
+    site = capture.site(site) if isinstance(site, str) else site
+    if query is not None:
+        return _explain_word(capture, site, head, query, occurrence=occurrence, referents=referents, batch=batch,
+                             case_sensitive=case_sensitive, query_role=query_role, referent_role=referent_role, rule=rule,
+                             weighting=weighting)
+    if query_index is None:
+        raise InspectorError("no query given: pass a query position or a word (--query-index I or --query WORD)")
+    return _explain_row(capture, site, head, int(query_index), batch=batch)
+
+
+def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurrence, referents, batch, case_sensitive,
+                  query_role, referent_role, rule, weighting) -> WordExplanation:
+    from inspector.analysis import heads as analysis
+    from inspector.analysis import spans
+
+    occ = spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch, case_sensitive=case_sensitive,
+                              role=query_role)
+    positions = list(occ.positions)
+    rows = [_explain_row(capture, site, head, p, batch=batch) for p in positions]
+    weights = torch.stack([torch.tensor(e.table["weight"].to_numpy(), dtype=torch.float64) for e in rows]).mean(0)
+    aggregate = pd.DataFrame({"key_index": range(site.key_len), "key_token": capture.tokens(site, "key", batch),
+                              "weight": weights.tolist()})
+    verdict = row_verdicts = None
+    if referents:
+        refs = analysis.find_referents(capture, site, referents, batch=batch, case_sensitive=case_sensitive, role=referent_role)
+        try:
+            found = analysis.referent_split(capture, site, positions, refs, batch=batch,
+                                            rule=rule or analysis.SplitRule(), weighting=weighting)
+        except analysis._NothingVisible:
+            raise InspectorError(f"at {site.name} the query cannot see any referent (causal mask)") from None
+        verdict = found.row(head)
+        row_verdicts = [found.row_of(head, i) for i in range(len(positions))]
+    return WordExplanation(site=site.name, head=head, query=occ.phrase, query_positions=positions, rows=rows,
+                           aggregate=aggregate, verdict=verdict, row_verdicts=row_verdicts, weighting=weighting)
+
+
+def _explain_row(capture: Capture, site: Site, head: int, query_index: int, *, batch: int = 0) -> Explanation:
+    if not 0 <= head < site.num_heads:
+        raise InspectorError(f"head {head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
+    if not 0 <= query_index < site.query_len:
+        raise InspectorError(f"query index {query_index} is outside {site.name}'s query axis (0..{site.query_len - 1})")
+    if not {"q", "k", "v"} <= set(site.parts):
+        raise InspectorError(f"site {site.name} was captured through output_attentions, without Q/K/V: it cannot be explained step by step")
+    if not site.recomputable:
+        raise InspectorError(
+            f"site {site.name} passes {', '.join(site.extra_kwargs)} to attention (e.g. attention sinks), which the "
+            "step-by-step table cannot reproduce; its captured weights are the model's own"
+        )
+    kv = site.head_map[head]
+    q = capture.tensors.slice(site.tensor_name("q"), (slice(batch, batch + 1), slice(head, head + 1), slice(query_index, query_index + 1)))[0, 0, 0]
+    k = capture.tensors.slice(site.tensor_name("k"), (slice(batch, batch + 1), slice(kv, kv + 1)))[0, 0]
+    v = capture.tensors.slice(site.tensor_name("v"), (slice(batch, batch + 1), slice(kv, kv + 1)))[0, 0]
+    mask = capture.mask_rows(site, batch, slice(query_index, query_index + 1))
+    if mask is not None:
+        mask = mask[head if mask.shape[0] > 1 else 0, 0]
+    steps = attention.step_by_step(q, k, v, scaling=site.scaling, mask=mask, softcap=site.softcap)
+    _check_steps(capture, site, head, query_index, batch, steps["weight"])
+    _check_output(capture, site, head, query_index, steps["output"])
+    tokens = capture.tokens(site, "key", batch)
+    table = pd.DataFrame({
+        "key_index": range(site.key_len),
+        "key_token": tokens,
+        "dot": steps["dot"].tolist(),
+        "scaled": steps["scaled"].tolist(),
+        "mask": steps["mask"].tolist(),
+        "logit": steps["logit"].tolist(),
+        "weight": steps["weight"].tolist(),
+        "contribution": [[float(x) for x in row] for row in steps["contribution"]],
+    })
+    return Explanation(site=site.name, head=head, query_index=query_index,
+                       query_token=capture.tokens(site, "query", batch)[query_index], scaling=site.scaling,
+                       softcap=site.softcap, table=table, output=[float(x) for x in steps["output"]])
+
+
+def check_against_capture(capture: Capture, exp: Explanation, batch: int = 0) -> float:
+    """Largest difference between the explained weights and the capture's (stored or recomputed)."""
+    w = capture.weights(exp.site, batch, heads=[exp.head], queries=slice(exp.query_index, exp.query_index + 1))[0, 0]
+    return float((torch.tensor(exp.table["weight"].to_numpy()) - w.double()).abs().max())
+
+
+def _check_steps(capture: Capture, site: Site, head: int, query_index: int, batch: int, weight: torch.Tensor) -> None:
+    """Refuse a recomputed row that is not finite, or that disagrees with the stored weights of the same row."""
+    from inspector.store import validate
+
+    stored, code = None, validate.DTYPE_CODES.get(torch.float32)
+    if "weights" in site.parts:
+        stored = capture.weights(site, batch, heads=[head], queries=slice(query_index, query_index + 1))[0, 0]
+        code = capture.tensors.dtype(site.tensor_name("q"))
+    validate.check_explained(str(capture.source), site, head, query_index, weight, stored, code)
+
+
+def _check_output(capture: Capture, site: Site, head: int, query_index: int, output: torch.Tensor) -> None:
+    if not bool(torch.isfinite(output).all()):
+        raise InspectorError(f"{capture.source}: site {site.name!r} head {head} row {query_index}: the output (weights times "
+                             "V) is not finite, so V holds NaN or infinity; the file is damaged: capture again")

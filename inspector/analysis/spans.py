@@ -1,0 +1,120 @@
+"""Finding words and phrases of the text among a site's token positions.
+
+Matching uses the tokenizer's character offsets, never token strings: a phrase is found in the text
+(whole-word, case-sensitive by default, every occurrence) and the tokens whose spans overlap it are
+its positions. A span may also be given as explicit token indices: ``@7`` or ``@7-9`` (inclusive).
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+import re
+from dataclasses import dataclass
+
+from inspector.errors import InspectorError
+from inspector.store.capture_file import Capture, Site
+
+_INDEX = re.compile(r"^@(\d+)(?:-(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One occurrence of a phrase: its positions on a site axis and where it sits in the text."""
+
+    phrase: str
+    role: str
+    positions: tuple[int, ...]
+    start: int | None = None  # character span in that role's text
+    end: int | None = None
+
+
+def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch: int = 0,
+         case_sensitive: bool = True, role: str | None = None) -> list[Occurrence]:
+    """Every occurrence of ``phrase`` on the site's query or key axis, in axis order (only in the
+    ``role`` part of the axis when given)."""
+    m = _INDEX.match(phrase.strip())
+    if m:
+        axis = capture.axis(site, which, batch)
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if not 0 <= lo <= hi < len(axis):
+            raise InspectorError(f"token index {phrase} is outside the {which} axis of {site.name} (0..{len(axis) - 1})")
+        return [Occurrence(phrase, axis[lo][0].role, tuple(range(lo, hi + 1)))]
+    flags = 0 if case_sensitive else re.IGNORECASE
+    pattern = re.compile(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", flags)
+    found: list[Occurrence] = []
+    start = 0
+    for axis_role in site.query_input if which == "query" else site.key_input:
+        rec = capture.records(axis_role, batch)
+        no_offsets, token_spans, ends, ordered = _token_spans(rec)
+        if role in (None, rec.role) and no_offsets:
+            raise InspectorError("this capture has no character offsets (slow tokenizer): give spans as token indices, e.g. @7")
+        for match in pattern.finditer(rec.text if role in (None, rec.role) else ""):
+            # tokens overlapping the match: from the first token ending after its start, while they start before its end
+            j = bisect.bisect_right(ends, match.start()) if ordered else 0
+            pos = []
+            for k in range(j, len(token_spans)):
+                a, e, i = token_spans[k]
+                if a >= match.end() and ordered:
+                    break
+                if a < match.end() and e > match.start():
+                    pos.append(start + i)
+            pos = tuple(pos)
+            if pos:
+                found.append(Occurrence(phrase, axis_role, pos, match.start(), match.end()))
+        start += len(rec.ids)
+    return found
+
+
+_SPANS: dict[int, tuple] = {}  # id(record) -> (record, its token spans): every site of a capture reads the same records
+
+
+def _token_spans(rec) -> tuple[bool, list[tuple[int, int, int]], list[int], bool]:
+    """(no real token has offsets, ``(start, end, index)`` of the tokens with offsets, their ends, ends ascending),
+    computed once per input record."""
+    hit = _SPANS.get(id(rec))
+    if hit is not None and hit[0] is rec:
+        return hit[1]
+    real = [o for o, s, p in zip(rec.offsets, rec.special, rec.padding, strict=True) if not (s or p)]
+    token_spans = [(off[0], off[1], i) for i, off in enumerate(rec.offsets) if off is not None]
+    ends = [e for _, e, _ in token_spans]
+    data = (bool(real) and all(o is None for o in real), token_spans, ends, all(a <= b for a, b in zip(ends, ends[1:], strict=False)))
+    if len(_SPANS) >= 32:
+        _SPANS.clear()
+    _SPANS[id(rec)] = (rec, data)
+    return data
+
+
+def not_found_message(capture: Capture, site: Site, phrase: str, which: str, what: str, batch: int = 0) -> str:
+    roles = site.query_input if which == "query" else site.key_input
+    words: list[str] = []
+    for role in roles:
+        words += re.findall(r"\w+", capture.records(role, batch).text)
+    near = difflib.get_close_matches(phrase, sorted(set(words)), n=4, cutoff=0.5)
+    where = " + ".join(roles) or "no"
+    hint = f"; nearest: {', '.join(near)}" if near else ""
+    return f"{what} {phrase!r} is not in the {where} text (whole-word, case-sensitive){hint}: check the spelling or give token indices like @7"
+
+
+def resolve_query(capture: Capture, site: Site, phrase: str | None, *, index: int | None = None,
+                  occurrence: int | None = None, batch: int = 0, case_sensitive: bool = True,
+                  role: str | None = None) -> Occurrence:
+    """The query span: a phrase (one occurrence of it) or an explicit query index."""
+    if index is not None:
+        n = site.query_len
+        if not 0 <= index < n:
+            raise InspectorError(f"query index {index} is outside {site.name}'s query axis (0..{n - 1})")
+        rec, _ = capture.axis(site, "query", batch)[index]
+        return Occurrence(f"@{index}", rec.role, (index,))
+    if not phrase:
+        raise InspectorError("no query given: pass --query WORD or --query-index I")
+    found = find(capture, site, phrase, "query", batch=batch, case_sensitive=case_sensitive, role=role)
+    if not found:
+        raise InspectorError(not_found_message(capture, site, phrase, "query", "query", batch))
+    if occurrence is None:
+        if len(found) > 1:
+            raise InspectorError(f"query {phrase!r} occurs {len(found)} times: pick one with --occurrence 1..{len(found)}")
+        return found[0]
+    if not 1 <= occurrence <= len(found):
+        raise InspectorError(f"query {phrase!r} occurs {len(found)} times, so --occurrence must be 1..{len(found)}")
+    return found[occurrence - 1]

@@ -1,0 +1,787 @@
+"""The capture engine: record Q, K, V and attention weights at transformers' attention seam.
+
+transformers 5.x routes the attention of most model families through ``ALL_ATTENTION_FUNCTIONS``
+with per-head query, key and value (after rotary embeddings, before grouped K/V heads are
+repeated). While :func:`recording` is active, the model's configs point at one recording function
+registered under the name ``"inspector"`` with ``AttentionInterface``, and the matching mask
+function (the eager, additive mask) with ``AttentionMaskInterface`` -- without the latter, masks
+are silently skipped and causal models would see the future.
+
+For every attention call the recorder
+
+* in a full capture, calls the model's *own* ``eager_attention_forward`` (from the module's modeling
+  file), so soft-capping, relative position biases and sliding windows come out as the model defines
+  them, and keeps its weights;
+* in a lazy capture (``weights=False``), calls sdpa for speed (eager where sdpa cannot express the
+  call, e.g. soft-capping) and keeps only Q, K, V and the mask, from which the weights are
+  recomputed exactly on demand.
+
+Everything changed on the model (the configs' attention implementation, the registrations) is
+restored on every exit path, exceptions included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import re
+import sys
+import threading
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+
+from inspector.capture.inputs import Encoded, encode
+from inspector.errors import InspectorError
+from inspector.store import masks
+from inspector.store.capture_file import Capture, Site
+
+IMPL = "inspector"
+STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Keyword arguments that attention functions receive but that do not change the weights (the mask
+# already encodes sliding windows for eager/sdpa).
+_NEUTRAL_KWARGS = {
+    "dropout", "scaling", "is_causal", "sliding_window", "output_attentions", "position_ids", "cache_position",
+    "use_cache", "return_dict", "layer_idx", "head_mask", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+    "max_length_k", "position_embeddings", "output_hidden_states", "token_type_ids", "output_router_logits",
+}
+_HANDLED_KWARGS = {"softcap", "position_bias"}
+_CROSS_NAMES = ("crossattention", "encoder_attn", "encdecattention", "cross_attn", "cross_attention")
+
+ACTIVE: ContextVar[Recorder | None] = ContextVar("inspector_recorder", default=None)
+LOCK = threading.RLock()
+_registrations = 0
+
+
+def _dispatch(module, query, key, value, attention_mask, **kwargs):
+    """The function registered as ``attn_implementation="inspector"``."""
+    recorder = ACTIVE.get()
+    if recorder is None:  # another thread's model is being captured; this one just runs normally
+        return fast_attention(module, query, key, value, attention_mask, **kwargs)
+    return recorder(module, query, key, value, attention_mask, **kwargs)
+
+
+def fast_attention(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if kwargs.get("softcap") is not None or any(v is not None for k, v in kwargs.items() if k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS):
+        return eager_function(module)(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+_INTERFACE_DEFAULT = re.compile(
+    r"(?:get_interface\(\s*[^,()]+,|getattr\(\s*ALL_ATTENTION_FUNCTIONS\s*,\s*[^,()]+,)\s*([A-Za-z_][\w.]*)\s*\)")
+
+
+def _named_eager(cls):
+    """The eager function ``cls.forward`` falls back to in ``ALL_ATTENTION_FUNCTIONS.get_interface(impl, fn)``
+    (read from its source and resolved in its module), or None."""
+    import inspect
+
+    forward = getattr(cls, "forward", None)
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return None
+    found = _INTERFACE_DEFAULT.search(source)
+    if found is None:
+        return None
+    obj: Any = getattr(forward, "__globals__", {})
+    for i, part in enumerate(found.group(1).split(".")):
+        obj = obj.get(part) if i == 0 else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if callable(obj) else None
+
+
+def eager_function(module):
+    """The eager attention function the module itself falls back to: the one its ``forward`` names in
+    ``ALL_ATTENTION_FUNCTIONS.get_interface(...)`` (e.g. ``simple_eager_attention_forward``), else the
+    ``eager_attention_forward`` of its own modeling file (or a parent class's)."""
+    named = _named_eager(type(module))
+    if named is not None:
+        return named
+    for cls in type(module).__mro__:
+        mod = sys.modules.get(cls.__module__)
+        fn = getattr(mod, "eager_attention_forward", None) if mod is not None else None
+        if fn is not None:
+            return fn
+    raise InspectorError(
+        f"{type(module).__name__} calls the attention interface but its modeling file has no eager_attention_forward: "
+        "this architecture is not supported yet"
+    )
+
+
+@contextlib.contextmanager
+def registered_functions():
+    """Register the recording attention and its (eager, additive) mask for the duration."""
+    global _registrations
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    with LOCK:
+        if _registrations == 0:
+            AttentionInterface.register(IMPL, _dispatch)
+            AttentionMaskInterface.register(IMPL, eager_mask)
+        _registrations += 1
+    try:
+        yield
+    finally:
+        with LOCK:
+            _registrations -= 1
+            if _registrations == 0:
+                # GeneralInterface has no unregister; its class-level mapping is the registry
+                AttentionInterface._global_mapping.pop(IMPL, None)
+                AttentionMaskInterface._global_mapping.pop(IMPL, None)
+
+
+def _configs(model) -> list[Any]:
+    from transformers import PretrainedConfig
+
+    seen: dict[int, Any] = {}
+    stack = [getattr(m, "config", None) for m in model.modules()]
+    while stack:
+        c = stack.pop()
+        if isinstance(c, PretrainedConfig) and id(c) not in seen:
+            seen[id(c)] = c
+            stack += [getattr(c, k, None) for k in getattr(c, "sub_configs", {})]
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def attn_implementation(model, name: str):
+    """Point every config of ``model`` at attention implementation ``name``; restore on exit."""
+    configs = _configs(model)
+    saved = [(c, c.__dict__.get("_attn_implementation_internal")) for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation_internal = name
+        yield
+    finally:
+        for c, value in saved:
+            c._attn_implementation_internal = value
+
+
+def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
+    if not sites:
+        return None
+    out = []
+    for p in sites:
+        try:
+            out.append(re.compile(p))
+        except re.error as exc:
+            raise InspectorError(f"--sites {p!r} is not a valid regular expression ({exc}): escape special characters") from None
+    return out
+
+
+class Recorder:
+    def __init__(self, model, *, weights: bool, dtype: torch.dtype, layers: set[int] | None, sites: list[str] | None,
+                 roles: dict[str, tuple[list[str], list[str]]], progress=None, lengths: dict[str, int] | None = None):
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.lengths = dict(lengths or {})  # tokens per role (batch row 0; rows are padded alike)
+        self.padding: dict[str, list[list[bool]]] = {}  # per role, per batch row: which tokens are padding
+        # configs whose model ran sdpa before the capture: lazy calls of other modules run their eager function
+        self.sdpa_configs = {id(c) for c in _configs(model) if c._attn_implementation == "sdpa"}
+        self.model_sdpa = id(model.config) in self.sdpa_configs
+        self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.weights = weights
+        self.dtype = dtype
+        self.layers = layers
+        self.site_patterns = site_patterns(sites)
+        self.roles = roles
+        self.progress = progress
+        self.sites: list[Site] = []
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._calls: dict[int, int] = {}
+        self._masks: dict[tuple[int, int, int], str | None] = {}
+        self.masks: dict[str, dict] = {}  # mask name -> spec (schema 2)
+        self._alive: list[Any] = []  # keep mask inputs alive so their ids stay unique
+        self._sdpa_masks: dict[tuple, Any] = {}
+        self.projections = None  # a value_norm.OutputProjections while recording
+        self._kinds: dict[tuple, tuple] = {}  # (mask id, bias id, query len, key len) -> (mask, bias, kind)
+        self.forward_sums = None  # a forward_sums.ForwardSums: reduce recomputable calls as they run
+
+    def _keep(self, t: torch.Tensor) -> torch.Tensor:
+        """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
+        view of a fused projection): safetensors refuses tensors that share memory."""
+        out = t.detach().to(device="cpu", dtype=self.dtype)
+        return out.clone() if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else out
+
+    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        base = self.names.get(id(module), type(module).__name__)
+        call = self._calls.get(id(module), 0)
+        self._calls[id(module)] = call + 1
+        name = base if call == 0 else f"{base}@{call}"
+        layer = getattr(module, "layer_idx", None)
+        if call > 0 or not isinstance(layer, int):
+            numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
+            layer = call if call > 0 or not numbers else int(numbers[0])
+        if (self.layers is not None and layer not in self.layers) or (
+            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
+        ):
+            return self._lazy(module, query, key, value, attention_mask, kwargs)[1:]
+
+        extra = sorted(k for k, v in kwargs.items() if v is not None and k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS)
+        summed = (self.forward_sums is not None and not (self.weights or extra)
+                  and self.forward_sums.applies(query, key, value, self.dtype))
+        if summed:  # computed below, once the site and its mask are recorded (inspector.corpus.forward_sums)
+            fn, out, w = None, None, None
+        elif self.weights or extra:
+            fn = eager_function(module)
+            out, w = fn(module, query, key, value, attention_mask, **kwargs)
+        else:
+            fn, out, w = self._lazy(module, query, key, value, attention_mask, kwargs)
+
+        stack, kind = self._where(module, base, query, key, attention_mask, kwargs.get("position_bias"))
+        q_roles, k_roles = self.roles[stack if self.encoder_decoder else "none"] if kind != "cross" else self.roles["cross"]
+        q_roles, k_roles = self._axes(module, base, query, key, attention_mask, q_roles, k_roles)
+        heads, kv_heads = query.shape[1], key.shape[1]
+        scaling = kwargs.get("scaling")
+        scaling = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
+        softcap = kwargs.get("softcap")
+        site = Site(
+            name=name, stack=stack, layer=int(layer), kind=kind, num_heads=int(heads), num_kv_heads=int(kv_heads),
+            head_map=[h // (heads // kv_heads) for h in range(heads)], d_head=int(query.shape[-1]), d_v=int(value.shape[-1]),
+            scaling=scaling, query_input=q_roles, key_input=k_roles, query_len=int(query.shape[-2]),
+            key_len=int(key.shape[-2]), softcap=None if softcap is None else float(softcap),
+            mask=self._mask(name, attention_mask, kwargs.get("position_bias"), key.shape[-2]),
+            parts=["q", "k", "v"] + (["weights"] if self.weights or extra else []), recomputable=not extra,
+            extra_kwargs=extra, module_class=type(module).__name__,
+            eager_function=f"{fn.__module__}.{fn.__name__}" if fn is not None else "",
+        )
+        if summed:
+            out = self.forward_sums.attend(site, query, key, value)
+        self.tensors[f"{name}/q"] = self._keep(query)
+        self.tensors[f"{name}/k"] = self._keep(key)
+        self.tensors[f"{name}/v"] = self._keep(value)
+        if self.weights or extra:  # weights the file could not recompute are always kept
+            self.tensors[f"{name}/weights"] = self._keep(w)
+        self.sites.append(site)
+        if self.projections is not None:  # value norms, once the output projection consumes `out`
+            self.projections.expect(site, out, value)
+        if self.progress is not None:
+            self.progress.update(1)
+        return out, w
+
+    def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
+        """A site for a module that computes attention its own way: its probability map ``w``
+        ``[batch, head, query, key]`` as returned with ``output_attentions``; Q/K/V unavailable."""
+        numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
+        layer = call if call > 0 or not numbers else int(numbers[0])
+        if (self.layers is not None and layer not in self.layers) or (
+            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
+        ):
+            return
+        q_ok = any(sum(self.lengths.get(r, -1) for r in c) == w.shape[-2] for c in (["source"], ["target"], ["source", "target"]))
+        if self.lengths and not q_ok:
+            raise InspectorError(
+                f"{type(module).__name__} at {base} returns attention weights of shape {tuple(w.shape)}, whose axes are not "
+                f"the tokens of the inputs ({self._lengths_text()}), which a capture file cannot express: capture the "
+                f"other sites with --sites '^(?!{re.escape(base)}$)' or choose another model")
+        stack, kind = self._where(module, base, w, w.transpose(-1, -2), None)
+        q_roles, k_roles = self.roles[stack if self.encoder_decoder else "none"] if kind != "cross" else self.roles["cross"]
+        q_roles, k_roles = self._axes(module, base, w, w.transpose(-1, -2), None, q_roles, k_roles)
+        if kind != "cross":
+            pad = None
+            if self.padding and all(r in self.padding for r in q_roles):
+                pad = torch.cat([torch.tensor(self.padding[r], dtype=torch.bool) for r in q_roles], dim=-1)
+            kind = weights_kind(w, pad) or ("causal" if getattr(module, "is_causal", False) else "self")
+        heads = int(w.shape[1])
+        self.sites.append(Site(
+            name=name, stack=stack, layer=int(layer), kind=kind, num_heads=heads, num_kv_heads=heads,
+            head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles, key_input=k_roles,
+            query_len=int(w.shape[-2]), key_len=int(w.shape[-1]), parts=["weights"], recomputable=False,
+            extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
+            value_norm_note="captured through output_attentions, without values",
+        ))
+        self.tensors[f"{name}/weights"] = self._keep(w)
+
+    def _lazy(self, module, query, key, value, attention_mask, kwargs):
+        """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
+        model itself ran sdpa, else the module's own eager function, so the model's outputs stay as they were
+        (sdpa without a mask defaults to causal, which a model with no sdpa support never meant)."""
+        config = getattr(module, "config", None)
+        if (id(config) in self.sdpa_configs) if config is not None else self.model_sdpa:
+            return None, *fast_attention(module, query, key, value, self._sdpa_mask(module, query, key, attention_mask, kwargs),
+                                          **kwargs)
+        fn = eager_function(module)
+        return fn, *fn(module, query, key, value, attention_mask, **kwargs)
+
+    def _axes(self, module, name, query, key, mask, q_roles, k_roles):
+        """Check the call's query and key lengths against the inputs the roles name; an axis that is the
+        concatenation of two inputs is recorded as such. What the file cannot express (pooled, blocked or
+        global/local keys, a non-4D call) is refused, naming the module."""
+        def fits(roles, n):
+            return sum(self.lengths.get(r, -(10**9)) for r in roles) == n
+
+        if not self.lengths:  # record() called without the inputs' lengths: nothing to check against
+            return q_roles, k_roles
+
+        def refuse(why):
+            raise InspectorError(
+                f"{type(module).__name__} at {name} {why}, which a capture file cannot express: capture the other "
+                f"sites with --sites '^(?!{re.escape(name)}$)' or choose another model")
+
+        if query.dim() != 4 or key.dim() != 4:
+            refuse(f"passes attention {query.dim()}-D queries and {key.dim()}-D keys instead of [batch, head, seq, dim]")
+        q_len, k_len = int(query.shape[-2]), int(key.shape[-2])
+        candidates = [["source"], ["target"], ["source", "target"], ["target", "source"]]
+        if not fits(q_roles, q_len):
+            q_roles = next((c for c in candidates if fits(c, q_len)), None)
+            if q_roles is None:
+                refuse(f"has {q_len} queries, not the tokens of any input ({self._lengths_text()})")
+        if not fits(k_roles, k_len):
+            options = [c for c in candidates if fits(c, k_len)]
+            if len(options) != 1 and not (len(options) == 2 and q_roles in options):
+                refuse(f"has {k_len} keys, not the tokens of one input or of a known concatenation ({self._lengths_text()})")
+            k_roles = q_roles if q_roles in options else options[0]
+        if isinstance(mask, torch.Tensor) and (mask.dim() != 4 or mask.shape[-2] not in (1, q_len) or mask.shape[-1] < k_len):
+            refuse(f"applies a mask of shape {tuple(mask.shape)} to {q_len} queries x {k_len} keys")
+        return q_roles, k_roles
+
+    def _lengths_text(self) -> str:
+        return ", ".join(f"{r} {n} tokens" for r, n in self.lengths.items())
+
+    def _sdpa_mask(self, module, query, key, mask, kwargs):
+        """The mask to give sdpa: None where the additive mask hides exactly what sdpa's own ``is_causal``
+        flag hides (the causal pattern for a causal call, nothing otherwise), so that sdpa runs its causal
+        kernel as the model's own sdpa path does, instead of adding a float mask over every query x key
+        pair; the mask itself otherwise. The stored mask is unaffected."""
+        if not isinstance(mask, torch.Tensor) or mask.dtype == torch.bool or kwargs.get("softcap") is not None \
+                or kwargs.get("position_bias") is not None:
+            return mask
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        causal = kwargs.get("is_causal")
+        causal = bool(getattr(module, "is_causal", True) if causal is None else causal) and q_len > 1
+        ident = (id(mask), q_len, k_len, causal)
+        if ident not in self._sdpa_masks:
+            self._alive.append(mask)
+            self._sdpa_masks[ident] = None if _hides_as_sdpa_would(mask, q_len, k_len, causal) else mask
+        return self._sdpa_masks[ident]
+
+    def _mask(self, name: str, mask, bias, key_len: int) -> str | None:
+        """Store the additive mask (plus any position bias) once per distinct tensor, compactly (a mask spec,
+        see :mod:`inspector.store.masks`); return its name."""
+        ident = (id(mask), id(bias), key_len)
+        if ident in self._masks:
+            return self._masks[ident]
+        self._alive += [mask, bias]
+        if isinstance(mask, torch.Tensor) and mask.shape[-1] != key_len:
+            mask = mask[..., :key_len]
+        if not isinstance(mask, torch.Tensor):
+            mask = None
+        stored = None
+        if bias is not None or (mask is not None and bool((~mask).any() if mask.dtype == torch.bool else (mask != 0).any())):
+            stored = f"{name}/mask"
+            spec, tensors = masks.encode(stored, mask, bias)
+            self.masks[stored] = spec
+            self.tensors.update(tensors)
+        self._masks[ident] = stored
+        return stored
+
+    def _where(self, module, name: str, query, key, mask, bias=None) -> tuple[str, str]:
+        parts = name.lower().split(".")
+        stack = "none"
+        if self.encoder_decoder:
+            stack = "decoder" if any("decoder" in p for p in parts) else "encoder" if any("encoder" in p for p in parts) else "none"
+        flat = name.lower().replace("_", "").replace(".", "")
+        if getattr(module, "is_cross_attention", False) or any(c.replace("_", "") in flat for c in _CROSS_NAMES):
+            return stack, "cross"
+        # every layer of a stack gets the same mask object: its kind is read once (the entry keeps it alive)
+        ident = (id(mask), id(bias), int(query.shape[-2]), int(key.shape[-2]))
+        hit = self._kinds.get(ident)
+        if hit is None or hit[0] is not mask or hit[1] is not bias:
+            hit = (mask, bias, kind_from_mask(mask, bias, int(query.shape[-2]), int(key.shape[-2])))
+            self._kinds[ident] = hit
+        kind = hit[2]
+        if kind is None:  # one query, or no square mask: nothing tells causal from bidirectional but the module
+            kind = "causal" if getattr(module, "is_causal", False) and mask is not None else "self"
+        return stack, kind
+
+
+def kind_from_mask(mask, bias, q_len: int, k_len: int) -> str | None:
+    """"causal" when the mask as applied (additive or boolean, plus any position bias) hides every later key
+    from every query, "self" when it shows some query a later key, None when it cannot tell (one query, a
+    non-square call). No mask means nothing is hidden: the eager path is bidirectional then."""
+    if q_len < 2 or q_len != k_len:
+        return None
+    if mask is None and bias is None:
+        return "self"
+    hidden = None
+    for m in (mask, bias):
+        if not isinstance(m, torch.Tensor):
+            continue
+        m = m[..., :k_len] if m.shape[-1] != k_len else m
+        if m.shape[-2] != q_len:
+            return None
+        h = ~m if m.dtype == torch.bool else (m <= torch.finfo(m.dtype).min / 2) | torch.isneginf(m)
+        hidden = h if hidden is None else hidden | h
+    if hidden is None:
+        return "self"
+    later = torch.ones(q_len, k_len, dtype=torch.bool, device=hidden.device).triu_(1)
+    return "causal" if bool(hidden[..., later].all()) else "self"
+
+
+def weights_kind(weights: torch.Tensor, padding: torch.Tensor | None = None) -> str | None:
+    """The kind a weights-only site's zero pattern shows: "causal" when every later key gets exactly 0 from
+    every real query. ``padding`` (``[batch, query]``, True = padding) leaves padding queries out; rows that
+    see nothing (all zero, or the uniform row softmax makes of a fully masked one) are left out too."""
+    q_len, k_len = weights.shape[-2:]
+    if q_len < 2 or q_len != k_len:
+        return None
+    w = weights.detach().float()
+    real = ~((w == 0).all(-1) | (w == w[..., :1]).all(-1))
+    if padding is not None and tuple(padding.shape) == (w.shape[0], q_len):
+        real &= ~padding[:, None, :]
+    later = torch.ones(q_len, k_len, dtype=torch.bool).triu_(1)
+    return "causal" if bool(((w * real[..., None])[..., later] == 0).all()) else "self"
+
+
+def _hides_as_sdpa_would(mask: torch.Tensor, q_len: int, k_len: int, causal: bool) -> bool:
+    """True when the additive ``mask`` (``[batch, 1, query, key]``) is 0 on every pair sdpa with
+    ``is_causal=causal`` and no mask lets through and the dtype minimum (or -inf) on every pair it hides, so
+    both give the same weights."""
+    if mask.dim() != 4 or mask.shape[1] != 1 or tuple(mask.shape[-2:]) != (q_len, k_len):
+        return False
+    if not causal:
+        return not bool(mask.any())
+    if q_len != k_len:
+        return False
+    hidden = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).triu_(1)
+    low = torch.finfo(mask.dtype).min
+    if not bool((mask.masked_fill(hidden, 0) == 0).all()):
+        return False
+    return bool(((mask == low) | (mask == float("-inf"))).masked_fill_(~hidden, True).all())
+
+
+def roles_of(encoded: Encoded) -> dict[str, tuple[list[str], list[str]]]:
+    has_target = any(r.role == "target" for r in encoded.records)
+    if encoded.layout == "encoder-decoder":
+        tgt = ["target"] if has_target else []
+        return {"encoder": (["source"], ["source"]), "decoder": (tgt, tgt), "cross": (tgt, ["source"]),
+                "none": (["source"], ["source"])}
+    seq = ["source", "target"] if has_target else ["source"]
+    return {"none": (seq, seq), "encoder": (seq, seq), "decoder": (seq, seq), "cross": (seq, seq)}
+
+
+def _num_layers(model) -> int | None:
+    """The largest layer count of any stack (an encoder-decoder may have more decoder layers)."""
+    config = model.config
+    counts = [getattr(config, a, None) for a in ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers",
+                                                  "decoder_layers", "num_decoder_layers")]
+    counts = [c for c in counts if isinstance(c, int)]
+    return max(counts) if counts else None
+
+
+def _expected_sites(model) -> int | None:
+    """How many attention calls to expect, for the progress bar: modules named *Attention with no such child."""
+    attn = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+    leaves = [m for m in attn if not any(c is not m and type(c).__name__.endswith("Attention") for c in m.modules())]
+    return len(leaves) or None
+
+
+def _provenance(model, name: str | None) -> dict[str, Any]:
+    import transformers
+
+    config = model.config
+    try:
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    except StopIteration:
+        dtype = "?"
+    return {
+        "name": name or getattr(config, "_name_or_path", "") or type(model).__name__,
+        "class": type(model).__name__,
+        "model_type": getattr(config, "model_type", ""),
+        "config_hash": _config_hash(config),
+        "dtype": dtype,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+
+
+def _config_hash(config) -> str:
+    import hashlib
+    import json
+
+    d = config.to_dict()
+    for k in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype", "architectures"):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def record(
+    model,
+    model_kwargs: dict[str, Any],
+    roles: dict[str, tuple[list[str], list[str]]],
+    *,
+    weights: bool = True,
+    dtype: str = "float32",
+    layers: list[int] | None = None,
+    sites: list[str] | None = None,
+    progress: bool = False,
+    lengths: dict[str, int] | None = None,
+    notes: list[dict[str, str]] | None = None,
+    masks: dict[str, dict] | None = None,
+    padding: dict[str, list[list[bool]]] | None = None,
+    value_norms: bool = True,
+    forward_sums=None,
+) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
+    """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
+
+    Returns the sites, the tensors (named as in the capture file) and the model's own output.
+    ``lengths`` (tokens per role) lets every site's axes be checked against the inputs. Attention
+    modules that make no call through the interface are captured weights-only from a second, eager
+    pass with ``output_attentions`` (named after the module); any that return no probability map are
+    appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
+    The mask specs the sites name are added to ``masks`` when given. ``value_norms=False`` skips the
+    value norms (each site's ``value_norm_note`` then says so). ``forward_sums`` (a
+    :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they run.
+    """
+    notes = [] if notes is None else notes
+    if dtype not in STORAGE_DTYPES:
+        raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+    site_patterns(sites)  # a bad pattern is reported before any work starts
+    n_layers = _num_layers(model)
+    if layers is not None and n_layers is not None:
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise InspectorError(f"layer {bad[0]} does not exist: {type(model).__name__} has layers 0..{n_layers - 1}")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
+    recorder = Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
+                         sites=sites, roles=roles, progress=bar, lengths=lengths)
+    from inspector.capture.value_norm import NotRecorded, OutputProjections
+
+    recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
+    recorder.padding = dict(padding or {})
+    if forward_sums is not None:
+        forward_sums.bind(recorder.masks, recorder.tensors)
+        recorder.forward_sums = forward_sums
+    was_training = model.training
+    if was_training or any(m.training for m in model.modules()):
+        model.eval()
+    token = None
+    try:
+        with LOCK, registered_functions(), attn_implementation(model, IMPL), torch.no_grad(), \
+                recorder.projections.watching(recorder.tensors):
+            token = ACTIVE.set(recorder)
+            try:
+                output = model(**model_kwargs, use_cache=False)
+            finally:
+                ACTIVE.reset(token)
+            missing = _unrecorded_modules(model, recorder)
+            if missing:  # attention modules that bypass the interface: their output_attentions maps, by module
+                _weights_only_pass(model, model_kwargs, recorder, missing, notes)
+            if not recorder._calls and not recorder.sites:
+                return _fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[dtype], layers=layers, sites=sites)
+    finally:
+        if was_training:
+            model.train(True)
+        if bar is not None:
+            bar.close()
+    if not recorder.sites:
+        raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
+    if masks is not None:
+        masks.update(recorder.masks)
+    return recorder.sites, recorder.tensors, output
+
+
+_ATTENTION_CLASS = re.compile(r"(Attention|Attn)$")
+
+
+def _unrecorded_modules(model, recorder) -> list[tuple[str, Any]]:
+    """Attention modules (class name ending in Attention/Attn, none below them) whose subtree made no
+    recorded call: they compute attention their own way."""
+    called = set(recorder._calls)
+    out = []
+    for name, m in model.named_modules():
+        if not _ATTENTION_CLASS.search(type(m).__name__):
+            continue
+        below = list(m.modules())[1:]
+        if any(_ATTENTION_CLASS.search(type(c).__name__) for c in below):
+            continue
+        if id(m) in called or any(id(c) in called for c in below):
+            continue
+        out.append((name, m))
+    return out
+
+
+def probability_maps(value, batch: int) -> list[torch.Tensor]:
+    """4-D tensors ``[batch, head, query, key]`` under ``value`` (nested tuples, lists, dicts, model outputs)
+    whose rows are probability distributions: non-negative, each row summing to 1 (rows of padding may
+    be all zero)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 4 or not value.is_floating_point() or value.shape[0] != batch or value.numel() == 0:
+            return []
+        v = value.detach().float()
+        sums = v.sum(-1)
+        ok = bool((v >= 0).all()) and bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()) and bool((sums > 0).any())
+        return [value] if ok else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in probability_maps(v, batch)]
+    return []
+
+
+def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
+    """Run the model once more (eager, ``output_attentions=True``) and keep, for each module in ``missing``,
+    the probability map it returns, as a weights-only site named after the module."""
+    import warnings
+
+    batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
+    seen: dict[int, list] = {}
+
+    def hook(module, _args, output):
+        seen.setdefault(id(module), []).append(probability_maps(output, batch)[:1])
+
+    handles = [m.register_forward_hook(hook) for _, m in missing]
+    try:
+        with attn_implementation(model, "eager"):
+            model(**model_kwargs, **_run_kwargs(model), output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    for name, module in missing:
+        calls = seen.get(id(module))
+        if not calls:
+            continue  # the module did not run on this input
+        for call, maps in enumerate(calls):
+            site_name = name if call == 0 else f"{name}@{call}"
+            if not maps:
+                notes.append({"module": site_name, "class": type(module).__name__,
+                              "reason": "computes attention outside transformers' attention interface and returns no "
+                                        "[batch, head, query, key] probability map with output_attentions (blocked, "
+                                        "local or pooled attention)"})
+                continue
+            recorder.weights_only(module, site_name, name, maps[0], call)
+    for n in notes:
+        warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=3)
+
+
+def _flatten(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flatten(v)]
+    return [value]
+
+
+def _run_kwargs(model) -> dict[str, Any]:
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"use_cache": False} if "use_cache" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()) else {}
+
+
+def _fallback(model, model_kwargs, roles, *, dtype, layers, sites):
+    """For models whose attention bypasses the interface (Bloom, DeBERTa, Falcon in 5.24): the weights
+    that ``output_attentions`` returns, with Q/K/V marked unavailable."""
+    with attn_implementation(model, "eager"):
+        output = model(**model_kwargs, **_run_kwargs(model), output_attentions=True)
+    batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
+    groups = []
+    for field, stack, kind in (
+        ("encoder_attentions", "encoder", "self"), ("decoder_attentions", "decoder", "causal"),
+        ("cross_attentions", "decoder", "cross"), ("attentions", "none", None),
+    ):
+        value = getattr(output, field, None)
+        if value:
+            flat = _flatten(value)
+            bad = [i for i, w in enumerate(flat) if not probability_maps(w, batch)]
+            if bad:  # keep only probability maps; anything else would be shown as weights it is not
+                raise InspectorError(
+                    f"{type(model).__name__} returns {field}[{bad[0]}] with output_attentions, which is not a probability "
+                    "map (rows do not sum to 1), and its attention bypasses transformers' attention interface: it "
+                    "cannot be captured faithfully")
+            groups.append((field, stack, kind, flat))
+    if not groups or any(w is None for _, _, _, ws in groups for w in ws):
+        raise InspectorError(
+            f"{type(model).__name__} neither uses transformers' attention interface nor returns output_attentions: "
+            "it cannot be captured; supported are models whose attention layers call ALL_ATTENTION_FUNCTIONS"
+        )
+    layout_causal = bool(getattr(model.config, "is_decoder", False)) or "CausalLM" in type(model).__name__
+    out_sites, tensors = [], {}
+    for field, stack, kind, ws in groups:
+        for i, w in enumerate(ws):
+            name = f"{field}.{i}"
+            if (layers is not None and i not in layers) or (sites and not any(re.search(p, name) for p in sites)):
+                continue
+            k = kind or ("causal" if layout_causal else "self")
+            q_roles, k_roles = roles["cross"] if k == "cross" else roles[stack if stack != "none" else "none"]
+            out_sites.append(Site(
+                name=name, stack=stack, layer=i, kind=k, num_heads=int(w.shape[1]), num_kv_heads=int(w.shape[1]),
+                head_map=list(range(int(w.shape[1]))), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles,
+                key_input=k_roles, query_len=int(w.shape[-2]), key_len=int(w.shape[-1]), parts=["weights"],
+                recomputable=False, extra_kwargs=["output_attentions"], module_class=type(model).__name__,
+                eager_function="output_attentions", value_norm_note="captured through output_attentions, without values",
+            ))
+            tensors[f"{name}/weights"] = w.detach().to("cpu", dtype=dtype)
+    return out_sites, tensors, output
+
+
+def capture(
+    model,
+    tokenizer,
+    text: str | list[str],
+    target: str | list[str] | None = None,
+    *,
+    target_ids: list[list[int]] | None = None,
+    weights: bool = True,
+    dtype: str = "float32",
+    layers: list[int] | None = None,
+    sites: list[str] | None = None,
+    model_name: str | None = None,
+    progress: bool = False,
+    value_norms: bool = True,
+    forward_sums=None,
+) -> Capture:
+    """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
+
+    ``target`` is the decoder side of an encoder-decoder (teacher-forced) or a continuation appended
+    to a decoder-only prompt. ``weights=False`` makes a lazy capture (Q/K/V and masks only).
+    ``layers`` and ``sites`` (regular expressions over site names) restrict what is recorded.
+    ``value_norms=False`` leaves out the value norms ``||v_j W_O^h||`` (a scan that reads attention only).
+    The model's own output is kept on the returned capture as ``capture.output`` (not saved).
+    ``forward_sums`` (lazy captures only) is a callable that takes the encoded input records and returns an
+    object with ``applies``, ``bind`` and ``attend`` (the scan's :class:`inspector.corpus.forward_sums.ForwardSums`):
+    it sums the rank metrics of every site it can while the model runs, each site's weights computed once,
+    eagerly, for its output and its sums; it is kept on the capture as ``capture.forward_sums`` (not saved).
+    The capture stage does not import the scan: the scan hands this in.
+    """
+    encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    roles = roles_of(encoded)
+    lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
+    notes: list[dict[str, str]] = []
+    mask_specs: dict[str, dict] = {}
+    taken = None
+    if forward_sums is not None and not weights:
+        taken = forward_sums(encoded.records)
+    site_list, tensors, output = record(
+        model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
+        lengths=lengths, notes=notes, masks=mask_specs, value_norms=value_norms, forward_sums=taken,
+        padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
+                 for role in lengths},
+    )
+    meta = {
+        "model": _provenance(model, model_name),
+        "layout": encoded.layout,
+        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites, "value_norms": value_norms},
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # the records' fields as InputRecord.to_dict gives them, without its deep copy (encode's lists are
+        # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)
+        "inputs": [{f.name: getattr(r, f.name) for f in dataclasses.fields(r)} for r in encoded.records],
+        "masks": mask_specs,
+    }
+    if notes:  # attention modules that could not be captured, each named (also warned about)
+        meta["unrecorded"] = notes
+    cap = Capture(meta, site_list, tensors)
+    cap.output = output
+    cap.forward_sums = taken
+    return cap

@@ -1,0 +1,624 @@
+"""The ``inspector`` command line: a thin layer over the Python API.
+
+Every subcommand parses arguments, calls the API and formats the DataFrame it returns. A user
+mistake (``InspectorError``) prints one line on stderr and exits with status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+from inspector.cli.common import (
+    Parser,
+    add_lift_option,
+    add_model_options,
+    add_source_output_options,
+    add_weighting_option,
+    check_before_loading,
+    cmd_app,
+    format_table,
+    int_list,
+    load_from_args,
+    positive_int,
+    read_text,
+    status,
+)
+from inspector.errors import InspectorError
+
+
+def cmd_capture(args) -> int:
+    import pandas as pd
+
+    from inspector.capture.recorder import capture
+
+    text = read_text(args.text, args.text_file, "text")
+    target = read_text(args.target, args.target_file, "target")
+    if getattr(args, "text_pair", None) is not None and text is not None:
+        text = (text, args.text_pair)  # a sentence pair: the tokenizer makes the token type ids
+    from inspector.store.capture_file import check_replaceable
+    from inspector.store.files import is_stdout
+
+    out = Path(args.output)
+    check_before_loading(capture_file=args.output, sites=args.sites)
+    if not is_stdout(args.output):
+        check_replaceable(out, args.force)  # before the model loads
+    layers = int_list(args.layers, "layers")
+    if text is not None and not (text[0] if isinstance(text, tuple) else text).strip():
+        raise InspectorError("the source text is empty: pass some text (--text or --text-file)")
+    if isinstance(text, tuple) and not text[1].strip():
+        raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
+    loaded = load_from_args(args)
+    target_ids = None
+    if getattr(args, "generate", None):
+        from inspector.capture.generation import generate_target
+
+        target_ids, target = generate_target(loaded.model, loaded.tokenizer, text, args.generate), None
+        status(f"generated {len(target_ids[0])} tokens")
+    cap = capture(loaded.model, loaded.tokenizer, text, target, target_ids=target_ids, weights=not args.no_weights,
+                  dtype=args.dtype, layers=layers, sites=args.sites, model_name=loaded.name, progress=True)
+    cap.save(args.output, force=args.force)
+    kinds = pd.Series([f"{s.stack}/{s.kind}" for s in cap.sites]).value_counts().to_dict()
+    size = f" ({out.stat().st_size / 1e6:.1f} MB)" if out.is_file() and not is_stdout(args.output) else ""
+    status(f"captured {len(cap.sites)} sites ({', '.join(f'{v} {k}' for k, v in kinds.items())}) "
+            f"{'lazy (Q/K/V + mask)' if args.no_weights else 'with weights'} -> {args.output}{size}")
+    return 0
+
+
+# ---- analysis -------------------------------------------------------------------------------
+def cmd_rank(args) -> int:
+    from inspector.analysis import heads as analysis
+    from inspector.store.capture_file import load
+    from inspector.store.files import write_csv
+
+    cap = load(args.file)
+    df = analysis.rank_heads(cap, exclude_special=args.exclude_special, batch=args.batch, sort_by=args.sort,
+                             ascending=not args.descending, weighting=args.weighting)
+    _left_out(df)
+    if args.csv:
+        write_csv(args.csv, df)
+        status(f"wrote {len(df)} rows to {args.csv}")
+        if args.csv == "-":  # the CSV is the output
+            return 0
+    shown = df.head(args.top) if args.top else df
+    print(format_table(shown.drop(columns=["stack"] if (df["stack"] == "none").all() else [])))
+    return 0
+
+
+def cmd_split(args) -> int:
+    from inspector.analysis import heads as analysis
+    from inspector.store.capture_file import load
+    from inspector.store.files import write_csv
+
+    cap = load(args.file)
+    refs = [r for r in args.referents.split(",")]
+    df = analysis.split_heads(cap, args.query, refs, query_index=args.query_index, occurrence=args.occurrence,
+                              sites=args.sites, batch=args.batch,
+                              rule=analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass, min_lift=args.min_lift),
+                              case_sensitive=not args.ignore_case, query_role=args.query_role,
+                              referent_role=args.referent_role, cross_first=args.cross_first, weighting=args.weighting)
+    _left_out(df)
+    if args.csv:
+        write_csv(args.csv, df)
+        status(f"wrote {len(df)} rows to {args.csv}")
+    shown = df.head(args.top) if args.top else df
+    if args.csv != "-":  # else the CSV is the output
+        print(format_table(shown.drop(columns=[c for c in df.columns if c.startswith("pieces:")])))
+        for line in analysis.split_notes(df):
+            print(line)
+    n = int(df["flagged"].sum())
+    status(f"{n} head{'s' if n != 1 else ''} flagged (split_score >= {args.min_split}, referent_mass >= {args.min_mass}, "
+            f"lift >= {args.min_lift}; {args.weighting} weights)")
+    return 0
+
+
+def _left_out(df: pd.DataFrame) -> None:
+
+    for name, why in df.attrs.get("left_out", {}).items():
+        status(f"left out {name}: {why}")
+
+
+def cmd_explain(args) -> int:
+    from inspector.analysis import spans
+    from inspector.analysis.explain import explain
+    from inspector.store.capture_file import load
+    from inspector.store.files import write_json
+
+    cap = load(args.file)
+    site = cap.site(args.site)
+    if args.query is not None:
+        return _explain_word(cap, site, args)
+    occ = spans.resolve_query(cap, site, args.query, index=args.query_index, occurrence=args.occurrence, batch=args.batch)
+    exp = explain(cap, site, args.head, occ.positions[-1], batch=args.batch)
+    if args.json:
+        write_json(args.json, exp.to_json())
+        status(f"wrote {args.json}")
+        if args.json == "-":  # the JSON is the output
+            return 0
+    _print_explanation(exp)
+    return 0
+
+
+def _explain_word(cap, site, args) -> int:
+    """Every query row of the word, then the aggregate row split judges (with --referents, its verdict)."""
+    from inspector.analysis import heads as analysis
+    from inspector.analysis.explain import explain
+    from inspector.store.files import write_json
+
+    refs = args.referents.split(",") if args.referents else None
+    word = explain(cap, site, args.head, query=args.query, occurrence=args.occurrence, referents=refs, batch=args.batch,
+                   weighting=args.weighting, rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift))
+    if args.json:
+        write_json(args.json, word.to_json())
+        status(f"wrote {args.json}")
+        if args.json == "-":  # the JSON is the output
+            return 0
+    for i, exp in enumerate(word.rows):
+        print(f"== row {exp.query_index} ({i + 1} of {len(word.rows)} rows of {word.query!r})")
+        _print_explanation(exp)
+        if word.row_verdicts is not None:
+            v = word.row_verdicts[i]
+            print("   this row alone: " + ", ".join(f"{k} {v[k]:.4f}" for k in v if k.startswith("weight:"))
+                  + f", lift {v['lift']:.4f}, split_score {v['split_score']:.4f}{', passes the rule' if v['flagged'] else ''}")
+        print()
+    print(f"== aggregate (mean of rows {' '.join(map(str, word.query_positions))}: the row split judges, {word.weighting} weights)")
+    top = word.aggregate.sort_values("weight", ascending=False).head(8)
+    print(format_table(top))
+    if word.verdict is not None:
+        v = word.verdict
+        print(", ".join(f"{k} {v[k]:.4f}" for k in v if k.startswith("weight:"))
+              + f", referent_mass {v['referent_mass']:.4f}, chance_mass {v['chance_mass']:.4f}, lift {v['lift']:.4f}, "
+              f"split_score {v['split_score']:.4f}, flagged {v['flagged']}; driving row {v['driving_row']}")
+    return 0
+
+
+def _print_explanation(exp) -> None:
+    table = exp.table.copy()
+    table["contribution"] = table["contribution"].map(lambda c: "[" + ", ".join(f"{x:.4f}" for x in c[:4]) + (", ...]" if len(c) > 4 else "]"))
+    print(f"site {exp.site}  head {exp.head}  query {exp.query_index} {exp.query_token!r}  scaling {exp.scaling:.6g}"
+          + (f"  softcap {exp.softcap}" if exp.softcap else ""))
+    print(format_table(table))
+    out = exp.output
+    print("output = [" + ", ".join(f"{x:.4f}" for x in out[:8]) + (", ...]" if len(out) > 8 else "]") + f"  (d_v = {len(out)})")
+
+
+def cmd_info(args) -> int:
+    import pandas as pd
+
+    from inspector.store.capture_file import load
+
+    cap = load(args.file)
+    m = cap.meta.get("model", {})
+    print(f"model: {m.get('name')} ({m.get('class')}), transformers {m.get('transformers')}, torch {m.get('torch')}")
+    print(f"capture: {'lazy (Q/K/V + mask)' if cap.lazy else 'full (with weights)'}, {len(cap.sites)} sites, batch {cap.batch_size}")
+    for r in cap.inputs:
+        print(f"input {r.role}[{r.batch}]: {len(r.ids)} tokens: {r.text[:80]!r}{'...' if len(r.text) > 80 else ''}")
+    df = pd.DataFrame([{k: getattr(s, k) for k in ("name", "stack", "layer", "kind", "num_heads", "num_kv_heads", "query_len", "key_len")}
+                       for s in cap.sites])
+    print(format_table(df))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    """A figure of one head as PNG or SVG: its heatmap, or with --query that query's weights over the text."""
+    from inspector.store.capture_file import load
+    from inspector.ui import show
+
+    out = Path(args.output)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise InspectorError(f"figures are saved as .png or .svg; got {out.name!r}: use -o head.png or -o head.svg")
+    cap = load(args.file)
+    site = cap.site(args.site)
+    if not 0 <= args.head < site.num_heads:
+        raise InspectorError(f"head {args.head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
+    query = args.query_index if args.query_index is not None else args.query
+    kind = args.kind or ("query" if query is not None else "heatmap")
+    if kind == "query":
+        if query is None:
+            raise InspectorError("--kind query needs --query WORD or --query-index N")
+        chart = show.query_weights(cap, site, args.head, query, batch=args.batch)
+    elif kind == "grid":
+        chart = show.head_grid(cap, batch=args.batch)
+    else:
+        chart = show.head_heatmap(cap, site, args.head, query=query, window=args.window, batch=args.batch)
+    show.save(chart, out)
+    status(f"wrote {out}")
+    return 0
+
+
+# ---- ablate / effects: does a head matter? ------------------------------------------------------
+def _output_or_generate(args, loaded) -> tuple[str | None, int | None]:
+    from inspector.capture.inputs import model_layout
+
+    output = read_text(args.output, args.output_file, "output")
+    if output is not None and not output.strip():
+        raise InspectorError("the output text is empty: pass what the model said with --output, or --generate N")
+    if model_layout(loaded.model) != "encoder" and output is None and not args.generate:
+        raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
+    return output, args.generate
+
+
+def _print_contrast(c: dict | None) -> None:
+    if c is not None:
+        print(f"contrast {c['definition']}:\n  before {c['before']:.6f}  after {c['after']:.6f}  change {c['change']:+.6f}")
+
+
+def cmd_ablate(args) -> int:
+    from inspector.intervene import effects
+    from inspector.intervene import seam as intervene
+    from inspector.intervene.contrast import parse as parse_contrast
+    from inspector.store.files import check_target, write_csv
+
+    heads = intervene.parse_heads(args.heads)
+    if args.contrast:
+        parse_contrast(args.contrast)  # a malformed contrast is reported before the model loads
+    source = read_text(args.source, args.source_file, "source")
+    variant = read_text(None, args.patch_from, "--patch-from") if args.patch_from else None
+    if not source or not source.strip():
+        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    if args.csv:
+        check_target(Path(args.csv))
+    loaded = load_from_args(args)
+    output, generate = _output_or_generate(args, loaded)
+    common = dict(heads=heads, contrast=args.contrast, query=args.query, occurrence=args.occurrence, generate=generate)
+    if variant is not None:
+        res = effects.patch(loaded.model, loaded.tokenizer, source, variant, output, **common)
+        what = f"patched {len(heads)} head(s) from {args.patch_from}"
+    else:
+        res = effects.ablate(loaded.model, loaded.tokenizer, source, output, method=args.method, **common)
+        what = f"{args.method}-ablated {len(heads)} head(s)"
+    status(what + ": " + ", ".join(f"{s}:{h}" for s, h in heads))
+    if args.csv:
+        write_csv(args.csv, res.table)
+        status(f"wrote {len(res.table)} rows to {args.csv}")
+    print(format_table(res.table, digits=5))
+    _print_contrast(res.contrast)
+    if res.generated is not None:
+        print(f"generated before: {res.generated['before']!r}\ngenerated after:  {res.generated['after']!r}")
+    return 0
+
+
+def cmd_effects(args) -> int:
+    from inspector.intervene import effects
+    from inspector.store.files import check_target, write_csv
+
+    source = read_text(args.source, args.source_file, "source")
+    if not source or not source.strip():
+        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    from inspector.intervene.contrast import parse as parse_contrast
+
+    parse_contrast(args.contrast)  # before the model loads
+    if args.top < 0:
+        raise InspectorError(f"--top must be 0 or more, got {args.top}")
+    check_target(Path(args.csv))
+    loaded = load_from_args(args)
+    output, generate = _output_or_generate(args, loaded)
+    target_ids = None
+    if generate:
+        from inspector.capture.generation import generate_target
+
+        target_ids, output = generate_target(loaded.model, loaded.tokenizer, source, generate), None
+    res = effects.effects(loaded.model, loaded.tokenizer, source, output, contrast=args.contrast, query=args.query,
+                          occurrence=args.occurrence, top=args.top, method=args.method, target_ids=target_ids)
+    write_csv(args.csv, res.table)
+    status(f"wrote {len(res.table)} rows to {args.csv}")
+    print(f"metric: {res.definition} = {res.metric:.6f}")
+    print(f"heads ranked by |attribution| (first {max(args.top, 10)}); effect = exact change under {args.method} ablation:")
+    print(format_table(res.table.head(max(args.top, 10)), digits=5))
+    print(effects.describe_disagreements(res.disagreements))
+    return 0
+
+
+def add_effects_commands(sub) -> None:
+    for name, help_, func in (("ablate", "ablate (or patch) chosen heads and show how the output moves", cmd_ablate),
+                              ("effects", "rank every head by its effect on a contrast (attribution, then exact)", cmd_effects)):
+        p = sub.add_parser(name, help=help_)
+        add_model_options(p)
+        add_source_output_options(p, "use them as the output")
+        if name == "ablate":
+            p.add_argument("--heads", required=True, metavar="SITE:HEAD[,SITE:HEAD...]", help="heads to ablate or patch")
+            p.add_argument("--patch-from", metavar="FILE", help="patch the heads with their outputs on this source (same output) instead of ablating")
+            p.add_argument("--contrast", metavar="RIGHT,WRONG", help="also report logit(RIGHT) - logit(WRONG) where the output says WRONG")
+            p.add_argument("--csv", help="write the per-token table to this CSV file")
+        else:
+            p.add_argument("--contrast", required=True, metavar="RIGHT,WRONG", help="the metric: logit(RIGHT) - logit(WRONG) where the output says WRONG")
+            p.add_argument("--top", type=int, default=10, help="confirm the first K heads by exact ablation (default 10)")
+            p.add_argument("--csv", required=True, help="CSV with one row per site and head")
+        p.add_argument("--method", default="zero", choices=["zero", "mean"], help="ablate to zero or to the head's mean over positions")
+        p.add_argument("--query", help="models without an LM head: the word whose final representation the contrast measures "
+                                       "(and, for patching, whose tokens align)")
+        p.add_argument("--occurrence", type=int, help="which occurrence of WRONG (or of --query) to use, 1-based (default the first)")
+        p.set_defaults(func=func)
+
+
+# ---- corpus: scan and query ------------------------------------------------------------------
+DEMO_CORPUS = "demo-corpus.jsonl"
+
+
+def cmd_scan(args) -> int:
+    import time
+
+    from inspector.corpus import queries as corpus
+    from inspector.corpus.documents import Fields
+    from inspector.corpus.reduce import Options
+    from inspector.corpus.scan import scan
+
+    out = Path(args.output)
+    data = args.data
+    fields = Fields(text=args.text_field, target=args.target_field, query=args.query_field,
+                    referents=args.referents_field, id=args.id_field, occurrence=args.occurrence_field)
+    if args.demo is not None:
+        if data is not None:
+            raise InspectorError("--demo scans the generated lease corpus: drop DATA, or drop --demo to scan DATA")
+        if args.demo < 10:
+            raise InspectorError(f"--demo makes at least 10 lease clauses, got {args.demo}: e.g. --demo 300")
+        from inspector.corpus.leases import lease_rows, write_jsonl
+
+        data = out / DEMO_CORPUS
+        rows = lease_rows(args.demo)
+        if data.is_file():  # resuming: the same demo corpus, or a refusal (never silently another size)
+            with open(data, encoding="utf-8") as f:
+                have = sum(1 for line in f if line.strip())
+            if have != len(rows):
+                raise InspectorError(f"{out} holds a demo scan of {have} lease clauses, not {args.demo}: resume it with "
+                                     f"--demo {have}, or scan --demo {args.demo} into a new folder")
+        else:
+            if out.is_dir() and any(out.iterdir()):
+                raise InspectorError(f"{out} is not empty: give a new folder for the demo scan")
+            write_jsonl(data, rows)
+            status(f"wrote the demo corpus ({args.demo} lease clauses) to {data}")
+        fields = Fields(text="text", query="query", referents="referents", id="id")
+    elif data is None:
+        raise InspectorError("give the corpus to scan (a .jsonl, .csv or .parquet file, or a datasets folder), or --demo")
+    options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass,
+                      min_lift=args.min_lift)
+    t0 = time.perf_counter()
+    result = scan(data, out, model=args.model, fields=fields, batch_size=args.batch_size, options=options,
+                  engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
+                  trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo is not None else (),
+                  status=status)
+    dt = time.perf_counter() - t0
+    before = f", {result.skipped} done before ({result.errors_before} with errors)" if result.skipped else ""
+    status(f"scanned {result.scanned} documents ({result.errors} with errors{before}) "
+            f"in {dt:.1f} s -> {out}/heads/, {out}/documents.parquet")
+    top = corpus.summary(out).head(args.top)
+    print(format_table(top.drop(columns=["stack"] if (top["stack"] == "none").all() else [])))
+    status(f"query it: inspector corpus {out} [--sql QUERY] [--csv FILE]")
+    return 0
+
+
+def cmd_corpus(args) -> int:
+    import pandas as pd
+
+    from inspector.corpus import queries as corpus
+    from inspector.store.files import write_csv
+
+    if args.app:
+        return _run_corpus_page(args)
+    if args.sql is not None and not args.sql.strip():
+        raise InspectorError("--sql is empty: give a statement, e.g. --sql \"SELECT * FROM heads LIMIT 5\", or drop --sql "
+                             "for the per-head summary")
+    results = corpus.queries(args.out, args.sql, single=bool(args.csv)) if args.sql else [("", corpus.summary(args.out))]
+    if args.csv:
+        df = results[0][1] if results else pd.DataFrame()
+        write_csv(args.csv, df)
+        status(f"wrote {len(df)} rows to {args.csv}")
+    if not results:
+        status("the statements ran; none of them returns rows")
+    for i, (statement, df) in enumerate(results):
+        if len(results) > 1:  # each result under its statement
+            print(("\n" if i else "") + f"-- {statement}")
+        print(format_table(df.head(args.top) if args.top else df))
+    return 0
+
+
+def _run_corpus_page(args) -> int:
+    import subprocess
+
+    from inspector.corpus import queries as corpus
+
+    corpus.scan_info(args.out)  # one line if OUT holds no scan
+    page = Path(__file__).resolve().parents[2] / "apps" / "corpus_page.py"
+    if not page.is_file():
+        raise InspectorError(f"the app is not at {page}: run it from a source checkout (pip install -e .[app])")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.headless", "true", "--server.port", str(args.port),
+           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--", str(Path(args.out).resolve())]
+    status(f"starting the Corpus page on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0
+
+
+def add_corpus_commands(sub) -> None:
+    p = sub.add_parser("scan", help="reduce every document of a corpus to per-head statistics (Parquet, resumable)")
+    p.add_argument("data", nargs="?", help="corpus: .jsonl, .csv, .parquet, a folder of .parquet files or a datasets save_to_disk folder")
+    p.add_argument("-o", "--output", required=True, help="folder to write (heads/, documents.parquet); an earlier scan there resumes")
+    p.add_argument("--model", help="model folder or Hub id (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off by default)")
+    p.add_argument("--text-field", default="text", help="column with the text (default text)")
+    p.add_argument("--target-field", help="column with the target: decoder side, or a continuation of a decoder's prompt")
+    p.add_argument("--query-field", help="column with the query word of the split analysis")
+    p.add_argument("--referents-field", help="column with the referents: a list, a JSON list or A,B")
+    p.add_argument("--occurrence-field", help="column with which occurrence of the query (1-based) when it occurs more than once")
+    p.add_argument("--id-field", help="column with a unique document id (default: the row number)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="documents captured together, padded (default 8)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local", help="local (this process) or ray (Ray Data actors)")
+    p.add_argument("--ray-address", help="join this Ray cluster (e.g. ray://head:10001 or auto); default: a local Ray instance")
+    p.add_argument("--workers", type=positive_int, help="Ray actors holding the model (default: one per GPU, else one per node)")
+    p.add_argument("--exclude-special", action="store_true", help="as in `inspector rank`")
+    p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
+    p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
+    add_lift_option(p)
+    p.add_argument("--demo", type=int, nargs="?", const=300, metavar="N",
+                   help="scan N generated lease clauses (default 300), written to OUT/demo-corpus.jsonl")
+    p.add_argument("--top", type=positive_int, default=10, help="heads shown at the end (default 10)")
+    p.set_defaults(func=cmd_scan)
+
+    p = sub.add_parser("corpus", help="per-head statistics over a scanned corpus (DuckDB)")
+    p.add_argument("out", help="folder written by `inspector scan`")
+    p.add_argument("--sql", help="run this query over the views heads and documents instead")
+    p.add_argument("--csv", help="write the full result to this CSV file")
+    p.add_argument("--top", type=positive_int, help="show only the first N rows")
+    p.add_argument("--app", action="store_true", help="browse it in the Corpus page of the app instead")
+    p.add_argument("--port", type=int, default=8501, help="port of the Corpus page (with --app)")
+    p.set_defaults(func=cmd_corpus)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="inspector", description="Capture and inspect transformer attention.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("capture", help="run a model on a text and save Q/K/V and weights per layer and head")
+    add_model_options(p)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--text", help="the input text (encoder input, or prompt of a decoder)")
+    g.add_argument("--text-file", help="read the input text from a file")
+    p.add_argument("--text-pair", metavar="B", help="second text of a sentence pair (the tokenizer's [SEP] and token type ids)")
+    t = p.add_mutually_exclusive_group()
+    t.add_argument("--target", help="decoder-side text (encoder-decoder) or continuation (decoder-only), teacher-forced")
+    t.add_argument("--target-file", help="read the target from a file")
+    t.add_argument("--generate", type=int, metavar="N", help="generate up to N tokens (greedy) and capture them as the target")
+    p.add_argument("--layers", help="comma-separated layer indices to record, e.g. 0,3,5 (default: all)")
+    p.add_argument("--sites", nargs="+", metavar="REGEX", help="record only sites whose name matches one of these")
+    p.add_argument("--no-weights", action="store_true", help="lazy capture: store Q/K/V and mask; weights are recomputed on demand")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="storage dtype")
+    p.add_argument("-o", "--output", required=True, help="capture file to write (.safetensors; - for standard output)")
+    p.add_argument("--force", action="store_true", help="replace an existing .safetensors that is not a capture")
+    p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("rank", help="rank heads by attention entropy")
+    p.add_argument("file")
+    p.add_argument("--exclude-special", action="store_true", help="drop special-token keys and renormalize before entropy")
+    p.add_argument("--top", type=positive_int, help="show only the first N rows")
+    p.add_argument("--sort", default="normalized_entropy", help="column to sort by (default normalized_entropy)")
+    p.add_argument("--descending", action="store_true")
+    p.add_argument("--batch", type=int, default=0, help="batch row to analyse")
+    p.add_argument("--csv", help="write the full table to this CSV file")
+    add_weighting_option(p)
+    p.set_defaults(func=cmd_rank)
+
+    p = sub.add_parser("split", help="find heads whose weight is split between competing referents")
+    p.add_argument("file")
+    q = p.add_mutually_exclusive_group(required=True)
+    q.add_argument("--query", help="query word or phrase (or token indices @i / @i-j)")
+    q.add_argument("--query-index", type=int, help="query token position")
+    p.add_argument("--occurrence", type=int, help="which occurrence of the query (1-based) when it occurs more than once")
+    p.add_argument("--referents", required=True, help="comma-separated referent words or phrases, e.g. Lessee,Lessor")
+    p.add_argument("--sites", default="all", choices=["cross", "self", "all"])
+    p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
+    p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
+    add_lift_option(p)
+    add_weighting_option(p)
+    p.add_argument("--ignore-case", action="store_true")
+    p.add_argument("--query-role", choices=["source", "target"], help="look for the query only in this input")
+    p.add_argument("--referent-role", choices=["source", "target"], help="look for the referents only in this input")
+    p.add_argument("--cross-first", action="store_true", help="list cross-attention sites first")
+    p.add_argument("--top", type=positive_int)
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("--csv")
+    p.set_defaults(func=cmd_split)
+
+    p = sub.add_parser("explain", help="one head's weights for one query, step by step")
+    p.add_argument("file")
+    p.add_argument("--site", required=True)
+    p.add_argument("--head", type=int, required=True)
+    q = p.add_mutually_exclusive_group(required=True)
+    q.add_argument("--query")
+    q.add_argument("--query-index", type=int)
+    p.add_argument("--occurrence", type=int)
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("--json", help="write rows and output vector as JSON")
+    p.add_argument("--referents", help="with --query: also give the split verdict for these referents, e.g. Lessee,Lessor")
+    p.add_argument("--min-split", type=float, default=0.2)
+    p.add_argument("--min-mass", type=float, default=0.25)
+    add_lift_option(p)
+    add_weighting_option(p, "the aggregate row's referent weights")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("info", help="describe a capture file")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("plot", help="save a figure of one head (heatmap or a query's weights) as PNG or SVG")
+    p.add_argument("file")
+    p.add_argument("--site", required=True)
+    p.add_argument("--head", type=int, required=True)
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--query", help="a word of the text: the heatmap centres on it; --kind query plots its weights")
+    q.add_argument("--query-index", type=int, help="a query token position instead of a word")
+    p.add_argument("--kind", choices=["heatmap", "query", "grid"],
+                   help="heatmap (default without --query), query (default with --query) or grid (layer x head)")
+    p.add_argument("--window", type=positive_int, default=64, help="query rows and keys of the heatmap (default 64)")
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("app", help="browse captures in the Streamlit app")
+    p.add_argument("file", nargs="?")
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                   help="address to listen on (default 127.0.0.1, this machine only); another exposes the app, with no login")
+    p.add_argument("--site", help="open on this site")
+    p.add_argument("--head", type=int, help="open on this head")
+    p.add_argument("--query", help="with --referents: run the split finder on this query word at start")
+    p.add_argument("--occurrence", type=int, help="which occurrence of the query (1-based)")
+    p.add_argument("--referents", help="comma-separated referents for the split finder at start")
+    p.add_argument("--variant", help="a second capture for the Compare page")
+    p.set_defaults(func=cmd_app)
+
+    add_corpus_commands(sub)
+
+    try:
+        from inspector.cli.investigate import add_commands
+    except ImportError:  # pragma: no cover
+        add_commands = None
+    if add_commands is not None:
+        add_commands(sub)
+    add_effects_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from inspector.ui.terminal import EscapingStream, escape
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = EscapingStream(stdout)  # no control character from a file reaches the terminal raw
+    try:
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except InspectorError as exc:
+        print(f"inspector: error: {escape(str(exc))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("inspector: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`inspector rank FILE | head -1`): stop quietly
+        _silence_stdout(stdout)
+        return 141
+    finally:
+        sys.stdout = stdout
+
+
+def _silence_stdout(stdout) -> None:
+    """Point the standard output at /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""What every command shares: argument types and options, reading a text argument, checks that run before a
+model loads, loading the model named by the arguments, printing a table, and starting the app."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from inspector.errors import InspectorError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def read_text(value: str | None, file: str | None, what: str) -> str | None:
+    if file is not None:
+        path = Path(file)
+        if path.is_dir():
+            raise InspectorError(f"{what} file {file!r} is a folder: give the text file itself")
+        if not path.is_file():
+            raise InspectorError(f"{what} file {file!r} does not exist: check the path")
+        return path.read_text(encoding="utf-8")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors: ``inspector: error: ...`` naming the fix, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"inspector: error: {message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: a whole number >= 1 (``--top``, ``--window``, ``--batch-size``, ``--workers``)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
+
+
+def int_list(value: str | None, what: str) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise InspectorError(f"--{what} takes comma-separated integers like 0,3,5; got {value!r}") from None
+
+
+def format_table(df: pd.DataFrame, digits: int = 4) -> str:
+    import pandas as pd
+
+    if df.empty:
+        return "(no rows)"
+    from inspector.ui.terminal import escape
+
+    shown = df.copy()
+    for col in shown.columns:
+        if pd.api.types.is_float_dtype(shown[col]):
+            shown[col] = shown[col].map(lambda x: "" if pd.isna(x) else f"{x:.{digits}f}")
+        elif shown[col].dtype == object:  # strings from a file: no control character reaches the terminal
+            shown[col] = shown[col].map(lambda x: escape(x) if isinstance(x, str) else x)
+    return shown.to_string(index=False)
+
+
+def status(msg: str) -> None:
+    from inspector.ui.terminal import escape
+
+    print(escape(msg), file=sys.stderr, flush=True)
+
+
+# ---- capture --------------------------------------------------------------------------------
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model folder or Hub id (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
+    p.add_argument("--device-map", help='passed to from_pretrained, e.g. "auto" to shard a large model')
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off by default)")
+
+
+def check_before_loading(*, capture_file: str | None = None, out_dir: str | None = None, query: str | None = None,
+                         referents: str | None = None, sites: list[str] | None = None) -> None:
+    """Everything that can be checked without the model, checked before it loads (a large model takes
+    minutes): the output path, the query, the referent count, the ``--sites`` patterns."""
+    from inspector.capture.recorder import site_patterns
+    from inspector.store.files import check_target, is_special, is_stdout
+
+    if capture_file is not None and not is_stdout(capture_file):
+        out = Path(capture_file)
+        check_target(out)
+        if out.suffix != ".safetensors" and not is_special(out):
+            raise InspectorError(f"capture files end in .safetensors; got {out.name!r}: use -o run.safetensors")
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise InspectorError(f"{out_dir} is a file, not a folder: give -o a folder for the results")
+    if query is not None and not query.strip():
+        raise InspectorError("no query given: pass --query WORD")
+    if referents is not None and len({r.strip() for r in referents.split(",") if r.strip()}) < 2:
+        raise InspectorError(f"give at least two different referents, e.g. --referents Lessee,Lessor (got {referents!r})")
+    site_patterns(sites)
+
+
+def load_from_args(args):
+    from inspector.capture.models import load_model
+
+    status(f"loading model {args.model or 'embedded all-MiniLM-L6-v2'} ...")
+    return load_model(args.model, device=args.device, device_map=args.device_map, trust_remote_code=args.trust_remote_code)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def app_command(args) -> list[str]:
+    """The ``streamlit run`` command line of ``inspector app`` (the app's own options after ``--``)."""
+    app = Path(__file__).resolve().parents[2] / "apps" / "app.py"
+    if not app.is_file():
+        raise InspectorError(f"the app is not at {app}: run `inspector app` from a source checkout (pip install -e .[app])")
+    host = getattr(args, "host", None) or "127.0.0.1"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(args.port),
+           "--server.address", host, "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--client.showErrorDetails", "type"]
+    extra: list[str] = []
+    if args.file:
+        extra.append(str(Path(args.file).resolve()))
+    for opt in ("site", "head", "query", "occurrence", "referents", "variant"):
+        value = getattr(args, opt, None)
+        if value is not None:
+            extra += [f"--{opt}", str(Path(value).resolve()) if opt == "variant" else str(value)]
+    return cmd + (["--", *extra] if extra else [])
+
+
+def cmd_app(args) -> int:
+    """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too."""
+    import signal
+    import subprocess
+    import time
+
+    from inspector.store.capture_file import load
+
+    for what in ("file", "variant"):
+        if getattr(args, what, None):
+            load(getattr(args, what))  # refuses a missing or unreadable capture before anything starts
+    cmd = app_command(args)
+    host = getattr(args, "host", None) or "127.0.0.1"
+    if host not in LOOPBACK:
+        status(f"inspector: warning: the app listens on {host}: anyone who can reach port {args.port} can open any capture "
+                "on this machine by path, upload files and run local models, with no login")
+    shown = f"[{host}]" if ":" in host else host
+    status(f"starting the app on http://{shown if host not in ('0.0.0.0', '::') else 'localhost'}:{args.port} (Ctrl-C stops it)")
+    proc = subprocess.Popen(cmd)
+    stopping: list[float] = []
+
+    def stop(signum, frame) -> None:
+        if not stopping and proc.poll() is None:
+            proc.terminate()
+        stopping.append(time.monotonic())
+
+    signals = [s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, stop) for s in signals}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > 10:  # a child that ignores SIGTERM
+                    proc.kill()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return 0 if stopping else rc
+
+
+def add_source_output_options(p: argparse.ArgumentParser, generated: str) -> None:
+    """``(--source T | --source-file F) [--output T | --output-file F | --generate N]``, as ``debug``,
+    ``ablate`` and ``effects`` take them."""
+    s = p.add_mutually_exclusive_group(required=True)
+    s.add_argument("--source", help="the document (encoder input or prompt)")
+    s.add_argument("--source-file")
+    o = p.add_mutually_exclusive_group()
+    o.add_argument("--output", help="what the model said (teacher-forced)")
+    o.add_argument("--output-file")
+    o.add_argument("--generate", type=int, metavar="N", help=f"generate up to N tokens (greedy) and {generated}")
+
+
+def add_lift_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-lift", type=float, default=2.0,
+                   help="flag threshold on lift = referent_mass / chance_mass (default 2: twice what uniform attention gives)")
+
+
+def add_weighting_option(p: argparse.ArgumentParser, what: str = "every weight") -> None:
+    p.add_argument("--weighting", choices=["attention", "value-norm"], default="attention",
+                   help=f"{what}: raw attention, or times ||v_j W_O^h|| renormalized per row (Kobayashi et al. 2020)")

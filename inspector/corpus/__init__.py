@@ -1,0 +1,12 @@
+"""The corpus scan: many documents, one row per document and head, in a resumable folder.
+
+* :mod:`~inspector.corpus.documents`: reading JSONL, CSV, Parquet and ``datasets`` folders one document at a time;
+* :mod:`~inspector.corpus.reduce` / :mod:`~inspector.corpus.batch_reduce`: a batch of documents to per-head rows;
+* :mod:`~inspector.corpus.forward_sums`: the rank sums taken while the model runs (handed to ``capture``);
+* :mod:`~inspector.corpus.folder`: the scan folder (atomic parts, commit records, resume);
+* :mod:`~inspector.corpus.scan`: ``inspector scan``; :mod:`~inspector.corpus.ray_engine`: the Ray Data engine;
+* :mod:`~inspector.corpus.queries`: DuckDB over a scan folder;
+* :mod:`~inspector.corpus.leases`: the generated demo corpus.
+
+Imports :mod:`inspector.analysis`, :mod:`inspector.capture` and :mod:`inspector.store`.
+"""

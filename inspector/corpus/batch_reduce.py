@@ -1,0 +1,429 @@
+"""Every document of a padded batch reduced at once: the fast path of :mod:`inspector.corpus.reduce`.
+
+A scan captures documents ``batch_size`` at a time; reducing each one with :func:`~inspector.analysis.rank_heads`
+and :func:`~inspector.analysis.split_heads` costs one pass of Python and small tensor operations per
+document and site, which on short documents costs as much as the model's forward pass. Here each
+site's rank sums are the ones the capture took while the model ran (:mod:`inspector.corpus.forward_sums`), or
+where it took none, its weights are recomputed for the whole batch in blocks ``[batch, head, query rows,
+key]`` and fed to the same :class:`~inspector.analysis.RankSums`; the query rows a document's split reads
+are recomputed (or kept from the same blocks) and go through the same :func:`~inspector.analysis.referent_rows` and
+:class:`~inspector.analysis.ReferentSplit` (the heads of the sites that share the query and key axes
+stacked, so each document costs a handful of operations). The statistics are therefore the same
+definitions, computed over the document's own rows and keys; padding is excluded as in the per-document
+path, and positions are shifted back by the padding in front of the document.
+
+Where the fast path does not apply, :func:`batch_rows` says so and the caller uses the per-document
+path: a capture with stored weights or sites that cannot be recomputed, a non-finite weight in a real
+row (the per-document path reports it), and per document, a split that leaves out a site or finds
+nothing (so the per-document path's exact message and rows are kept).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from inspector.analysis import spans
+from inspector.analysis.heads import (
+    LabelRule,
+    RankSums,
+    ReferentSplit,
+    SplitRule,
+    clean_referents,
+    find_referents,
+    referent_rows,
+    visible,
+)
+from inspector.errors import InspectorError
+from inspector.store import attention, masks
+
+_BATCH_BLOCK_VALUES = 1 << 21  # a [batch, head, rows, key] block of at most this many values (8 MB float32: passes over it stay in cache)
+_GROUP_OVERHEAD_VALUES = 1 << 16  # the fixed cost of one more block, in values of block (Python and small tensor operations)
+_SPLIT_FLOATS = ("referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared")
+
+
+def fast_path_applies(capture) -> bool:
+    """Whether every site's weights can be recomputed from the in-memory Q, K and mask."""
+    return bool(capture.sites) and all(
+        s.recomputable and {"q", "k"} <= set(s.parts) and "weights" not in s.parts for s in capture.sites)
+
+
+class Axes:
+    """Per batch row and axis (a tuple of input roles): special, padding flags, tokens, leading padding."""
+
+    def __init__(self, capture):
+        self.capture = capture
+        self._flags: dict = {}
+
+    def flags(self, roles: tuple[str, ...], batch: int) -> tuple[list[bool], list[bool], list[str]]:
+        key = (roles, batch)
+        if key not in self._flags:
+            special: list[bool] = []
+            padding: list[bool] = []
+            tokens: list[str] = []
+            for role in roles:
+                rec = self.capture.records(role, batch)
+                special += list(rec.special)
+                padding += list(rec.padding)
+                tokens += list(rec.tokens)
+            self._flags[key] = (special, padding, tokens)
+        return self._flags[key]
+
+    def tensors(self, roles: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(special, padding)`` as ``[batch, position]`` booleans."""
+        key = ("tensors", roles)
+        if key not in self._flags:
+            rows = [self.flags(roles, b) for b in range(self.capture.batch_size)]
+            self._flags[key] = (torch.tensor([r[0] for r in rows], dtype=torch.bool),
+                                torch.tensor([r[1] for r in rows], dtype=torch.bool))
+        return self._flags[key]
+
+    def site_inputs(self, site):
+        """``(special_k, pad_k, pad_q, mask, vis)`` of a site: the key axis's special and padding flags and the
+        query axis's padding ``[batch, position]``, the additive mask ``[batch|1, head|1, query|1, key]``
+        (float32, or None) and the keys each query row sees ``[batch, 1|head, query|1, key]`` (shared by the
+        sites with the same mask and axes)."""
+        key = ("site", site.mask, tuple(site.query_input), tuple(site.key_input), site.kind, site.query_len, site.key_len)
+        if key not in self._flags:
+            special_k, pad_k = self.tensors(tuple(site.key_input))
+            _, pad_q = self.tensors(tuple(site.query_input))
+            mask = None if site.mask is None else masks.dense(self.capture.masks[site.mask], self.capture.tensors).float()
+            vis = visible(site, ~pad_k[:, None, None, :], mask, torch.arange(site.query_len))
+            self._flags[key] = (special_k, pad_k, pad_q, mask, vis)
+        return self._flags[key]
+
+    def groups(self, site) -> list[tuple[list[int], slice, slice]]:
+        key = ("groups", tuple(site.query_input), tuple(site.key_input), site.num_heads)
+        if key not in self._flags:
+            self._flags[key] = groups(self.tensors(tuple(site.query_input))[1], self.tensors(tuple(site.key_input))[1],
+                                      site.num_heads)
+        return self._flags[key]
+
+    def leading_padding(self, roles: tuple[str, ...], batch: int) -> int:
+        padding = self.flags(roles, batch)[1]
+        n = 0
+        while n < len(padding) and padding[n]:
+            n += 1
+        return n
+
+
+def _extent(padding: torch.Tensor) -> tuple[int, int]:
+    """``(first, last + 1)`` of the real positions of one batch row (``(0, 0)`` when it has none)."""
+    real = torch.nonzero(~padding).flatten()
+    return (int(real[0]), int(real[-1]) + 1) if len(real) else (0, 0)
+
+
+def groups(pad_q: torch.Tensor, pad_k: torch.Tensor, heads: int) -> list[tuple[list[int], slice, slice]]:
+    """Batch rows in groups that share one block, each with the query and key window holding their real
+    tokens: ``[(rows, query window, key window), ...]``. Rows sorted by length are cut where a block of
+    their own costs less than the padding they would share (a block costs its ``head x query x key``
+    values plus a fixed :data:`_GROUP_OVERHEAD_VALUES`), so documents of very different lengths are not
+    reduced over each other's padding. ``pad_q`` / ``pad_k``: ``[batch, position]`` padding flags."""
+    b_n = pad_q.shape[0]
+    ext_q = [_extent(pad_q[b]) for b in range(b_n)]
+    ext_k = [_extent(pad_k[b]) for b in range(b_n)]
+    order = sorted(range(b_n), key=lambda b: ((ext_k[b][1] - ext_k[b][0]) * (ext_q[b][1] - ext_q[b][0]), b))
+
+    def window(members: list[int]) -> tuple[slice, slice]:
+        qs = [ext_q[b] for b in members if ext_q[b][1] > ext_q[b][0]] or [(0, 0)]
+        ks = [ext_k[b] for b in members if ext_k[b][1] > ext_k[b][0]] or [(0, 0)]
+        return (slice(min(a for a, _ in qs), max(e for _, e in qs)), slice(min(a for a, _ in ks), max(e for _, e in ks)))
+
+    def cost(members: list[int]) -> int:
+        qw, kw = window(members)
+        return _GROUP_OVERHEAD_VALUES + len(members) * heads * (qw.stop - qw.start) * (kw.stop - kw.start)
+
+    best = [0] + [None] * b_n  # best[i]: the cheapest grouping of order[:i]
+    cut = [0] * (b_n + 1)
+    for i in range(1, b_n + 1):
+        for j in range(i):
+            c = best[j] + cost(order[j:i])
+            if best[i] is None or c < best[i]:
+                best[i], cut[i] = c, j
+    out = []
+    i = b_n
+    while i > 0:
+        members = sorted(order[cut[i]:i])
+        out.append((members, *window(members)))
+        i = cut[i]
+    return sorted(out, key=lambda g: g[0][0])
+
+
+def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tuple[bool, ...]):
+    """One pass over a site's weights for every batch row, in groups of rows of similar length (:func:`groups`):
+    the rank metrics (``[batch, head]`` arrays as :meth:`RankSums.metrics` gives them, ``top_key_index``
+    on the whole key axis), and for each batch row in ``keep`` the weights and visible keys of its query
+    rows ``keep[b]`` (``[head, row, key]`` float32 and ``[1|head, row, key]`` bool, in ``keep[b]`` order).
+    Raises ``LookupError`` when a real row's weights are not finite (the per-document path then reports it)."""
+    t = capture.tensors
+    b_n, h, k_len = capture.batch_size, site.num_heads, site.key_len
+    special_k, pad_k, pad_q, mask, vis = axes.site_inputs(site)
+    q = t[site.tensor_name("q")].float()
+    k = attention.expand_kv(t[site.tensor_name("k")].float(), site.head_map)
+    taken = getattr(capture, "forward_sums", None)
+    if taken is not None and site.name in taken.sums and taken.sums[site.name].want == want:
+        # summed while the model ran (inspector.corpus.forward_sums): only the rows the splits read are recomputed
+        if not taken.finite[site.name]:
+            raise LookupError(site.name)
+        found = taken.sums[site.name].metrics(want[0])
+        return {c: v.numpy() for c, v in found.items()}, _query_rows(site, q, k, mask, vis, keep)
+    same_axis = site.query_input == site.key_input
+    out_metrics: dict[str, np.ndarray] = {}
+    kept: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {b: {} for b in keep}
+    for members, qw, kw in axes.groups(site):
+        idx = torch.tensor(members)
+        n_q, n_k = qw.stop - qw.start, kw.stop - kw.start
+        if n_q == 0 or n_k == 0:
+            continue
+        whole = members == list(range(b_n))  # the whole batch in order: views, no copies
+        g_q = (q if whole else q.index_select(0, idx))[:, :, qw]
+        g_k = (k if whole else k.index_select(0, idx))[:, :, kw]
+        g_mask = None if mask is None else mask[idx if mask.shape[0] > 1 else slice(None)][..., kw]
+        g_vis = vis[idx if vis.shape[0] > 1 else slice(None)][..., kw]
+        g_pad_q, g_pad_k, g_special = pad_q[idx][:, qw], pad_k[idx][:, kw], special_k[idx][:, kw]
+        sums = RankSums(len(members), h, n_k, same_axis, want)
+        step = max(1, _BATCH_BLOCK_VALUES // max(1, len(members) * h * n_k))
+        for r0 in range(0, n_q, step):
+            r1 = min(n_q, r0 + step)
+            a0, a1 = qw.start + r0, qw.start + r1  # on the whole query axis
+            rows = ~g_pad_q[:, r0:r1]
+            if not bool(rows.any()):
+                continue
+            m = g_mask[:, :, a0:a1] if g_mask is not None and g_mask.shape[2] > 1 else g_mask
+            w = attention.attention_weights(g_q[:, :, r0:r1], g_k, scaling=site.scaling, mask=m, softcap=site.softcap,
+                                            out_dtype=torch.float32)
+            v = g_vis[:, :, a0:a1] if g_vis.shape[2] > 1 else g_vis
+            # self / previous position are read on the key window, which is the query window on one axis
+            if not sums.add(w, v, rows, torch.arange(a0, a1) - kw.start, g_special, g_pad_k):
+                raise LookupError(site.name)
+            pairs = [(i, b, p) for i, b in enumerate(members) for p in keep.get(b, ()) if a0 <= p < a1]
+            if pairs:  # the query rows the splits read, back on the whole key axis (0 weight, unseen outside the window)
+                ii = torch.tensor([i for i, _, _ in pairs])
+                pp = torch.tensor([p - a0 for _, _, p in pairs])
+                row_w = w.new_zeros(len(pairs), h, k_len)
+                row_w[..., kw] = w[ii, :, pp]
+                vv = v[ii if v.shape[0] > 1 else torch.zeros_like(ii), :, pp if v.shape[2] > 1 else torch.zeros_like(pp)]
+                row_v = vv.new_zeros(len(pairs), vv.shape[1], k_len)
+                row_v[..., kw] = vv
+                for j, (_, b, p) in enumerate(pairs):
+                    kept[b][p] = (row_w[j], row_v[j])
+        found = sums.metrics(want[0])
+        found["top_key_index"] = found["top_key_index"] + kw.start
+        for c, values in found.items():
+            if c not in out_metrics:
+                out_metrics[c] = np.full((b_n, h), np.nan) if values.dtype.is_floating_point else np.zeros((b_n, h), np.int64)
+            out_metrics[c][members] = values.numpy()
+    rows_out = {}
+    for b, positions in keep.items():
+        if all(p in kept[b] for p in positions):
+            rows_out[b] = (torch.stack([kept[b][p][0] for p in positions], dim=1),  # [head, row, key]
+                           torch.stack([kept[b][p][1] for p in positions], dim=1))  # [1|head, row, key]
+    return out_metrics, rows_out
+
+
+def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
+                keep: dict[int, list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """For each batch row ``b`` in ``keep``, the weights and visible keys of its query rows ``keep[b]``
+    (``[head, row, key]`` float32 and ``[1|head, row, key]`` bool), recomputed from ``q [batch, head, query,
+    d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys ``vis``: one block
+    ``[batch, head, rows, key]`` for the whole batch (a batch row with fewer query rows repeats its first)."""
+    if not keep:
+        return {}
+    b_n, h = q.shape[0], q.shape[1]
+    width = max(len(p) for p in keep.values())
+    pos = torch.zeros(b_n, width, dtype=torch.long)
+    for b, positions in keep.items():
+        pos[b, :len(positions)] = torch.tensor(positions)
+        pos[b, len(positions):] = positions[0]
+    rows_q = q.gather(2, pos[:, None, :, None].expand(b_n, h, width, q.shape[-1]))
+    m = None
+    if mask is not None:
+        m = mask if mask.shape[2] == 1 else mask.expand(b_n, -1, -1, -1).gather(
+            2, pos[:, None, :, None].expand(b_n, mask.shape[1], width, mask.shape[-1]))
+    w = attention.attention_weights(rows_q, k, scaling=site.scaling, mask=m, softcap=site.softcap, out_dtype=torch.float32)
+    v = vis if vis.shape[2] == 1 else vis.expand(b_n, -1, -1, -1).gather(
+        2, pos[:, None, :, None].expand(b_n, vis.shape[1], width, vis.shape[-1]))
+    out = {}
+    for b, positions in keep.items():
+        n = len(positions)
+        vb = v[b] if v.shape[0] > 1 else v[0]
+        out[b] = (w[b, :, :n], vb[:, :n] if vb.shape[1] > 1 else vb.expand(-1, n, -1))
+    return out
+
+
+class _Query:
+    """Where one document's query and referents sit on each axis group of the capture's sites."""
+
+    def __init__(self, capture, batch: int, doc, sites):
+        self.refs = clean_referents(doc.referents)
+        self.groups: dict[tuple, tuple] = {}  # (query axis, key axis) -> (occurrence, referent positions) or None
+        for site in sites:
+            key = (tuple(site.query_input), tuple(site.key_input))
+            if key in self.groups:
+                continue
+            if not spans.find(capture, site, doc.query, "query", batch=batch):
+                self.groups[key] = None  # the query is not on this axis: these sites have no split row
+                continue
+            occ = spans.resolve_query(capture, site, doc.query, occurrence=doc.occurrence, batch=batch)
+            try:
+                ref_pos = find_referents(capture, site, self.refs, batch=batch)
+            except InspectorError:
+                self.groups[key] = None
+                continue
+            self.groups[key] = (occ, ref_pos)
+
+    def positions(self, site) -> list[int] | None:
+        found = self.groups[(tuple(site.query_input), tuple(site.key_input))]
+        return None if found is None else list(found[0].positions)
+
+
+def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], dict[int, str]] | None:
+    """The ``heads`` rows of every document of ``capture`` (batch row ``i`` holds ``docs[i]``), as
+    :func:`~inspector.corpus.reduce.document_rows` gives them, or None when the fast path does not apply to this
+    capture. Returns ``(frames, errors)``: ``frames`` maps a batch row to its rows (several batch rows may
+    share one frame, told apart by the ``id`` column), ``errors`` a batch row to its one-line error
+    (the split could not run); batch rows in neither need the per-document path."""
+    if not fast_path_applies(capture):
+        return None
+    axes = Axes(capture)
+    sites = list(capture.sites)
+    errors: dict[int, str] = {}
+    queries: dict[int, _Query] = {}
+    for b, doc in enumerate(docs):
+        if doc.query is None:
+            continue
+        try:
+            queries[b] = _Query(capture, b, doc, sites)
+        except InspectorError as exc:  # the query occurs several times, bad referents: the doc's error
+            from inspector.corpus.documents import error_line
+
+            errors[b] = error_line(exc)
+    want = (bool(options.exclude_special),)
+    metrics = []
+    split_rows: dict[int, list] = {b: [] for b in queries}  # per site: (w_rows, vis_rows) or None
+    for site in sites:
+        keep = {b: q.positions(site) for b, q in queries.items()}
+        keep = {b: p for b, p in keep.items() if p}
+        try:
+            found, kept = _site_pass(capture, site, axes, keep, want)
+        except LookupError:
+            return None
+        metrics.append(found)
+        for b in queries:
+            split_rows[b].append(kept.get(b))
+    rule = SplitRule(min_split=options.min_split, min_mass=options.min_mass, min_lift=options.min_lift)
+    plain: list[int] = []
+    with_query: list[tuple[int, dict]] = []
+    for b, doc in enumerate(docs):
+        if b in errors or (doc.query is not None and b not in queries):
+            continue
+        if b not in queries:
+            plain.append(b)
+            continue
+        split = _split_columns(capture, axes, b, queries[b], sites, split_rows[b], rule)
+        if split is not None:
+            with_query.append((b, split))
+    frames: dict[int, pd.DataFrame] = {}
+    if plain:
+        df = pd.DataFrame(_rank_rows(axes, docs, plain, sites, metrics))
+        frames.update({b: df for b in plain})
+    if with_query:
+        bs = [b for b, _ in with_query]
+        cols = _rank_rows(axes, docs, bs, sites, metrics)
+        for c in with_query[0][1]:
+            values = [v for _, split in with_query for v in split[c]]
+            if c == "flagged":
+                cols[c] = pd.array(values, dtype="boolean")
+            elif c in _SPLIT_FLOATS:
+                cols[c] = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+            else:
+                cols[c] = values
+        df = pd.DataFrame(cols)
+        frames.update({b: df for b in bs})
+    return frames, errors
+
+
+def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: list[dict]) -> dict[str, object]:
+    """The rank columns of the documents in ``batch_rows_`` (each: every site in order, every head)."""
+    n_heads = [s.num_heads for s in sites]
+    cols: dict[str, object] = {"id": [docs[b].id for b in batch_rows_ for h in n_heads for _ in range(h)]}
+    for name, per in (("site", [s.name for s in sites]), ("stack", [s.stack for s in sites]),
+                      ("kind", [s.kind for s in sites]), ("layer", [s.layer for s in sites])):
+        one = [x for x, h in zip(per, n_heads, strict=True) for _ in range(h)]
+        cols[name] = one * len(batch_rows_)
+    cols["head"] = np.tile(np.concatenate([np.arange(h) for h in n_heads]), len(batch_rows_))
+    for c in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass"):
+        cols[c] = np.concatenate([m[c][b] for b in batch_rows_ for m in metrics])
+    top_tokens, top_index = [], []
+    for b in batch_rows_:
+        for site, m in zip(sites, metrics, strict=True):
+            roles = tuple(site.key_input)
+            tokens = axes.flags(roles, b)[2]
+            idx = m["top_key_index"][b]
+            top_tokens += [tokens[i] for i in idx.tolist()]
+            top_index.append(idx - axes.leading_padding(roles, b))
+    cols["top_key"] = top_tokens
+    cols["top_key_index"] = np.concatenate(top_index).astype(np.int64)
+    cols["top_key_weight"] = np.concatenate([m["top_key_weight"][b] for b in batch_rows_ for m in metrics])
+    cols["label"] = LabelRule().labels(cols["sink_mass"], cols["prev_mass"], cols["self_mass"], cols["normalized_entropy"])
+    return cols
+
+
+def _split_columns(capture, axes: Axes, b: int, query: _Query, sites, rows: list, rule: SplitRule) -> dict | None:
+    """The split columns of batch row ``b`` over every site and head in order (None / NaN where a site
+    has no split row), or None when the per-document path must decide (no site has one)."""
+    refs = query.refs
+    groups: dict[tuple, list[int]] = {}
+    for i, (site, kept) in enumerate(zip(sites, rows, strict=True)):
+        key = (tuple(site.query_input), tuple(site.key_input))
+        if kept is None or query.groups[key] is None:
+            continue
+        _, ref_pos = query.groups[key]
+        if bool(kept[1][..., [p for pos in ref_pos.values() for p in pos]].any()):  # else the query cannot see them here
+            groups.setdefault(key, []).append(i)
+    if not groups:
+        return None
+    per_site: dict[int, tuple[dict, int]] = {}  # site index -> (columns of its group, first head's offset)
+    query_text: dict[tuple, tuple[str, str, list[int]]] = {}
+    for key, members in groups.items():
+        occ, ref_pos = query.groups[key]
+        site0 = sites[members[0]]
+        # the heads of the group's sites stacked: one referent_rows and one ReferentSplit per document and axis pair
+        w = torch.cat([rows[i][0] for i in members])
+        vis = torch.cat([rows[i][1].expand(sites[i].num_heads, -1, -1) for i in members])
+        per_row, chance, per_key = referent_rows(w, vis, ref_pos)
+        split = ReferentSplit(
+            site=None, query_positions=list(occ.positions), referents={r: list(p) for r, p in ref_pos.items()},
+            key_tokens=axes.flags(tuple(site0.key_input), b)[2], per_row=per_row, chance_row=chance, per_key=per_key,
+            rule=rule, weighting="attention")
+        cols = split.columns()
+        offset = 0
+        for i in members:
+            per_site[i] = (cols, offset)
+            offset += sites[i].num_heads
+        shift = axes.leading_padding(key[0], b)
+        query_text[key] = (occ.phrase, " ".join(str(p - shift) for p in occ.positions), shift)
+    out: dict[str, list] = {"query": [], "query_positions": [], "driving_row": [], "rows_flagged": [], "referents": [],
+                            "referent_weights": [], "referent_pieces": []}
+    rest = ["referent_mass", "chance_mass", "lift", "split_score", "flagged", "row_split_scores", "shared_pieces",
+            "shared_share", "split_unshared", "mostly_shared"]
+    out.update({c: [] for c in rest})
+    for i, site in enumerate(sites):
+        h = site.num_heads
+        if i not in per_site:  # a site the query cannot reach: missing, as in the per-document path
+            for c in out:
+                out[c] += [None] * h
+            continue
+        cols, o = per_site[i]
+        phrase, positions, shift = query_text[(tuple(site.query_input), tuple(site.key_input))]
+        out["query"] += [phrase] * h
+        out["query_positions"] += [positions] * h
+        out["driving_row"] += [d - shift for d in cols["driving_row"][o:o + h]]
+        out["rows_flagged"] += [" ".join(str(int(p) - shift) for p in s_.split()) for s_ in cols["rows_flagged"][o:o + h]]
+        out["referents"] += [list(refs)] * h
+        out["referent_weights"] += [list(x) for x in zip(*(cols[f"weight:{r}"][o:o + h] for r in refs), strict=True)]
+        out["referent_pieces"] += [list(x) for x in zip(*(cols[f"pieces:{r}"][o:o + h] for r in refs), strict=True)]
+        for c in rest:
+            out[c] += cols[c][o:o + h]
+    return out

@@ -1,0 +1,295 @@
+"""Reading a corpus: the documents of a JSONL, CSV or Parquet file, a folder of Parquet files, or a
+Hugging Face ``datasets`` folder saved with ``save_to_disk``, one :class:`Document` at a time.
+
+Files are streamed (JSONL line by line, CSV and Parquet in chunks of rows, ``datasets`` through its
+memory-mapped Arrow files), so reading a corpus holds a few thousand rows at most, whatever its size.
+Which column holds the text, the target, the query, the referents and the id is given by a
+:class:`Fields`; a missing column is refused before any model loads. A row whose own values are unusable
+(a line that is not JSON, referents that are not a list) becomes a document carrying that problem, so
+the scan records it and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inspector.errors import InspectorError
+
+CHUNK = 1024  # rows read at a time from CSV, Parquet and datasets files
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Column names. ``text`` is required; the others are optional (None: not used)."""
+
+    text: str = "text"
+    target: str | None = None
+    query: str | None = None
+    referents: str | None = None
+    id: str | None = None
+    occurrence: str | None = None
+
+    def used(self) -> list[str]:
+        return [c for c in (self.text, self.target, self.query, self.referents, self.id, self.occurrence) if c]
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {k: getattr(self, k) for k in ("text", "target", "query", "referents", "id", "occurrence")}
+
+
+@dataclass
+class Document:
+    """One row of the corpus. ``row`` is its 0-based position in the file; ``id`` its id (the id column's
+    value as a string, or the row number); ``problem`` a reason it cannot be scanned, found while reading."""
+
+    row: int
+    id: str
+    text: Any = None
+    target: Any = None
+    query: str | None = None
+    referents: list[str] | None = None
+    occurrence: int | None = None
+    problem: str | None = None
+
+
+def kind_of(path: Path) -> str:
+    """``jsonl``, ``csv``, ``parquet``, ``parquet-folder`` or ``datasets`` for a corpus path."""
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            return "datasets"
+        if any(path.glob("*.parquet")):
+            return "parquet-folder"
+        raise InspectorError(f"{path} is a folder but neither a `datasets` save_to_disk folder nor a folder of .parquet files: "
+                             "pass a .jsonl, .csv or .parquet file, or such a folder")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise InspectorError(f"cannot tell the format of {path.name!r}: corpus files end in .jsonl, .csv or .parquet "
+                         "(or give a `datasets` save_to_disk folder)")
+
+
+_JSONL_CHECKED_ROWS = 1000  # a JSONL corpus's named fields are looked for in this many rows before the scan starts
+
+
+class Corpus:
+    """A corpus file opened for reading: its columns are known (and checked against ``fields``) before
+    any document is read; iterate to get :class:`Document` records in file order."""
+
+    def __init__(self, path: str | os.PathLike, fields: Fields = Fields()):
+        self.path = Path(path).expanduser()
+        if not self.path.exists():
+            raise InspectorError(f"corpus {str(self.path)!r} does not exist: check the path")
+        self.kind = kind_of(self.path)
+        self.fields = fields
+        self.columns = self._columns()
+        if self.kind == "jsonl":
+            # JSONL rows may differ: a field is checked against the fields of the first rows (a named field none of
+            # them has is a misspelling); a later row without it is a bad document, or one without a query
+            seen, n = self._jsonl_fields()
+            missing = [c for c in fields.used() if c not in seen] if seen else []
+            if missing:
+                where = f"none of its first {n} rows" if n == _JSONL_CHECKED_ROWS else "no row"
+                raise InspectorError(f"{self.path.name} has no field {missing[0]!r} ({where} has it); its fields are "
+                                     f"{', '.join(seen[:12])}: pick one with --{_option(fields, missing[0])}")
+            return
+        missing = [c for c in fields.used() if c not in self.columns]
+        if missing:
+            raise InspectorError(f"{self.path.name} has no column {missing[0]!r}; its columns are {', '.join(self.columns[:12])}"
+                                 f": pick one with --{_option(fields, missing[0])}")
+
+    def _jsonl_fields(self) -> tuple[list[str], int]:
+        """The fields of the first ``_JSONL_CHECKED_ROWS`` object rows, in order of appearance, and how many
+        rows were read (lines that are not JSON objects are skipped: they become bad documents)."""
+        seen: dict[str, None] = {}
+        n = 0
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    seen.update(dict.fromkeys(row))
+                    n += 1
+                    if n >= _JSONL_CHECKED_ROWS:
+                        break
+        return list(seen), n
+
+    # ---- the file's shape ----------------------------------------------------------------------
+    def _columns(self) -> list[str]:
+        if self.kind == "jsonl":
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        try:
+                            first = json.loads(line)
+                        except json.JSONDecodeError:
+                            return []
+                        return list(first) if isinstance(first, dict) else []
+            raise InspectorError(f"{self.path.name} holds no rows: give a JSONL file with one JSON object per line")
+        if self.kind == "csv":
+            import pandas as pd
+
+            return list(pd.read_csv(self.path, nrows=0, sep="\t" if self.path.suffix.lower() == ".tsv" else ",").columns)
+        if self.kind in ("parquet", "parquet-folder"):
+            return list(self._parquet().schema.names)
+        return list(self._dataset().column_names)
+
+    def _parquet(self):
+        import pyarrow.dataset as pads
+
+        try:
+            return pads.dataset(str(self.path), format="parquet")
+        except Exception as exc:  # pyarrow's ArrowInvalid for a file that is not Parquet
+            raise InspectorError(f"{self.path.name} is not a readable Parquet file ({str(exc).splitlines()[0][:160]})") from None
+
+    def _dataset(self):
+        try:
+            import datasets
+        except ImportError:
+            raise InspectorError("reading a `datasets` folder needs the datasets package: pip install datasets") from None
+        ds = datasets.load_from_disk(str(self.path))
+        if isinstance(ds, datasets.DatasetDict):
+            raise InspectorError(f"{self.path.name} holds the splits {', '.join(ds)}: pass one of them, e.g. {self.path / next(iter(ds))}")
+        return ds
+
+    def __len__(self) -> int:
+        """Number of rows (JSONL: non-blank lines, counted in one streaming pass)."""
+        if self.kind == "jsonl":
+            with open(self.path, encoding="utf-8") as f:
+                return sum(1 for line in f if line.strip())
+        if self.kind == "csv":
+            return sum(len(c) for c in self._csv_chunks())
+        if self.kind in ("parquet", "parquet-folder"):
+            return self._parquet().count_rows()
+        return len(self._dataset())
+
+    # ---- rows ----------------------------------------------------------------------------------
+    def _csv_chunks(self):
+        import pandas as pd
+
+        return pd.read_csv(self.path, dtype=str, keep_default_na=False, chunksize=CHUNK,
+                           sep="\t" if self.path.suffix.lower() == ".tsv" else ",")
+
+    def _rows(self) -> Iterator[dict[str, Any] | str]:
+        """Row dicts in file order (a string instead of a dict: the row's problem)."""
+        cols = [c for c in self.fields.used() if c in self.columns]
+        if self.kind == "jsonl":
+            with open(self.path, encoding="utf-8") as f:
+                n = 0
+                for line in f:
+                    if not line.strip():
+                        continue
+                    n += 1
+                    try:
+                        value = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        yield f"line {n} is not valid JSON ({exc.msg})"
+                        continue
+                    yield value if isinstance(value, dict) else f"line {n} is not a JSON object"
+        elif self.kind == "csv":
+            for chunk in self._csv_chunks():
+                yield from chunk[cols].to_dict("records")
+        elif self.kind in ("parquet", "parquet-folder"):
+            for batch in self._parquet().to_batches(columns=cols, batch_size=CHUNK):
+                yield from batch.to_pylist()
+        else:
+            ds = self._dataset().select_columns(cols)
+            for batch in ds.iter(batch_size=CHUNK):
+                keys = list(batch)
+                for values in zip(*(batch[k] for k in keys), strict=True):
+                    yield dict(zip(keys, values, strict=True))
+
+    def __iter__(self) -> Iterator[Document]:
+        for i, row in enumerate(self._rows()):
+            yield to_document(i, row, self.fields)
+
+
+def _option(fields: Fields, column: str) -> str:
+    for name, value in fields.to_dict().items():
+        if value == column:
+            return f"{name}-field"
+    return "text-field"
+
+
+def to_document(i: int, row: dict[str, Any] | str, fields: Fields) -> Document:
+    """A :class:`Document` from one row (``row`` a string: the problem found reading it)."""
+    if isinstance(row, str):
+        return Document(row=i, id=str(i), problem=row)
+    doc = Document(row=i, id=str(i))
+    if fields.id:
+        value = row.get(fields.id)
+        if value is None or str(value) == "":
+            doc.problem = f"no id in column {fields.id!r}"
+        else:
+            doc.id = str(value)
+    if fields.text not in row:
+        doc.problem = doc.problem or f"no {fields.text!r} field: pick the text column with --text-field"
+    doc.text = row.get(fields.text)
+    if fields.target:
+        doc.target = row.get(fields.target)
+    if fields.query:
+        q = row.get(fields.query)
+        doc.query = None if q is None or str(q).strip() == "" else str(q)
+    if fields.referents:
+        try:
+            doc.referents = parse_referents(row.get(fields.referents))
+        except ValueError as exc:
+            doc.problem = doc.problem or str(exc)
+    if fields.occurrence:
+        value = row.get(fields.occurrence)
+        if value is not None and str(value).strip() != "":
+            try:
+                number = float(value) if not isinstance(value, bool) else float("nan")
+                if not number.is_integer():
+                    raise ValueError
+                doc.occurrence = int(number)
+            except (TypeError, ValueError, OverflowError):
+                doc.problem = doc.problem or f"occurrence {value!r} is not a whole number: check --occurrence-field"
+    return doc
+
+
+def parse_referents(value: Any) -> list[str] | None:
+    """Referents as a list of strings: a list or array as is, a JSON list text, or a comma-separated text."""
+    if value is None:
+        return None
+    if hasattr(value, "tolist"):  # numpy arrays from Parquet
+        value = value.tolist()
+    if isinstance(value, str):
+        s = value.strip()
+        if not s:
+            return None
+        if s.startswith("["):
+            try:
+                value = json.loads(s)
+            except json.JSONDecodeError:
+                raise ValueError(f"referents {s[:60]!r} look like JSON but do not parse: write a JSON list or A,B") from None
+        else:
+            return [r.strip() for r in s.split(",") if r.strip()]
+    if isinstance(value, (list, tuple)) and all(isinstance(r, str) for r in value):
+        return [r.strip() for r in value if r.strip()]  # as the A,B text form: surrounding spaces are not the word
+    raise ValueError(f"referents must be a list of strings or a comma-separated text, not {type(value).__name__}")
+
+
+_SCAN_WORDING = (("pick one with --occurrence", "give the document an occurrence (--occurrence-field)"),
+                 ("so --occurrence must be", "so the document's occurrence must be"))
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a document's ``error`` column (split's flag names put as a scan's document fields)."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, InspectorError):
+        for flag, field in _SCAN_WORDING:
+            msg = msg.replace(flag, field)
+        return msg
+    return f"{type(exc).__name__}: {msg}"[:500]

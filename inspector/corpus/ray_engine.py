@@ -1,0 +1,195 @@
+"""The Ray engine of ``inspector scan``: the same per-document function on Ray Data actors.
+
+The pending documents become a Ray Dataset; one ``map_batches`` stage runs :class:`Reducer` actors,
+each holding the model once (one actor per GPU, or per worker), and each calling
+:func:`inspector.corpus.reduce.reduce_batch` -- the function the local engine calls -- on ``batch_size``
+documents at a time. Each output row is one document's ``documents`` row plus its ``heads`` rows as
+Arrow IPC bytes (exact floats); the driver commits them to the scan folder as they stream back, so
+resuming works as with the local engine.
+
+``address`` joins an existing cluster (``ray://head:10001``, ``auto``); without it a Ray instance
+already started in this process is used, or a local one is started (bound to 127.0.0.1, no
+dashboard) and shut down when the scan ends. Every node needs inspector and its model installed
+(``pip install inspector[ray]``). The documents still to scan are handed to Ray :data:`WINDOW` at a time
+(one Dataset each, its actors loading the model anew), so the driver and Ray's object store hold at most
+that many, whatever the corpus's size.
+
+Ray is an optional dependency: only this module imports it, and only ``engine="ray"`` imports this
+module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pandas as pd
+
+from inspector.corpus.documents import Document
+from inspector.corpus.reduce import DOC_COLUMNS, BatchResult, Options, check_document
+from inspector.errors import InspectorError
+
+WINDOW = 20_000  # documents per Ray Dataset: the most the driver lists at once (each window loads the model anew)
+
+
+def _item(doc: Document) -> dict[str, Any]:
+    """A document as a Ray row: plain, Arrow-typed values (a value Arrow cannot type is a problem)."""
+    problem = check_document(doc)
+    return {
+        "row": int(doc.row), "id": str(doc.id), "problem": problem or "",
+        "text": doc.text if not problem else "", "target": doc.target if not problem and doc.target is not None else "",
+        "has_target": doc.target is not None and not problem, "query": doc.query or "",
+        "referents": list(doc.referents) if doc.referents and not problem else [],
+        "occurrence": int(doc.occurrence) if doc.occurrence is not None else 0,
+    }
+
+
+def _document(r: dict[str, Any]) -> Document:
+    refs = r["referents"]
+    refs = [str(x) for x in (refs.tolist() if hasattr(refs, "tolist") else refs)]
+    return Document(row=int(r["row"]), id=str(r["id"]), text=r["text"], target=r["target"] if r["has_target"] else None,
+                    query=r["query"] or None, referents=refs or None, occurrence=int(r["occurrence"]) or None,
+                    problem=r["problem"] or None)
+
+
+def to_ipc(df: pd.DataFrame) -> bytes:
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> pd.DataFrame:
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_pandas()
+
+
+class Reducer:
+    """A Ray actor holding one model; called with a batch of documents, returns their rows."""
+
+    def __init__(self, model: str | None, options: dict, device: str | None, trust_remote_code: bool, threads: int | None):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        from inspector.capture.models import load_model
+
+        self.lm = load_model(model, device=device, trust_remote_code=trust_remote_code)
+        self.options = Options(**options)
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        from inspector.corpus.reduce import reduce_batch
+
+        docs = [_document(r) for r in batch.to_dict("records")]
+        result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options)
+        out = result.documents.copy()
+        groups = dict(iter(result.heads.groupby("id", sort=False))) if len(result.heads) else {}
+        out["heads"] = [to_ipc(groups[i]) if i in groups else b"" for i in out["id"]]
+        return out
+
+
+def _workers(ray, workers: int | None) -> tuple[int, int]:
+    """(actors, GPUs per actor): one per GPU when the cluster has GPUs, else one per node."""
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if workers is None:
+        workers = gpus or max(1, len([n for n in ray.nodes() if n.get("Alive")]))
+    if workers < 1:
+        raise InspectorError(f"--workers must be at least 1, not {workers}")
+    return workers, 1 if gpus >= workers else 0
+
+
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """InspectorError unless a ``HOST:PORT`` (or ``ray://HOST:PORT``) address takes a TCP connection within
+    ``timeout`` seconds: ``ray.init`` retries an address where nothing listens for minutes, deaf to Ctrl-C."""
+    import socket
+
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", "local", or a form Ray resolves itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise InspectorError(f"nothing answers at the Ray address {address} ({exc.strerror or exc}): check --ray-address "
+                             "(HOST:PORT of the head node's GCS, ray://HOST:10001, or auto on a cluster node), "
+                             "or use --engine local") from None
+
+
+def _join(ray, address: str) -> None:
+    """``ray.init(address=...)``, with the fix named in one line when the cluster cannot be joined."""
+    _reachable(address)
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError or its own errors here
+        chain, e = [], exc
+        while e is not None and len(chain) < 8:
+            chain.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__ or e.__context__
+        text = " ".join(chain)
+        if "InvalidAuthToken" in text or "AuthenticationError" in text:
+            raise InspectorError(
+                f"the Ray cluster at {address} asks for its token (Ray >= 2.52 starts clusters with token "
+                "authentication): set RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token or "
+                "RAY_AUTH_TOKEN") from None
+        raise InspectorError(f"cannot join the Ray cluster at {address} ({chain[0][:300]}): check --ray-address "
+                             "(HOST:PORT of the head node, ray://HOST:10001, or auto on a cluster node)") from None
+
+
+def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int = 8, options: Options = Options(),
+                address: str | None = None, workers: int | None = None, device: str | None = None,
+                trust_remote_code: bool = False, num_cpus: int | None = None) -> Iterator[BatchResult]:
+    """Reduce ``docs`` on Ray actors; yields a :class:`BatchResult` per batch as it completes (in any order)."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise InspectorError("--engine ray needs Ray: pip install 'inspector[ray]' (or use --engine local)") from None
+    from itertools import islice
+
+    docs = iter(docs)
+    items = [_item(d) for d in islice(docs, WINDOW)]
+    if not items:
+        return
+    started = False
+    if not ray.is_initialized():
+        if address:
+            _join(ray, address)
+        else:
+            cpus = num_cpus or os.cpu_count() or 1
+            ray.init(num_cpus=cpus + 1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                     configure_logging=False)
+        started = True
+    try:
+        n, gpus = _workers(ray, workers)
+        local = not address and started
+        threads = max(1, (num_cpus or os.cpu_count() or 1) // n) if local else None
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.execution_options.verbose_progress = False
+        while items:
+            ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 64 * n)))
+            ds = ds.map_batches(
+                Reducer, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
+                fn_constructor_kwargs={"model": model, "options": options.to_dict(), "device": "cuda" if gpus else device,
+                                       "trust_remote_code": trust_remote_code, "threads": threads},
+                num_gpus=gpus, num_cpus=threads or 1,
+            )
+            del items  # Ray holds the window now
+            for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
+                heads = [from_ipc(b) for b in out["heads"] if len(b)]
+                # Ray hands back Arrow-backed columns; give them the local engine's dtypes so the Parquet parts match
+                documents = out[DOC_COLUMNS].reset_index(drop=True).astype(
+                    {"id": str, "row": "int64", "tokens": "int64", "status": str, "error": str})
+                yield BatchResult(documents=documents,
+                                  heads=pd.concat(heads, ignore_index=True) if heads else pd.DataFrame())
+            del ds
+            items = [_item(d) for d in islice(docs, WINDOW)]
+    finally:
+        if started:
+            ray.shutdown()

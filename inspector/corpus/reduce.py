@@ -1,0 +1,310 @@
+"""Reducing documents to per-head statistics: each captured lazily in memory, then analysed.
+
+The per-document statistics are exactly those inspector defines for one capture, computed by the
+same functions: :func:`~inspector.analysis.rank_heads` for every document, and
+:func:`~inspector.analysis.split_heads` when the document names a query and referents. Nothing is
+written per document; a capture lives only while its batch is reduced.
+
+:func:`reduce_batch` is *the* per-document function: the local engine (:func:`local_batches`) and
+the Ray engine (:mod:`inspector.corpus.ray_engine`) both call it, so their rows are the same. Documents are
+captured ``batch_size`` at a time, padded; every statistic is computed over the document's own
+(non-padding) query rows and keys, and the positions reported (``top_key_index``,
+``query_positions``) are shifted back by the padding in front of the document, so a document's rows
+equal those of a capture of it alone (within float rounding of the padded matrix products).
+
+Rows of the ``heads`` table: ``id`` (the document id), then the ``rank`` columns, then -- for documents
+with a query -- the ``split`` columns with the per-referent ``weight:<referent>`` columns turned into
+two list columns, ``referents`` and ``referent_weights`` (same order), since referents differ from
+one document to the next (any other per-referent column ``<name>:<referent>`` likewise becomes a list
+column ``referent_<name>``). Any further column the split analysis returns (e.g. ``lift``) is kept as
+it comes. Rows of ``documents``: ``id``, ``row`` (position in the corpus file), ``tokens`` (real
+tokens over all inputs, 0 when it could not be tokenized), ``status`` (``ok`` or ``error``),
+``error`` (one line, empty when ok).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from inspector.corpus.documents import Document, error_line
+from inspector.corpus.forward_sums import ForwardSums
+
+DOC_COLUMNS = ["id", "row", "tokens", "status", "error"]
+_POSITION_COLUMNS = {"top_key_index": "key"}  # rank columns holding a position on a site's key axis
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to compute per document (the same meaning as in ``inspector rank`` / ``inspector split``)."""
+
+    exclude_special: bool = False
+    min_split: float = 0.2
+    min_mass: float = 0.25
+    min_lift: float = 2.0
+    dtype: str = "float32"
+
+    def to_dict(self) -> dict:
+        return {"exclude_special": self.exclude_special, "min_split": self.min_split, "min_mass": self.min_mass,
+                "min_lift": self.min_lift, "dtype": self.dtype}
+
+
+@dataclass
+class BatchResult:
+    """What a batch of documents reduces to: one ``documents`` row per document, ``heads`` rows for the
+    documents that succeeded."""
+
+    documents: pd.DataFrame
+    heads: pd.DataFrame
+
+
+# split's flags as a scan's document gives them
+def check_document(doc: Document) -> str | None:
+    """The problem that keeps ``doc`` from being captured at all, or None."""
+    if doc.problem:
+        return doc.problem
+    if doc.text is not None and not isinstance(doc.text, str):
+        kind = type(doc.text).__name__
+        return f"the text is {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, not a string: check --text-field"
+    if not isinstance(doc.text, str) or not doc.text.strip():
+        return "the text is empty"
+    if doc.target is not None and not (isinstance(doc.target, str) and doc.target.strip()):
+        return "the target is empty"
+    if (doc.query is None) != (not doc.referents):
+        return "give both a query and referents (or neither)"
+    if doc.referents is not None and len(doc.referents) < 2:
+        return "give at least two referents"
+    return None
+
+
+def _leading_padding(capture, site, which: str, batch: int) -> int:
+    """Padding positions in front of the document's first real token on a site axis (left padding)."""
+    n = 0
+    for rec, i in capture.axis(site, which, batch):
+        if not rec.padding[i]:
+            break
+        n += 1
+    return n
+
+
+def _real_tokens(capture, batch: int) -> int:
+    return sum(sum(1 for p in r.padding if not p) for r in capture.inputs if r.batch == batch)
+
+
+def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.DataFrame:
+    """The ``heads`` rows of batch row ``batch`` of ``capture``, which holds ``doc``.
+
+    Calls :func:`~inspector.analysis.rank_heads` and (with a query) :func:`~inspector.analysis.split_heads`
+    on that batch row. Raises :class:`InspectorError` when the split analysis cannot run (e.g. a referent
+    is not in the document).
+    """
+    from inspector.analysis.heads import SplitRule, clean_referents, rank_heads, split_heads
+
+    order = {s.name: i for i, s in enumerate(capture.sites)}
+    rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)
+    # columns assembled as arrays in site order, then one DataFrame (pandas merges and sorts per document
+    # cost more than the analysis of a short one)
+    sites = rank["site"].tolist()
+    perm = np.lexsort((rank["head"].to_numpy(), np.array([order[x] for x in sites])))
+    cols: dict[str, object] = {"id": [doc.id] * len(rank)}
+    for c in rank.columns:
+        cols[c] = rank[c].to_numpy()[perm]
+    sites = [sites[i] for i in perm]
+    key_shift = {s.name: _leading_padding(capture, s, "key", batch) for s in capture.sites}
+    cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
+    if doc.query is not None:
+        refs = clean_referents(doc.referents)  # the names split_heads gives its columns
+        split = split_heads(capture, doc.query, refs, occurrence=doc.occurrence, batch=batch,
+                            rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass,
+                                           min_lift=options.min_lift))
+        q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
+        extra: dict[str, list] = {
+            "query": split["query"].tolist(),
+            "query_positions": [" ".join(str(int(p) - q_shift[site]) for p in pos.split())
+                                for site, pos in zip(split["site"], split["query_positions"], strict=True)],
+            # the row that drives the verdict, and the rows that pass on their own: positions on the query axis too
+            "driving_row": [int(d) - q_shift[site] for site, d in zip(split["site"], split["driving_row"], strict=True)],
+            "rows_flagged": [" ".join(str(int(p) - q_shift[site]) for p in str(pos or "").split())
+                             for site, pos in zip(split["site"], split["rows_flagged"], strict=True)],
+            "referents": [list(refs)] * len(split),
+        }
+        # per-referent columns "<name>:<referent>" become one list column each: weight -> referent_weights,
+        # any other name -> referent_<name>
+        per_ref: dict[str, list[str]] = {}
+        for c in split.columns:
+            name, _, ref = c.partition(":")
+            if ref in refs:
+                per_ref.setdefault(name, []).append(c)
+        for name in per_ref:
+            list_name = "referent_weights" if name == "weight" else f"referent_{name}"
+            extra[list_name] = split[[f"{name}:{r}" for r in refs]].to_numpy().tolist()
+        done = {c for cs in per_ref.values() for c in cs} | {"site", "stack", "kind", "layer", "head", "query_positions",
+                                                               "driving_row", "rows_flagged"}
+        for c in split.columns:
+            if c not in done and c not in extra:
+                extra[c] = split[c].tolist()
+        where = {(x, int(h)): i for i, (x, h) in enumerate(zip(split["site"], split["head"], strict=True))}
+        idx = [where.get((x, int(h)), -1) for x, h in zip(sites, cols["head"], strict=True)]
+        complete = min(idx, default=0) >= 0
+        for c, values in extra.items():
+            taken = [values[i] for i in idx] if complete else [values[i] if i >= 0 else None for i in idx]
+            if c == "flagged":  # sites the query cannot reach have no split row: missing, not False
+                cols[c] = pd.array(taken, dtype="boolean")
+            elif c in split.columns and split[c].dtype.kind == "f":
+                cols[c] = np.array([np.nan if v is None else v for v in taken], dtype=np.float64)
+            else:
+                cols[c] = taken
+    return pd.DataFrame(cols)
+
+
+def _doc_row(doc: Document, tokens: int, error: str | None) -> dict:
+    return {"id": doc.id, "row": doc.row, "tokens": tokens, "status": "error" if error else "ok", "error": error or ""}
+
+
+def _capture(model, tokenizer, docs: list[Document], options: Options):
+    from inspector.capture.recorder import capture
+
+    targets = [d.target for d in docs]
+    return capture(model, tokenizer, [d.text for d in docs], None if all(t is None for t in targets) else targets,
+                   weights=False, dtype=options.dtype, value_norms=False,
+                   forward_sums=lambda records: ForwardSums(records, (bool(options.exclude_special),)))
+
+
+def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> BatchResult:
+    """Capture ``docs`` together (padded) and reduce each to its ``heads`` rows; never raises for a bad
+    document: its ``documents`` row carries the error instead.
+
+    Documents that cannot be captured together (one too long for the model, targets on some but not
+    all, a tokenizer without a padding token) are captured one at a time, so one bad document costs its batch only speed.
+    """
+    return analyse(capture_batch(model, tokenizer, docs, options))
+
+
+@dataclass
+class Captured:
+    """The first stage of :func:`reduce_batch`: the batch's captures (each with the documents it
+    holds, in batch order) and the ``documents`` rows of documents that could not be captured."""
+
+    docs: list[Document]
+    options: Options
+    captures: list[tuple[object, list[tuple[int, Document]]]]
+    doc_rows: dict[int, dict]
+
+
+def capture_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> Captured:
+    """Capture ``docs`` (lazily, in memory): together, or one at a time where they cannot be together."""
+    doc_rows: dict[int, dict] = {}
+    captures: list[tuple[object, list[tuple[int, Document]]]] = []
+    good: list[tuple[int, Document]] = []
+    for i, doc in enumerate(docs):
+        problem = check_document(doc)
+        if problem:
+            doc_rows[i] = _doc_row(doc, 0, problem)
+        else:
+            good.append((i, doc))
+    groups = [good] if good else []
+    if len(good) > 1 and getattr(tokenizer, "pad_token", None) is None:  # no padding: one document at a time
+        groups = [[g] for g in good]
+    elif len(good) > 1:
+        try:
+            captures.append((_capture(model, tokenizer, [d for _, d in good], options), good))
+        except Exception:  # noqa: BLE001 - retried one by one, where the culprit gets the error
+            groups = [[g] for g in good]
+        else:
+            groups = []
+    for group in groups:
+        (i, doc), = group
+        try:
+            captures.append((_capture(model, tokenizer, [doc], options), group))
+        except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
+            doc_rows[i] = _doc_row(doc, 0, error_line(exc))
+    return Captured(docs=docs, options=options, captures=captures, doc_rows=doc_rows)
+
+
+def analyse(captured: Captured) -> BatchResult:
+    """The second stage of :func:`reduce_batch`: every captured document to its rows."""
+    doc_rows = dict(captured.doc_rows)
+    frames: list[pd.DataFrame] = []
+    for cap, group in captured.captures:
+        _reduce(cap, group, captured.options, doc_rows, frames)
+    documents = pd.DataFrame([doc_rows[i] for i in range(len(captured.docs))], columns=DOC_COLUMNS)
+    heads = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if "driving_row" in heads:  # a position, missing where the split did not reach a site (or a document has no query)
+        heads["driving_row"] = heads["driving_row"].astype("Int64")
+    return BatchResult(documents=documents, heads=heads)
+
+
+def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: dict, frames: list) -> None:
+    """The rows of every document in ``cap``: all at once (:mod:`inspector.corpus.batch_reduce`) where that applies,
+    else one by one with :func:`document_rows`; in batch order either way."""
+    from inspector.corpus.batch_reduce import batch_rows
+
+    fast = batch_rows(cap, [d for _, d in group], options)
+    done, errors = fast if fast is not None else ({}, {})
+    parts: list[pd.DataFrame] = []
+    for b, (i, doc) in enumerate(group):
+        tokens = _real_tokens(cap, b)
+        if b in errors:
+            doc_rows[i] = _doc_row(doc, tokens, errors[b])
+            continue
+        if b in done:
+            if not any(p is done[b] for p in parts):
+                parts.append(done[b])
+            doc_rows[i] = _doc_row(doc, tokens, None)
+            continue
+        try:
+            parts.append(document_rows(cap, b, doc, options))
+        except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
+            doc_rows[i] = _doc_row(doc, tokens, error_line(exc))
+        else:
+            doc_rows[i] = _doc_row(doc, tokens, None)
+    if len(parts) == 1:
+        frames.append(parts[0])
+    elif parts:
+        heads = pd.concat(parts, ignore_index=True)
+        order = heads["id"].map({doc.id: k for k, (_, doc) in enumerate(group)}).to_numpy()
+        frames.append(heads.iloc[np.argsort(order, kind="stable")].reset_index(drop=True))
+
+
+def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    batch: list[Document] = []
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
+                  options: Options = Options(), prefetch: bool | None = None) -> Iterator[BatchResult]:
+    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents at a time, in order.
+
+    With ``prefetch`` the next batch is captured in a background thread while this one is analysed
+    (torch releases the GIL in its kernels; on a GPU the forward pass then overlaps the analysis, which
+    runs on the CPU), holding at most two batches' captures. The rows are the same either way. By default
+    (None) it is on for a model on a GPU and off on the CPU, where the two threads share the cores and
+    their torch thread pool (measured slower: ``benchmarks/scan.py``), and the rank sums are taken in the
+    forward pass anyway (:mod:`inspector.corpus.forward_sums`).
+    """
+    if prefetch is None:
+        prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
+    if not prefetch:
+        for batch in batched(docs, batch_size):
+            yield analyse(capture_batch(model, tokenizer, batch, options))
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
+        pending = None
+        for batch in batched(docs, batch_size):
+            submitted = pool.submit(capture_batch, model, tokenizer, batch, options)
+            if pending is not None:
+                yield analyse(pending.result())
+            pending = submitted
+        if pending is not None:
+            yield analyse(pending.result())

@@ -1,0 +1,147 @@
+"""``inspector scan``: a whole corpus reduced to per-head statistics in a resumable Parquet folder.
+
+:func:`scan` reads the corpus (:mod:`inspector.corpus.documents`), skips the documents a previous run of the
+same scan already committed (:mod:`inspector.corpus.folder`), reduces the rest batch by batch with the
+per-document function of :mod:`inspector.corpus.reduce` -- in this process (``engine="local"``) or on Ray
+actors (``engine="ray"``, :mod:`inspector.corpus.ray_engine`; Ray is imported only then) -- and commits each
+batch as it comes. A progress bar shows documents per second and the time left.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inspector.corpus.documents import Corpus, Document, Fields
+from inspector.corpus.folder import ScanFolder
+from inspector.corpus.reduce import Options, local_batches
+from inspector.errors import InspectorError
+
+
+@dataclass
+class ScanSummary:
+    out: Path
+    total: int  # documents in the corpus
+    skipped: int  # committed by an earlier run
+    scanned: int  # committed by this run
+    errors: int  # of those, recorded with an error
+    errors_before: int = 0  # recorded with an error by earlier runs of this scan
+
+
+def _pending(corpus: Corpus, done: set[str]) -> Iterator[Document]:
+    """Documents not committed yet; a repeated id is a bad document (ids must be unique to resume)."""
+    done = set(done)  # as committed before this run (the folder's own set grows as batches commit)
+    seen: set[str] = set()
+    for doc in corpus:
+        if doc.id in seen:
+            doc.problem = doc.problem or f"id {doc.id!r} repeats an earlier row's id: ids must be unique"
+            doc.id = f"{doc.id}#row{doc.row}"
+        seen.add(doc.id)
+        if doc.id in done:
+            continue
+        yield doc
+
+
+def scan_meta(corpus: Corpus, model_name: str, options: Options) -> dict[str, Any]:
+    """What a resumed scan must share with the scan it continues."""
+    return {
+        "corpus": str(corpus.path.resolve()),
+        "fields": corpus.fields.to_dict(),
+        "model": model_name,
+        "options": options.to_dict(),
+    }
+
+
+def scan(
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    model: str | None = None,
+    fields: Fields = Fields(),
+    batch_size: int = 8,
+    options: Options = Options(),
+    engine: str = "local",
+    ray_address: str | None = None,
+    workers: int | None = None,
+    num_cpus: int | None = None,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+    loaded=None,
+    allow: tuple[str, ...] = (),
+    prefetch: bool | None = None,
+    status=None,
+) -> ScanSummary:
+    """Scan the corpus ``data`` into the folder ``out`` (created, or resumed when it holds this scan).
+
+    ``loaded`` (a :class:`~inspector.capture.models.LoadedModel`) reuses a model already in memory for the
+    local engine; ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
+    torch threads; ``prefetch`` makes the local engine capture the next batch while it analyses this one
+    (True; at most two batches' captures in memory) or capture and analyse in turn (False); by default
+    (None) it is on for a model on a GPU and off on the CPU (:func:`~inspector.corpus.reduce.local_batches`); ``status`` (a function of one line) is told
+    when the model starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
+    loads; bad documents are recorded in ``documents.parquet`` and never stop the scan.
+    """
+    if batch_size < 1:
+        raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
+    if engine not in ("local", "ray"):
+        raise InspectorError(f"unknown engine {engine!r}: use local or ray")
+    if ray_address and engine != "ray":
+        raise InspectorError("--ray-address needs --engine ray")
+    corpus = Corpus(data, fields)
+    total = len(corpus)
+    from inspector.capture.models import DEFAULT_MODEL
+
+    if model is not None and Path(model).expanduser().exists():  # a local folder: the same from any directory or Ray worker
+        model = str(Path(model).expanduser().resolve())
+    name = loaded.name if loaded is not None else (model or DEFAULT_MODEL)
+    folder = ScanFolder(out, scan_meta(corpus, name, options), allow=allow)
+    if engine == "local" and loaded is None:
+        from inspector.capture.models import load_model
+
+        if status is not None:
+            status(f"loading model {model or 'embedded all-MiniLM-L6-v2'} ...")
+        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+    if loaded is not None and batch_size > 1 and getattr(loaded.tokenizer, "pad_token", None) is None and progress:
+        print("inspector: this tokenizer has no padding token, so documents are captured one at a time "
+              "(--batch-size has no effect)", file=sys.stderr)
+    folder.open()
+    skipped = folder.committed
+    errors_before = folder.errors
+    pending = _pending(corpus, folder.done)
+    if engine == "local":
+        results = local_batches(loaded.model, loaded.tokenizer, pending, batch_size=batch_size, options=options,
+                                prefetch=prefetch)
+    else:
+        from inspector.corpus.ray_engine import ray_batches
+
+        results = ray_batches(model, pending, batch_size=batch_size, options=options, address=ray_address,
+                              workers=workers, device=device, trust_remote_code=trust_remote_code, num_cpus=num_cpus)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=skipped, desc="scanning", unit="doc", file=sys.stderr, dynamic_ncols=True)
+    scanned = errors = 0
+    try:
+        for result in results:
+            folder.commit(result.documents, result.heads)
+            n = len(result.documents)
+            scanned += n
+            errors += int((result.documents["status"] != "ok").sum())
+            if bar is not None:
+                bar.update(n)
+                bar.set_postfix(errors=errors, refresh=False)
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+        if bar is not None:
+            bar.close()
+        folder.flush()
+    return ScanSummary(out=folder.out, total=total, skipped=skipped, scanned=scanned, errors=errors,
+                       errors_before=errors_before)

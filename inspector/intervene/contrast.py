@@ -1,0 +1,241 @@
+"""What an intervention changes in the output: per-token log-probabilities and the contrast metric.
+
+Models with an LM head (``output.logits``):
+
+* the *log-prob table* lists, per output token (the target; the prompt's own tokens after the first
+  when a decoder-only model has no target), ``log softmax(logits)[row, token]`` where ``row`` is the
+  position that predicts it (the previous one), before and after;
+* the *contrast* ``--contrast RIGHT,WRONG`` is ``logit(RIGHT) - logit(WRONG)`` at the position where
+  the output says WRONG (its first occurrence, whole-word, case-sensitive, in the output; in the
+  prompt when a decoder-only model has no output). RIGHT's token is the one the tokenizer gives when
+  RIGHT stands in WRONG's place (``text[:start] + RIGHT``), so a leading space or a word-start marker
+  is the same as WRONG's; when the two words share leading tokens (``Less|ee`` / ``Less|or``) the
+  contrast is taken at their first differing token, with the shared ones teacher-forced. Positive
+  means the model prefers RIGHT there.
+
+Models without an LM head (e.g. the embedded MiniLM, a ``BertModel``): the final representation of
+each token is ``last_hidden_state``; a word's representation is the mean over its tokens (every
+occurrence of RIGHT and WRONG in the source, the chosen occurrence of the query). The contrast is
+``cos(rep(query), rep(RIGHT)) - cos(rep(query), rep(WRONG))``: positive when the query word's final
+representation is closer to RIGHT's than to WRONG's. The log-prob table becomes, per source token,
+the cosine between its final representation before and after.
+
+All values are for batch row 0, computed in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from inspector.analysis import spans
+from inspector.capture.inputs import InputRecord
+from inspector.errors import InspectorError
+from inspector.store.capture_file import Capture, Site
+
+
+def has_lm_head(output) -> bool:
+    return getattr(output, "logits", None) is not None
+
+
+def model_has_lm_head(model) -> bool:
+    """Whether ``model`` returns logits over a vocabulary (it has output embeddings)."""
+    try:
+        return model.get_output_embeddings() is not None
+    except (AttributeError, NotImplementedError):
+        return hasattr(model, "lm_head")
+
+
+def output_capture(encoded) -> Capture:
+    """A capture with no tensors and one pseudo-site ``output`` whose query and key axes are the output
+    axis of :func:`output_axis`: enough to place a contrast before any forward pass."""
+    layout = encoded.layout
+    present = {r.role for r in encoded.records}
+    roles = ["target"] if layout == "encoder-decoder" else [r for r in ("source", "target") if r in present]
+    n = sum(len(r.ids) for r in encoded.records if r.role in roles and r.batch == 0)
+    site = Site(name="output", stack="none", layer=0, kind="self", num_heads=0, num_kv_heads=0, head_map=[], d_head=0,
+                d_v=0, scaling=1.0, query_input=roles, key_input=roles, query_len=n, key_len=n)
+    records = [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in encoded.records]
+    return Capture({"layout": layout, "inputs": records}, [site], {})
+
+
+def keep_kwargs(model, c: Contrast) -> dict:
+    """``logits_to_keep`` for the one row a logit contrast reads, where the model's forward takes it
+    (the LM head then runs on that row only); else nothing."""
+    import inspect
+
+    if c.kind != "logit":
+        return {}
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": torch.tensor([c.row])} if "logits_to_keep" in params else {}
+
+
+def final_states(output) -> torch.Tensor:
+    """``[batch, position, hidden]``: the last hidden state of a model without an LM head."""
+    h = getattr(output, "last_hidden_state", None)
+    if h is None:
+        h = output[0]
+    return h
+
+
+def output_axis(capture: Capture, batch: int = 0) -> list[tuple[InputRecord, int]]:
+    """The positions of the model's output rows (logits or final states): the decoder input of an
+    encoder-decoder; the source (then the target) of other models."""
+    roles = ["target"] if capture.meta.get("layout") == "encoder-decoder" else [r for r in ("source", "target") if r in capture.roles()]
+    return [(rec, i) for role in roles for rec in [capture.records(role, batch)] for i in range(len(rec.ids))]
+
+
+def logprob_table(capture: Capture, before, after, *, batch: int = 0) -> pd.DataFrame:
+    """Per output token: ``position`` (on the output axis), ``role``, ``token``, ``logprob_before``,
+    ``logprob_after`` (natural log), ``change``. Without an LM head: per source token,
+    ``position, role, token, cosine`` (final representation before vs after)."""
+    axis = output_axis(capture, batch)
+    if not has_lm_head(before):
+        h0, h1 = final_states(before)[batch].float(), final_states(after)[batch].float()
+        cos = torch.nn.functional.cosine_similarity(h0, h1, dim=-1)
+        rows = [{"position": p, "role": rec.role, "token": rec.tokens[i], "cosine": float(cos[p])}
+                for p, (rec, i) in enumerate(axis) if not rec.padding[i]]
+        return pd.DataFrame(rows, columns=["position", "role", "token", "cosine"])
+    lp0 = torch.log_softmax(before.logits[batch].float(), -1)
+    lp1 = torch.log_softmax(after.logits[batch].float(), -1)
+    scored = "target" if "target" in capture.roles() else "source"
+    rows = []
+    for p, (rec, i) in enumerate(axis):
+        if p == 0 or rec.role != scored or rec.padding[i]:
+            continue
+        tok = rec.ids[i]
+        a, b = float(lp0[p - 1, tok]), float(lp1[p - 1, tok])
+        rows.append({"position": p, "role": rec.role, "token": rec.tokens[i], "logprob_before": a, "logprob_after": b,
+                     "change": b - a})
+    return pd.DataFrame(rows, columns=["position", "role", "token", "logprob_before", "logprob_after", "change"])
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A resolved contrast metric (see the module docstring); :meth:`value` evaluates it on an output."""
+
+    right: str
+    wrong: str
+    kind: str  # "logit" or "cosine"
+    row: int = -1  # logit: the output row that predicts the contrasted token
+    right_id: int = -1
+    wrong_id: int = -1
+    token: str = ""  # logit: the contrasted tokens, e.g. "ĠLessee / ĠLessor"
+    query: str = ""
+    query_positions: tuple[int, ...] = ()
+    right_positions: tuple[int, ...] = ()
+    wrong_positions: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def definition(self) -> str:
+        if self.kind == "logit":
+            return (f"logit({self.right}) - logit({self.wrong}) at output position {self.row + 1} "
+                    f"(tokens {self.token}, predicted from position {self.row})")
+        return (f"cos(rep({self.query}), rep({self.right})) - cos(rep({self.query}), rep({self.wrong})) "
+                "on the final representations")
+
+    def value(self, output, batch: int = 0, kept: bool = False) -> torch.Tensor:
+        """The metric as a 0-dim float32 tensor (differentiable). ``kept``: the output's logits hold only
+        the contrast's row (:func:`keep_kwargs`)."""
+        if self.kind == "logit":
+            row = output.logits[batch, -1 if kept else self.row].float()
+            return row[self.right_id] - row[self.wrong_id]
+        h = final_states(output)[batch].float()
+
+        def rep(pos):
+            return h[list(pos)].mean(0)
+
+        q = rep(self.query_positions)
+        cos = torch.nn.functional.cosine_similarity
+        return cos(q, rep(self.right_positions), dim=0) - cos(q, rep(self.wrong_positions), dim=0)
+
+
+def _site_with(capture: Capture, role: str) -> Site:
+    for s in capture.sites:
+        if role in s.query_input and s.kind != "cross":
+            return s
+    for s in capture.sites:
+        if role in s.query_input:
+            return s
+    raise InspectorError(f"no attention site has {role} queries: the contrast cannot be located")
+
+
+def parse(spec: str) -> tuple[str, str]:
+    """``RIGHT,WRONG`` into its two words."""
+    parts = [p.strip() for p in spec.split(",")]
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {spec!r}")
+    return parts[0], parts[1]
+
+
+def resolve(capture: Capture, tokenizer, output, right: str, wrong: str, *, query: str | None = None,
+            occurrence: int | None = None, batch: int = 0) -> Contrast:
+    """Locate the contrast in the pass ``capture`` describes (or :func:`output_capture`'s); ``output`` is
+    that pass's model output, or a bool: whether the model has an LM head.
+
+    Raises :class:`InspectorError` when WRONG is not in the output, RIGHT cannot stand in its place,
+    or (no LM head) the query or a referent is not in the source.
+    """
+    if (output if isinstance(output, bool) else has_lm_head(output)):
+        return _resolve_logit(capture, tokenizer, right, wrong, occurrence=occurrence, batch=batch)
+    if not query:
+        raise InspectorError(
+            "this model has no LM head, so the contrast is measured on the query word's final representation: "
+            "pass --query WORD")
+    site = _site_with(capture, "source")
+    occ = spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch, role="source")
+    refs = []
+    for word in (right, wrong):
+        found = spans.find(capture, site, word, "key", batch=batch, role="source")
+        if not found:
+            raise InspectorError(spans.not_found_message(capture, site, word, "key", "contrast word", batch))
+        refs.append(tuple(p for o in found for p in o.positions))
+    return Contrast(right=right, wrong=wrong, kind="cosine", query=query, query_positions=tuple(occ.positions),
+                    right_positions=refs[0], wrong_positions=refs[1])
+
+
+def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occurrence: int | None, batch: int) -> Contrast:
+    role = "target" if "target" in capture.roles() else "source"
+    site = _site_with(capture, role)
+    found = spans.find(capture, site, wrong, "query", batch=batch, role=role)
+    what = "output" if role == "target" else "prompt"
+    if not found:
+        if role == "target" and spans.find(capture, site, wrong, "query", batch=batch, role="source"):
+            raise InspectorError(f"{wrong!r} is in the prompt but not in the output: --contrast RIGHT,WRONG is measured "
+                                 "where the output says WRONG; give an output that says it (--output TEXT)")
+        raise InspectorError(spans.not_found_message(capture, site, wrong, "query", f"WRONG word (in the {what})", batch))
+    k = occurrence or 1
+    if not 1 <= k <= len(found):
+        raise InspectorError(f"{wrong!r} occurs {len(found)} times in the {what}, so --occurrence must be 1..{len(found)}")
+    occ = found[k - 1]
+    axis = capture.axis(site, "query", batch)
+    wrong_ids = [axis[p][0].ids[axis[p][1]] for p in occ.positions]
+    text = capture.records(role, batch).text
+    if not getattr(tokenizer, "is_fast", False):
+        raise InspectorError("the contrast needs a fast tokenizer (character offsets) to place RIGHT where WRONG stands")
+    enc = tokenizer(text[:occ.start] + right, add_special_tokens=False, return_offsets_mapping=True)
+    end = occ.start + len(right)
+    right_ids = [t for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True) if b > occ.start and a < end]
+    j = next((i for i, (a, b) in enumerate(zip(right_ids, wrong_ids, strict=False)) if a != b), None)
+    if j is None:
+        raise InspectorError(f"{right!r} and {wrong!r} start with the same tokens here, so no one position tells them apart: "
+                             "pick words that differ in a token")
+    offset = occ.positions[j]  # the site's query axis is the output axis (decoder input, or prompt + output)
+    if len(axis) != len(output_axis(capture, batch)):
+        raise InspectorError(f"{site.name}'s query axis is not the output axis: the contrast cannot be placed")
+    if offset < 1:
+        raise InspectorError(f"{wrong!r} is the first token, so no position predicts it: contrast a later word")
+    names = tokenizer.convert_ids_to_tokens([right_ids[j], wrong_ids[j]])
+    return Contrast(right=right, wrong=wrong, kind="logit", row=offset - 1, right_id=int(right_ids[j]),
+                    wrong_id=int(wrong_ids[j]), token=f"{names[0]} / {names[1]}")
+
+
+def summary(c: Contrast, before: float, after: float) -> dict:
+    """One row: the contrast, its definition, before, after and change."""
+    return {"contrast": f"{c.right},{c.wrong}", "definition": c.definition, "before": before, "after": after,
+            "change": after - before}

@@ -1,0 +1,328 @@
+"""Does a head matter? Ablate or patch heads and measure the output; rank every head by its effect.
+
+* :func:`ablate`: chosen heads' outputs set to zero, or to their mean over the input's non-padding
+  query positions (from the unablated pass), in one forward pass; the model's own output under
+  the ablation, the per-token log-prob table, the contrast before and after, and optionally the
+  output generated again under the ablation next to the original one.
+* :func:`patch`: chosen heads' outputs taken from a variant run (another source, the same output)
+  and put into the original run at the positions that align token for token (see :func:`align`).
+* :func:`attribute`: attribution patching (Nanda, "Attribution Patching: Activation Patching At
+  Industrial Scale", 2023): for every head at once, ``sum over positions and d_v of
+  d metric / d out[head] * (ablated - actual)``, from one forward and one backward pass -- the first
+  order estimate of what ablating that head does to the contrast metric.
+* :func:`effects`: the attribution of every head, then the exact change of the metric when each of
+  the top k heads (by absolute attribution) is zero-ablated alone, and where the two disagree.
+
+The metrics are defined in :mod:`inspector.intervene.contrast`; the seam in :mod:`inspector.intervene`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from inspector.capture.inputs import encode
+from inspector.errors import InspectorError
+from inspector.intervene import contrast as _contrast
+from inspector.intervene import seam as intervene
+from inspector.store.capture_file import Capture, Site
+
+EFFECT_COLUMNS = ["site", "stack", "kind", "layer", "head", "attribution", "effect"]
+
+
+@dataclass
+class Outcome:
+    """The result of :func:`ablate` or :func:`patch`.
+
+    ``output``: the model's own output object under the intervention; ``before``: without it.
+    ``table``: :func:`inspector.intervene.contrast.logprob_table`. ``contrast``: ``{contrast, definition,
+    before, after, change}`` or None. ``generated``: ``{"before": text, "after": text}`` when asked
+    to generate again, else None. ``capture``: the lazy capture of the unedited pass (sites, tokens).
+    """
+
+    output: Any
+    before: Any
+    table: pd.DataFrame
+    heads: list[tuple[str, int]]
+    method: str
+    capture: Capture
+    contrast: dict | None = None
+    generated: dict | None = None
+
+
+def _prepare(model, tokenizer, text, target, target_ids, generate):
+    from inspector.capture.generation import generate_target
+
+    if generate:
+        if target is not None or target_ids is not None:
+            raise InspectorError("give either an output (--output) or --generate N, not both")
+        target_ids = generate_target(model, tokenizer, text, generate)
+    from inspector.capture.inputs import model_layout
+
+    if model_layout(model) == "encoder-decoder" and target is None and target_ids is None:
+        raise InspectorError(f"{type(model).__name__} is an encoder-decoder: pass what it said as the output, or generate N tokens")
+    return encode(model, tokenizer, text, target, target_ids=target_ids), target_ids
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def _measure(capture, tokenizer, before, after, contrast, query, occurrence) -> dict | None:
+    if contrast is None:
+        return None
+    right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
+    c = _contrast.resolve(capture, tokenizer, before, right, wrong, query=query, occurrence=occurrence)
+    return _contrast.summary(c, float(c.value(before)), float(c.value(after)))
+
+
+def ablate(model, tokenizer, text: str, target: str | None = None, *, heads: list[tuple[str, int]], method: str = "zero",
+           contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
+           target_ids: list[list[int]] | None = None, generate: int | None = None) -> Outcome:
+    """Run ``model`` on ``text`` (and ``target``) with ``heads`` (``[(site_name, head), ...]``) ablated.
+
+    ``method``: ``zero`` (the head's slice of the attention output ``[batch, query, head, d_v]`` is
+    set to 0 before the output projection) or ``mean`` (set to its mean over the site's non-padding
+    query positions in the unablated pass). ``contrast``: ``"RIGHT,WRONG"`` (see
+    :mod:`inspector.intervene.contrast`; ``query`` is needed for models without an LM head). ``generate``:
+    generate up to N tokens (as :func:`inspector.capture.generation.generate_target`), analyse that output,
+    and generate again under the ablation. Raises :class:`InspectorError` for an unknown site or
+    head, an unknown method, or a contrast that cannot be placed.
+    """
+    if method not in intervene.METHODS:
+        raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
+    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate)
+    clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"))
+    grouped = intervene.check_heads(clean.capture.sites, heads)
+    edited = intervene.run(model, encoded, intervene.ablation(clean.capture, grouped, method, clean.seam.outputs))
+    out = Outcome(output=edited.output, before=clean.output, heads=list(heads), method=method, capture=clean.capture,
+                  table=_contrast.logprob_table(clean.capture, clean.output, edited.output),
+                  contrast=_measure(clean.capture, tokenizer, clean.output, edited.output, contrast, query, occurrence))
+    if generate:
+        from inspector.capture.generation import generate_target
+
+        with intervene.seam(model, intervene.ablation(clean.capture, grouped, method, clean.seam.outputs)):
+            again = generate_target(model, tokenizer, text, generate)
+        out.generated = {"before": _decode(tokenizer, target_ids[0]), "after": _decode(tokenizer, again[0])}
+    return out
+
+
+# ---- patching --------------------------------------------------------------------------------
+def align(original: Capture, variant: Capture, site: Site, *, query: str | None = None,
+          occurrence: int | None = None, batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which positions of ``site``'s query axis align between the original and the variant run.
+
+    Returns ``(index, where)``: ``where [query_o]`` marks the original's aligned positions and
+    ``index [query_o]`` gives each one's position on the variant's axis. Positions align when they
+    are the same output token: the decoder input of an encoder-decoder (decoder self- and
+    cross-attention sites), the output part of a decoder-only sequence (after each run's own
+    prompt); an encoder has no output, so there the query word's tokens align (``query``). The
+    tokens must be identical; raises :class:`InspectorError` (one line) when they are not, or when
+    the site's queries are source positions of a model that has an output.
+    """
+    layout = original.meta.get("layout")
+    if layout == "encoder":
+        if not query:
+            raise InspectorError("an encoder has no output positions: patching aligns the query word's tokens, so pass --query WORD")
+        from inspector.analysis import spans
+
+        vsite = variant.site(site.name)
+        po = spans.resolve_query(original, site, query, occurrence=occurrence, batch=batch).positions
+        pv = spans.resolve_query(variant, vsite, query, occurrence=occurrence, batch=batch).positions
+        pairs = list(zip(po, pv, strict=False))
+        ids_o = [original.axis(site, "query", batch)[p][0].ids[original.axis(site, "query", batch)[p][1]] for p in po]
+        ids_v = [variant.axis(vsite, "query", batch)[p][0].ids[variant.axis(vsite, "query", batch)[p][1]] for p in pv]
+        if ids_o != ids_v:
+            raise InspectorError(f"the query {query!r} is tokenized differently in the variant, so its positions do not align")
+    else:
+        if "source" in site.query_input and layout == "encoder-decoder":
+            raise InspectorError(f"{site.name}'s queries are source positions, which do not align between the original and "
+                                 "the variant: patch decoder or cross-attention sites")
+        if "target" not in original.roles() or "target" not in variant.roles():
+            raise InspectorError("patching needs an output (--output or --generate): the output positions are what align "
+                                 "between the original and the variant")
+        to, tv = original.records("target", batch), variant.records("target", batch)
+        if to.ids != tv.ids:
+            i = next((i for i, (a, b) in enumerate(zip(to.ids, tv.ids, strict=False)) if a != b), min(len(to.ids), len(tv.ids)))
+            raise InspectorError(f"the variant's output differs from the original's at output token {i}: patching needs "
+                                 "the same output, tokenized the same")
+        so = 0 if layout == "encoder-decoder" else len(original.records("source", batch).ids)
+        sv = 0 if layout == "encoder-decoder" else len(variant.records("source", batch).ids)
+        pairs = [(so + i, sv + i) for i in range(len(to.ids)) if not to.padding[i]]
+    where = torch.zeros(site.query_len, dtype=torch.bool)
+    index = torch.zeros(site.query_len, dtype=torch.long)
+    for po_, pv_ in pairs:
+        where[po_], index[po_] = True, pv_
+    return index, where
+
+
+def patch_seam(original: Capture, variant: Capture, variant_outputs: dict[str, torch.Tensor], heads: dict[str, list[int]],
+               *, query: str | None = None, occurrence: int | None = None) -> intervene.Seam:
+    """A seam that puts the variant's outputs of ``heads`` into the original run at aligned positions."""
+    replace = {}
+    for name, hs in heads.items():
+        site = original.site(name)
+        index, where = align(original, variant, site, query=query, occurrence=occurrence)
+        vals = variant_outputs[name][:, :, hs].index_select(1, index.to(variant_outputs[name].device))
+        replace[name] = intervene.Replacement(heads=list(hs), values=vals, positions=where)
+    return intervene.Seam(replace=replace)
+
+
+def patch(model, tokenizer, text: str, variant: str, target: str | None = None, *, heads: list[tuple[str, int]],
+          contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
+          target_ids: list[list[int]] | None = None, generate: int | None = None) -> Outcome:
+    """Run the original with ``heads``' outputs taken from a run on ``variant`` with the same output.
+
+    The output (``target``, ``target_ids``, or generated from the original with ``generate``) is
+    teacher-forced in both runs; the variant's head outputs go in at the positions :func:`align`
+    gives. With ``generate``, the original is generated again under the patch: at output position t
+    the head gets the variant's output for the original output's position t (teacher-forced), and
+    nothing is patched past the original output's length.
+    """
+    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate)
+    venc = encode(model, tokenizer, variant, target, target_ids=target_ids)
+    clean = intervene.run(model, encoded)
+    grouped = intervene.check_heads(clean.capture.sites, heads)
+    var = intervene.run(model, venc, intervene.Seam(record=set(grouped)))
+    s = patch_seam(clean.capture, var.capture, var.seam.outputs, grouped, query=query, occurrence=occurrence)
+    edited = intervene.run(model, encoded, s)
+    out = Outcome(output=edited.output, before=clean.output, heads=list(heads), method="patch", capture=clean.capture,
+                  table=_contrast.logprob_table(clean.capture, clean.output, edited.output),
+                  contrast=_measure(clean.capture, tokenizer, clean.output, edited.output, contrast, query, occurrence))
+    if generate:
+        from inspector.capture.generation import generate_target
+
+        with intervene.seam(model, patch_seam(clean.capture, var.capture, var.seam.outputs, grouped, query=query,
+                                              occurrence=occurrence)):
+            again = generate_target(model, tokenizer, text, generate)
+        out.generated = {"before": _decode(tokenizer, target_ids[0]), "after": _decode(tokenizer, again[0])}
+    return out
+
+
+# ---- ranking every head ----------------------------------------------------------------------
+@dataclass
+class Effects:
+    """``table``: one row per site and head, columns :data:`EFFECT_COLUMNS`, sorted by absolute
+    attribution (largest first); ``effect`` is empty (NaN) where it was not computed.
+    ``metric``: the contrast before any ablation; ``definition``: what it measures.
+    ``disagreements``: the rows with an exact effect whose sign differs from the attribution's, or
+    whose rank by absolute effect differs from their rank by absolute attribution."""
+
+    table: pd.DataFrame
+    metric: float
+    definition: str
+    disagreements: pd.DataFrame
+    capture: Capture
+    contrast: _contrast.Contrast
+
+
+def attribute(model, tokenizer, text: str, target: str | None = None, *, contrast: str | tuple[str, str],
+              query: str | None = None, occurrence: int | None = None, method: str = "zero",
+              target_ids: list[list[int]] | None = None, encoded=None) -> Effects:
+    """Attribution patching for every head: one forward pass (graph kept from the head outputs on,
+    parameters frozen) and one backward pass.
+
+    ``attribution[site, head] = sum_{batch, query, d_v} g * (ablated - actual)`` with ``g`` the
+    gradient of the contrast metric with respect to the head's output ``[batch, query, head, d_v]``,
+    ``ablated`` = 0 (``zero``) or the head's mean over non-padding query positions (``mean``). Units:
+    those of the metric (logits, or cosine).
+    """
+    if method not in intervene.METHODS:
+        raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
+    right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
+    encoded = encoded or encode(model, tokenizer, text, target, target_ids=target_ids)
+    c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong,
+                          query=query, occurrence=occurrence)
+    keep = _contrast.keep_kwargs(model, c)
+    g = intervene.run(model, encoded, intervene.Seam(record=True, grad=True), extra=keep)
+    cap, outs, deltas = g.capture, g.seam.outputs, g.seam.deltas
+    m = c.value(g.output, kept=bool(keep))
+    names = [s.name for s in cap.sites]
+    grads = torch.autograd.grad(m, [deltas[n] for n in names], allow_unused=True)
+    means = intervene.head_means(cap, outs, {n: list(range(cap.site(n).num_heads)) for n in names}) if method == "mean" else {}
+    rows = []
+    for site, grad in zip(cap.sites, grads, strict=True):
+        actual = outs[site.name].double()
+        ablated = torch.zeros_like(actual) if method == "zero" else means[site.name].values.double().expand_as(actual)
+        attr = torch.zeros(site.num_heads, dtype=torch.float64) if grad is None else \
+            (grad.double() * (ablated - actual)).sum(dim=(0, 1, 3)).cpu()
+        for h in range(site.num_heads):
+            rows.append({"site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": h,
+                         "attribution": float(attr[h]), "effect": float("nan")})
+    table = pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+    order = table["attribution"].abs().sort_values(ascending=False, kind="stable").index
+    table = table.loc[order].reset_index(drop=True)
+    return Effects(table=table, metric=float(m.detach()), definition=c.definition, disagreements=_disagreements(table),
+                   capture=cap, contrast=c)
+
+
+def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
+                  method: str = "zero", before: float | None = None) -> list[float]:
+    """The exact change of the metric when each of ``heads`` is ablated alone (one forward pass each;
+    the LM head, where the model allows, only on the row the metric reads)."""
+    keep = _contrast.keep_kwargs(model, c)
+    outputs = None
+    if before is None or method == "mean":
+        clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"), extra=keep)
+        before, outputs = float(c.value(clean.output, kept=bool(keep))), clean.seam.outputs
+    out = []
+    for name, h in heads:
+        grouped = intervene.check_heads(capture.sites, [(name, h)])
+        edited = intervene.run(model, encoded, intervene.ablation(capture, grouped, method, outputs), extra=keep)
+        out.append(float(c.value(edited.output, kept=bool(keep))) - before)
+    return out
+
+
+def effects(model, tokenizer, text: str, target: str | None = None, *, contrast: str | tuple[str, str],
+            query: str | None = None, occurrence: int | None = None, top: int = 10, method: str = "zero",
+            confirm: list[tuple[str, int]] | None = None, target_ids: list[list[int]] | None = None) -> Effects:
+    """Every head ranked by attribution (:func:`attribute`), then the exact effect of ablating each
+    of the ``top`` heads alone (and of every head in ``confirm``) in the ``effect`` column."""
+    if top < 0:
+        raise InspectorError(f"--top must be 0 or more, got {top}")
+    encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    res = attribute(model, tokenizer, text, contrast=contrast, query=query, occurrence=occurrence, method=method,
+                    encoded=encoded)
+    table = res.table
+    keys = list(zip(table["site"], table["head"], strict=True))
+    extra = [(str(s), int(h)) for s, h in confirm or []]
+    intervene.check_heads(res.capture.sites, extra)
+    chosen = keys[:top] + [k for k in dict.fromkeys(extra) if k not in keys[:top]]
+    exact = exact_effects(model, encoded, res.capture, res.contrast, chosen, method=method,
+                          before=res.metric if method == "zero" else None)
+    index = {k: i for i, k in enumerate(keys)}
+    for k, e in zip(chosen, exact, strict=True):
+        table.loc[index[k], "effect"] = e
+    res.disagreements = _disagreements(table)
+    return res
+
+
+def _disagreements(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows with an exact effect where sign or rank (by absolute value, among those rows) differ."""
+    done = table[table["effect"].notna()].copy()
+    cols = ["site", "head", "attribution", "effect", "attribution_rank", "effect_rank", "sign_agrees"]
+    if done.empty:
+        return pd.DataFrame(columns=cols)
+    done["attribution_rank"] = done["attribution"].abs().rank(ascending=False, method="first").astype(int)
+    done["effect_rank"] = done["effect"].abs().rank(ascending=False, method="first").astype(int)
+    done["sign_agrees"] = (done["attribution"] > 0) == (done["effect"] > 0)
+    bad = done[(~done["sign_agrees"]) | (done["attribution_rank"] != done["effect_rank"])]
+    return bad[cols].reset_index(drop=True)
+
+
+def describe_disagreements(d: pd.DataFrame) -> str:
+    """Plain-text lines saying where attribution and the exact effect disagree (sign or rank)."""
+    if d.empty:
+        return "attribution and exact effect agree in sign and rank on every confirmed head"
+    lines = [f"attribution and exact effect disagree on {len(d)} confirmed head(s):"]
+    for r in d.itertuples(index=False):
+        what = []
+        if not r.sign_agrees:
+            what.append(f"sign (attribution {r.attribution:+.4g}, effect {r.effect:+.4g})")
+        if r.attribution_rank != r.effect_rank:
+            what.append(f"rank ({r.attribution_rank} by attribution, {r.effect_rank} by effect)")
+        lines.append(f"  {r.site}:{r.head}: " + "; ".join(what))
+    return "\n".join(lines)

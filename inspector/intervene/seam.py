@@ -1,0 +1,280 @@
+"""Interventions at the attention seam: ablate heads, patch heads from another run, record head outputs.
+
+transformers' attention functions return the per-head output ``[batch, query, head, d_v]`` (after
+the transpose, before the heads are flattened and the output projection is applied). While
+:func:`seam` is active, inspector's registration from :mod:`inspector.capture` (``registered_functions``,
+``attn_implementation``, ``ACTIVE``) routes every attention call through a :class:`Seam`, which
+computes the output as a lazy capture does (sdpa, or the model's own eager function where sdpa
+cannot express the call), names the site exactly as a capture names it (module path, ``@n`` for the
+n-th repeated call within one forward pass), and then
+
+* records the output of chosen sites (``record``), e.g. a variant's head outputs to patch in;
+* sets chosen heads' slices to zero (``zero``): the same as zeroing that head's input columns of
+  the output projection, so the projection's bias is kept;
+* replaces chosen heads' slices by given values (``replace``): a constant per head (mean ablation)
+  or values per query position (patching), only at the positions a boolean mask selects;
+* adds a zero tensor that requires grad (``grad=True``), so the gradient of any function of the
+  model's output with respect to every head's output comes out of one backward pass.
+
+Everything changed on the model is restored on every exit path, exceptions included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inspector.capture.inputs import Encoded
+from inspector.capture.recorder import (
+    ACTIVE,
+    LOCK,
+    IMPL,
+    fast_attention,
+    Recorder,
+    registered_functions,
+    roles_of,
+    attn_implementation,
+)
+from inspector.errors import InspectorError
+from inspector.store.capture_file import Capture, Site
+
+METHODS = ("zero", "mean")
+
+
+@dataclass
+class Replacement:
+    """Values for some heads of one site.
+
+    ``heads``: query-head indices. ``values``: ``[batch, query, len(heads), d_v]`` per position, or
+    ``[batch, 1, len(heads), d_v]`` for a constant over positions. ``positions``: ``[query]`` bool,
+    where the values go (None: every position). While generating with a cache, the query axis of
+    one call starts at the running position of that site (the number of query positions it has
+    seen so far); per-position values past their end are not applied.
+    """
+
+    heads: list[int]
+    values: torch.Tensor
+    positions: torch.Tensor | None = None
+
+
+@dataclass
+class Seam:
+    """What to do at each attention call (see the module docstring). Filled during the run:
+    ``sites`` (the capture's Site records, from a lazy recorder on the first pass), ``outputs``
+    (recorded per site, ``[batch, query, head, d_v]``) and ``deltas`` (the zero tensors that require
+    grad)."""
+
+    zero: dict[str, list[int]] = field(default_factory=dict)
+    replace: dict[str, Replacement] = field(default_factory=dict)
+    record: set[str] | bool = field(default_factory=set)
+    grad: bool = False
+    recorder: Recorder | None = None
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    deltas: dict[str, torch.Tensor] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)  # site -> query heads
+    _calls: dict[int, int] = field(default_factory=dict)
+    _position: dict[str, int] = field(default_factory=dict)
+    _names: dict[int, str] = field(default_factory=dict)
+
+    def reset_calls(self, *_args, **_kwargs) -> None:
+        self._calls.clear()
+
+    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        if self.recorder is not None:
+            out, w = self.recorder(module, query, key, value, attention_mask, **kwargs)
+            name = self.recorder.sites[-1].name
+        else:
+            base = self._names.get(id(module), type(module).__name__)
+            call = self._calls.get(id(module), 0)
+            self._calls[id(module)] = call + 1
+            name = base if call == 0 else f"{base}@{call}"
+            out, w = fast_attention(module, query, key, value, attention_mask, **kwargs)
+        heads, q_len = query.shape[1], query.shape[2]
+        if out.dim() != 4 or out.shape[1] != q_len or out.shape[2] != heads:
+            raise InspectorError(
+                f"{type(module).__name__} at {name} returned attention output of shape {tuple(out.shape)}, not "
+                f"[batch, query={q_len}, head={heads}, d_v]: heads cannot be edited at this site")
+        self.seen[name] = heads
+        start = self._position.get(name, 0)
+        self._position[name] = start + q_len
+        if self.record is True or (self.record and name in self.record):
+            self.outputs[name] = out.detach()
+        if name in self.zero or name in self.replace:
+            keep = torch.ones(heads, dtype=out.dtype, device=out.device)
+            if name in self.zero:
+                keep[self.zero[name]] = 0
+            out = out * keep[None, None, :, None]
+            r = self.replace.get(name)
+            if r is not None:
+                out = _apply(out, r, start)
+        if self.grad:
+            delta = torch.zeros_like(out, requires_grad=True)
+            self.deltas[name] = delta
+            out = out + delta
+        return out, w
+
+
+def _apply(out: torch.Tensor, r: Replacement, start: int) -> torch.Tensor:
+    """``out`` with ``r``'s heads replaced by its values at query positions ``start ..``."""
+    q_len = out.shape[1]
+    vals = r.values.to(device=out.device, dtype=out.dtype)
+    if vals.shape[1] == 1:  # a constant over positions
+        vals = vals.expand(out.shape[0], q_len, *vals.shape[2:])
+        where = torch.ones(q_len, dtype=torch.bool, device=out.device)
+    else:
+        n = max(0, min(q_len, vals.shape[1] - start))
+        if n == 0:
+            return out
+        vals = torch.cat([vals[:, start:start + n], vals.new_zeros(vals.shape[0], q_len - n, *vals.shape[2:])], 1)
+        where = torch.zeros(q_len, dtype=torch.bool, device=out.device)
+        where[:n] = True if r.positions is None else r.positions[start:start + n].to(out.device)
+        if vals.shape[0] != out.shape[0]:  # beams of one row
+            vals = vals.expand(out.shape[0], *vals.shape[1:])
+    index = torch.as_tensor(r.heads, device=out.device)
+    mixed = torch.where(where[None, :, None, None], vals, out.index_select(2, index))
+    return out.index_copy(2, index, mixed)
+
+
+@contextlib.contextmanager
+def seam(model, s: Seam):
+    """Route every attention call of ``model`` through ``s`` for the duration (restored on exit)."""
+    s._names = {id(m): n for n, m in model.named_modules()}
+    hooks = [model.register_forward_pre_hook(s.reset_calls)]
+    encoder = model.get_encoder() if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder", False) else None
+    if encoder is not None and encoder is not model:  # generate() runs the encoder on its own
+        hooks.append(encoder.register_forward_pre_hook(s.reset_calls))
+    try:
+        with LOCK, registered_functions(), attn_implementation(model, IMPL):
+            token = ACTIVE.set(s)
+            try:
+                yield s
+            finally:
+                ACTIVE.reset(token)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@contextlib.contextmanager
+def frozen(model):
+    """Parameters do not require grad for the duration (only activation gradients are computed)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+@dataclass
+class SeamRun:
+    """One teacher-forced forward pass through a seam: the model's own output, the lazy capture of the
+    pass (sites, input records; Q/K/V of every site) and what the seam recorded."""
+
+    output: Any
+    capture: Capture
+    seam: Seam
+
+
+def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = None, extra: dict | None = None) -> SeamRun:
+    """One forward pass of ``model`` on ``encoded`` through ``s`` (a plain pass when ``s`` is empty).
+
+    A lazy recorder names and describes every site as :func:`inspector.capture` does; with
+    ``s.grad`` the pass keeps the autograd graph from the head outputs on (parameters frozen).
+    ``extra``: more keyword arguments for the model (e.g. ``logits_to_keep``).
+    Raises :class:`InspectorError` when the model's attention bypasses transformers' interface.
+    """
+    s = s or Seam()
+    s.recorder = Recorder(model, weights=False, dtype=torch.float32, layers=None, sites=None, roles=roles_of(encoded))
+    was_training = model.training
+    model.eval()
+    grad = torch.enable_grad() if s.grad else torch.no_grad()
+    try:
+        with seam(model, s), grad, frozen(model) if s.grad else contextlib.nullcontext():
+            output = model(**encoded.model_kwargs, **(extra or {}), use_cache=False)
+    finally:
+        model.train(was_training)
+    if not s.recorder.sites:
+        raise InspectorError(
+            f"{type(model).__name__}'s attention does not call transformers' attention interface, so its heads "
+            "cannot be ablated or patched: use a model whose attention layers call ALL_ATTENTION_FUNCTIONS")
+    records = [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in encoded.records]
+    cap = Capture({**(meta or {}), "layout": encoded.layout, "inputs": records}, s.recorder.sites, s.recorder.tensors)
+    s.recorder = None
+    return SeamRun(output=output, capture=cap, seam=s)
+
+
+# ---- heads -----------------------------------------------------------------------------------
+def parse_heads(spec: str) -> list[tuple[str, int]]:
+    """``SITE:HEAD[,SITE:HEAD...]`` (the head after the last colon) into ``[(site, head), ...]``."""
+    out = []
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        site, sep, head = item.rpartition(":")
+        if not sep or not site or not head.strip().isdigit():
+            raise InspectorError(f"--heads takes SITE:HEAD[,SITE:HEAD...], e.g. encoder.layer.5.attention.self:9; got {item!r}")
+        out.append((site.strip(), int(head)))
+    if not out:
+        raise InspectorError("--heads is empty: name at least one head as SITE:HEAD")
+    return out
+
+
+def check_heads(sites: list[Site], heads: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """Group ``heads`` by site after checking each exists; raises :class:`InspectorError` naming the fix."""
+    by_name = {s.name: s for s in sites}
+    grouped: dict[str, list[int]] = {}
+    for name, h in heads:
+        site = by_name.get(name)
+        if site is None:
+            import difflib
+
+            near = difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.4)
+            hint = f"; nearest: {', '.join(near)}" if near else f"; sites are {', '.join(list(by_name)[:4])}, ..."
+            raise InspectorError(f"{name!r} is not an attention site of this model{hint}: list them with `inspector info`")
+        if not 0 <= h < site.num_heads:
+            raise InspectorError(f"{name} has heads 0..{site.num_heads - 1}, not {h}: pick a head in that range")
+        if h not in grouped.setdefault(name, []):
+            grouped[name].append(h)
+    return grouped
+
+
+def query_padding(capture: Capture, site: Site, batch: int) -> torch.Tensor:
+    """``[query]`` bool, True at padding positions of the site's query axis in batch row ``batch``."""
+    return torch.tensor([rec.padding[i] for rec, i in capture.axis(site, "query", batch)], dtype=torch.bool)
+
+
+def head_means(capture: Capture, outputs: dict[str, torch.Tensor], heads: dict[str, list[int]]) -> dict[str, Replacement]:
+    """Mean ablation values: per batch row, each head's output averaged over the site's non-padding
+    query positions of the recorded (clean) pass; ``[batch, 1, head, d_v]`` constants."""
+    out = {}
+    for name, hs in heads.items():
+        site = capture.site(name)
+        o = outputs[name][:, :, hs].float()  # [batch, query, head, d_v]
+        rows = []
+        for b in range(o.shape[0]):
+            real = ~query_padding(capture, site, b).to(o.device)
+            rows.append(o[b, real].mean(0, keepdim=True))
+        out[name] = Replacement(heads=list(hs), values=torch.stack(rows).to(outputs[name].dtype))
+    return out
+
+
+def ablation(capture: Capture, heads: dict[str, list[int]], method: str,
+             outputs: dict[str, torch.Tensor] | None = None) -> Seam:
+    """A seam that ablates ``heads`` by ``method`` (``zero`` or ``mean``; the latter needs the clean
+    pass's ``outputs`` of those sites)."""
+    if method not in METHODS:
+        raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
+    if method == "zero":
+        return Seam(zero={k: list(v) for k, v in heads.items()})
+    return Seam(replace=head_means(capture, outputs or {}, heads))
+
+
+def clean_pass(model, encoded: Encoded, record: set[str] | bool = False) -> SeamRun:
+    """The unedited forward pass (recording the given sites' outputs)."""
+    return run(model, encoded, Seam(record=record))

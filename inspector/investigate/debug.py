@@ -1,0 +1,254 @@
+"""The summariser investigation as one path: capture what the model said, rank heads, find split
+heads, compare prompt variants, and write CSVs plus a self-contained HTML report.
+
+``investigate`` is the Python API behind ``inspector debug`` and ``inspector demo``;
+``compare_captures`` is behind ``inspector compare``. Functions only: the commands themselves
+live in :mod:`inspector.cli.investigate`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from inspector.analysis import heads as analysis
+from inspector.analysis.moves import variant_moves
+from inspector.capture.recorder import capture
+from inspector.errors import InspectorError
+from inspector.store.capture_file import Capture
+from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
+
+LEGAL_SOURCE = (
+    "The Lessee shall indemnify the Lessor against all claims arising from the use of the premises. "
+    "Such indemnity survives termination."
+)
+LEGAL_QUOTED = (
+    'The lease states, in the words of the clause: "The Lessee shall indemnify the Lessor against all claims '
+    'arising from the use of the premises." Such indemnity survives termination.'
+)
+KEYS = ["site", "stack", "kind", "layer", "head"]
+MARKER = "report.html"  # every investigation folder has one; a folder without it is not replaced
+
+
+@dataclass
+class Investigation:
+    out_dir: Path
+    capture: Capture
+    capture_path: Path
+    rank: pd.DataFrame
+    split: pd.DataFrame
+    report_path: Path
+    commands: list[str]
+    variants: dict[str, Path] = field(default_factory=dict)
+    comparisons: dict[str, pd.DataFrame] = field(default_factory=dict)
+    matter: Any = None  # inspector.investigate.matter.Matter when a contrast was given
+    moves: pd.DataFrame | None = None  # variant_moves(): the flagged heads in every variant, first
+
+    @property
+    def flagged(self) -> pd.DataFrame:
+        return self.split[self.split["flagged"]]
+
+
+def roles_of(cap: Capture, query: str) -> tuple[str, str]:
+    """Look for the query in the output when it is there (what the model said), else in the source."""
+    has_target = any(r.role == "target" for r in cap.inputs)
+    if has_target and re.search(r"(?<!\w)" + re.escape(query) + r"(?!\w)", cap.records("target").text):
+        return "target", "source"
+    return "source", "source"
+
+
+def split_for(cap: Capture, query: str, referents: list[str], *, occurrence: int | None = None,
+              rule: analysis.SplitRule = analysis.SplitRule(), weighting: str = "attention") -> pd.DataFrame:
+    """Every site where the query can attend to the referents in the source, cross sites first."""
+    q_role, r_role = roles_of(cap, query)
+    return analysis.split_heads(cap, query, referents, occurrence=occurrence, sites="all", rule=rule,
+                                query_role=q_role, referent_role=r_role, cross_first=True, weighting=weighting)
+
+
+def informative_weighting(cap: Capture) -> str:
+    """The weighting the investigation ranks heads with: ``value-norm`` when the capture has value norms
+    (weight on [CLS]/[SEP] sinks, whose transformed values are short, then counts for what it passes
+    on, so sink heads stop filling the top of the ranking), else ``attention``."""
+    return "value-norm" if any("value_norm" in s.parts for s in cap.sites) else "attention"
+
+
+def rank_note(weighting: str) -> str:
+    if weighting == "value-norm":
+        return ("Heads ranked by normalized entropy of value-weighted attention (weight x ||v_j W_O^h||, renormalized "
+                "per row; Kobayashi et al. 2020): raw weights on [CLS]/[SEP] sinks say little about what a head passes on.")
+    return "Heads ranked by normalized entropy of the raw attention weights (this capture has no value norms)."
+
+
+def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *, names: tuple[str, str] = ("a", "b"),
+                     occurrence: int | None = None, rule: analysis.SplitRule = analysis.SplitRule(),
+                     weighting: str = "attention") -> pd.DataFrame:
+    """Per head: split score and referent weights in each capture and their change (b - a), sorted by
+    the size of the change. Heads are matched by site name and head; captures of different models are
+    refused."""
+    ma, mb = a.meta.get("model", {}), b.meta.get("model", {})
+    if (ma.get("class"), ma.get("config_hash")) != (mb.get("class"), mb.get("config_hash")):
+        raise InspectorError(
+            f"the captures come from different models ({ma.get('name')} / {ma.get('class')} vs {mb.get('name')} / "
+            f"{mb.get('class')}): compare captures of the same model"
+        )
+    na, nb = names
+    if na == nb:
+        na, nb = f"{na}:a", f"{nb}:b"
+    sa = split_for(a, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    sb = split_for(b, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    refs = [c for c in sa.columns if c.startswith("weight:")]
+    cols = ["split_score", "referent_mass", "lift", "flagged"] + refs
+    merged = sa[KEYS + cols].merge(sb[KEYS + cols], on=KEYS, suffixes=(f"[{na}]", f"[{nb}]"))
+    if merged.empty:
+        raise InspectorError("the two captures share no site where the query sees the referents: check --query and --referents")
+    out = merged[KEYS].copy()
+    out[f"split_score[{na}]"] = merged[f"split_score[{na}]"]
+    out[f"split_score[{nb}]"] = merged[f"split_score[{nb}]"]
+    out["split_change"] = out[f"split_score[{nb}]"] - out[f"split_score[{na}]"]
+    out[f"lift[{na}]"] = merged[f"lift[{na}]"]
+    out[f"lift[{nb}]"] = merged[f"lift[{nb}]"]
+    for r in refs:
+        out[f"{r}[{na}]"] = merged[f"{r}[{na}]"]
+        out[f"{r}[{nb}]"] = merged[f"{r}[{nb}]"]
+        out[f"{r}_change"] = out[f"{r}[{nb}]"] - out[f"{r}[{na}]"]
+    out[f"flagged[{na}]"] = merged[f"flagged[{na}]"]
+    out[f"flagged[{nb}]"] = merged[f"flagged[{nb}]"]
+    order = out["split_change"].abs().sort_values(ascending=False, kind="stable").index
+    return out.loc[order].reset_index(drop=True)
+
+
+def _capture_one(loaded, source: str, output: str | None, generate: int | None, gen_kwargs: dict, progress: bool):
+    target_ids = None
+    if generate:
+        from inspector.capture.generation import generate_target
+
+        target_ids = generate_target(loaded.model, loaded.tokenizer, source, generate, **gen_kwargs)
+        output = None
+    return capture(loaded.model, loaded.tokenizer, source, output, target_ids=target_ids, model_name=loaded.name, progress=progress)
+
+
+def investigate(
+    loaded,
+    source: str,
+    *,
+    query: str,
+    referents: list[str],
+    out_dir: str | Path,
+    output: str | None = None,
+    generate: int | None = None,
+    gen_kwargs: dict | None = None,
+    variants: dict[str, str] | None = None,
+    occurrence: int | None = None,
+    rule: analysis.SplitRule = analysis.SplitRule(),
+    progress: bool = False,
+    contrast: str | None = None,
+    top: int = 10,
+    weighting: str = "attention",
+) -> Investigation:
+    """Capture, rank, split, compare variants and write everything into ``out_dir``.
+
+    ``loaded`` is a :class:`~inspector.capture.models.LoadedModel`. ``output`` is an output the model gave
+    earlier; ``generate`` instead generates up to that many tokens. ``variants`` maps a name to
+    another version of the source (e.g. with the clause quoted), captured and compared with the same
+    output (or generating again when ``generate`` is set). ``contrast`` (``RIGHT,WRONG``) adds the
+    "Does it matter?" part (:mod:`inspector.investigate.matter`): effects of the flagged and ``top`` heads, and of
+    patching them from each variant (with the original's output). ``weighting`` is the split's and the
+    heatmaps' (``attention`` or ``value-norm``); heads are ranked with :func:`informative_weighting`.
+    """
+    from inspector.capture.inputs import model_layout
+    from inspector.ui.report import render_report
+
+    if output is not None and generate:
+        raise InspectorError("give either --output or --generate, not both")
+    if model_layout(loaded.model) != "encoder" and output is None and not generate:
+        raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
+    out = Path(out_dir)
+    check_folder_target(out, MARKER)  # a file, or a folder of other things, is refused before any work
+    gen_kwargs = gen_kwargs or {}
+    # everything is computed (and every mistake found) before anything is written into out_dir
+    cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress)
+    rank = analysis.rank_heads(cap, weighting=informative_weighting(cap))
+    split = split_for(cap, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
+    comparisons: dict[str, pd.DataFrame] = {}
+    variant_caps: dict[str, Capture] = {}
+    for name, text in (variants or {}).items():
+        vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress)
+        comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence,
+                                             rule=rule, weighting=weighting)
+        variant_caps[name] = vcap
+    moves = variant_moves(split, comparisons) if comparisons else None
+    commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
+                         roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"))
+    matter = None
+    if contrast:
+        from inspector.investigate import matter as _matter
+
+        matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
+                                        variants=variants, top=top)
+        commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
+    comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
+    html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
+                         variants=variant_caps or None, weighting=weighting, moves=moves,
+                         rank_note=rank_note(rank.attrs.get("weighting", "attention")))
+    if matter is not None:
+        html = _matter.insert_section(html, _matter.render_section(matter))
+
+    # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
+    # leaves the old folder as it was
+    final = out
+    with swap_folder(final, MARKER) as out:
+        cap_path = cap.save(out / "capture.safetensors")
+        write_csv(out / "rank.csv", rank)
+        write_csv(out / "split.csv", split)
+        write_text(out / "source.txt", source)
+        if said is not None:
+            write_text(out / "output.txt", said)
+        variant_paths: dict[str, Path] = {}
+        for name, vcap in variant_caps.items():
+            variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
+            write_text(out / f"variant-{name}.txt", (variants or {})[name])
+            write_csv(out / f"compare-{name}.csv", comparisons[name])
+        if matter is not None:
+            _matter.write(out, matter)
+        report = write_text(out / MARKER, html)
+    out = final
+    cap_path, report = out / cap_path.name, out / report.name
+    variant_paths = {name: out / p.name for name, p in variant_paths.items()}
+    return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
+                         commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter,
+                         moves=moves)
+
+
+def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
+              occurrence: int | None, variants: list[str], roles: tuple[str, str], *, weighting: str = "attention",
+              rank_weighting: str = "attention") -> list[str]:
+    q = shlex.quote
+    wt = "" if weighting == "attention" else f" --weighting {weighting}"
+    refs = q(",".join(referents))
+    cap = q(str(out / "capture.safetensors"))
+    occ = f" --occurrence {occurrence}" if occurrence else ""
+    model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
+    cmds = [
+        f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
+        + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {cap}",
+        f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
+        + f" --csv {q(str(out / 'rank.csv'))}",
+        f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --query-role {roles[0]} "
+        f"--referent-role {roles[1]} --cross-first{wt} --csv {q(str(out / 'split.csv'))}",
+    ]
+    if len(split):
+        top = split.sort_values("split_score", ascending=False).iloc[0]
+        cmds.append(f"inspector explain {cap} --site {q(top['site'])} --head {int(top['head'])} --query {q(query)}{occ} "
+                    f"--referents {refs}{wt}")
+    for name in variants:
+        vcap = q(str(out / f"variant-{name}.safetensors"))
+        cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
+                    + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {vcap}")
+        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt}")
+    return cmds

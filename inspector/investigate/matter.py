@@ -1,0 +1,189 @@
+"""The "Does it matter?" part of an investigation: does the output depend on the heads we looked at?
+
+Given the investigation's capture (what the model said), its split table and a contrast
+``RIGHT,WRONG`` (:mod:`inspector.intervene.contrast`), :func:`does_it_matter` computes
+
+* every head's attribution and the exact effect (zero ablation) of the top k heads by attribution
+  and of every flagged head (:func:`inspector.intervene.effects.effects`) -> ``effects.csv``;
+* for those heads (``matter.csv``), per variant, the change of the metric when that one head gets
+  the variant's outputs at the aligned positions (:func:`inspector.intervene.effects.align`), and for all of
+  them patched together (``patch.csv``).
+
+:func:`render_section` turns the result into an HTML section (every string escaped) for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from inspector.capture.inputs import encode
+from inspector.errors import InspectorError
+from inspector.intervene import effects as _effects
+from inspector.intervene import seam as intervene
+from inspector.intervene.contrast import model_has_lm_head
+from inspector.store.capture_file import Capture
+
+HEAD_KEYS = ["site", "stack", "kind", "layer", "head"]
+
+
+@dataclass
+class Matter:
+    """``effects``: :data:`~inspector.intervene.effects.EFFECT_COLUMNS`, every head. ``heads``: the flagged and top
+    heads with ``flagged``, ``attribution``, ``effect`` and per variant ``patch_effect[<name>]`` (the
+    metric's change when that head alone is patched from the variant; empty where it cannot be aligned).
+    ``patches``: per variant, all those heads patched together: ``variant, heads, before, after, change``.
+    ``notes``: why some head could not be patched."""
+
+    contrast: str
+    definition: str
+    metric: float
+    effects: pd.DataFrame
+    heads: pd.DataFrame
+    patches: pd.DataFrame
+    disagreements: pd.DataFrame
+    top: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _output(model, tokenizer, cap: Capture, source: str) -> dict:
+    """The output exactly as the capture fed it: its text when that tokenizes to the same ids (so words are
+    found with the text's own casing), else its ids (e.g. generated tokens)."""
+    if "target" not in cap.roles():
+        return {}
+    rec = cap.records("target")
+    ids = [i for i, p in zip(rec.ids, rec.padding, strict=True) if not p]
+    again = encode(model, tokenizer, source, rec.text).records
+    if [r.ids for r in again if r.role == "target"] == [ids]:
+        return {"target": rec.text}
+    return {"target_ids": [ids]}
+
+
+def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, contrast: str | tuple[str, str],
+                   query: str | None = None, occurrence: int | None = None, variants: dict[str, str] | None = None,
+                   top: int = 10) -> Matter:
+    """Effects of the flagged and top heads on the contrast, and of patching them from each variant."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    said = _output(model, tokenizer, cap, source)
+    flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
+    flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
+    # without an LM head the contrast reads the investigation's query occurrence; with one, WRONG's first occurrence
+    lm = model_has_lm_head(model)
+    res = _effects.effects(model, tokenizer, source, contrast=contrast, query=query, occurrence=None if lm else occurrence,
+                           top=top, confirm=flagged_keys, **said)
+    table = res.table
+    listed = table[table["effect"].notna()].copy()
+    listed.insert(5, "flagged", [k in set(flagged_keys) for k in zip(listed["site"], listed["head"], strict=True)])
+    listed = listed.loc[listed["effect"].abs().sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
+    keys = list(zip(listed["site"], listed["head"], strict=True))
+
+    encoded = encode(model, tokenizer, source, **said)
+    clean = intervene.run(model, encoded)
+    before = float(res.contrast.value(clean.output))
+    patches, notes = [], []
+    for name, text in (variants or {}).items():
+        var = intervene.run(model, encode(model, tokenizer, text, **said),
+                            intervene.Seam(record={s for s, _ in keys}))
+        column, ok = [], []
+        for s, h in keys:
+            try:
+                seam = _effects.patch_seam(clean.capture, var.capture, var.seam.outputs, {s: [h]}, query=query,
+                                           occurrence=occurrence)
+            except InspectorError as exc:
+                column.append(float("nan"))
+                notes.append(f"{name}: {s}:{h} not patched: {exc}")
+                continue
+            ok.append((s, h))
+            column.append(float(res.contrast.value(intervene.run(model, encoded, seam).output)) - before)
+        listed[f"patch_effect[{name}]"] = column
+        if ok:
+            grouped: dict[str, list[int]] = {}
+            for s, h in ok:
+                grouped.setdefault(s, []).append(h)
+            seam = _effects.patch_seam(clean.capture, var.capture, var.seam.outputs, grouped, query=query, occurrence=occurrence)
+            after = float(res.contrast.value(intervene.run(model, encoded, seam).output))
+            patches.append({"variant": name, "heads": len(ok), "before": before, "after": after, "change": after - before})
+    label = contrast if isinstance(contrast, str) else ",".join(contrast)
+    return Matter(contrast=label, definition=res.definition, metric=res.metric, effects=table, heads=listed,
+                  patches=pd.DataFrame(patches, columns=["variant", "heads", "before", "after", "change"]),
+                  disagreements=res.disagreements, top=top, notes=list(dict.fromkeys(notes)))
+
+
+def summary_text(m: Matter, format_table=lambda df, digits: df.to_string(index=False)) -> str:
+    """The part as plain text, for the terminal (``format_table(df, digits)`` formats a table)."""
+    lines = [f"\nDoes it matter? metric: {m.definition} = {m.metric:.6f}",
+             f"Flagged heads and the top {m.top} by attribution; effect = exact change of the metric under zero ablation"
+             + (", patch_effect = change when the variant's outputs of that head are patched in" if m.patches.size else "")
+             + ":"]
+    shown = m.heads.drop(columns=["stack"] if (m.heads["stack"] == "none").all() else [])
+    lines.append(format_table(shown, digits=5))
+    for r in m.patches.itertuples(index=False):
+        lines.append(f"Patching the {r.heads} heads above together from variant {r.variant!r}: metric {r.before:.6f} -> "
+                     f"{r.after:.6f} ({r.change:+.6f})")
+    lines += m.notes
+    lines.append(_effects.describe_disagreements(m.disagreements))
+    return "\n".join(lines)
+
+
+def write(out_dir, m: Matter) -> list:
+    """``effects.csv``, ``matter.csv`` and (with variants) ``patch.csv`` into ``out_dir``."""
+    from pathlib import Path
+
+    from inspector.store.files import write_csv
+
+    out = Path(out_dir)
+    paths = [write_csv(out / "effects.csv", m.effects), write_csv(out / "matter.csv", m.heads)]
+    if len(m.patches):
+        paths.append(write_csv(out / "patch.csv", m.patches))
+    return paths
+
+
+def render_section(m: Matter) -> str:
+    """The part as one HTML section for the report; every string goes through the report's escaping."""
+    from inspector.ui.report import esc, html_table
+
+    flags = m.heads["flagged"].tolist() if "flagged" in m.heads else []
+    parts = [
+        '<section id="does-it-matter"><h2>Does it matter?</h2>',
+        f'<p class="note">Metric: <code>{esc(m.definition)}</code> = {esc(f"{m.metric:.6f}")}. '
+        f"Effect: the exact change of the metric when the head's output is set to zero (one forward pass per head); "
+        f"attribution: its first-order estimate from one forward and one backward pass for every head "
+        f"(attribution patching). Listed: the flagged heads and the top {esc(m.top)} heads by attribution, "
+        "largest effect first; flagged rows highlighted.</p>",
+        html_table(m.heads, row_class=lambda i, _r: "flag" if flags and flags[i] else "", cls="data matter"),
+    ]
+    if len(m.patches):
+        parts += ["<h4>Patching the listed heads together from each variant</h4>", html_table(m.patches, cls="data patch")]
+    d = m.disagreements
+    text = _effects.describe_disagreements(d)
+    parts.append(f'<p class="note">{esc(text.splitlines()[0])}</p>')
+    if len(d):
+        parts.append(html_table(d, cls="data disagree"))
+    parts += [f'<p class="note">{esc(n)}</p>' for n in m.notes]
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def insert_section(document: str, section: str) -> str:
+    """``section`` placed before the report's "Reproduce" heading (or at the end of its body)."""
+    for marker in ("<h2>Reproduce</h2>", "</body>"):
+        i = document.rfind(marker)
+        if i >= 0:
+            return document[:i] + section + "\n" + document[i:]
+    return document + section
+
+
+def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None, has_output: bool) -> list[str]:
+    """The ``inspector effects`` command that rewrites ``effects.csv`` from the saved texts."""
+    import shlex
+    from pathlib import Path
+
+    q, out = shlex.quote, Path(out)
+    model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
+    cmd = (f"inspector effects{model_arg} --source-file {q(str(out / 'source.txt'))}"
+           + (f" --output-file {q(str(out / 'output.txt'))}" if has_output else "")
+           + f" --contrast {q(m.contrast)} --top {m.top}")
+    if m.definition.startswith("cos("):  # no LM head: the metric reads the query word
+        cmd += f" --query {q(query or '')}" + (f" --occurrence {occurrence}" if occurrence else "")
+    return [cmd + f" --csv {q(str(out / 'effects.csv'))}"]

@@ -1,0 +1,193 @@
+"""Writes that never lose work, for everything inspector saves (captures, CSV, JSON, HTML, folders).
+
+* A regular file is written to a temporary file in the same folder, then renamed over the target, so a
+  crash, a full disk or a bad input never leaves half a file or destroys an old one.
+* A target that exists but is not a regular file (a FIFO, ``/dev/null``, a terminal) is written to
+  directly, never replaced by a file; ``-`` means standard output.
+* A write the system refuses (read-only folder, full disk, no permission) is one
+  :class:`~inspector.errors.InspectorError` line naming the target; the old file is kept.
+* A folder of results (``inspector debug``) is built beside the target and swapped in whole
+  (:func:`swap_folder`), so it never mixes two runs and a failure midway leaves the old folder intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pandas as pd
+
+from inspector.errors import InspectorError
+
+STDOUT = "-"
+
+
+def check_target(path: Path) -> None:
+    """Refuse an output path that is a folder, with a line that says so."""
+    if path.is_dir():
+        raise InspectorError(f"{path} is a folder: give a file name to write to, e.g. {path / 'out'}")
+
+
+def is_stdout(path: str | os.PathLike) -> bool:
+    return str(path) == STDOUT
+
+
+def is_special(path: Path) -> bool:
+    """True for an existing target that is neither a regular file nor a folder (FIFO, device, socket)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def plain_mode(tmp: str) -> None:
+    """Give ``tmp`` the permissions a plain open() would (0666 less the umask), not mkstemp's 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+
+
+def temp_beside(path: Path) -> str:
+    """A temporary file next to ``path``, with plain permissions."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    plain_mode(tmp)
+    return tmp
+
+
+def write_error(path: str | os.PathLike, exc: BaseException, existed: bool | None = None) -> InspectorError:
+    """The one-line error for a write the system refused (``OSError``, safetensors' ``SafetensorError``)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    reason = getattr(exc, "strerror", None) or text
+    if "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+        reason = "no space left on the device"
+    reason = str(reason)[:160]
+    kept = "" if existed is None else ("; what was there is unchanged" if existed else "; nothing was written")
+    return InspectorError(f"could not write {path} ({reason}){kept}: free some space, fix the folder's permissions or write elsewhere")
+
+
+def write_atomic(path: str | os.PathLike, fill: Callable[[str], None], stream: Callable[[BinaryIO], None]) -> Path:
+    """Write ``path`` safely: ``fill(tmp)`` writes a temporary file beside it that then replaces it;
+    ``stream(f)`` writes straight into ``f`` where the target is ``-`` (stdout) or not a regular file.
+
+    Raises InspectorError (one line) for a folder target or a write the system refuses; the old file,
+    if any, is then unchanged and no temporary file is left behind.
+    """
+    if is_stdout(path):
+        sys.stdout.flush()
+        stream(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return Path(STDOUT)
+    path = Path(path)
+    check_target(path)
+    if is_special(path):
+        try:
+            with open(path, "wb") as f:
+                stream(f)
+        except OSError as exc:
+            raise write_error(path, exc) from None
+        return path
+    existed = path.exists()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_beside(path)
+        fill(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
+            raise write_error(path, exc, existed) from None
+        raise
+    return path
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` with :func:`write_atomic`. Refuses (one line) to replace an existing
+    ``.safetensors`` file: a table, a JSON document or a figure never takes the place of a capture or
+    of a model's weights."""
+    if not is_stdout(path) and Path(path).suffix == ".safetensors" and Path(path).is_file():
+        raise InspectorError(f"{path} is a safetensors file (a capture or a model's weights) and would be replaced: "
+                             "write to another name, e.g. rank.csv")
+
+    def fill(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return write_atomic(path, fill, lambda f: f.write(data))
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_csv(path: str | os.PathLike, df: pd.DataFrame) -> Path:
+    return write_text(path, df.to_csv(index=False))
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    return write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+# ---- folders --------------------------------------------------------------------------------
+def check_folder_target(path: Path, marker: str) -> None:
+    """Refuse a results folder target that is a file, or a folder holding something other than an
+    earlier result (recognised by ``marker``, a file every result folder has): those would be lost."""
+    if path.exists() and not path.is_dir():
+        raise InspectorError(f"{path} exists and is not a folder: this command writes a folder of results; choose a new name")
+    if path.is_dir() and not (path / marker).is_file() and any(path.iterdir()):
+        raise InspectorError(
+            f"{path} is a folder with other files in it (no {marker}): the results replace the whole folder, so choose a "
+            "new or empty folder"
+        )
+
+
+@contextlib.contextmanager
+def swap_folder(path: str | os.PathLike, marker: str) -> Iterator[Path]:
+    """Yield a fresh folder beside ``path`` to fill; on success it replaces ``path`` whole (an old folder
+    is renamed aside, the new one renamed in, the old one removed). On any failure the new folder is
+    removed and ``path`` is as it was. Raises InspectorError for targets :func:`check_folder_target`
+    refuses and for writes the system refuses."""
+    path = Path(path)
+    check_folder_target(path, marker)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent))
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.chmod(work, 0o777 & ~umask)
+        yield work
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.rmdir(old)
+            os.rename(path, old)
+        try:
+            os.rename(work, path)
+        except BaseException:
+            if old is not None:
+                os.rename(old, path)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise write_error(path, exc, path.exists()) from None
+        raise

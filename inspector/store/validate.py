@@ -1,0 +1,454 @@
+"""Checks that make a capture file safe to open: it is untrusted input (people send captures to each other).
+
+* :func:`read_header` bounds the safetensors header before anything parses it (the header length is in
+  the first 8 bytes), then bounds the inspector JSON in proportion to what the tensors need, so a
+  hostile header cannot take gigabytes of memory.
+* :func:`check_capture` checks every header field's type (derived from the :class:`~inspector.store.Site`
+  and :class:`~inspector.capture.inputs.InputRecord` annotations, so fields added later are covered too) and
+  every site against its tensors (rank, each dimension, dtype, mask specs).
+* :func:`check_rows` checks attention rows where they are read: finite, within [0, 1], summing to 1
+  over the visible keys, zero on the masked ones.
+
+Every refusal is one :class:`~inspector.errors.InspectorError` line that names the site and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import struct
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inspector.errors import InspectorError
+
+MAX_HEADER = 100_000_000  # safetensors' own limit on the header length
+HEADER_BASE = 16 << 20  # any header up to this size; beyond it, at most 1/16 of the tensor data
+INSPECTOR_BASE = 1 << 20  # the inspector JSON may always take this much (provenance, options)
+PER_TENSOR = 4096  # ... plus this much per tensor (site fields, mask specs)
+PER_TOKEN = 512  # ... plus this much per token of each record (id, token, offsets, flags, text)
+FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+ROW_TOL = {"F64": 1e-4, "F32": 1e-4, "F16": 4e-3, "BF16": 3e-2}  # row sums, by the weights' storage dtype
+EXPLAIN_TOL = {"F64": 1e-3, "F32": 1e-3, "F16": 5e-2, "BF16": 1e-1}  # explain vs stored weights, by Q/K dtype
+MASKED = -1e4  # an additive mask value at or below this hides the key (as analysis.MASKED)
+DTYPE_CODES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
+               torch.uint8: "U8", torch.bool: "BOOL", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64"}
+
+
+def refuse(path: Path | str, where: str, problem: str) -> InspectorError:
+    return InspectorError(f"{path}: {where}: {problem}; the file is damaged or was not written by inspector: capture again")
+
+
+# ---- the header -----------------------------------------------------------------------------
+def header_length(path: Path) -> int:
+    """The safetensors header length, checked against the file size and a bound proportional to the data,
+    before any JSON is parsed."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8:
+        raise InspectorError(f"{path} is not a readable capture file ({size} bytes, too short to be safetensors): make it "
+                             "again with `inspector capture`")
+    (n,) = struct.unpack("<Q", head)
+    if n > size - 8:
+        raise InspectorError(f"{path} is not a readable capture file (its header claims {n} bytes but the file has {size}); "
+                             "it may be truncated or not a capture: make it again with `inspector capture`")
+    data = size - 8 - n
+    if n > min(MAX_HEADER, HEADER_BASE + data // 16):
+        raise InspectorError(f"{path} has a {n}-byte header for {data} bytes of tensors, far more than a capture needs: "
+                             "refusing to parse it (a damaged or hostile file); capture again")
+    return n
+
+
+def inspector_budget(shapes: dict[str, list[int]]) -> int:
+    """How many bytes of inspector JSON the tensors can need: a base, per tensor, and per token of each
+    batch row's records (token axes read from the tensor shapes)."""
+    tokens = max((max(s[-2:]) for s in shapes.values() if len(s) >= 2), default=0)
+    batch = max((s[0] for s in shapes.values() if s), default=1)
+    return INSPECTOR_BASE + PER_TENSOR * len(shapes) + PER_TOKEN * 2 * max(1, batch) * tokens
+
+
+def parse_inspector(path: Path, text: str, shapes: dict[str, list[int]]) -> dict[str, Any]:
+    budget = inspector_budget(shapes)
+    if len(text) > budget:
+        raise InspectorError(f"{path}: its inspector header has {len(text)} characters, more than its {len(shapes)} tensors "
+                             f"can need ({budget}): refusing to parse it (a damaged or hostile file); capture again")
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InspectorError(f"{path}: its inspector header is not valid JSON ({str(exc)[:80]}): the file is damaged: capture "
+                             "again") from None
+    if not isinstance(meta, dict):
+        raise refuse(path, "header", f"the inspector header is a {type(meta).__name__}, not an object")
+    return meta
+
+
+# ---- generic field types --------------------------------------------------------------------
+def conforms(value: Any, tp: Any) -> bool:
+    """True when a JSON value has the annotated type (bool is not an int; an int is a float)."""
+    return _checker(tp)(value)
+
+
+@functools.cache
+def _checker(tp: Any) -> Callable[[Any], bool]:
+    """A check for one annotation, built once (a header holds lists of thousands of tokens)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return lambda v: True
+    if origin in (typing.Union, types.UnionType):
+        parts = [_checker(a) for a in args]
+        return lambda v: any(c(v) for c in parts)
+    if tp is type(None):
+        return lambda v: v is None
+    if origin is list or tp is list:
+        if not args:
+            return lambda v: isinstance(v, list)
+        item = args[0]
+        exact = {int: (int,), str: (str,), bool: (bool,), float: (int, float)}.get(item)
+        if exact is not None:  # JSON gives exactly these types: a set of the item types present
+            return lambda v: isinstance(v, list) and all(type(x) in exact for x in v)
+        each = _checker(item)
+        return lambda v: isinstance(v, list) and all(each(x) for x in v)
+    if origin is dict or tp is dict:
+        if not args:
+            return lambda v: isinstance(v, dict)
+        key, val = _checker(args[0]), _checker(args[1])
+        return lambda v: isinstance(v, dict) and all(key(k) and val(x) for k, x in v.items())
+    if tp is bool:
+        return lambda v: type(v) is bool
+    if tp is int:
+        return lambda v: type(v) is int
+    if tp is float:
+        return lambda v: type(v) in (int, float)
+    if tp is str:
+        return lambda v: type(v) is str
+    return lambda v: True  # an annotation this checker does not know is not checked
+
+
+def type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_fields(path: Path, where: str, d: Any, cls: type, required: set[str]) -> None:
+    """Every field of dataclass ``cls`` present in ``d`` has its annotated type; ``required`` ones are there."""
+    if not isinstance(d, dict):
+        raise refuse(path, where, f"is a {type(d).__name__}, not an object")
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            if f.name in required:
+                raise refuse(path, where, f"required field {f.name!r} is missing")
+            continue
+        if not conforms(d[f.name], hints[f.name]):
+            raise refuse(path, where, f"field {f.name!r} must be {type_name(hints[f.name])}, got {_short(d[f.name])}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# ---- rows -----------------------------------------------------------------------------------
+def visible(site, mask: torch.Tensor | None, queries: range) -> torch.Tensor:
+    """Boolean ``[1|head, query, key]``: keys each row can see, from the mask (or the causal rule for a
+    weights-only causal site without one)."""
+    if mask is not None:
+        return mask > MASKED
+    vis = torch.ones(1, len(queries), site.key_len, dtype=torch.bool)
+    if site.kind == "causal":
+        q = torch.tensor(list(queries))[:, None] + (site.key_len - site.query_len)
+        vis &= torch.arange(site.key_len)[None, :] <= q
+    return vis
+
+
+def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list[int], queries: range, dtype_code: str,
+               skip: torch.Tensor | None = None) -> None:
+    """Refuse attention rows ``w [head, query, key]`` that are not weights: non-finite, outside [0, 1],
+    not summing to 1 over the visible keys ``vis [1|head, query, key]`` (the mask's, less padding keys),
+    or non-zero on a hidden key. Rows that see no key, and rows flagged in ``skip [query]`` (padding
+    queries, which no analysis reads), are checked only for being finite and within [0, 1]; a site whose
+    model adds sinks (``extra_kwargs``) may sum to less than 1. One pass of vectorised reductions."""
+    tol = ROW_TOL.get(dtype_code, 1e-4)
+    sinks = any(k != "output_attentions" for k in site.extra_kwargs)
+    if w.numel() == 0:
+        return
+    seen = vis.any(-1)
+    if skip is not None:
+        seen = seen & ~skip
+    # fast path, a few passes over the block and no float64 copy: all values in [0, 1 + tol] (NaN fails
+    # this), then row sums over all keys and over hidden keys
+    lo, hi = torch.aminmax(w)
+    if bool(lo >= 0) and bool(hi <= 1 + tol):
+        total = w.sum(-1)
+        hidden_keys = ~vis
+        if bool(hidden_keys.any()):
+            on_hidden = torch.mul(w, hidden_keys.to(w.dtype)).sum(-1)  # a float mask: far faster than bool
+            total = total - on_hidden
+            clean = on_hidden <= 1e-6
+        else:
+            clean = torch.ones((), dtype=torch.bool)
+        sums = (total <= 1 + tol) if sinks else ((total - 1).abs() <= tol)
+        if bool((~seen | (sums & clean)).all()):
+            return
+    # something is wrong: find the first bad row and say what
+    finite = torch.isfinite(w).all(-1)
+    in_range = ((w >= 0) & (w <= 1 + tol)).all(-1)
+    vis = vis.expand_as(w)
+    seen = seen.expand(w.shape[:-1])
+    total = torch.where(vis, w, 0).sum(-1, dtype=torch.float64)
+    sums = (total <= 1 + tol) if sinks else ((total - 1).abs() <= tol)
+    hidden = torch.where(vis, 0, w).abs().amax(-1) <= 1e-6
+    ok = finite & in_range & (~seen | (sums & hidden))
+    if bool(ok.all()):
+        return
+    h, r = (int(i) for i in torch.nonzero(~ok)[0])
+    row = w[h, r]
+    if not bool(finite[h, r]):
+        what = "is not finite (NaN or infinity; check the site's scaling, softcap and mask)"
+    elif not bool(in_range[h, r]):
+        what = f"has weights outside [0, 1] (from {float(row.min()):.4g} to {float(row.max()):.4g})"
+    elif not bool(hidden[h, r]):
+        what = f"puts weight {float(torch.where(vis[h, r], 0, row).abs().max()):.4g} on a key its mask hides"
+    else:
+        what = f"sums to {float(total[h, r]):.6g} over its visible keys, not 1"
+    raise InspectorError(f"{where}: site {site.name!r} head {heads[h]} row {queries[r]}: the attention row {what}; the "
+                         "file is damaged: capture again")
+
+
+def check_explained(where: str, site, head: int, query_index: int, weight: torch.Tensor, stored: torch.Tensor | None,
+                    dtype_code: str) -> None:
+    """Refuse an explained row (float64 ``[key]``) that is not finite, or that differs from the stored
+    weights of the same row by more than the storage precision allows."""
+    if not bool(torch.isfinite(weight).all()):
+        raise InspectorError(f"{where}: site {site.name!r} head {head} row {query_index}: softmax(q.k * scaling + mask) is not "
+                             "finite (check the site's scaling, softcap and mask); the file is damaged: capture again")
+    if stored is None:
+        return
+    diff = float((weight - stored.double()).abs().max())
+    if not diff <= EXPLAIN_TOL.get(dtype_code, 1e-3):
+        raise InspectorError(
+            f"{where}: site {site.name!r} head {head} row {query_index}: the stored weights differ from the ones recomputed from "
+            f"its Q, K, scaling, softcap and mask by {diff:.3g}; the file is inconsistent: capture again")
+
+
+def finite_positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+# ---- the whole capture ----------------------------------------------------------------------
+SITE_FIELDS_V1 = {  # every field the schema-1 writer put in each site: required in files of schema 1 and 2
+    "name", "stack", "layer", "kind", "num_heads", "num_kv_heads", "head_map", "d_head", "d_v", "scaling", "query_input",
+    "key_input", "query_len", "key_len", "softcap", "mask", "parts", "recomputable", "extra_kwargs", "module_class",
+    "eager_function",
+}
+KINDS = ("self", "causal", "cross")
+MASK_FIELDS = {"dtype": str, "shape": list[int], "fill": str | None, "visible": str | None, "offset": int,
+               "window": int | None, "key_padding": str | None, "packed": str | None, "bias": str | None}
+
+
+def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shapes: dict[str, list[int]], schema_max: int) -> None:
+    """Check a parsed header and the tensors' dtypes and shapes against each other; raise one line naming
+    the site (or input, or mask) and the field on the first problem."""
+    from inspector.store.schema import InputRecord, Site
+
+    schema = meta.get("schema")
+    if not conforms(schema, int) or schema < 1:
+        raise refuse(path, "header", f"field 'schema' must be a positive integer, got {_short(schema)}")
+    if schema > schema_max:
+        raise InspectorError(f"{path} uses capture schema {schema}, newer than this inspector reads ({schema_max}): upgrade inspector")
+    for key, tp in (("sites", list), ("inputs", list), ("model", dict), ("options", dict), ("masks", dict)):
+        if key in meta and not isinstance(meta[key], tp):
+            raise refuse(path, "header", f"field {key!r} must be {tp.__name__}, got {_short(meta[key])}")
+    for key in ("sites", "inputs") + (("masks",) if schema >= 2 else ()):
+        if key not in meta:
+            raise refuse(path, "header", f"required field {key!r} is missing")
+    if not meta["sites"]:
+        raise refuse(path, "header", "field 'sites' is empty")
+
+    # inputs
+    lengths: dict[tuple[str, int], int] = {}
+    rec_fields = {f.name for f in dataclasses.fields(InputRecord) if f.default is dataclasses.MISSING
+                  and f.default_factory is dataclasses.MISSING}
+    for i, d in enumerate(meta["inputs"]):
+        where = f"input {i}"
+        check_fields(path, where, d, InputRecord, rec_fields)
+        where = f"input {d['role']!r}[{d['batch']}]"
+        n = len(d["ids"])
+        for f in ("tokens", "offsets", "special", "padding") + (("word_ids",) if d.get("word_ids") else ()):
+            if len(d[f]) != n:
+                raise refuse(path, where, f"field {f!r} has {len(d[f])} entries for {n} ids")
+        if d["batch"] < 0:
+            raise refuse(path, where, "field 'batch' is negative")
+        text_len = len(d["text"])
+        for j, off in enumerate(d["offsets"]):
+            if off is not None and not (len(off) == 2 and 0 <= off[0] <= off[1] <= text_len):
+                raise refuse(path, where, f"field 'offsets' entry {j} is {off}, outside its {text_len}-character text")
+        if (d["role"], d["batch"]) in lengths:
+            raise refuse(path, where, "appears twice")
+        lengths[(d["role"], d["batch"])] = n
+    batch = 1 + max((b for _, b in lengths), default=0)
+
+    # sites and their tensors
+    site_fields = SITE_FIELDS_V1 | {f.name for f in dataclasses.fields(Site) if f.default is dataclasses.MISSING
+                                    and f.default_factory is dataclasses.MISSING}
+    referenced: set[str] = set()
+    seen_names: set[str] = set()
+    masks = meta.get("masks", {})
+    mask_users: dict[str, list[dict]] = {}
+    for i, d in enumerate(meta["sites"]):
+        check_fields(path, f"site {i}", d, Site, site_fields)
+        name = d["name"]
+        where = f"site {name!r}"
+        if name in seen_names:
+            raise refuse(path, where, "field 'name' repeats another site's")
+        seen_names.add(name)
+        for f in ("num_heads", "num_kv_heads", "query_len", "key_len"):
+            if d[f] < 1:
+                raise refuse(path, where, f"field {f!r} must be at least 1, got {d[f]}")
+        for f in ("d_head", "d_v", "layer"):
+            if d[f] < 0:
+                raise refuse(path, where, f"field {f!r} must not be negative, got {d[f]}")
+        if d["kind"] not in KINDS:
+            raise refuse(path, where, f"field 'kind' must be one of {', '.join(KINDS)}, got {_short(d['kind'])}")
+        if len(d["head_map"]) != d["num_heads"] or any(not 0 <= h < d["num_kv_heads"] for h in d["head_map"]):
+            raise refuse(path, where, f"field 'head_map' must map each of its {d['num_heads']} heads to one of "
+                                      f"{d['num_kv_heads']} K/V heads")
+        parts = d["parts"]
+        if "weights" not in parts and not {"q", "k"} <= set(parts):
+            raise refuse(path, where, f"field 'parts' ({', '.join(parts) or 'empty'}) holds neither weights nor q and k")
+        if {"q", "k"} <= set(parts):
+            if not finite_positive(d["scaling"]):
+                raise refuse(path, where, f"field 'scaling' must be a finite positive number, got {_short(d['scaling'])}")
+            if d["d_head"] < 1 or ("v" in parts and d["d_v"] < 1):
+                raise refuse(path, where, "fields 'd_head' and 'd_v' must be at least 1 for a site that stores Q/K/V")
+        if d["softcap"] is not None and not finite_positive(d["softcap"]):
+            raise refuse(path, where, f"field 'softcap' must be null or a finite positive number, got {_short(d['softcap'])}")
+        for roles, f, n in ((d["query_input"], "query_input", d["query_len"]), (d["key_input"], "key_input", d["key_len"])):
+            for b in range(batch):
+                missing = [r for r in roles if (r, b) not in lengths]
+                if missing:
+                    raise refuse(path, where, f"field {f!r} names input {missing[0]!r}, which batch row {b} lacks")
+                if sum(lengths[(r, b)] for r in roles) != n:
+                    raise refuse(path, where, f"field {f!r} ({'+'.join(roles)}) has "
+                                              f"{sum(lengths[(r, b)] for r in roles)} tokens in batch row {b}, but "
+                                              f"{'query_len' if f == 'query_input' else 'key_len'} is {n}")
+        h, kv, q, k = d["num_heads"], d["num_kv_heads"], d["query_len"], d["key_len"]
+        expected = {"q": [batch, h, q, d["d_head"]], "k": [batch, kv, k, d["d_head"]], "v": [batch, kv, k, d["d_v"]],
+                    "weights": [batch, h, q, k], "value_norm": [batch, h, k]}
+        for p in parts:
+            t = f"{name}/{p}"
+            referenced.add(t)
+            if t not in shapes:
+                raise refuse(path, where, f"field 'parts' lists {p!r} but tensor {t!r} is not in the file")
+            if p in expected:
+                if dtypes[t] not in FLOAT_DTYPES:
+                    raise refuse(path, where, f"tensor {t!r} has dtype {dtypes[t]}, not a floating-point type")
+                if shapes[t] != expected[p]:
+                    dims = {"q": "batch, num_heads, query_len, d_head", "k": "batch, num_kv_heads, key_len, d_head",
+                            "v": "batch, num_kv_heads, key_len, d_v", "weights": "batch, num_heads, query_len, key_len",
+                            "value_norm": "batch, num_heads, key_len"}[p]
+                    raise refuse(path, where, f"tensor {t!r} has shape {shapes[t]}, but the header says [{dims}] = {expected[p]}")
+        stray = [t for t in shapes if t.startswith(f"{name}/") and t.rsplit("/", 1)[1] in expected and t not in referenced]
+        if stray:
+            raise refuse(path, where, f"tensor {stray[0]!r} is stored but field 'parts' does not list it")
+        m = d["mask"]
+        if m is not None:
+            mask_users.setdefault(m, []).append(d)
+        elif any(t.startswith(f"{name}/mask") for t in shapes):
+            raise refuse(path, where, "field 'mask' is null but a mask tensor is stored for it")
+
+    # masks
+    for m, users in mask_users.items():
+        if schema < 2:
+            referenced.add(m)
+            _check_dense_mask(path, m, users, batch, dtypes, shapes)
+            continue
+        where = f"mask {m!r}"
+        if m not in masks:
+            raise refuse(path, f"site {users[0]['name']!r}", f"field 'mask' names {m!r}, which field 'masks' lacks")
+        spec = masks[m]
+        if not isinstance(spec, dict):
+            raise refuse(path, where, "is not an object")
+        for f, tp in MASK_FIELDS.items():
+            if f not in spec:
+                raise refuse(path, where, f"required field {f!r} is missing")
+            if not conforms(spec[f], tp):
+                raise refuse(path, where, f"field {f!r} must be {type_name(tp)}, got {_short(spec[f])}")
+        _check_spec(path, where, spec, users, batch, dtypes, shapes)
+        referenced.update(t for t in (spec["key_padding"], spec["packed"], spec["bias"]) if t)
+    unused = sorted(set(shapes) - referenced)
+    if unused:
+        raise refuse(path, f"tensor {unused[0]!r}", "is stored but no site's 'parts' or 'mask' field names it")
+
+
+def _fits(shape: list[int], users: list[dict], batch: int, last: int | None = None) -> bool:
+    """``shape`` is ``[1|batch, 1|num_heads, 1|query_len, key_len]`` for every site using it (``last``
+    replaces key_len for packed bits)."""
+    return len(shape) == 4 and all(
+        shape[0] in (1, batch) and shape[1] in (1, u["num_heads"]) and shape[2] in (1, u["query_len"])
+        and shape[3] == (u["key_len"] if last is None else last(u["key_len"])) for u in users)
+
+
+def _check_dense_mask(path, m, users, batch, dtypes, shapes) -> None:
+    where = f"site {users[0]['name']!r}"
+    if m not in shapes:
+        raise refuse(path, where, f"field 'mask' names tensor {m!r}, which is not in the file")
+    if dtypes[m] not in FLOAT_DTYPES:
+        raise refuse(path, where, f"mask tensor {m!r} has dtype {dtypes[m]}, not a floating-point type")
+    if not _fits(shapes[m], users, batch):
+        raise refuse(path, where, f"mask tensor {m!r} has shape {shapes[m]}, not broadcastable to [batch, num_heads, "
+                                  f"query_len, key_len] = [{batch}, {users[0]['num_heads']}, {users[0]['query_len']}, "
+                                  f"{users[0]['key_len']}]")
+
+
+def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
+    from inspector.store.masks import DTYPES, RULES
+
+    if spec["dtype"] not in DTYPES:
+        raise refuse(path, where, f"field 'dtype' must be one of {', '.join(DTYPES)}, got {_short(spec['dtype'])}")
+    if not _fits(spec["shape"], users, batch):
+        u = users[0]
+        raise refuse(path, where, f"field 'shape' {spec['shape']} is not broadcastable to [batch, num_heads, query_len, "
+                                  f"key_len] = [{batch}, {u['num_heads']}, {u['query_len']}, {u['key_len']}] of site {u['name']!r}")
+    vis = spec["visible"]
+    if vis is not None and vis not in RULES:
+        raise refuse(path, where, f"field 'visible' must be null or one of {', '.join(RULES)}, got {_short(vis)}")
+    if (vis is None) != (spec["fill"] is None) or spec["fill"] not in (None, "min", "-inf"):
+        raise refuse(path, where, "field 'fill' must be \"min\" or \"-inf\" with a visibility rule, null without one")
+    if vis is None and not spec["bias"]:
+        raise refuse(path, where, "has neither a visibility rule (field 'visible') nor a 'bias' tensor")
+    if vis == "sliding" and (spec["window"] is None or spec["window"] < 1):
+        raise refuse(path, where, "field 'window' must be a positive integer for a sliding rule")
+    if vis == "packed" and not spec["packed"]:
+        raise refuse(path, where, "field 'packed' must name a tensor for a packed rule")
+    qr = spec.get("query_rows", spec["shape"][2])
+    if not conforms(qr, int) or qr not in (1, spec["shape"][2]):
+        raise refuse(path, where, f"field 'query_rows' must be 1 or {spec['shape'][2]}, got {_short(qr)}")
+    k = spec["shape"][3]
+    for f, codes, ok in (
+        ("key_padding", ("U8", "BOOL"), lambda s: len(s) == 2 and s[0] in (1, batch) and s[1] == k),
+        ("packed", ("U8",), lambda s: _fits(s, users, batch, last=lambda n: (n + 7) // 8)),
+        ("bias", tuple(FLOAT_DTYPES), lambda s: _fits(s, users, batch)),
+    ):
+        t = spec[f]
+        if not t:
+            continue
+        if t not in shapes:
+            raise refuse(path, where, f"field {f!r} names tensor {t!r}, which is not in the file")
+        if dtypes[t] not in codes:
+            raise refuse(path, where, f"tensor {t!r} (field {f!r}) has dtype {dtypes[t]}, not {' or '.join(codes)}")
+        if not ok(shapes[t]):
+            raise refuse(path, where, f"tensor {t!r} (field {f!r}) has shape {shapes[t]}, which does not fit the mask's "
+                                      f"shape {spec['shape']}")

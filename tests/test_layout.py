@@ -1,0 +1,65 @@
+"""The package's shape: stages that import one way (the import-linter contract runs in `make lint`), no module
+using another's private names, and a command line that answers --help and argument errors without loading
+torch, transformers or pandas."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "inspector"
+HEAVY = ("torch", "transformers", "pandas")
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = []
+    for path in _modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("inspector"):
+                found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, found
+
+
+def test_every_stage_is_a_package_with_a_docstring():
+    stages = ["store", "capture", "analysis", "intervene", "corpus", "ui", "investigate", "cli"]
+    for stage in stages:
+        init = PACKAGE / stage / "__init__.py"
+        assert init.exists(), stage
+        assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), stage
+    loose = {p.name for p in PACKAGE.glob("*.py")}
+    assert loose == {"__init__.py", "__main__.py", "errors.py"}, loose
+
+
+def _heavy_after(code: str) -> tuple[list[str], subprocess.CompletedProcess]:
+    probe = ("import atexit, sys\n"
+             f"atexit.register(lambda: print('LOADED', ','.join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr))\n"
+             ) + code
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    line = [ln for ln in done.stderr.splitlines() if ln.startswith("LOADED")][-1]
+    return [m for m in line.split(" ", 1)[1].split(",") if m], done
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["capture", "--help"], ["scan", "--help"], ["debug", "--help"],
+                                  ["rank"], ["split", "x.safetensors"], ["nonsense"]])
+def test_help_and_argument_errors_load_no_heavy_library(argv):
+    loaded, done = _heavy_after(f"from inspector.cli import main\nsys.exit(main({argv!r}))")
+    assert done.returncode in (0, 2), done.stderr
+    assert loaded == [], (argv, loaded)
+
+
+def test_import_inspector_is_light_until_a_function_is_used():
+    loaded, _ = _heavy_after("import inspector\nassert callable(inspector.capture)\n")
+    assert "torch" in loaded  # the function itself needs torch: it was loaded when first named
+    loaded, _ = _heavy_after("import inspector\nimport inspector.cli\n")
+    assert loaded == []
