@@ -1,0 +1,105 @@
+"""inspector.attribute: input x gradient against autograd by hand, integrated gradients' completeness,
+attention rollout against a hand computation (tiny seeded models; MiniLM for the cosine metric)."""
+
+from __future__ import annotations
+
+import pytest
+import tiny
+import torch
+
+from inspector.analysis.rollout import rollout
+from inspector.capture.recorder import capture
+from inspector.errors import InspectorError
+from inspector.intervene.attribution import attribute
+
+EXACT = 1e-6  # float rounding of the same computation
+COMPLETE = 0.01  # integrated gradients' completeness gap, as a share of M(x) - M(baseline)
+TEXT, OUT = "The Lessee shall pay the Lessor", "the Lessor pays"
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return tiny.build("gpt2")
+
+
+def test_input_x_gradient_equals_autograd_by_hand(gpt2, tokenizer):
+    df = attribute(gpt2, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["input_x_gradient"])
+    ids = tokenizer(TEXT)["input_ids"] + tokenizer(OUT, add_special_tokens=False)["input_ids"]
+    emb = gpt2.get_input_embeddings()(torch.tensor([ids])).detach().requires_grad_(True)
+    logits = gpt2(inputs_embeds=emb).logits[0].float()
+    right, wrong = tokenizer.convert_tokens_to_ids(["##ee", "##or"])
+    row = df.attrs["position"] - 1
+    (logits[row, right] - logits[row, wrong]).backward()
+    by_hand = (emb * emb.grad)[0].sum(-1)[: row + 1].double()
+    assert len(df) == row + 1  # later positions cannot affect a causal model's row
+    assert torch.allclose(torch.tensor(df["input_x_gradient"].to_numpy()), by_hand, atol=EXACT, rtol=EXACT)
+    assert df.attrs["metric"] == pytest.approx(float((logits[row, right] - logits[row, wrong]).detach()), abs=EXACT)
+
+
+def test_logprob_metric_without_contrast(gpt2, tokenizer):
+    df = attribute(gpt2, tokenizer, TEXT, OUT, methods=["input_x_gradient"])
+    ids = tokenizer(TEXT)["input_ids"] + tokenizer(OUT, add_special_tokens=False)["input_ids"]
+    p = len(ids) - 1
+    assert df.attrs["position"] == p
+    lp = torch.log_softmax(gpt2(input_ids=torch.tensor([ids])).logits[0, p - 1].float(), -1)[ids[p]]
+    assert df.attrs["metric"] == pytest.approx(float(lp.detach()), abs=1e-5)
+
+
+def test_integrated_gradients_complete_on_tiny_gpt2(gpt2, tokenizer):
+    df = attribute(gpt2, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"], steps=20)
+    diff = df.attrs["ig_difference"]
+    assert abs(diff) > 1e-4
+    assert abs(df["integrated_gradients"].sum() - diff) <= COMPLETE * abs(diff)
+    assert abs(df.attrs["ig_delta"]) <= COMPLETE * abs(diff)
+    assert df.attrs["forward_calls"] <= 25
+
+
+@pytest.mark.slow
+def test_integrated_gradients_complete_on_minilm(minilm):
+    from conftest import LEGAL
+
+    df = attribute(minilm.model, minilm.tokenizer, LEGAL, contrast=("Lessee", "Lessor"), query="indemnify",
+                   methods=["integrated_gradients"], steps=100, internal_batch_size=50)
+    # a zero-embedding baseline is far from a BERT's inputs: 20 points leave a gap of ~80% here, 100 close it
+    diff = df.attrs["ig_difference"]
+    assert abs(diff) > 1e-4
+    assert abs(df.attrs["ig_delta"]) <= COMPLETE * abs(diff)
+    assert abs(df["integrated_gradients"].sum() - diff) <= COMPLETE * abs(diff)
+
+
+def test_rollout_equals_hand_computation_two_layers(gpt2, tokenizer):
+    cap = capture(gpt2, tokenizer, TEXT, OUT)
+    w = [cap.weights(s).double() for s in sorted(cap.sites, key=lambda s: s.layer)]
+    assert len(w) == 2
+    n = w[0].shape[-1]
+
+    def hat(a):
+        m = 0.5 * a.mean(0) + 0.5 * torch.eye(n, dtype=torch.float64)
+        return m / m.sum(-1, keepdim=True)
+
+    by_hand = hat(w[1]) @ hat(w[0])
+    r = rollout(cap)
+    assert torch.allclose(r.matrix, by_hand, atol=EXACT, rtol=0)
+    vn = [cap.value_norms(s).double() for s in sorted(cap.sites, key=lambda s: s.layer)]
+    vw = [(a * v[:, None, :]) / (a * v[:, None, :]).sum(-1, keepdim=True) for a, v in zip(w, vn, strict=True)]
+    assert torch.allclose(rollout(cap, weighting="value-norm").matrix, hat(vw[1]) @ hat(vw[0]), atol=EXACT, rtol=0)
+    df = attribute(gpt2, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["rollout"])
+    row = df.attrs["position"] - 1
+    assert torch.allclose(torch.tensor(df["rollout"].to_numpy()), by_hand[row, : row + 1], atol=EXACT, rtol=0)
+
+
+def test_encoder_decoder_rows_and_rollout_sums(tokenizer):
+    bart = tiny.build("bart")
+    df = attribute(bart, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["input_x_gradient", "rollout"])
+    assert set(df["role"]) == {"source", "target"}
+    assert df["rollout"].sum() == pytest.approx(1.0, abs=EXACT)  # every row of rollout sums to 1
+
+
+def test_mistakes_name_the_fix(gpt2, tokenizer):
+    with pytest.raises(InspectorError, match="unknown attribution method"):
+        attribute(gpt2, tokenizer, TEXT, OUT, methods=["saliency"])
+    with pytest.raises(InspectorError, match="--position"):
+        attribute(gpt2, tokenizer, TEXT, OUT, position=0, methods=["input_x_gradient"])
+    bert = tiny.build("bert")
+    with pytest.raises(InspectorError, match="--contrast"):
+        attribute(bert, tokenizer, TEXT, methods=["input_x_gradient"])
