@@ -4,13 +4,14 @@ attention rollout against a hand computation (tiny seeded models; MiniLM for the
 from __future__ import annotations
 
 import pytest
-import tiny
 import torch
 
 from inspector.analysis.rollout import rollout
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
 from inspector.intervene.attribution import attribute
+
+import tiny
 
 EXACT = 1e-6  # float rounding of the same computation
 COMPLETE = 0.01  # integrated gradients' completeness gap, as a share of M(x) - M(baseline)

@@ -5,11 +5,12 @@ layouts are refused by name."""
 from __future__ import annotations
 
 import pytest
-import tiny
 import torch
 
 from inspector.errors import InspectorError
 from inspector.intervene.routes import EDGE_COLUMNS, record, routes
+
+import tiny
 
 DECOMPOSED = 1e-4  # relative: sum of a node's incoming contributions vs the recorded state
 TEXT, OUT = "The Lessee shall pay the Lessor", "the Lessor pays"
