@@ -34,6 +34,7 @@ _API = {
     "explain": "inspector.analysis.explain",
     "ablate": "inspector.intervene.effects", "effects": "inspector.intervene.effects",
     "patch": "inspector.intervene.effects",
+    "attribute": "inspector.intervene.attribution", "routes": "inspector.intervene.routes",
 }
 _MODULES = {"show": "inspector.ui.show"}
 

@@ -26,8 +26,8 @@ def test_incoming_edges_sum_to_the_residual_state(name, tokenizer):
             for pos in range(len(g.tokens[stack])):
                 node = g.incoming(stack, level, pos)
                 assert (node["total"] - node["state"]).norm() <= DECOMPOSED * node["state"].norm()
-                imp = sum(e["importance"] for e in node["edges"]) + float(node.get("attention", {}).get(
-                    "importance", torch.zeros(1)).sum())
+                att = node.get("attention", {"importance": torch.zeros(1)})
+                imp = sum(e["importance"] for e in node["edges"]) + float(att["importance"].sum())
                 assert imp == pytest.approx(1.0, abs=1e-5)
                 kinds.add(g.stacks[stack].step(level)[1].kind)
     assert {"attention", "mlp"} <= kinds and (("cross" in kinds) == (name in ("bart", "t5")))

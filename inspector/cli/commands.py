@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
+from inspector.cli import routes as routes_cli
 from inspector.cli.common import (
     Parser,
     add_lift_option,
@@ -583,6 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     if add_commands is not None:
         add_commands(sub)
     add_effects_commands(sub)
+    routes_cli.add_commands(sub)
     return parser
 
 

@@ -21,9 +21,12 @@ treatment of ALTI, Ferrando et al. 2022). Either way the edges and the bias sum 
 during the one forward pass and the decomposition is checked against them before any route is drawn.
 
 Importance (the paper's proximity, L1 as in ALTI): ``proximity(z, y) = max(0, ||y||_1 - ||y - z||_1)``,
-``importance = proximity / sum of the node's incoming proximities``. The route of one position keeps,
-from its top node down, every edge with importance above ``threshold`` (default 0.04) and continues
-from the nodes those edges start at.
+``importance = proximity / sum of the node's incoming proximities``, the incoming edges being the
+residual, the MLP and, for attention, one edge per key position j carrying ``z_j = sum_h A[h, i, j] v_j
+W_O^h`` (the paper's token-to-token edge; ``head = -1`` in the table). Each head's own part ``z_hj`` is
+scored against the same denominator, and listed as its own row (``head = h``) when above the threshold.
+The route of one position keeps, from its top node down, every edge with importance above
+``threshold`` (default 0.04) and continues from the nodes those edges start at.
 
 Supported: BERT, GPT-2, Llama / Mistral / Qwen 2 (grouped-query), BART, T5. Any other model type, or a
 model whose blocks do not compute what the family's layout says (checked on the recorded states), is
@@ -293,29 +296,32 @@ def _attention_edges(g: Graph, st: _Stack, block: int, step: Step, level: int, r
     from_stack = "encoder" if step.kind == "cross" else st.name
     from_level = g.level_count("encoder") - 1 if step.kind == "cross" else level - 1
     prox = torch.zeros(len(rows), site.num_heads, site.key_len)
+    prox_pos = torch.zeros(len(rows), site.key_len)
     for start in range(0, site.key_len, KEY_BLOCK):
         blk = slice(start, min(start + KEY_BLOCK, site.key_len))
         vw = torch.einsum("hkd,hde->hke", v[index, blk], w_o)  # [head, block, hidden]
         for r in range(len(rows)):
             z = f(a[:, r, blk, None] * vw, r)  # [head, block, hidden]
             prox[r, :, blk] = _proximity(y[r], z)
+            prox_pos[r, blk] = _proximity(y[r], z.sum(0))
             res[r]["total"] = res[r]["total"] + z.sum((0, 1))
     for r in range(len(rows)):
         if bias is not None:
             res[r]["bias"] = res[r]["bias"] + f(bias.detach().float(), r)
-        res[r]["attention"] = (prox[r], from_stack, from_level, site.name)
+        res[r]["attention"] = (prox[r], prox_pos[r], from_stack, from_level, site.name)
 
 
 def _normalise(node: dict, keep_vectors: bool) -> None:
     att = node.pop("attention", None)
-    total = sum(float(e["proximity"]) for e in node["edges"]) + (float(att[0].sum()) if att else 0.0)
+    total = sum(float(e["proximity"]) for e in node["edges"]) + (float(att[1].sum()) if att else 0.0)
     for e in node["edges"]:
         e["importance"] = float(e.pop("proximity")) / total if total > 0 else 0.0
         if not keep_vectors:
             e.pop("vector")
     if att is not None:
-        prox, fs, fl, name = att
-        node["attention"] = {"importance": prox / total if total > 0 else prox * 0, "from_stack": fs, "from_level": fl,
+        prox, prox_pos, fs, fl, name = att
+        scale = 1 / total if total > 0 else 0.0
+        node["attention"] = {"importance": prox_pos * scale, "heads": prox * scale, "from_stack": fs, "from_level": fl,
                              "site": name}
 
 
@@ -370,10 +376,12 @@ def _kept(g: Graph, stack: str, level: int, positions: list[int], threshold: flo
                 frontier.setdefault((e["from_stack"], e["from_level"]), set()).add(e["from_position"])
         att = node.get("attention")
         if att is not None:
-            for h, j in (att["importance"] > threshold).nonzero().tolist():
+            kept = [(-1, j, float(att["importance"][j])) for j in (att["importance"] > threshold).nonzero()[:, 0].tolist()]
+            kept += [(h, j, float(att["heads"][h, j])) for h, j in (att["heads"] > threshold).nonzero().tolist()]
+            for h, j, imp in kept:
                 out.append({**base, "kind": "attention", "from_stack": att["from_stack"], "from_level": att["from_level"],
                             "from_position": j, "from_token": g.tokens[att["from_stack"]][j], "site": att["site"],
-                            "head": h, "importance": float(att["importance"][h, j])})
+                            "head": h, "importance": imp})
                 frontier.setdefault((att["from_stack"], att["from_level"]), set()).add(j)
     return out
 
