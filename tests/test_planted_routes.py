@@ -68,3 +68,15 @@ def test_the_planted_heads_edge_is_on_the_route(planted, tokenizer):
     head = df[(df["kind"] == "attention") & (df["site"] == "transformer.h.1.attn") & (df["to_position"] == row)]
     assert set(head["from_position"]) == {bob} and {-1, 0} <= set(head["head"])
     assert not ((df["kind"] == "attention") & (df["site"] == "transformer.h.0.attn")).any()  # zero values: no edge
+
+
+def test_route_chart_draws_the_planted_edge(planted, tokenizer):
+    from inspector.ui import show
+
+    model, bob, row = planted
+    df = routes(model, tokenizer, TEXT, OUT, contrast=("bob", "carol"))
+    chart = show.routes(df)
+    data = chart.layer[0].data
+    att = data[data["kind"] == "attention"]
+    assert ((att["x"] == bob) & (att["x2"] == row) & (att["heads"] == "0")).any()
+    assert show.to_svg(chart).startswith("<svg")

@@ -178,3 +178,12 @@ def model_view(capture: Capture, *, start: int = 0, size: int = 32, batch: int =
     return bertviz.model_view(**kwargs, html_action=html_action)
 
 
+
+
+def routes(edges: pd.DataFrame, *, width: int = 640, height: int = 480):
+    """The route graph of :func:`inspector.routes` (its edge table) as an Altair chart: positions across,
+    levels up, edges coloured by kind and as thick as their importance (:mod:`inspector.ui.routes_figure`).
+    Raises :class:`InspectorError` when the table has no edges."""
+    from inspector.ui.routes_figure import route_chart
+
+    return route_chart(edges, width=width, height=height)
