@@ -115,13 +115,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                                                              "WRONG (no LM head: the cosine metric, with --query)")
     p.add_argument("--query", help="models without an LM head: the word whose final representation the contrast measures")
     p.add_argument("--occurrence", type=int, help="which occurrence of WRONG (or of --query) to use, 1-based")
-    p.add_argument("--position", type=int, help="the output position to explain (default: the contrast's, else the last)")
 
 
 def add_commands(sub) -> None:
     """Register ``attribute`` and ``routes`` on the top-level sub-parsers."""
     p = sub.add_parser("attribute", help="attribute one output token to the input tokens (gradients, rollout)")
     _common(p)
+    p.add_argument("--position", type=int, help="without --contrast: the output token whose log-probability is explained "
+                                                "(read from the row before it; default the last)")
     p.add_argument("--methods", default="input_x_gradient,integrated_gradients,rollout,value_rollout",
                    help="comma-separated: input_x_gradient, integrated_gradients, rollout, value_rollout")
     p.add_argument("--steps", type=int, default=20, help="integrated gradients: points of the Gauss-Legendre rule")
@@ -131,6 +132,8 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("routes", help="information-flow routes of one output position (Ferrando & Voita 2024)")
     _common(p)
+    p.add_argument("--position", type=int, help="the position whose top residual state is traced (default: the row the "
+                                                "contrast reads, else the last)")
     p.add_argument("--threshold", type=float, default=0.04, help="keep edges whose importance exceeds this (default 0.04)")
     p.add_argument("--csv", help="write the route's edges to this CSV file")
     p.add_argument("--json", help="write the route's edges to this JSON file")
