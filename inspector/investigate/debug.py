@@ -195,9 +195,8 @@ def investigate(
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
                          variants=variant_caps or None, weighting=weighting, moves=moves,
-                         rank_note=rank_note(rank.attrs.get("weighting", "attention")))
-    if matter is not None:
-        html = _matter.insert_section(html, _matter.render_section(matter))
+                         rank_note=rank_note(rank.attrs.get("weighting", "attention")),
+                         matter=_matter.section(matter) if matter is not None else None)
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
     # leaves the old folder as it was
