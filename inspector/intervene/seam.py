@@ -30,13 +30,13 @@ import torch
 from inspector.capture.inputs import Encoded
 from inspector.capture.recorder import (
     ACTIVE,
-    LOCK,
     IMPL,
-    fast_attention,
+    LOCK,
     Recorder,
+    attn_implementation,
+    fast_attention,
     registered_functions,
     roles_of,
-    attn_implementation,
 )
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
