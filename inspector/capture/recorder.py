@@ -540,28 +540,14 @@ def record(
     :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they run.
     """
     notes = [] if notes is None else notes
-    if dtype not in STORAGE_DTYPES:
-        raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
-    site_patterns(sites)  # a bad pattern is reported before any work starts
-    n_layers = _num_layers(model)
-    if layers is not None and n_layers is not None:
-        bad = [i for i in layers if not 0 <= i < n_layers]
-        if bad:
-            raise InspectorError(f"layer {bad[0]} does not exist: {type(model).__name__} has layers 0..{n_layers - 1}")
+    _check_selection(model, dtype, layers, sites)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
-    recorder = Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
-                         sites=sites, roles=roles, progress=bar, lengths=lengths)
-    from inspector.capture.value_norm import NotRecorded, OutputProjections
-
-    recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
-    recorder.padding = dict(padding or {})
-    if forward_sums is not None:
-        forward_sums.bind(recorder.masks, recorder.tensors)
-        recorder.forward_sums = forward_sums
+    recorder = _recorder(model, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, bar=bar, lengths=lengths,
+                         value_norms=value_norms, padding=padding, forward_sums=forward_sums)
     was_training = model.training
     if was_training or any(m.training for m in model.modules()):
         model.eval()
@@ -589,6 +575,34 @@ def record(
     if masks is not None:
         masks.update(recorder.masks)
     return recorder.sites, recorder.tensors, output
+
+
+def _check_selection(model, dtype: str, layers: list[int] | None, sites: list[str] | None) -> None:
+    """Refuse an unknown storage dtype, a bad site pattern or a layer the model lacks before any work
+    (raises :class:`InspectorError` naming the fix)."""
+    if dtype not in STORAGE_DTYPES:
+        raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+    site_patterns(sites)
+    n_layers = _num_layers(model)
+    if layers is not None and n_layers is not None:
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise InspectorError(f"layer {bad[0]} does not exist: {type(model).__name__} has layers 0..{n_layers - 1}")
+
+
+def _recorder(model, roles, *, weights: bool, dtype: str, layers, sites, bar, lengths, value_norms: bool, padding,
+              forward_sums) -> Recorder:
+    """A :class:`Recorder` for one pass, with its output projections (value norms), padding and rank sums set."""
+    from inspector.capture.value_norm import NotRecorded, OutputProjections
+
+    recorder = Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
+                        sites=sites, roles=roles, progress=bar, lengths=lengths)
+    recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
+    recorder.padding = dict(padding or {})
+    if forward_sums is not None:
+        forward_sums.bind(recorder.masks, recorder.tensors)
+        recorder.forward_sums = forward_sums
+    return recorder
 
 
 _ATTENTION_CLASS = re.compile(r"(Attention|Attn)$")
