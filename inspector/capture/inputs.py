@@ -45,6 +45,8 @@ def config_layout(config, class_name: str = "") -> str:
 
 
 def model_layout(model) -> str:
+    """``"encoder"``, ``"decoder"`` or ``"encoder-decoder"``: how ``model`` reads its inputs (from its config and class
+    name); which roles (source, target) its attention axes hold follows from it."""
     return config_layout(model.config, type(model).__name__)
 
 

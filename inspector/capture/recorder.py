@@ -64,6 +64,11 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 
 
 def fast_attention(module, query, key, value, attention_mask, **kwargs):
+    """The attention function registered for a pass that needs no weights (``weights=False`` or the
+    intervention seam): transformers' SDPA kernel where the call allows it (no softcap or unusual
+    keyword), else eager. Arguments and return as transformers' attention interface: ``query``
+    ``[batch, head, query, d_head]``, ``key``/``value`` ``[batch, kv_head, key, d_head]``; returns
+    ``(output [batch, query, head, d_head], weights or None)``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if kwargs.get("softcap") is not None or any(v is not None for k, v in kwargs.items() if k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS):
@@ -165,6 +170,9 @@ def attn_implementation(model, name: str):
 
 
 def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
+    """The ``--sites`` patterns compiled (shell-style globs over site names), or None for every site.
+
+    Raises :class:`InspectorError` naming the bad pattern."""
     if not sites:
         return None
     out = []
@@ -177,6 +185,11 @@ def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
 
 
 class Recorder:
+    """The attention function's state for one forward pass: which calls to record (layers, site patterns),
+    the :class:`~inspector.store.schema.Site` and tensors (Q, K, V ``[batch, head, position, d_head]``,
+    weights ``[batch, head, query, key]``, masks) recorded per call, in the storage dtype. Set as
+    :data:`ACTIVE` by :func:`record`; not used directly."""
+
     def __init__(self, model, *, weights: bool, dtype: torch.dtype, layers: set[int] | None, sites: list[str] | None,
                  roles: dict[str, tuple[list[str], list[str]]], progress=None, lengths: dict[str, int] | None = None):
         self.names = {id(m): n for n, m in model.named_modules()}
@@ -457,6 +470,8 @@ def _hides_as_sdpa_would(mask: torch.Tensor, q_len: int, k_len: int, causal: boo
 
 
 def roles_of(encoded: Encoded) -> dict[str, tuple[list[str], list[str]]]:
+    """Per attention kind (``self``, ``causal``, ``cross``), the input roles of its (query, key) axes for
+    this encoding: ``source`` and/or ``target``."""
     has_target = any(r.role == "target" for r in encoded.records)
     if encoded.layout == "encoder-decoder":
         tgt = ["target"] if has_target else []

@@ -38,6 +38,7 @@ from inspector.store.capture_file import Capture, Site
 
 
 def has_lm_head(output) -> bool:
+    """Whether a model output carries ``logits`` (an LM head) rather than only hidden states."""
     return getattr(output, "logits", None) is not None
 
 
@@ -134,6 +135,8 @@ class Contrast:
 
     @property
     def definition(self) -> str:
+        """The metric in words, e.g. ``logit(Lessee) - logit(Lessor) at output position 7 (tokens ##ee / ##or,
+        predicted from position 6)`` or the cosine form without an LM head."""
         if self.kind == "logit":
             return (f"logit({self.right}) - logit({self.wrong}) at output position {self.row + 1} "
                     f"(tokens {self.token}, predicted from position {self.row})")

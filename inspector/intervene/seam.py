@@ -80,6 +80,7 @@ class Seam:
     _names: dict[int, str] = field(default_factory=dict)
 
     def reset_calls(self, *_args, **_kwargs) -> None:
+        """Forget the calls counted so far (a forward pre-hook calls this at the start of each pass)."""
         self._calls.clear()
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
