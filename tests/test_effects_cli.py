@@ -128,7 +128,7 @@ def _saved(loaded, path) -> str:
 
 
 def test_report_section_escapes_every_string():
-    from inspector.investigate.matter import Matter, insert_section, render_section
+    from inspector.investigate.matter import Matter, render_section
 
     evil = "<script>alert(1)</script>"
     heads = pd.DataFrame([{"site": evil, "stack": "none", "kind": "self", "layer": 0, "head": 1, "flagged": True,
@@ -136,9 +136,9 @@ def test_report_section_escapes_every_string():
     m = Matter(contrast=evil, definition=evil, metric=0.5, effects=heads, heads=heads,
                patches=pd.DataFrame([{"variant": evil, "heads": 1, "before": 0.0, "after": 1.0, "change": 1.0}]),
                disagreements=E._disagreements(heads.drop(columns=["flagged"]).assign(effect=-0.2)), top=1, notes=[evil])
-    html = insert_section("<html><body><h2>Reproduce</h2></body></html>", render_section(m))
+    html = render_section(m)
     assert "<script>" not in html and html.count("&lt;script&gt;") >= 4
-    assert html.index("Does it matter?") < html.index("Reproduce")
+    assert html.startswith('<section id="does-it-matter">') and html.rstrip().endswith("</section>")
 
 
 def test_a_wrong_word_only_in_the_prompt_is_named_so(tokenizer):

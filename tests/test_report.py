@@ -331,3 +331,22 @@ def test_padded_batch_row(minilm):
         assert not pad[m["keys"]].any() and not pad[m["rows"]].any()
     assert root.all("div", "src")[0].text() == short
     assert len(table(root, "steps")[1]) == int((~pad).sum())
+
+
+def test_hostile_token_text_is_escaped_everywhere(tokenizer):
+    """Token texts that close a script, break out of an attribute or look like a template literal come out as
+    text: the parsed page gives back every token, and no tag or attribute but the report's own appears."""
+    text = 'The Lessee "</script><script>alert(1)</script>" shall \'${x}\' indemnify the Lessor & {{ y }}.'
+    cap = capture(tiny.build("gpt2"), tokenizer, text)
+    rep = _report(cap, "indemnify", title='"</script>${title}')
+    html, root = rep["html"], rep["dom"]
+    assert "<script" not in html.lower() and "</script" not in html.lower()
+    assert root.all("div", "src")[0].text() == text
+    assert root.all("title")[0].text() == '"</script>${title}'
+    site = cap.site(rep["split"].iloc[0]["site"])
+    tokens = cap.tokens(site, "key")
+    for m in heatmaps(root):
+        assert m["key_labels"] == [tokens[k] for k in m["keys"]]
+    names = {name for node in root.all() for name in node.attrs}
+    assert all(re.fullmatch(r"[a-z][a-z0-9:-]*", n) and not n.startswith("on") for n in names), names
+    assert not any(node.tag in ("script", "iframe", "object", "embed") for node in root.all())

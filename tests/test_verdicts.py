@@ -233,7 +233,7 @@ def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
     assert split["flagged"].all() and split["mostly_shared"].all()
     html = render_report(cap, split, analysis.rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"], commands=[])
     assert "Most of this split sits on pieces both referents share (less)" in html
-    assert "Most of that split sits on &#x27;less&#x27;, a token piece both referents share" in html
+    assert "Most of that split sits on &#39;less&#39;, a token piece both referents share" in html
 
 
 @pytest.mark.parametrize("change, word", [(0.014, "up"), (-0.05, "down"), (0.004, "not at all"), (-0.0049, "not at all")])

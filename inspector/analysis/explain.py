@@ -28,6 +28,11 @@ EXPLAIN_COLUMNS = ["key_index", "key_token", "dot", "scaled", "mask", "logit", "
 
 @dataclass
 class Explanation:
+    """One query row of one head, step by step (:func:`explain`): per key ``key_index``, ``key_token``, ``dot`` (q·k),
+    ``scaled`` (dot × scaling, soft-capped where the model caps), ``mask`` (additive, 0 or -inf), ``logit``
+    (scaled + mask), ``weight`` (softmax row, sums to 1 over the keys) and ``contribution`` (weight × v, ``[d_v]``) in ``table``; ``output`` is their sum ``[d_v]``.
+    All float32 from the capture's stored Q, K, V, as the model computed them."""
+
     site: str
     head: int
     query_index: int
@@ -43,6 +48,8 @@ class Explanation:
         return explanation_html(self)
 
     def to_json(self) -> dict:
+        """The explanation as JSON-ready data (site, head, query, per-key rows, output); infinities and NaN as
+        the strings "inf", "-inf", "nan"."""
         def num(x):
             return x if math.isfinite(x) else ("-inf" if x < 0 else "inf" if x > 0 else "nan")
 
@@ -74,6 +81,8 @@ class WordExplanation:
     weighting: str = "attention"
 
     def to_json(self) -> dict:
+        """The word's explanation as JSON-ready data: every query row's :meth:`Explanation.to_json` and the
+        aggregate (mean) row over the word's tokens."""
         rows = []
         for i, e in enumerate(self.rows):
             d = e.to_json()

@@ -12,7 +12,9 @@ hide and that are not padding):
 * ``normalized_entropy``: each row's entropy divided by ``log(number of visible keys)``, averaged
   over rows with at least two visible keys (0 = one-hot, 1 = uniform), so causal heads compare
   with bidirectional ones.
-* ``sink_mass``: mean weight on special-token keys ([CLS], [SEP], BOS, ...).
+* ``sink_mass``: mean weight on special-token keys ([CLS], [SEP], BOS, ...); heads that park most of
+  their weight there are the "sink" / no-op heads of Clark et al. 2019, "What Does BERT Look At? An
+  Analysis of BERT's Attention".
 * ``self_mass`` / ``prev_mass``: mean weight on the query's own / the previous position (NaN for
   cross-attention, where queries and keys are different texts).
 * ``top_key``: the key token with the highest mean weight; ``top_key_index`` its position.
@@ -77,6 +79,11 @@ _FOUR = "{:.4f}"  # weights in the split table's text columns
 
 @dataclass(frozen=True)
 class LabelRule:
+    """Thresholds that name a head's pattern from its :func:`rank_heads` columns: ``sink`` when ``sink_mass`` >=
+    ``sink`` (weight on [CLS]/[SEP]/BOS, the "no-op" heads of Clark et al. 2019, "What Does BERT Look At?"),
+    ``previous-token`` / ``self`` likewise from ``prev_mass`` / ``self_mass``, ``focused`` when
+    ``normalized_entropy`` <= ``focused``, else ``broad``. Masses are fractions of a row's weight in [0, 1]."""
+
     sink: float = 0.5
     previous: float = 0.5
     self_: float = 0.5
@@ -122,6 +129,8 @@ class SplitRule:
                 raise InspectorError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
 
     def passes(self, split_score: float, referent_mass: float, lift: float) -> bool:
+        """Whether one row passes the rule: ``split_score >= min_split``, ``referent_mass >= min_mass`` and
+        ``lift >= min_lift`` (all dimensionless; lift is referent_mass ÷ chance_mass)."""
         return bool(split_score >= self.min_split and referent_mass >= self.min_mass and lift >= self.min_lift)
 
     def passes_all(self, split_score: torch.Tensor, referent_mass: torch.Tensor, lift: torch.Tensor) -> torch.Tensor:

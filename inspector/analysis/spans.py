@@ -86,6 +86,8 @@ def _token_spans(rec) -> tuple[bool, list[tuple[int, int, int]], list[int], bool
 
 
 def not_found_message(capture: Capture, site: Site, phrase: str, which: str, what: str, batch: int = 0) -> str:
+    """The one-line message for a phrase that is not on the site's ``which`` axis (``query`` or ``key``): names
+    the phrase as ``what`` and suggests the closest words of that axis's text (batch row ``batch``)."""
     roles = site.query_input if which == "query" else site.key_input
     words: list[str] = []
     for role in roles:

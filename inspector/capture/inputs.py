@@ -45,6 +45,8 @@ def config_layout(config, class_name: str = "") -> str:
 
 
 def model_layout(model) -> str:
+    """``"encoder"``, ``"decoder"`` or ``"encoder-decoder"``: how ``model`` reads its inputs (from its config and class
+    name); which roles (source, target) its attention axes hold follows from it."""
     return config_layout(model.config, type(model).__name__)
 
 
@@ -282,14 +284,8 @@ def encode(
     texts, seconds = pair if pair is not None else (_as_list(text, "source"), None)
     targets = _as_list(target, "target")
     layout = model_layout(model)
-    if seconds is not None and (targets is not None or target_ids is not None) and layout == "decoder":
-        raise InspectorError("a sentence pair with a target is not supported for decoder-only models: join the texts, or drop the target")
-    if targets is not None and len(targets) != len(texts):
-        raise InspectorError(f"{len(texts)} texts but {len(targets)} targets: give one target per text")
-    if (targets is not None or target_ids is not None) and layout == "encoder":
-        raise InspectorError(f"{type(model).__name__} is an encoder: it has no output side, so drop --target/--generate")
+    _check_request(model, layout, texts, seconds, targets, target_ids)
 
-    limit = max_positions(model, tokenizer)
     device = _input_device(model)
     decoder_left_pad = layout == "decoder" and len(texts) > 1
     src = _tokenize(tokenizer, texts, add_special=True, padding_side="left" if decoder_left_pad else None, pairs=seconds)
@@ -303,12 +299,39 @@ def encode(
     for r in records:
         if types is None:
             r.type_ids = None
-    if layout == "encoder-decoder" and targets is None and target_ids is None:
-        # no target: the decoder reads its start token alone (as the model would be run for a first step);
-        # recorded as the target, so every decoder site has a query axis the file can name
-        target_ids = [[_decoder_start(model)] for _ in texts]
 
-    tgt_records: list[InputRecord] | None = None
+    tgt_records = _target_records(model, tokenizer, layout, len(texts), targets, target_ids)
+    if tgt_records is not None:
+        input_ids, attention = _add_targets(tokenizer, layout, tgt_records, input_ids, attention, kwargs, device)
+        records += tgt_records
+
+    _check_lengths(model, tokenizer, input_ids, kwargs)
+    kwargs["input_ids"] = input_ids.to(device)
+    kwargs["attention_mask"] = attention.to(device)
+    if layout == "decoder" and bool((attention == 0).any()):
+        # left padding: give real tokens the positions they would have without padding
+        kwargs["position_ids"] = (attention.cumsum(-1) - 1).clamp(min=0).to(device)
+    return Encoded(model_kwargs=kwargs, records=records, layout=layout)
+
+
+def _check_request(model, layout: str, texts: list[str], seconds: list[str] | None, targets: list[str] | None,
+                   target_ids: list[list[int]] | None) -> None:
+    """Refuse, with the fix, a target the model cannot take (raises :class:`InspectorError`)."""
+    if seconds is not None and (targets is not None or target_ids is not None) and layout == "decoder":
+        raise InspectorError("a sentence pair with a target is not supported for decoder-only models: join the texts, or drop the target")
+    if targets is not None and len(targets) != len(texts):
+        raise InspectorError(f"{len(texts)} texts but {len(targets)} targets: give one target per text")
+    if (targets is not None or target_ids is not None) and layout == "encoder":
+        raise InspectorError(f"{type(model).__name__} is an encoder: it has no output side, so drop --target/--generate")
+
+
+def _target_records(model, tokenizer, layout: str, n_texts: int, targets: list[str] | None,
+                    target_ids: list[list[int]] | None) -> list[InputRecord] | None:
+    """The target side's records (None without one), right-padded to one width. An encoder-decoder
+    without a target reads its decoder start token alone (as the model would be run for a first step),
+    recorded as the target so every decoder site has a query axis the file can name."""
+    if layout == "encoder-decoder" and targets is None and target_ids is None:
+        target_ids = [[_decoder_start(model)] for _ in range(n_texts)]
     if target_ids is not None:
         start_ids = {_decoder_start(model)} if layout == "encoder-decoder" else set()
         tgt_records = records_from_ids(tokenizer, target_ids, "target", special_ids=start_ids)
@@ -322,45 +345,56 @@ def encode(
             tgt_records = _records(tokenizer, tgt, targets, "target")
         for r in tgt_records:
             r.type_ids = None
+    else:
+        return None
+    _pad_right(tokenizer, tgt_records)
+    return tgt_records
 
-    if tgt_records is not None:
-        width = max(len(r.ids) for r in tgt_records)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        for r in tgt_records:  # right-pad generated rows of unequal length
-            extra = width - len(r.ids)
-            if extra:
-                r.ids += [pad_id] * extra
-                r.tokens += [tokenizer.convert_ids_to_tokens(pad_id)] * extra
-                r.offsets += [None] * extra
-                r.special += [False] * extra
-                r.padding += [True] * extra
-                r.word_ids += [None] * extra
-        t_ids = torch.tensor([r.ids for r in tgt_records])
-        t_mask = torch.tensor([[0 if p else 1 for p in r.padding] for r in tgt_records])
-        if layout == "encoder-decoder":
-            kwargs["decoder_input_ids"] = t_ids.to(device)
-            kwargs["decoder_attention_mask"] = t_mask.to(device)
-        else:
-            input_ids = torch.cat([input_ids, t_ids], dim=1)
-            attention = torch.cat([attention, t_mask], dim=1)
-            if "token_type_ids" in kwargs:  # a continuation of a single text: segment 0, as the tokenizer would give it
-                kwargs["token_type_ids"] = torch.cat([kwargs["token_type_ids"], torch.zeros_like(t_ids).to(device)], dim=1)
-                for r in tgt_records:
-                    r.type_ids = [0] * len(r.ids)
-        records += tgt_records
 
+def _pad_right(tokenizer, records: list[InputRecord]) -> None:
+    """Right-pad rows of unequal length (generated outputs) to the longest, in place."""
+    width = max(len(r.ids) for r in records)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    for r in records:
+        extra = width - len(r.ids)
+        if extra:
+            r.ids += [pad_id] * extra
+            r.tokens += [tokenizer.convert_ids_to_tokens(pad_id)] * extra
+            r.offsets += [None] * extra
+            r.special += [False] * extra
+            r.padding += [True] * extra
+            r.word_ids += [None] * extra
+
+
+def _add_targets(tokenizer, layout: str, tgt_records: list[InputRecord], input_ids, attention, kwargs: dict, device):
+    """The target ids into the model's inputs: the decoder's inputs of an encoder-decoder (set in ``kwargs``),
+    else appended to the prompt (``[batch, source + target]``). Returns the (new) ``input_ids, attention``."""
+    import torch
+
+    t_ids = torch.tensor([r.ids for r in tgt_records])
+    t_mask = torch.tensor([[0 if p else 1 for p in r.padding] for r in tgt_records])
+    if layout == "encoder-decoder":
+        kwargs["decoder_input_ids"] = t_ids.to(device)
+        kwargs["decoder_attention_mask"] = t_mask.to(device)
+        return input_ids, attention
+    input_ids = torch.cat([input_ids, t_ids], dim=1)
+    attention = torch.cat([attention, t_mask], dim=1)
+    if "token_type_ids" in kwargs:  # a continuation of a single text: segment 0, as the tokenizer would give it
+        kwargs["token_type_ids"] = torch.cat([kwargs["token_type_ids"], torch.zeros_like(t_ids).to(device)], dim=1)
+        for r in tgt_records:
+            r.type_ids = [0] * len(r.ids)
+    return input_ids, attention
+
+
+def _check_lengths(model, tokenizer, input_ids, kwargs: dict) -> None:
+    """Refuse a text or target longer than the model takes (raises :class:`InspectorError`)."""
+    limit = max_positions(model, tokenizer)
     for what, n in (("text", input_ids.shape[1]), ("target", kwargs.get("decoder_input_ids", input_ids).shape[1])):
         if limit is not None and n > limit:
             raise InspectorError(
                 f"the {what} is {n} tokens but {type(model).__name__} accepts at most {limit}: shorten it "
                 "or capture it in pieces"
             )
-    kwargs["input_ids"] = input_ids.to(device)
-    kwargs["attention_mask"] = attention.to(device)
-    if layout == "decoder" and bool((attention == 0).any()):
-        # left padding: give real tokens the positions they would have without padding
-        kwargs["position_ids"] = (attention.cumsum(-1) - 1).clamp(min=0).to(device)
-    return Encoded(model_kwargs=kwargs, records=records, layout=layout)
 
 
 def _token_types(model, enc):

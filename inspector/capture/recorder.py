@@ -64,6 +64,11 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 
 
 def fast_attention(module, query, key, value, attention_mask, **kwargs):
+    """The attention function registered for a pass that needs no weights (``weights=False`` or the
+    intervention seam): transformers' SDPA kernel where the call allows it (no softcap or unusual
+    keyword), else eager. Arguments and return as transformers' attention interface: ``query``
+    ``[batch, head, query, d_head]``, ``key``/``value`` ``[batch, kv_head, key, d_head]``; returns
+    ``(output [batch, query, head, d_head], weights or None)``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if kwargs.get("softcap") is not None or any(v is not None for k, v in kwargs.items() if k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS):
@@ -165,6 +170,9 @@ def attn_implementation(model, name: str):
 
 
 def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
+    """The ``--sites`` patterns compiled (shell-style globs over site names), or None for every site.
+
+    Raises :class:`InspectorError` naming the bad pattern."""
     if not sites:
         return None
     out = []
@@ -177,6 +185,11 @@ def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
 
 
 class Recorder:
+    """The attention function's state for one forward pass: which calls to record (layers, site patterns),
+    the :class:`~inspector.store.schema.Site` and tensors (Q, K, V ``[batch, head, position, d_head]``,
+    weights ``[batch, head, query, key]``, masks) recorded per call, in the storage dtype. Set as
+    :data:`ACTIVE` by :func:`record`; not used directly."""
+
     def __init__(self, model, *, weights: bool, dtype: torch.dtype, layers: set[int] | None, sites: list[str] | None,
                  roles: dict[str, tuple[list[str], list[str]]], progress=None, lengths: dict[str, int] | None = None):
         self.names = {id(m): n for n, m in model.named_modules()}
@@ -457,6 +470,8 @@ def _hides_as_sdpa_would(mask: torch.Tensor, q_len: int, k_len: int, causal: boo
 
 
 def roles_of(encoded: Encoded) -> dict[str, tuple[list[str], list[str]]]:
+    """Per attention kind (``self``, ``causal``, ``cross``), the input roles of its (query, key) axes for
+    this encoding: ``source`` and/or ``target``."""
     has_target = any(r.role == "target" for r in encoded.records)
     if encoded.layout == "encoder-decoder":
         tgt = ["target"] if has_target else []
@@ -540,28 +555,14 @@ def record(
     :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they run.
     """
     notes = [] if notes is None else notes
-    if dtype not in STORAGE_DTYPES:
-        raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
-    site_patterns(sites)  # a bad pattern is reported before any work starts
-    n_layers = _num_layers(model)
-    if layers is not None and n_layers is not None:
-        bad = [i for i in layers if not 0 <= i < n_layers]
-        if bad:
-            raise InspectorError(f"layer {bad[0]} does not exist: {type(model).__name__} has layers 0..{n_layers - 1}")
+    _check_selection(model, dtype, layers, sites)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
-    recorder = Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
-                         sites=sites, roles=roles, progress=bar, lengths=lengths)
-    from inspector.capture.value_norm import NotRecorded, OutputProjections
-
-    recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
-    recorder.padding = dict(padding or {})
-    if forward_sums is not None:
-        forward_sums.bind(recorder.masks, recorder.tensors)
-        recorder.forward_sums = forward_sums
+    recorder = _recorder(model, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, bar=bar, lengths=lengths,
+                         value_norms=value_norms, padding=padding, forward_sums=forward_sums)
     was_training = model.training
     if was_training or any(m.training for m in model.modules()):
         model.eval()
@@ -589,6 +590,34 @@ def record(
     if masks is not None:
         masks.update(recorder.masks)
     return recorder.sites, recorder.tensors, output
+
+
+def _check_selection(model, dtype: str, layers: list[int] | None, sites: list[str] | None) -> None:
+    """Refuse an unknown storage dtype, a bad site pattern or a layer the model lacks before any work
+    (raises :class:`InspectorError` naming the fix)."""
+    if dtype not in STORAGE_DTYPES:
+        raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+    site_patterns(sites)
+    n_layers = _num_layers(model)
+    if layers is not None and n_layers is not None:
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise InspectorError(f"layer {bad[0]} does not exist: {type(model).__name__} has layers 0..{n_layers - 1}")
+
+
+def _recorder(model, roles, *, weights: bool, dtype: str, layers, sites, bar, lengths, value_norms: bool, padding,
+              forward_sums) -> Recorder:
+    """A :class:`Recorder` for one pass, with its output projections (value norms), padding and rank sums set."""
+    from inspector.capture.value_norm import NotRecorded, OutputProjections
+
+    recorder = Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
+                        sites=sites, roles=roles, progress=bar, lengths=lengths)
+    recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
+    recorder.padding = dict(padding or {})
+    if forward_sums is not None:
+        forward_sums.bind(recorder.masks, recorder.tensors)
+        recorder.forward_sums = forward_sums
+    return recorder
 
 
 _ATTENTION_CLASS = re.compile(r"(Attention|Attn)$")

@@ -130,8 +130,10 @@ class NotRecorded:
     """In place of :class:`OutputProjections` when value norms are not asked for: every site says so."""
 
     def expect(self, site: Site, out, value: torch.Tensor) -> None:
+        """Mark the site as having no value norms (``value_norms=False``); nothing is computed."""
         site.value_norm_note = "value norms were not recorded for this capture (value_norms=False)"
 
     @contextlib.contextmanager
     def watching(self, tensors: dict[str, torch.Tensor]):
+        """A context that records nothing (value norms are off)."""
         yield self

@@ -57,6 +57,8 @@ class Axes:
         self._flags: dict = {}
 
     def flags(self, roles: tuple[str, ...], batch: int) -> tuple[list[bool], list[bool], list[str]]:
+        """(special, padding, tokens) of the axis made of ``roles`` for batch row ``batch``, one entry per position;
+        cached per (roles, batch)."""
         key = (roles, batch)
         if key not in self._flags:
             special: list[bool] = []
@@ -94,6 +96,8 @@ class Axes:
         return self._flags[key]
 
     def groups(self, site) -> list[tuple[list[int], slice, slice]]:
+        """The site's batch rows grouped by equal (query, key) padding: per group the batch rows and the query
+        and key slices of their real tokens; cached per site shape."""
         key = ("groups", tuple(site.query_input), tuple(site.key_input), site.num_heads)
         if key not in self._flags:
             self._flags[key] = groups(self.tensors(tuple(site.query_input))[1], self.tensors(tuple(site.key_input))[1],
@@ -101,6 +105,7 @@ class Axes:
         return self._flags[key]
 
     def leading_padding(self, roles: tuple[str, ...], batch: int) -> int:
+        """How many positions of the ``roles`` axis of batch row ``batch`` are padding before its first real token."""
         padding = self.flags(roles, batch)[1]
         n = 0
         while n < len(padding) and padding[n]:

@@ -35,9 +35,11 @@ class Fields:
     occurrence: str | None = None
 
     def used(self) -> list[str]:
+        """The corpus columns these fields name (text, target, query, referents, id, occurrence), set ones only."""
         return [c for c in (self.text, self.target, self.query, self.referents, self.id, self.occurrence) if c]
 
     def to_dict(self) -> dict[str, str | None]:
+        """The field-to-column names as a dict (None where a field is not given), as the scan's manifest stores them."""
         return {k: getattr(self, k) for k in ("text", "target", "query", "referents", "id", "occurrence")}
 
 

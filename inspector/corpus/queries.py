@@ -64,6 +64,7 @@ def connect(out: str | os.PathLike):
 
 
 def columns(con, view: str = "heads") -> list[str]:
+    """The column names of ``view`` (``heads``, ``documents``, ...) in the DuckDB connection ``con``."""
     return [r[0] for r in con.execute(f"DESCRIBE {view}").fetchall()]
 
 

@@ -54,6 +54,7 @@ def _document(r: dict[str, Any]) -> Document:
 
 
 def to_ipc(df: pd.DataFrame) -> bytes:
+    """A DataFrame as Arrow IPC stream bytes (how rows cross between Ray actors and the driver; no pickle)."""
     import pyarrow as pa
 
     table = pa.Table.from_pandas(df, preserve_index=False)
@@ -64,6 +65,7 @@ def to_ipc(df: pd.DataFrame) -> bytes:
 
 
 def from_ipc(data: bytes) -> pd.DataFrame:
+    """The DataFrame of :func:`to_ipc` bytes."""
     import pyarrow as pa
 
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_pandas()

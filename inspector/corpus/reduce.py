@@ -48,6 +48,7 @@ class Options:
     dtype: str = "float32"
 
     def to_dict(self) -> dict:
+        """The options as the scan's manifest stores them (a resumed scan must use the same ones)."""
         return {"exclude_special": self.exclude_special, "min_split": self.min_split, "min_mass": self.min_mass,
                 "min_lift": self.min_lift, "dtype": self.dtype}
 
@@ -270,6 +271,7 @@ def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: 
 
 
 def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    """The documents in lists of at most ``size`` (the last may be shorter), in order."""
     batch: list[Document] = []
     for doc in docs:
         batch.append(doc)

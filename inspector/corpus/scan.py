@@ -24,6 +24,9 @@ from inspector.errors import InspectorError
 
 @dataclass
 class ScanSummary:
+    """What one scan did: the folder ``out``; documents in the corpus (``total``), committed by an earlier
+    run (``skipped``), scanned now, failed with an error, and the Parquet parts written."""
+
     out: Path
     total: int  # documents in the corpus
     skipped: int  # committed by an earlier run

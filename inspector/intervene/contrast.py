@@ -5,13 +5,14 @@ Models with an LM head (``output.logits``):
 * the *log-prob table* lists, per output token (the target; the prompt's own tokens after the first
   when a decoder-only model has no target), ``log softmax(logits)[row, token]`` where ``row`` is the
   position that predicts it (the previous one), before and after;
-* the *contrast* ``--contrast RIGHT,WRONG`` is ``logit(RIGHT) - logit(WRONG)`` at the position where
-  the output says WRONG (its first occurrence, whole-word, case-sensitive, in the output; in the
-  prompt when a decoder-only model has no output). RIGHT's token is the one the tokenizer gives when
-  RIGHT stands in WRONG's place (``text[:start] + RIGHT``), so a leading space or a word-start marker
-  is the same as WRONG's; when the two words share leading tokens (``Less|ee`` / ``Less|or``) the
-  contrast is taken at their first differing token, with the shared ones teacher-forced. Positive
-  means the model prefers RIGHT there.
+* the *contrast* ``--contrast RIGHT,WRONG`` is ``logit(RIGHT) - logit(WRONG)`` where the output says
+  WRONG (its first occurrence, whole-word, case-sensitive, in the output; in the prompt when a
+  decoder-only model has no output), read at the first token where the output with RIGHT in WRONG's
+  place and the output as it is tokenize differently (:func:`first_difference`), with everything
+  before it teacher-forced: WordPiece ``less|##ee`` / ``less|##or`` at ``##ee`` / ``##or``; a
+  byte-level BPE with lone space tokens (Llama 3, Qwen2: " 2025" is ``Ġ 202 5``, " March" is
+  ``ĠMarch``) at ``Ġ`` / ``ĠMarch``, the token the model must emit first to say " 2025". Positive
+  means the model prefers RIGHT there (units: logits).
 
 Models without an LM head (e.g. the embedded MiniLM, a ``BertModel``): the final representation of
 each token is ``last_hidden_state``; a word's representation is the mean over its tokens (every
@@ -37,6 +38,7 @@ from inspector.store.capture_file import Capture, Site
 
 
 def has_lm_head(output) -> bool:
+    """Whether a model output carries ``logits`` (an LM head) rather than only hidden states."""
     return getattr(output, "logits", None) is not None
 
 
@@ -133,6 +135,8 @@ class Contrast:
 
     @property
     def definition(self) -> str:
+        """The metric in words, e.g. ``logit(Lessee) - logit(Lessor) at output position 7 (tokens ##ee / ##or,
+        predicted from position 6)`` or the cosine form without an LM head."""
         if self.kind == "logit":
             return (f"logit({self.right}) - logit({self.wrong}) at output position {self.row + 1} "
                     f"(tokens {self.token}, predicted from position {self.row})")
@@ -213,26 +217,54 @@ def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occur
     if not 1 <= k <= len(found):
         raise InspectorError(f"{wrong!r} occurs {len(found)} times in the {what}, so --occurrence must be 1..{len(found)}")
     occ = found[k - 1]
-    axis = capture.axis(site, "query", batch)
-    wrong_ids = [axis[p][0].ids[axis[p][1]] for p in occ.positions]
-    text = capture.records(role, batch).text
     if not getattr(tokenizer, "is_fast", False):
         raise InspectorError("the contrast needs a fast tokenizer (character offsets) to place RIGHT where WRONG stands")
-    enc = tokenizer(text[:occ.start] + right, add_special_tokens=False, return_offsets_mapping=True)
-    end = occ.start + len(right)
-    right_ids = [t for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True) if b > occ.start and a < end]
-    j = next((i for i, (a, b) in enumerate(zip(right_ids, wrong_ids, strict=False)) if a != b), None)
-    if j is None:
+    rec = capture.records(role, batch)
+    index, right_id, wrong_id = first_difference(tokenizer, rec, occ.start, occ.end, right)
+    if index is None:
         raise InspectorError(f"{right!r} and {wrong!r} start with the same tokens here, so no one position tells them apart: "
                              "pick words that differ in a token")
-    offset = occ.positions[j]  # the site's query axis is the output axis (decoder input, or prompt + output)
+    axis = capture.axis(site, "query", batch)
     if len(axis) != len(output_axis(capture, batch)):
         raise InspectorError(f"{site.name}'s query axis is not the output axis: the contrast cannot be placed")
+    # the site's query axis is the output axis (decoder input, or prompt + output)
+    offset = next(p for p, (r, i) in enumerate(axis) if r.role == role and i == index)
     if offset < 1:
         raise InspectorError(f"{wrong!r} is the first token, so no position predicts it: contrast a later word")
-    names = tokenizer.convert_ids_to_tokens([right_ids[j], wrong_ids[j]])
-    return Contrast(right=right, wrong=wrong, kind="logit", row=offset - 1, right_id=int(right_ids[j]),
-                    wrong_id=int(wrong_ids[j]), token=f"{names[0]} / {names[1]}")
+    names = tokenizer.convert_ids_to_tokens([right_id, wrong_id])
+    return Contrast(right=right, wrong=wrong, kind="logit", row=offset - 1, right_id=int(right_id),
+                    wrong_id=int(wrong_id), token=f"{names[0]} / {names[1]}")
+
+
+def first_difference(tokenizer, rec: InputRecord, start: int, end: int, right: str) -> tuple[int | None, int, int]:
+    """Where the output with RIGHT and the output with WRONG first tokenize differently.
+
+    ``rec`` is the output as captured (WRONG at characters ``start:end`` of ``rec.text``); the output with
+    RIGHT is ``rec.text[:start] + right + rec.text[end:]``, tokenized by ``tokenizer`` (fast) without
+    special tokens. Both are compared token by token from the start, so every tokenizer kind is read at
+    the token the model must emit first to say RIGHT rather than WRONG: WordPiece's ``less ##ee`` /
+    ``less ##or`` at ``##ee`` / ``##or``; a byte-level BPE with lone space tokens (Llama 3, Qwen2: " 2025"
+    is ``Ġ 202 5``, " March" is ``ĠMarch``) at ``Ġ`` / ``ĠMarch``; SentencePiece's ``▁`` pieces likewise.
+
+    Returns ``(index, right_id, wrong_id)``: ``index`` into ``rec.ids`` of the first differing token (the
+    logits that choose it are one position earlier), and the two token ids there; ``index`` is None when the
+    two outputs tokenize the same. When ``rec``'s ids are not the tokenizer's own tokenization of its text
+    (e.g. generated tokens), the differing token is found by its character offset in ``rec``."""
+    plain = [i for i, (special, pad) in enumerate(zip(rec.special, rec.padding, strict=True)) if not special and not pad]
+    wrong = tokenizer(rec.text, add_special_tokens=False, return_offsets_mapping=True)
+    right_ids = tokenizer(rec.text[:start] + right + rec.text[end:], add_special_tokens=False)["input_ids"]
+    wrong_ids = list(wrong["input_ids"])
+    # None also when one output's tokens are a prefix of the other's: no token there tells them apart
+    j = next((i for i, (a, b) in enumerate(zip(right_ids, wrong_ids, strict=False)) if a != b), None)
+    if j is None:
+        return None, -1, -1
+    if [rec.ids[i] for i in plain] == wrong_ids:
+        return plain[j], int(right_ids[j]), int(wrong_ids[j])
+    char = int(wrong["offset_mapping"][j][0])
+    at = next((i for i in plain if rec.offsets[i] is not None and rec.offsets[i][1] > char), None)
+    if at is None:
+        return None, -1, -1
+    return at, int(right_ids[j]), int(rec.ids[at])
 
 
 def summary(c: Contrast, before: float, after: float) -> dict:

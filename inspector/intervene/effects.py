@@ -1,17 +1,23 @@
 """Does a head matter? Ablate or patch heads and measure the output; rank every head by its effect.
 
-* :func:`ablate`: chosen heads' outputs set to zero, or to their mean over the input's non-padding
-  query positions (from the unablated pass), in one forward pass; the model's own output under
+* :func:`ablate`: chosen heads' outputs set to zero (head ablation as in Michel et al. 2019, "Are Sixteen
+  Heads Really Better than One?", where a head's importance is the change its removal makes), or to their
+  mean over the input's non-padding query positions (mean ablation, Wang et al. 2022, "Interpretability in
+  the Wild"), from the unablated pass, in one forward pass; the model's own output under
   the ablation, the per-token log-prob table, the contrast before and after, and optionally the
   output generated again under the ablation next to the original one.
 * :func:`patch`: chosen heads' outputs taken from a variant run (another source, the same output)
-  and put into the original run at the positions that align token for token (see :func:`align`).
+  and put into the original run at the positions that align token for token (see :func:`align`):
+  activation patching of head outputs, as in Wang et al. 2022.
 * :func:`attribute`: attribution patching (Nanda, "Attribution Patching: Activation Patching At
   Industrial Scale", 2023): for every head at once, ``sum over positions and d_v of
   d metric / d out[head] * (ablated - actual)``, from one forward and one backward pass -- the first
   order estimate of what ablating that head does to the contrast metric.
 * :func:`effects`: the attribution of every head, then the exact change of the metric when each of
-  the top k heads (by absolute attribution) is zero-ablated alone, and where the two disagree.
+  the top k heads (by absolute attribution) is zero-ablated alone (head importance, Michel et al. 2019),
+  and where the two disagree.
+
+Units: the metric's (logits, or a cosine difference without an LM head; :mod:`inspector.intervene.contrast`).
 
 The metrics are defined in :mod:`inspector.intervene.contrast`; the seam in :mod:`inspector.intervene`.
 """

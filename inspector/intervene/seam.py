@@ -30,13 +30,13 @@ import torch
 from inspector.capture.inputs import Encoded
 from inspector.capture.recorder import (
     ACTIVE,
-    LOCK,
     IMPL,
-    fast_attention,
+    LOCK,
     Recorder,
+    attn_implementation,
+    fast_attention,
     registered_functions,
     roles_of,
-    attn_implementation,
 )
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
@@ -80,6 +80,7 @@ class Seam:
     _names: dict[int, str] = field(default_factory=dict)
 
     def reset_calls(self, *_args, **_kwargs) -> None:
+        """Forget the calls counted so far (a forward pre-hook calls this at the start of each pass)."""
         self._calls.clear()
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):

@@ -37,6 +37,10 @@ MARKER = "report.html"  # every investigation folder has one; a folder without i
 
 @dataclass
 class Investigation:
+    """What :func:`investigate` wrote and computed: the folder, the capture (and its file), ``rank`` and
+    ``split`` tables, the report's path, the commands that reproduce the run, the variants' files and
+    comparisons, the "Does it matter?" result (``matter``, with a contrast) and the per-head ``moves``."""
+
     out_dir: Path
     capture: Capture
     capture_path: Path
@@ -51,6 +55,7 @@ class Investigation:
 
     @property
     def flagged(self) -> pd.DataFrame:
+        """The split table's flagged rows."""
         return self.split[self.split["flagged"]]
 
 
@@ -78,6 +83,8 @@ def informative_weighting(cap: Capture) -> str:
 
 
 def rank_note(weighting: str) -> str:
+    """One sentence saying how heads were ranked (``attention`` or ``value-norm`` weighting, Kobayashi et al.
+    2020), for the report and the printout."""
     if weighting == "value-norm":
         return ("Heads ranked by normalized entropy of value-weighted attention (weight x ||v_j W_O^h||, renormalized "
                 "per row; Kobayashi et al. 2020): raw weights on [CLS]/[SEP] sinks say little about what a head passes on.")
@@ -195,9 +202,8 @@ def investigate(
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
                          variants=variant_caps or None, weighting=weighting, moves=moves,
-                         rank_note=rank_note(rank.attrs.get("weighting", "attention")))
-    if matter is not None:
-        html = _matter.insert_section(html, _matter.render_section(matter))
+                         rank_note=rank_note(rank.attrs.get("weighting", "attention")),
+                         matter=_matter.section(matter) if matter is not None else None)
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
     # leaves the old folder as it was

@@ -9,7 +9,8 @@ Given the investigation's capture (what the model said), its split table and a c
   the variant's outputs at the aligned positions (:func:`inspector.intervene.effects.align`), and for all of
   them patched together (``patch.csv``).
 
-:func:`render_section` turns the result into an HTML section (every string escaped) for the report.
+:func:`section` turns the result into the report's "Does it matter?" section (rendered by the report's
+Jinja2 template, which escapes every string); :func:`render_section` renders that section alone.
 """
 
 from __future__ import annotations
@@ -139,39 +140,21 @@ def write(out_dir, m: Matter) -> list:
     return paths
 
 
+def section(m: Matter):
+    """The part as the report's "Does it matter?" section (:class:`inspector.ui.report.MatterSection`), for
+    :func:`inspector.ui.report.render_report` (``matter=``); the report's template escapes every string."""
+    from inspector.ui.report import MatterSection
+
+    return MatterSection(definition=m.definition, metric=m.metric, top=m.top, heads=m.heads, patches=m.patches,
+                         disagreement_note=_effects.describe_disagreements(m.disagreements).splitlines()[0],
+                         disagreements=m.disagreements, notes=list(m.notes))
+
+
 def render_section(m: Matter) -> str:
-    """The part as one HTML section for the report; every string goes through the report's escaping."""
-    from inspector.ui.report import esc, html_table
+    """The part alone as an HTML fragment (the same template block the report includes)."""
+    from inspector.ui.report import render_matter_section
 
-    flags = m.heads["flagged"].tolist() if "flagged" in m.heads else []
-    parts = [
-        '<section id="does-it-matter"><h2>Does it matter?</h2>',
-        f'<p class="note">Metric: <code>{esc(m.definition)}</code> = {esc(f"{m.metric:.6f}")}. '
-        f"Effect: the exact change of the metric when the head's output is set to zero (one forward pass per head); "
-        f"attribution: its first-order estimate from one forward and one backward pass for every head "
-        f"(attribution patching). Listed: the flagged heads and the top {esc(m.top)} heads by attribution, "
-        "largest effect first; flagged rows highlighted.</p>",
-        html_table(m.heads, row_class=lambda i, _r: "flag" if flags and flags[i] else "", cls="data matter"),
-    ]
-    if len(m.patches):
-        parts += ["<h4>Patching the listed heads together from each variant</h4>", html_table(m.patches, cls="data patch")]
-    d = m.disagreements
-    text = _effects.describe_disagreements(d)
-    parts.append(f'<p class="note">{esc(text.splitlines()[0])}</p>')
-    if len(d):
-        parts.append(html_table(d, cls="data disagree"))
-    parts += [f'<p class="note">{esc(n)}</p>' for n in m.notes]
-    parts.append("</section>")
-    return "\n".join(parts)
-
-
-def insert_section(document: str, section: str) -> str:
-    """``section`` placed before the report's "Reproduce" heading (or at the end of its body)."""
-    for marker in ("<h2>Reproduce</h2>", "</body>"):
-        i = document.rfind(marker)
-        if i >= 0:
-            return document[:i] + section + "\n" + document[i:]
-    return document + section
+    return render_matter_section(section(m))
 
 
 def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None, has_output: bool) -> list[str]:

@@ -93,17 +93,23 @@ class Capture:
     # ---- metadata -------------------------------------------------------------------------
     @property
     def model_name(self) -> str:
+        """The captured model's name (path or hub id), ``?`` when the file does not say."""
         return self.meta.get("model", {}).get("name", "?")
 
     @property
     def batch_size(self) -> int:
+        """Rows in the captured batch."""
         return 1 + max((r.batch for r in self.inputs), default=0)
 
     @property
     def lazy(self) -> bool:
+        """True when no site stores weights (they are recomputed from Q, K and the mask on demand)."""
         return not any("weights" in s.parts for s in self.sites)
 
     def site(self, name: str) -> Site:
+        """The site named ``name``.
+
+        Raises :class:`InspectorError` naming the closest site names."""
         try:
             return self._by_name[name]
         except KeyError:
@@ -111,6 +117,7 @@ class Capture:
             raise InspectorError(f"no site {name!r} in this capture; sites are: {near}{' ...' if len(self._by_name) > 6 else ''}") from None
 
     def select(self, kinds: str | list[str] | None = None, stacks: list[str] | None = None, layers: list[int] | None = None) -> list[Site]:
+        """The sites of the given kinds (``self``, ``causal``, ``cross``), stacks and layers (None: any), in order."""
         kinds = [kinds] if isinstance(kinds, str) else kinds
         return [
             s for s in self.sites
@@ -118,12 +125,16 @@ class Capture:
         ]
 
     def records(self, role: str, batch: int = 0) -> InputRecord:
+        """The input record of ``role`` (``source`` or ``target``) in batch row ``batch``.
+
+        Raises :class:`InspectorError` when the capture has no such input."""
         for r in self.inputs:
             if r.role == role and r.batch == batch:
                 return r
         raise InspectorError(f"this capture has no {role} input for batch row {batch}")
 
     def roles(self) -> list[str]:
+        """The input roles present, ``source`` first."""
         return sorted({r.role for r in self.inputs}, key=lambda r: (r != "source", r))
 
     def axis(self, site: Site | str, which: str = "query", batch: int = 0) -> list[tuple[InputRecord, int]]:
@@ -137,6 +148,8 @@ class Capture:
         return out
 
     def tokens(self, site: Site | str, which: str = "query", batch: int = 0) -> list[str]:
+        """The token texts along the site's ``which`` axis (``query`` or ``key``) of batch row ``batch``,
+        one per position (its roles' tokens in order)."""
         return [rec.tokens[i] for rec, i in self.axis(site, which, batch)]
 
     def flags(self, site: Site | str, which: str = "query", batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,12 +161,18 @@ class Capture:
 
     # ---- tensors --------------------------------------------------------------------------
     def has(self, site: Site | str, part: str) -> bool:
+        """Whether the site stores ``part`` (``q``, ``k``, ``v``, ``weights``, ``mask``, ...) or, for
+        ``weights``, can recompute it."""
         site = self.site(site) if isinstance(site, str) else site
         if part == "mask":
             return site.mask is not None
         return part in site.parts
 
     def tensor(self, site: Site | str, part: str) -> torch.Tensor:
+        """The stored tensor ``part`` of the site, as saved: ``q`` ``[batch, head, query, d_head]``, ``k``/``v``
+        ``[batch, kv_head, key, d_head]``, ``weights`` ``[batch, head, query, key]``, ``mask`` ``[batch, 1|head, query, key]``.
+
+        Raises :class:`InspectorError` when the site does not hold it (naming what it holds)."""
         site = self.site(site) if isinstance(site, str) else site
         if not self.has(site, part):
             raise InspectorError(f"site {site.name} has no stored {part!r}; this capture holds {', '.join(site.parts) or 'weights only'}")
@@ -262,6 +281,7 @@ class Capture:
 
     # ---- file -----------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
+        """The file's ``inspector`` header: the metadata with the schema version, the input records and the sites."""
         meta = dict(self.meta)
         meta["schema"] = SCHEMA
         meta["inputs"] = [r.to_dict() for r in self.inputs]
@@ -271,6 +291,7 @@ class Capture:
         return meta
 
     def save(self, path: str | os.PathLike, *, force: bool = False) -> Path:
+        """Write the capture to ``path`` (see :func:`save`); returns the path written."""
         return save(self, path, force=force)
 
     def _repr_html_(self) -> str:

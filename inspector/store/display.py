@@ -1,10 +1,11 @@
 """Rich display in Jupyter: the HTML behind ``Capture._repr_html_``, ``Site._repr_html_`` and
-``Explanation._repr_html_``. Every string from a capture is escaped (``html.escape`` for the headings,
-pandas' ``to_html`` with ``escape=True`` for the tables), so a token ``<script>`` shows as text."""
+``Explanation._repr_html_``. Every string from a capture is escaped (the Jinja2 template
+``templates/display.html.j2`` autoescapes the headings, pandas' ``to_html`` with ``escape=True`` writes
+the tables), so a token ``<script>`` shows as text."""
 
 from __future__ import annotations
 
-import html
+import functools
 
 import pandas as pd
 
@@ -13,12 +14,20 @@ SITES_SHOWN = 12
 ROWS_SHOWN = 12
 
 
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
+@functools.cache
+def _templates():
+    """The display macros (``templates/display.html.j2``, package data), autoescaping every value."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("inspector.store", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.get_template("display.html.j2").module
 
 
-def _table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, escape=True, border=0, float_format=lambda x: f"{x:.4f}", classes="inspector")
+def _table(df: pd.DataFrame):
+    from markupsafe import Markup
+
+    return Markup(df.to_html(index=False, escape=True, border=0, float_format=lambda x: f"{x:.4f}", classes="inspector"))
 
 
 def capture_html(capture) -> str:
@@ -27,28 +36,21 @@ def capture_html(capture) -> str:
     inputs = pd.DataFrame([{"role": r.role, "batch": r.batch, "tokens": len(r.ids),
                             "text": r.text if len(r.text) <= 80 else r.text[:80] + "…"} for r in capture.inputs])
     sites = pd.DataFrame([{k: getattr(s, k) for k in SITE_FIELDS} for s in capture.sites[:SITES_SHOWN]], columns=SITE_FIELDS)
-    more = len(capture.sites) - SITES_SHOWN
-    return (f"<div><strong>inspector Capture</strong> of <code>{_e(m.get('name', '?'))}</code> ({_e(m.get('class', '?'))}): "
-            f"{'lazy (weights recomputed from Q and K)' if capture.lazy else 'with weights'}, {len(capture.sites)} sites, "
-            f"batch {capture.batch_size}" + _table(inputs) + _table(sites)
-            + (f"<p>… and {more} more sites</p>" if more > 0 else "") + "</div>")
+    kind = "lazy (weights recomputed from Q and K)" if capture.lazy else "with weights"
+    return str(_templates().capture(m.get("name", "?"), m.get("class", "?"), kind, len(capture.sites), capture.batch_size,
+                                    _table(inputs), _table(sites), len(capture.sites) - SITES_SHOWN))
 
 
 def site_html(site) -> str:
     """One site's fields as a one-row table."""
     row = pd.DataFrame([{k: getattr(site, k) for k in SITE_FIELDS}
                         | {"parts": ", ".join(site.parts), "scaling": site.scaling}])
-    return f"<div><strong>inspector Site</strong> <code>{_e(site.name)}</code>{_table(row)}</div>"
+    return str(_templates().site(site.name, _table(row)))
 
 
 def explanation_html(exp) -> str:
     """The step-by-step table (first rows, contributions shortened) and the output vector's start."""
     t = exp.table.head(ROWS_SHOWN).copy()
     t["contribution"] = ["[" + ", ".join(f"{x:.4f}" for x in c[:4]) + (", …]" if len(c) > 4 else "]") for c in t["contribution"]]
-    more = len(exp.table) - ROWS_SHOWN
     out = ", ".join(f"{x:.4f}" for x in exp.output[:8]) + (", …" if len(exp.output) > 8 else "")
-    return (f"<div><strong>inspector Explanation</strong>: <code>{_e(exp.site)}</code> head {exp.head}, "
-            f"query {exp.query_index} <code>{_e(exp.query_token)}</code>, scaling {exp.scaling:.6g}"
-            + (f", softcap {exp.softcap}" if exp.softcap else "") + _table(t)
-            + (f"<p>… and {more} more keys</p>" if more > 0 else "")
-            + f"<p>output = [{out}] (d_v = {len(exp.output)})</p></div>")
+    return str(_templates().explanation(exp, _table(t), len(exp.table) - ROWS_SHOWN, out))

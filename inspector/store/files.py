@@ -38,6 +38,7 @@ def check_target(path: Path) -> None:
 
 
 def is_stdout(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``-`` (standard output)."""
     return str(path) == STDOUT
 
 
@@ -131,14 +132,17 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes`); returns the path."""
     return write_bytes(path, text.encode("utf-8"))
 
 
 def write_csv(path: str | os.PathLike, df: pd.DataFrame) -> Path:
+    """Write ``df`` as CSV (no index) to ``path`` atomically; returns the path."""
     return write_text(path, df.to_csv(index=False))
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON (UTF-8, non-ASCII kept) to ``path`` atomically; returns the path."""
     return write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 

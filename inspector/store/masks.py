@@ -131,6 +131,7 @@ def encode(prefix: str, mask: torch.Tensor | None, bias: torch.Tensor | None) ->
 
 
 def tensor_names(spec: dict[str, Any]) -> list[str]:
+    """The file tensors a mask spec refers to (key padding, packed sequence ids, bias), set ones only."""
     return [spec[p] for p in ("key_padding", "packed", "bias") if spec.get(p)]
 
 

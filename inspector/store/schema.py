@@ -26,10 +26,12 @@ class InputRecord:
     type_ids: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict (the capture file's header stores it)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> InputRecord:
+        """A record from :meth:`to_dict`; unknown keys (from a newer writer) are ignored."""
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -64,6 +66,9 @@ class Site:
     value_norm_note: str = ""  # why there is no value_norm at this site, when there is none
 
     def tensor_name(self, part: str) -> str:
+        """The file's tensor name of ``part`` for this site (``<site>/<part>``; a mask may be shared).
+
+        Raises ``KeyError`` when the site has no mask and ``part`` is ``mask``."""
         if part == "mask":
             if self.mask is None:
                 raise KeyError(f"site {self.name} has no mask")
@@ -71,10 +76,12 @@ class Site:
         return f"{self.name}/{part}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The site as a JSON-ready dict (the capture file's header stores it)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Site:
+        """A site from :meth:`to_dict`; unknown keys are ignored."""
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
 

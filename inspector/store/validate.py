@@ -43,6 +43,7 @@ DTYPE_CODES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32
 
 
 def refuse(path: Path | str, where: str, problem: str) -> InspectorError:
+    """The :class:`InspectorError` for a damaged file: one line naming the file, where in it, the problem and the fix."""
     return InspectorError(f"{path}: {where}: {problem}; the file is damaged or was not written by inspector: capture again")
 
 
@@ -76,6 +77,10 @@ def inspector_budget(shapes: dict[str, list[int]]) -> int:
 
 
 def parse_inspector(path: Path, text: str, shapes: dict[str, list[int]]) -> dict[str, Any]:
+    """The ``inspector`` header of ``path`` parsed from JSON, refused when it is larger than its tensors
+    can justify or not a JSON object.
+
+    Raises :class:`InspectorError` (one line naming the file)."""
     budget = inspector_budget(shapes)
     if len(text) > budget:
         raise InspectorError(f"{path}: its inspector header has {len(text)} characters, more than its {len(shapes)} tensors "
@@ -133,6 +138,7 @@ def _checker(tp: Any) -> Callable[[Any], bool]:
 
 
 def type_name(tp: Any) -> str:
+    """A type annotation as short text for messages (``list[int]``, not ``typing.List[int]``)."""
     return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
@@ -244,6 +250,7 @@ def check_explained(where: str, site, head: int, query_index: int, weight: torch
 
 
 def finite_positive(x: Any) -> bool:
+    """Whether ``x`` is a finite number greater than 0 (not a bool)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 

@@ -18,9 +18,9 @@ its split down, up or not at all, the comparison of variants, and the commands t
 
 from __future__ import annotations
 
-import html
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -33,7 +33,7 @@ from inspector.capture.inputs import InputRecord
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 
-__all__ = ["render_report"]
+__all__ = ["MatterSection", "render_matter_section", "render_report", "table_data"]
 
 LIMIT = 64  # heatmap rows and columns at most
 SPLIT_ROWS = 40  # split table rows shown (flagged rows always)
@@ -41,50 +41,6 @@ RANK_ROWS = 15
 COMPARE_ROWS = 40
 VECTOR_SHOWN = 4  # contribution entries shown per row
 
-CSS = """
-:root{--ink:#1f2328;--mut:#59636e;--line:#d0d7de;--soft:#f6f8fa;--heat:29,78,216;--shade:234,120,20}
-*{box-sizing:border-box}
-body{margin:0 auto;max-width:1200px;padding:24px 28px 56px;color:var(--ink);background:#fff;
-font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
-h1{font-size:22px;margin:0 0 6px}h2{font-size:17px;margin:34px 0 10px;padding-bottom:4px;border-bottom:1px solid var(--line)}
-h3{font-size:15px;margin:0 0 10px}h4{font-size:13px;margin:14px 0 6px;color:var(--mut);font-weight:600}
-code,pre,.mono,.hm th,.chip,.steps td:nth-child(2){font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"Liberation Mono",monospace}
-dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}dl.kv dt{color:var(--mut)}dl.kv dd{margin:0}
-.summary{font-size:15px;background:var(--soft);border-left:4px solid rgb(var(--shade));padding:10px 14px;margin:16px 0}
-.note{color:var(--mut);font-size:12.5px;margin:4px 0}
-.card{border:1px solid var(--line);border-radius:6px;padding:14px 18px;margin:16px 0}
-.tag{display:inline-block;font-size:11px;padding:0 6px;border-radius:9px;background:rgb(var(--shade));color:#fff;margin-left:6px;vertical-align:2px}
-.scroll{overflow:auto;max-width:100%}
-table.data{border-collapse:collapse;font-size:12.5px;margin:6px 0}
-.data th,.data td{padding:3px 9px;border-bottom:1px solid #eaeef2;text-align:left;white-space:nowrap}
-.data th{background:var(--soft);font-weight:600}
-.num{text-align:right!important;font-variant-numeric:tabular-nums}
-.data tr.flag td{background:#fff1e0}.data tr.ref td{background:#eef3ff}.data tr.top td{font-weight:600}
-table.bars td{padding:2px 10px 2px 0;border:0}
-.bar{display:inline-block;width:180px;height:10px;background:#eaeef2;border-radius:2px;vertical-align:middle}
-.bar>i{display:block;height:100%;background:rgb(var(--shade));border-radius:2px}
-table.hm{border-collapse:collapse;font-size:10px;line-height:1}
-.hm td{width:13px;min-width:13px;height:13px;padding:0;border:1px solid #fff;background:rgba(var(--heat),var(--a))}
-.hm thead th{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left;font-weight:400;padding:3px 0;
-max-height:92px;overflow:hidden;white-space:nowrap}
-.hm tbody th{text-align:right;font-weight:400;padding:0 6px 0 0;white-space:nowrap;max-width:140px;overflow:hidden}
-.hm .q,.note .q{color:rgb(var(--shade));font-weight:700}.hm .r,.note .r{color:rgb(var(--heat));font-weight:700}
-.hm .gap{border-left:3px solid var(--ink)}.hm tr.gap td,.hm tr.gap th{border-top:3px solid var(--ink)}
-.legend{display:inline-block;width:120px;height:10px;vertical-align:middle;border:1px solid var(--line);
-background:linear-gradient(90deg,rgba(var(--heat),0),rgba(var(--heat),1))}
-.src{font-size:14px;line-height:2.1;padding:8px 12px;border:1px solid var(--line);border-radius:4px;white-space:pre-wrap;word-wrap:break-word}
-.src .t{background:rgba(var(--shade),var(--a));border-radius:2px}
-.src .t.q{font-weight:700;box-shadow:inset 0 -2px 0 var(--ink)}.src .t.r{box-shadow:inset 0 -2px 0 rgb(var(--heat))}
-.chip{display:inline-block;font-size:11.5px;padding:0 5px;margin-right:6px;border:1px solid var(--line);border-radius:3px;
-background:rgba(var(--shade),var(--a))}
-pre{background:var(--soft);border:1px solid var(--line);border-radius:4px;padding:10px 12px;overflow:auto;font-size:12.5px}
-.vec{font-size:12px;line-height:1.7}
-.plot{overflow:auto;max-width:100%}.plot svg{max-width:100%;height:auto}
-"""
-
-
-def esc(value) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _f32(x: float) -> str:
@@ -117,18 +73,61 @@ def _is_num(series: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
 
 
-def html_table(df: pd.DataFrame, *, row_class=None, cls: str = "data") -> str:
-    """A DataFrame as an HTML table, numbers right-aligned; ``row_class(i, row)`` names a row class."""
+def table_data(df: pd.DataFrame, *, row_class=None, cls: str = "data") -> dict:
+    """A DataFrame as the data of the templates' ``table`` macro: every cell formatted as text (4 decimals,
+    ✓ for true, – for NaN, the first :data:`VECTOR_SHOWN` entries of a vector), numeric columns marked
+    right-aligned; ``row_class(i, row)`` names the class of row ``i`` (a namedtuple of the row's values).
+    The template escapes every string."""
     num = [_is_num(df[c]) for c in df.columns]
-    head = "".join(f'<th class="num">{esc(c)}</th>' if n else f"<th>{esc(c)}</th>" for c, n in zip(df.columns, num, strict=True))
-    body = []
+    rows = []
     for i, row in enumerate(df.itertuples(index=False)):
-        rc = row_class(i, row) if row_class else ""
-        cells = "".join(
-            f'<td class="num">{esc(_fmt(v))}</td>' if n else f"<td>{esc(_fmt(v))}</td>" for v, n in zip(row, num, strict=True)
-        )
-        body.append(f'<tr class="{rc}">{cells}</tr>' if rc else f"<tr>{cells}</tr>")
-    return f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+        rows.append({"cls": row_class(i, row) if row_class else "",
+                     "cells": [(_fmt(v), n) for v, n in zip(row, num, strict=True)]})
+    return {"cls": cls, "columns": [(str(c), n) for c, n in zip(df.columns, num, strict=True)], "rows": rows}
+
+
+@dataclass
+class MatterSection:
+    """The "Does it matter?" section's content (:func:`inspector.investigate.matter.section` builds it):
+    the metric's ``definition`` and value ``metric`` (the contrast's units: logits, or a cosine without an
+    LM head), ``top`` (heads listed by attribution), ``heads`` (one row per listed head: ``flagged``,
+    ``attribution``, ``effect``, ``patch_effect[<variant>]``), ``patches`` (heads patched together per
+    variant), ``disagreement_note`` (one line) and its ``disagreements`` table, and ``notes``."""
+
+    definition: str
+    metric: float
+    top: int
+    heads: pd.DataFrame
+    patches: pd.DataFrame
+    disagreement_note: str
+    disagreements: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def _matter_data(m: MatterSection) -> dict:
+    flags = m.heads["flagged"].astype(bool).tolist() if "flagged" in m.heads else []
+    return {"definition": m.definition, "metric": f"{m.metric:.6f}", "top": m.top,
+            "heads": table_data(m.heads, row_class=lambda i, _r: "flag" if flags and flags[i] else "", cls="data matter"),
+            "patches": table_data(m.patches, cls="data patch") if len(m.patches) else None,
+            "disagreement_note": m.disagreement_note,
+            "disagreements": table_data(m.disagreements, cls="data disagree") if len(m.disagreements) else None,
+            "notes": list(m.notes)}
+
+
+@functools.cache
+def _env():
+    """The templates under ``inspector/ui/templates`` (package data), autoescaping every value."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("inspector.ui", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def render_matter_section(section: MatterSection) -> str:
+    """The "Does it matter?" section alone (the block the report includes), as an HTML fragment.
+
+    Every string is escaped by the template engine."""
+    return _env().get_template("matter.html.j2").render(matter=_matter_data(section))
 
 
 def _and(words: list[str]) -> str:
@@ -200,20 +199,19 @@ def _query_weights(capture: Capture, h: _Head, batch: int) -> np.ndarray:
     return w[[p - lo for p in h.positions]].double().mean(0).numpy()
 
 
-def _bars(h: _Head, referents: list[str]) -> str:
+def _bars(h: _Head, referents: list[str]) -> dict:
+    """The referents' weights as bars (width = weight, clipped to [0, 1]), the row's masses and its notes."""
     rows = []
     for ref in referents:
         v = h.row.get(f"weight:{ref}")
         if v is None:
             continue
-        width = max(0.0, min(1.0, float(v))) * 100
-        rows.append(f'<tr><td class="mono">{esc(ref)}</td><td><span class="bar"><i style="width:{width:.1f}%"></i></span></td>'
-                    f'<td class="num">{float(v):.4f}</td></tr>')
+        rows.append({"ref": ref, "width": f"{max(0.0, min(1.0, float(v))) * 100:.1f}", "value": f"{float(v):.4f}"})
     extra = " · ".join(f"{k} {float(h.row[k]):.4f}" for k in ("referent_mass", "chance_mass", "lift", "split_score") if k in h.row)
-    return f'<table class="bars">{"".join(rows)}</table><p class="note">{esc(extra)}</p>' + _verdict_notes(h, referents)
+    return {"rows": rows, "extra": extra, "notes": _verdict_notes(h, referents)}
 
 
-def _verdict_notes(h: _Head, referents: list[str]) -> str:
+def _verdict_notes(h: _Head, referents: list[str]) -> list[str]:
     """The query-row rule and the shared pieces of one head's split row, in words."""
     r, notes = h.row, []
     positions = str(r.get("query_positions") or "").split()
@@ -232,10 +230,17 @@ def _verdict_notes(h: _Head, referents: list[str]) -> str:
                      f"{float(r['shared_share']):.0%} of the referent weight; without them the split score would be "
                      f"{float(r['split_unshared']):.4f}, not {float(r['split_score']):.4f}. The head may be reading the "
                      "shared piece, not choosing between the names.")
-    return "".join(f'<p class="note verdict">{esc(n)}</p>' for n in notes)
+    return notes
 
 
-def _heatmap(capture: Capture, h: _Head, batch: int) -> str:
+def _gap(pos: list[int], j: int) -> bool:
+    """Whether position ``pos[j]`` follows a skipped one."""
+    return bool(j) and pos[j] != pos[j - 1] + 1
+
+
+def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
+    """The query x key weights of a window (:data:`LIMIT` x :data:`LIMIT` at most) around the query and
+    referents: per cell the exact float32 weight and its opacity (weight / largest weight shown)."""
     site = h.site
     same = site.query_input == site.key_input
     ref_pos = sorted({p for ps in h.refs.values() for p in ps},
@@ -247,35 +252,21 @@ def _heatmap(capture: Capture, h: _Head, batch: int) -> str:
     vmax = float(w.max()) if w.size and w.max() > 0 else 1.0
     qtok, ktok = capture.tokens(site, "query", batch), capture.tokens(site, "key", batch)
     qset, rset = set(h.positions), set(ref_pos)
-
-    def mark(i: int, pos: list[int], j: int, hot: set[int], cls: str) -> str:
-        c = [cls] if i in hot else []
-        if j and pos[j] != pos[j - 1] + 1:
-            c.append("gap")
-        return f' class="{" ".join(c)}"' if c else ""
-
-    head = "".join(f'<th data-k="{k}"{mark(k, keys, j, rset | (qset if same else set()), "r" if k in rset else "q")}'
-                   f' title="#{k} {esc(ktok[k])}">{esc(ktok[k])}</th>' for j, k in enumerate(keys))
-    body = []
-    for i, q in enumerate(rows):
-        cells = "".join(
-            f'<td{" class=gap" if j and keys[j] != keys[j - 1] + 1 else ""} style="--a:{w[i, j] / vmax:.3f}" '
-            f'title="{esc(qtok[q])} → {esc(ktok[k])}: {w[i, j]:.4f}" data-w="{_f32(w[i, j])}"></td>'
-            for j, k in enumerate(keys)
-        )
-        gap = " gap" if i and q != rows[i - 1] + 1 else ""
-        hot = "q" if q in qset else ""
-        body.append(f'<tr data-q="{q}" class="{gap.strip()}"><th class="{hot}" title="#{q}">{esc(qtok[q])}</th>{cells}</tr>')
+    hot = rset | (qset if same else set())
+    columns = [{"k": k, "label": ktok[k], "cls": " ".join(([("r" if k in rset else "q")] if k in hot else [])
+                                                          + (["gap"] if _gap(keys, j) else []))}
+               for j, k in enumerate(keys)]
+    body = [{"q": q, "gap": _gap(rows, i), "hot": q in qset, "label": qtok[q],
+             "cells": [{"gap": _gap(keys, j), "a": f"{w[i, j] / vmax:.3f}", "w": _f32(w[i, j]),
+                        "title": f"{qtok[q]} → {ktok[k]}: {w[i, j]:.4f}"} for j, k in enumerate(keys)]}
+            for i, q in enumerate(rows)]
     note = (f"{len(rows)} of {len(qc)} query rows × {len(keys)} of {len(kc)} keys{' (padding left out)' if len(kc) < site.key_len else ''}; "
             f"colour = weight ÷ largest shown ({vmax:.4f})")
-    gaps = " · thick lines mark skipped positions" if len(keys) < len(kc) or len(rows) < len(qc) else ""
-    return (f'<p class="note"><span class="legend"></span> {esc(note)}{gaps} · '
-            f'<span class="q mono">query</span> / <span class="r mono">referent</span> tokens in colour</p>'
-            f'<div class="scroll"><table class="hm" data-site="{esc(site.name)}" data-head="{h.head}">'
-            f'<thead><tr><th></th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+    gaps = len(keys) < len(kc) or len(rows) < len(qc)
+    return {"site": site.name, "head": h.head, "note": note, "gaps": gaps, "columns": columns, "rows": body}
 
 
-def _shade_record(rec: InputRecord, w: np.ndarray, start: int, qset: set[int], rset: set[int]) -> str:
+def _shade_record(rec: InputRecord, w: np.ndarray, start: int, qset: set[int], rset: set[int]) -> dict:
     """One key role's text, each token's span with background opacity = its weight."""
     segs: list[list] = []  # [begin, end, weight, positions]
     chips = []
@@ -296,69 +287,60 @@ def _shade_record(rec: InputRecord, w: np.ndarray, start: int, qset: set[int], r
         segs.append([a, b, float(w[i]), [start + i]])
     out, cursor = [], 0
     for a, b, weight, pos in segs:
-        out.append(esc(rec.text[cursor:a]))
         cls = "t" + (" q" if qset & set(pos) else "") + (" r" if rset & set(pos) else "")
         toks = " ".join(rec.tokens[p - start] for p in pos)
-        out.append(f'<span class="{cls}" style="--a:{min(1.0, max(0.0, weight)):.3f}" data-k="{" ".join(map(str, pos))}" '
-                   f'data-w="{weight!r}" title="#{esc(" ".join(map(str, pos)))} {esc(toks)}: {weight:.4f}">{esc(rec.text[a:b])}</span>')
+        out.append({"before": rec.text[cursor:a], "cls": cls, "a": f"{min(1.0, max(0.0, weight)):.3f}",
+                    "k": " ".join(map(str, pos)), "w": repr(weight), "text": rec.text[a:b],
+                    "title": f"#{' '.join(map(str, pos))} {toks}: {weight:.4f}"})
         cursor = b
-    out.append(esc(rec.text[cursor:]))
-    chip_html = "".join(
-        f'<span class="chip" style="--a:{min(1.0, float(w[i])):.3f}" data-k="{start + i}" title="#{start + i}">'
-        f"{esc(rec.tokens[i])} {float(w[i]):.3f}</span>" for i in chips
-    )
-    extra = f'<p class="note">tokens outside the text: {chip_html}</p>' if chips else ""
-    return f'<div class="src" data-role="{esc(rec.role)}">{"".join(out)}</div>{extra}'
+    chip_data = [{"a": f"{min(1.0, float(w[i])):.3f}", "k": start + i, "label": f"{rec.tokens[i]} {float(w[i]):.3f}"}
+                 for i in chips]
+    return {"role": rec.role, "segments": out, "tail": rec.text[cursor:], "chips": chip_data}
 
 
-def _shaded(capture: Capture, h: _Head, batch: int, note: bool = True) -> str:
+def _shaded(capture: Capture, h: _Head, batch: int, note: bool = True) -> dict:
+    """The query's weights (:func:`_query_weights`) shaded over every key text, with a note saying which rows."""
     w = _query_weights(capture, h, batch)
     same = h.site.query_input == h.site.key_input
     qset = set(h.positions) if same else set()
     rset = {p for ps in h.refs.values() for p in ps}
-    parts, start = [], 0
+    texts, start = [], 0
     for role in h.site.key_input:
         rec = capture.records(role, batch)
         label = f"{role} text" + ("" if len(h.site.key_input) == 1 else f" (keys {start}–{start + len(rec.ids) - 1})")
-        parts.append(f"<h4>{esc(label)}</h4>{_shade_record(rec, w, start, qset, rset)}")
+        texts.append({"label": label, **_shade_record(rec, w, start, qset, rset)})
         start += len(rec.ids)
-    if not note:
-        return "".join(parts)
-    qtoks = capture.tokens(h.site, "query", batch)
-    rows = " ".join(qtoks[p] for p in h.positions)
-    how = f"mean of the {len(h.positions)} query rows ({rows})" if len(h.positions) > 1 else f"query row {h.positions[0]} ({rows})"
-    return (f'<p class="note">Weights of {esc(how)}, shaded over the key text: opacity = weight; '
-            "query in bold, referents underlined in blue.</p>" + "".join(parts))
+    how = None
+    if note:
+        qtoks = capture.tokens(h.site, "query", batch)
+        rows = " ".join(qtoks[p] for p in h.positions)
+        how = f"mean of the {len(h.positions)} query rows ({rows})" if len(h.positions) > 1 else f"query row {h.positions[0]} ({rows})"
+    return {"how": how, "texts": texts}
 
 
-def _head_card(capture: Capture, h: _Head, referents: list[str], batch: int, flagged: bool) -> str:
+def _head_card(capture: Capture, h: _Head, referents: list[str], batch: int, flagged: bool) -> dict:
     site = h.site
-    tag = '<span class="tag">flagged</span>' if flagged else ""
-    title = f"{site.name} · head {h.head}"
     stack = "" if site.stack == "none" else f"{site.stack} · "
     sub = f"layer {site.layer} · {stack}{site.kind} attention · queries: {' + '.join(site.query_input)}, keys: {' + '.join(site.key_input)}"
-    parts = [f'<div class="card head" data-site="{esc(site.name)}" data-head="{h.head}">',
-             f'<h3><code>{esc(title)}</code>{tag}</h3><p class="note">{esc(sub)}</p>',
-             "<h4>Weight on each referent</h4>", _bars(h, referents)]
-    for what, fn in (("Query × key weights", _heatmap), ("The query's weights over the text", _shaded)):
-        parts.append(f"<h4>{what}</h4>")
+    card = {"site": site.name, "head": h.head, "title": f"{site.name} · head {h.head}", "flagged": flagged, "sub": sub,
+            "bars": _bars(h, referents)}
+    for what, fn in (("heatmap", _heatmap), ("shaded", _shaded)):
         try:
-            parts.append(fn(capture, h, batch))
+            card[what], card[f"{what}_error"] = fn(capture, h, batch), None
         except InspectorError as exc:
-            parts.append(f'<p class="note">cannot show this: {esc(exc)}</p>')
-    parts.append("</div>")
-    return "".join(parts)
+            card[what], card[f"{what}_error"] = None, str(exc)
+    return card
 
 
-def _row_table(capture: Capture, h: _Head, batch: int) -> str:
+def _row_table(capture: Capture, h: _Head, batch: int) -> dict | None:
     """Each query row's referent weights, lift and split score, and the aggregate row split judges."""
     refs = {r: p for r, p in h.refs.items() if p}
     if len(refs) < 2:
-        return ""
+        return None
     try:
         found = referent_split(capture, h.site, h.positions, refs, batch=batch, weighting=h.weighting)
     except Exception:  # noqa: BLE001 - nothing visible: no table
-        return ""
+        return None
     qtok = capture.tokens(h.site, "query", batch)
     rows = []
     for i, p in enumerate(h.positions):
@@ -369,20 +351,20 @@ def _row_table(capture: Capture, h: _Head, batch: int) -> str:
     rows.append({"query row": "aggregate (mean)", **{k: agg[k] for k in agg if k.startswith("weight:")},
                  "chance_mass": agg["chance_mass"], "lift": agg["lift"], "split_score": agg["split_score"],
                  "passes": agg["flagged"]})
-    df = pd.DataFrame(rows)
     drive = f"{agg['driving_row']} {qtok[agg['driving_row']]}"
-    return (f'<h4>The query\'s rows over the referents ({esc(h.weighting)} weights)</h4>'
-            + html_table(df, row_class=lambda i, r: "top" if r[0] == drive else "", cls="data qrows"))
+    return table_data(pd.DataFrame(rows), row_class=lambda i, r: "top" if r[0] == drive else "", cls="data qrows")
 
 
-def _steps(capture: Capture, h: _Head, batch: int) -> str:
+def _steps(capture: Capture, h: _Head, batch: int) -> dict:
+    """explain() of the row that drives the flag, over the window of keys around the query and referents."""
     qi = int(h.row.get("driving_row", h.positions[-1])) if len(h.positions) > 1 else h.positions[-1]
     if qi not in h.positions:
         qi = h.positions[-1]
+    out = {"site": h.site.name, "head": h.head, "weighting": h.weighting, "rows": _row_table(capture, h, batch)}
     try:
         exp = explain(capture, h.site, h.head, qi, batch=batch)
     except InspectorError as exc:
-        return f'<p class="note">no step-by-step view: {esc(exc)}</p>'
+        return {**out, "error": str(exc), "rows": None}
     site = h.site
     same = site.query_input == site.key_input
     rset = {p for ps in h.refs.values() for p in ps}
@@ -396,20 +378,15 @@ def _steps(capture: Capture, h: _Head, batch: int) -> str:
 
     left = len(_real(capture, site, "key", batch)) - len(keys)
     rest = f" {left} other keys outside the window carry weight {float(exp.table['weight'].drop(index=keys).sum()):.4f}." if left else ""
-    cap = f"scaled = dot × {site.scaling:.6g}" + (f", soft-capped at {site.softcap:g}" if site.softcap else "")
-    out = ", ".join(f"{x:.4f}" for x in exp.output)
     which = ("the query's only token" if len(h.positions) == 1
              else f"the row that drives the flag, of the query's rows {' '.join(map(str, h.positions))}")
-    return (_row_table(capture, h, batch)
-            + f'<p class="note">Query token <code>{esc(exp.query_token)}</code> (#{qi}, {esc(which)}) at '
-            f"<code>{esc(site.name)}</code> head {h.head}: {esc(cap)}; weight = softmax(scaled + mask); contribution = "
-            f"weight × value (first {VECTOR_SHOWN} of {site.d_v} entries). Referent rows shaded, the largest weight in bold."
-            f"{esc(rest)}</p>"
-            + html_table(t, row_class=row_class, cls="data steps")
-            + f'<h4>Output vector (sum of contributions, {len(exp.output)} entries)</h4><p class="vec mono">[{out}]</p>')
+    return {**out, "error": None, "token": exp.query_token, "qi": qi, "which": which,
+            "scaling": f"scaled = dot × {site.scaling:.6g}" + (f", soft-capped at {site.softcap:g}" if site.softcap else ""),
+            "shown": VECTOR_SHOWN, "d_v": site.d_v, "rest": rest, "table": table_data(t, row_class=row_class, cls="data steps"),
+            "n_out": len(exp.output), "output": ", ".join(f"{x:.4f}" for x in exp.output)}
 
 
-def _comparison(comparison: pd.DataFrame) -> str:
+def _comparison(comparison: pd.DataFrame) -> dict:
     """Any comparison table; sorted by the size of its change column when it has one."""
     cols = [c for c in comparison.columns if str(c).lower() in ("change", "delta", "difference", "diff") and _is_num(comparison[c])]
     order = ""
@@ -417,34 +394,36 @@ def _comparison(comparison: pd.DataFrame) -> str:
         comparison = comparison.reindex(comparison[cols[0]].abs().sort_values(ascending=False, kind="stable").index)
         order = f", largest {cols[0]} first"
     shown = comparison.head(COMPARE_ROWS).reset_index(drop=True)
-    return (f'<p class="note">{len(shown)} of {len(comparison)} rows{esc(order)}.</p>'
-            + html_table(shown, cls="data compare"))
+    return {"note": f"{len(shown)} of {len(comparison)} rows{order}.", "table": table_data(shown, cls="data compare")}
 
 
-def _referent_plot(split: pd.DataFrame, referents: list[str], top: int = 10) -> str:
-    """The top heads' referent weights as grouped bars (inline SVG), or a note when the plot libraries are missing."""
+def _plot(svg: str | None, cls: str, note: str) -> dict | None:
+    """A chart's inline SVG (Vega's renderer escapes its text), or ``missing`` when the plot libraries are not
+    installed; ``None`` when there is nothing to draw."""
+    from markupsafe import Markup
+
+    if svg is None:
+        return {"missing": True}
+    if not svg:
+        return None
+    return {"missing": False, "svg": Markup(svg), "cls": cls, "note": note}
+
+
+def _referent_plot(split: pd.DataFrame, referents: list[str], top: int = 10) -> dict | None:
+    """The top heads' referent weights as grouped bars (inline SVG)."""
     from inspector.ui.report_plots import referent_bars
 
-    svg = referent_bars(split, referents, top)
-    if svg is None:
-        return '<p class="note">(bar charts need Altair and vl-convert: pip install inspector[plots])</p>'
-    if not svg:
-        return ""
-    return (f'<div class="plot referent-plot">{svg}</div><p class="note">Weight of the query on each referent for the '
-            f"first {min(top, len(split))} heads of the split table; flagged heads opaque, the others faded.</p>")
+    return _plot(referent_bars(split, referents, top), "referent-plot",
+                 f"Weight of the query on each referent for the first {min(top, len(split))} heads of the split table; "
+                 "flagged heads opaque, the others faded.")
 
 
-def _comparison_plot(comparison: pd.DataFrame, top: int = 10) -> str:
+def _comparison_plot(comparison: pd.DataFrame, top: int = 10) -> dict | None:
     """Split scores of the original and each variant as paired bars (inline SVG), largest changes first."""
     from inspector.ui.report_plots import comparison_bars
 
-    svg = comparison_bars(comparison, top)
-    if svg is None:
-        return '<p class="note">(bar charts need Altair and vl-convert: pip install inspector[plots])</p>'
-    if not svg:
-        return ""
-    return (f'<div class="plot compare-plot">{svg}</div><p class="note">Split score per head in each capture, '
-            f"paired; the {top} largest changes.</p>")
+    return _plot(comparison_bars(comparison, top), "compare-plot",
+                 f"Split score per head in each capture, paired; the {top} largest changes.")
 
 
 def _occurrence(capture: Capture, h: _Head, query: str, batch: int) -> int:
@@ -457,8 +436,9 @@ def _occurrence(capture: Capture, h: _Head, query: str, batch: int) -> int:
 
 
 def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[str], batch: int,
-             main_model: str, k: int) -> str:
+             main_model: str, k: int) -> dict:
     """How the top head reads another capture: the same site, head and occurrence of the query."""
+    out = {"name": name, "model": None if cap.model_name == main_model else cap.model_name, "error": None}
     try:
         site = cap.site(top.site.name)
         occ = spans.find(cap, site, query, "query", batch=batch)
@@ -468,20 +448,16 @@ def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[st
         h = _locate(cap, row, query, referents, batch)
         h.weighting = top.weighting
         w = _query_weights(cap, h, batch)
-        gives = " · ".join(f"{r} {w[p].sum():.4f}" for r, p in h.refs.items())
-        body = f'<p class="note">{esc(gives)}</p>' + _shaded(cap, h, batch, note=False)
+        out["gives"] = " · ".join(f"{r} {w[p].sum():.4f}" for r, p in h.refs.items())
+        out["shaded"] = _shaded(cap, h, batch, note=False)
     except InspectorError as exc:
-        body = f'<p class="note">cannot show this: {esc(exc)}</p>'
-    model = "" if cap.model_name == main_model else f" · <code>{esc(cap.model_name)}</code>"
-    return f'<div class="card variant" data-variant="{esc(name)}"><h3>{esc(name)}{model}</h3>{body}</div>'
+        out["error"] = str(exc)
+    return out
 
 
-def _moves(moves: pd.DataFrame) -> str:
+def _moves(moves: pd.DataFrame) -> list[str]:
     """Per flagged head and variant, one plain sentence: did the variant move the split down, up or not at all."""
-    if not len(moves):
-        return '<p class="note moves">No head is flagged in the original or in any variant.</p>'
-    items = "".join(f"<li>{esc(move_sentence(r))}</li>" for r in moves.to_dict("records"))
-    return f'<ul class="moves">{items}</ul>'
+    return [move_sentence(r) for r in moves.to_dict("records")]
 
 
 def _summary(n_flagged: int, rows: list[dict], query: str, referents: list[str]) -> str:
@@ -509,6 +485,48 @@ def _summary(n_flagged: int, rows: list[dict], query: str, referents: list[str])
     return text
 
 
+def _shown(split: pd.DataFrame, top: int) -> tuple[pd.DataFrame, int]:
+    """The heads given a card (the first ``top`` flagged ones, else the ``top`` highest split scores) and how many
+    are flagged."""
+    flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
+    if len(flagged):
+        return flagged.head(top), len(flagged)
+    shown = split.sort_values("split_score", ascending=False, kind="stable") if "split_score" in split else split
+    return shown.head(top), 0
+
+
+def _tables(split: pd.DataFrame, rank: pd.DataFrame) -> dict:
+    """The split table (its first :data:`SPLIT_ROWS` rows and every flagged row) and the ranking's first
+    :data:`RANK_ROWS` heads."""
+    keep = (np.arange(len(split)) < SPLIT_ROWS) | (split["flagged"].astype(bool).to_numpy() if "flagged" in split.columns else False)
+    split_shown = split[keep]
+    flags = split_shown["flagged"].astype(bool).tolist() if "flagged" in split.columns else [False] * len(split_shown)
+    return {"split_note": f"{len(split_shown)} of {len(split)} site × head rows, highest split score first; flagged rows highlighted.",
+            "split": table_data(split_shown.reset_index(drop=True), row_class=lambda i, _r: "flag" if flags[i] else "",
+                                cls="data split"),
+            "rank_shown": min(RANK_ROWS, len(rank)), "rank_n": len(rank),
+            "rank": table_data(rank.head(RANK_ROWS).reset_index(drop=True), cls="data rank")}
+
+
+def _variants_section(capture: Capture, first: _Head | None, query: str, referents: list[str], batch: int,
+                      comparison: pd.DataFrame | None, variants: dict[str, Capture] | None,
+                      moves: pd.DataFrame | None) -> dict | None:
+    if comparison is None and not variants:
+        return None
+    out = {"moves": _moves(moves) if moves is not None else None, "plot": None, "comparison": None,
+           "site": None, "head": None, "cards": []}
+    if comparison is not None:
+        out["plot"], out["comparison"] = _comparison_plot(comparison), _comparison(comparison)
+    if variants and first is not None:
+        k = _occurrence(capture, first, query, batch)
+        out["site"], out["head"] = first.site.name, first.head
+        out["cards"] = [_variant(name, cap, first, query, referents, batch, capture.model_name, k) for name, cap in variants.items()]
+    return out
+
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+
 def render_report(
     capture: Capture,
     split: pd.DataFrame,
@@ -525,21 +543,23 @@ def render_report(
     weighting: str = "attention",
     moves: pd.DataFrame | None = None,
     rank_note: str | None = None,
+    matter: MatterSection | None = None,
 ) -> str:
-    """One self-contained HTML document for a split-head investigation (see the module docstring).
+    """One self-contained HTML document for a split-head investigation (see the module docstring), rendered
+    from the Jinja2 template ``templates/report.html.j2`` with autoescaping (every token text, name and
+    command is escaped by the template engine).
 
-    ``weighting`` is the heatmaps' and shadings' (``attention`` or ``value-norm``, as the split's);
-    ``moves`` (:func:`~inspector.investigate.variant_moves`) puts one sentence per flagged head and
-    variant first in the summary and the variants section; ``rank_note`` says how heads were ranked."""
+    ``split`` and ``rank`` are :func:`~inspector.analysis.split_heads` and
+    :func:`~inspector.analysis.rank_heads` tables of ``capture`` (batch row ``batch``); ``top`` heads get a
+    card. ``weighting`` is the heatmaps' and shadings' (``attention`` or ``value-norm``, as the split's);
+    ``moves`` (:func:`~inspector.investigate.variant_moves`) puts one sentence per flagged head and variant
+    first in the summary and the variants section; ``rank_note`` says how heads were ranked; ``matter``
+    adds the "Does it matter?" section before "Reproduce". A head that cannot be shown gets a card saying
+    why (never an exception); weights are float32 as captured, shown to 4 decimals, exact in ``data-w``."""
     referents = [r.strip() for r in referents if r.strip()]
     title = title or f"Attention report: {query!r} between {_and(referents) if referents else '—'}"
     model = capture.meta.get("model", {})
-    flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
-    if len(flagged):
-        shown = flagged.head(top)
-    else:
-        shown = split.sort_values("split_score", ascending=False, kind="stable") if "split_score" in split else split
-        shown = shown.head(top)
+    shown, n_flagged = _shown(split, top)
     heads: list[tuple[_Head | None, dict, str | None]] = []
     for row in shown.to_dict("records"):
         try:
@@ -548,55 +568,23 @@ def render_report(
             heads.append((h, row, None))
         except InspectorError as exc:
             heads.append((None, row, str(exc)))
-    summary = _summary(len(flagged), [row for _, row, _ in heads], query, referents)
-
     meta = [("model", capture.model_name), ("class", model.get("class", "")), ("query", query),
             ("referents", ", ".join(referents)), ("batch row", str(batch)),
             ("captured", " · ".join(str(x) for x in (capture.meta.get("created"), model.get("dtype"),
                                                        model.get("transformers") and f"transformers {model.get('transformers')}") if x))]
-    body = [f"<header><h1>{esc(title)}</h1><dl class=kv>"
-            + "".join(f"<dt>{esc(k)}</dt><dd><code>{esc(v)}</code></dd>" for k, v in meta if v) + "</dl></header>",
-            f'<p class="summary">{esc(summary)}</p>',
-            *([_moves(moves)] if moves is not None else []),
-            _referent_plot(split, referents),
-            f'<p class="note">Weights shown: {esc(weighting)}'
-            + (" (weight × ||v_j W_O^h||, renormalized per row; Kobayashi et al. 2020)" if weighting == "value-norm" else "")
-            + ". Flagged: split_score, referent_mass and lift (referent_mass ÷ what uniform attention over the visible keys "
-            "would give the referents) all at or above their thresholds.</p>",
-            f"<h2>{'Flagged heads' if len(flagged) else 'Heads with the highest split scores'}</h2>"]
-    for h, row, err in heads:
-        if h is None:
-            body.append(f'<div class="card"><h3><code>{esc(row.get("site"))} · head {esc(row.get("head"))}</code></h3>'
-                        f'<p class="note">cannot show this head: {esc(err)}</p></div>')
-        else:
-            body.append(_head_card(capture, h, referents, batch, bool(row.get("flagged", False))))
     first = next((h for h, _, _ in heads if h is not None), None)
-    if first is not None:
-        body += [f"<h2>Step by step: <code>{esc(first.site.name)}</code> head {first.head}</h2>", _steps(capture, first, batch)]
-
-    keep = (np.arange(len(split)) < SPLIT_ROWS) | (split["flagged"].astype(bool).to_numpy() if "flagged" in split.columns else False)
-    split_shown = split[keep]
-    flags = split_shown["flagged"].astype(bool).tolist() if "flagged" in split.columns else [False] * len(split_shown)
-    body += ["<h2>Split table</h2>",
-             f'<p class="note">{len(split_shown)} of {len(split)} site × head rows, highest split score first; flagged rows highlighted.</p>',
-             html_table(split_shown.reset_index(drop=True), row_class=lambda i, _r: "flag" if flags[i] else "", cls="data split"),
-             "<h2>Head ranking</h2>",
-             f'<p class="note">{esc(rank_note or "")} The first {min(RANK_ROWS, len(rank))} of {len(rank)} heads of the ranking.</p>',
-             html_table(rank.head(RANK_ROWS).reset_index(drop=True), cls="data rank")]
-    if comparison is not None or variants:
-        body.append("<h2>Variants compared</h2>")
-        if moves is not None:
-            body.append(_moves(moves))
-        if comparison is not None:
-            body.append(_comparison_plot(comparison))
-            body.append(_comparison(comparison))
-        if variants and first is not None:
-            body.append(f'<p class="note">How <code>{esc(first.site.name)}</code> head {first.head} reads each variant:</p>')
-            k = _occurrence(capture, first, query, batch)
-            body += [_variant(name, cap, first, query, referents, batch, capture.model_name, k) for name, cap in variants.items()]
-    body += ["<h2>Reproduce</h2>", f"<pre>{esc(chr(10).join(commands))}</pre>" if commands else '<p class="note">no commands given</p>']
-    csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+    cards = [_head_card(capture, h, referents, batch, bool(row.get("flagged", False))) if h is not None
+             else {"site": row.get("site"), "head": row.get("head"), "error": err} for h, row, err in heads]
+    context = {
+        "title": title, "csp": CSP, "meta": [(k, v) for k, v in meta if v],
+        "summary": _summary(n_flagged, [row for _, row, _ in heads], query, referents),
+        "moves": _moves(moves) if moves is not None else None,
+        "referent_plot": _referent_plot(split, referents),
+        "weighting": weighting, "n_flagged": n_flagged, "cards": cards,
+        "steps": _steps(capture, first, batch) if first is not None else None,
+        **_tables(split, rank), "rank_note": rank_note or "",
+        "variants": _variants_section(capture, first, query, referents, batch, comparison, variants, moves),
+        "matter": _matter_data(matter) if matter is not None else None,
+        "commands": "\n".join(commands),
+    }
+    return _env().get_template("report.html.j2").render(**context)

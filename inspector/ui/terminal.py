@@ -35,6 +35,7 @@ class EscapingStream:
         self._stream = stream
 
     def write(self, text: str) -> int:
+        """Write ``text`` with control characters escaped (newline and tab kept); returns ``len(text)``."""
         self._stream.write(escape(text, keep="\n\t"))
         return len(text)
 

@@ -60,6 +60,7 @@ def group_label(stack: str, kind: str) -> str:
 
 
 def token_label(index: int, token: str) -> str:
+    """A token's label in the app: ``"<index> · <token>"``."""
     return f"{index} · {token}"
 
 
@@ -445,6 +446,7 @@ def bertviz_html(capture: Capture, view: str, start: int, size: int, vendor_dir:
 
 
 def html_size(page: str) -> str:
+    """The UTF-8 size of ``page`` for a label: kB below 100 kB, else MB."""
     n = len(page.encode("utf-8"))
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
 
