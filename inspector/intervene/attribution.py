@@ -54,6 +54,8 @@ class Metric:
         self.fn, self.rows, self.definition, self.extra, self.position = fn, rows, definition, extra, position
 
     def value(self, output, batch: int = 0) -> torch.Tensor:
+        """The metric of batch row ``batch`` of a model output: a 0-d tensor (nats for a log-probability or a
+        logit difference, unitless for the cosine metric), differentiable for the gradient methods."""
         return self.fn(output, batch)
 
 

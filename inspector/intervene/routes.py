@@ -120,6 +120,8 @@ class Graph:
     sites: dict[tuple[str, int, str], str]  # (stack, block, step kind) -> site name
 
     def level_count(self, stack: str) -> int:
+        """How many residual levels ``stack`` has: one per step (attention, cross-attention, MLP) of each block,
+        plus the embeddings. Raises ``KeyError`` for a stack the graph does not hold."""
         s = self.stacks[stack]
         return s.n_blocks * len(s.steps) + 1
 
