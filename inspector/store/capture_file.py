@@ -202,7 +202,8 @@ class Capture:
         mask = self.mask_rows(site, batch, qs)
         if "weights" in site.parts:
             w = self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads)
-            code = self.tensors.dtype(site.tensor_name("weights"))
+            # the coarser of the stored dtype and the model's own: half-precision weights stored as float32 keep their rounding
+            code = validate.precision(self.tensors.dtype(site.tensor_name("weights")), validate.model_code(self.meta))
         else:
             w = self.recompute(site, batch, heads, qs, mask=mask)
             code = "F32"

@@ -35,7 +35,7 @@ INSPECTOR_BASE = 1 << 20  # the inspector JSON may always take this much (proven
 PER_TENSOR = 4096  # ... plus this much per tensor (site fields, mask specs)
 PER_TOKEN = 512  # ... plus this much per token of each record (id, token, offsets, flags, text)
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
-ROW_TOL = {"F64": 1e-4, "F32": 1e-4, "F16": 4e-3, "BF16": 3e-2}  # row sums, by the weights' storage dtype
+ROW_FLOOR = 1e-4  # the row-sum tolerance of a float32 (or float64) row, whatever its length (see row_tolerance)
 EXPLAIN_TOL = {"F64": 1e-3, "F32": 1e-3, "F16": 5e-2, "BF16": 1e-1}  # explain vs stored weights, by Q/K dtype
 MASKED = -1e4  # an additive mask value at or below this hides the key (as analysis.MASKED)
 DTYPE_CODES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
@@ -179,8 +179,11 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
     not summing to 1 over the visible keys ``vis [1|head, query, key]`` (the mask's, less padding keys),
     or non-zero on a hidden key. Rows that see no key, and rows flagged in ``skip [query]`` (padding
     queries, which no analysis reads), are checked only for being finite and within [0, 1]; a site whose
-    model adds sinks (``extra_kwargs``) may sum to less than 1. One pass of vectorised reductions."""
-    tol = ROW_TOL.get(dtype_code, 1e-4)
+    model adds sinks (``extra_kwargs``) may sum to less than 1. ``dtype_code`` is the precision the
+    weights were computed or stored in (:func:`precision`); each row's sum tolerance follows it and the row's
+    number of visible keys (:func:`row_tolerance`). One pass of vectorised reductions."""
+    tol = row_tolerance(dtype_code, vis.sum(-1))  # [1|head, query]
+    tol_max = row_tolerance(dtype_code, site.key_len)
     sinks = any(k != "output_attentions" for k in site.extra_kwargs)
     if w.numel() == 0:
         return
@@ -190,7 +193,7 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
     # fast path, a few passes over the block and no float64 copy: all values in [0, 1 + tol] (NaN fails
     # this), then row sums over all keys and over hidden keys
     lo, hi = torch.aminmax(w)
-    if bool(lo >= 0) and bool(hi <= 1 + tol):
+    if bool(lo >= 0) and bool(hi <= 1 + tol_max):
         total = w.sum(-1)
         hidden_keys = ~vis
         if bool(hidden_keys.any()):
@@ -204,9 +207,10 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
             return
     # something is wrong: find the first bad row and say what
     finite = torch.isfinite(w).all(-1)
-    in_range = ((w >= 0) & (w <= 1 + tol)).all(-1)
+    in_range = ((w >= 0) & (w <= 1 + tol_max)).all(-1)
     vis = vis.expand_as(w)
     seen = seen.expand(w.shape[:-1])
+    tol = tol.expand(w.shape[:-1])
     total = torch.where(vis, w, 0).sum(-1, dtype=torch.float64)
     sums = (total <= 1 + tol) if sinks else ((total - 1).abs() <= tol)
     hidden = torch.where(vis, 0, w).abs().amax(-1) <= 1e-6
@@ -222,9 +226,50 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
     elif not bool(hidden[h, r]):
         what = f"puts weight {float(torch.where(vis[h, r], 0, row).abs().max()):.4g} on a key its mask hides"
     else:
-        what = f"sums to {float(total[h, r]):.6g} over its visible keys, not 1"
+        what = (f"sums to {float(total[h, r]):.6g} over its {int(vis[h, r].sum())} visible keys, not 1 (within "
+                f"{float(tol[h, r]):.2g} for {dtype_code})")
     raise InspectorError(f"{where}: site {site.name!r} head {heads[h]} row {queries[r]}: the attention row {what}; the "
                          "file is damaged: capture again")
+
+
+def precision(*codes: str | None) -> str:
+    """The coarsest of the float dtype codes given (``"BF16"`` is coarser than ``"F16"``, which is coarser than
+    ``"F32"``); unknown codes and None are ignored, ``"F32"`` when none is known. A weight computed in half
+    precision and stored as float32 still carries the half-precision rounding."""
+    known = [c for c in codes if c in FLOAT_DTYPES]
+    return max(known, key=lambda c: torch.finfo(FLOAT_DTYPES[c]).eps, default="F32")
+
+
+def model_code(meta: dict[str, Any]) -> str | None:
+    """The dtype code of the model's parameters as its provenance records it (``meta["model"]["dtype"]``), or None."""
+    name = (meta.get("model") or {}).get("dtype") if isinstance(meta.get("model"), dict) else None
+    return DTYPE_CODES.get(getattr(torch, name, None)) if isinstance(name, str) else None
+
+
+def row_tolerance(dtype_code: str, n: torch.Tensor | int) -> torch.Tensor | float:
+    """How far from 1 the sum of an attention row of ``n`` visible keys may be when its weights were
+    computed (or stored) in ``dtype_code``; a tensor of the same shape when ``n`` is one.
+
+    With ``u = eps / 2`` the dtype's unit roundoff and ``s`` its smallest subnormal:
+
+    * each weight rounded once to the dtype carries a relative error of at most ``u``, so the sum of the
+      row's rounded weights is off by at most ``u * sum(p) = u`` -- the rounding of the normaliser (one
+      more division) adds another ``u``: ``2u``;
+    * a weight below the smallest normal number is rounded to a multiple of ``s``: an absolute error of
+      ``s / 2`` each, ``n * s / 2`` at most (float16: ``3e-8`` per key, ``5e-4`` over 16,384 keys);
+    * a model that sums the normaliser in the dtype itself adds one rounding per key; those errors have
+      random signs, so they grow as ``sqrt(n) * u`` (a random walk), not as the worst case ``(n - 1) u``,
+      which for bfloat16 passes every row past 256 keys and so would check nothing.
+
+    ``tol = (2 + sqrt(n)) * u + n * s / 2``, and never below ``ROW_FLOOR`` (float32 rows: the model's own
+    float32 softmax and this check's float32 sum). bfloat16 at 64 keys: 0.039; float16 at 64 keys: 0.0049.
+    """
+    info = torch.finfo(FLOAT_DTYPES.get(dtype_code, torch.float32))
+    u, s = info.eps / 2, info.smallest_normal * info.eps
+    if isinstance(n, torch.Tensor):
+        n = n.to(torch.float64)
+        return ((2 + n.sqrt()) * u + n * s / 2).clamp(min=ROW_FLOOR)
+    return max(ROW_FLOOR, (2 + math.sqrt(n)) * u + n * s / 2)
 
 
 def check_explained(where: str, site, head: int, query_index: int, weight: torch.Tensor, stored: torch.Tensor | None,
