@@ -176,6 +176,18 @@ def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
     return out
 
 
+def site_depth(module, base: str, call: int) -> int:
+    """The depth of an attention call: the module's own ``layer_idx`` where it is a depth (an int, not
+    negative), else the first number in its dotted name (``model.layers.3.shared_transformer.self_attn`` -> 3:
+    Zamba2's shared blocks have ``layer_idx = -1``, one module per hybrid layer), else 0; a module's second
+    and later calls in one forward pass (``name@call``) take the call count."""
+    layer = getattr(module, "layer_idx", None)
+    if call == 0 and isinstance(layer, int) and not isinstance(layer, bool) and layer >= 0:
+        return layer
+    numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
+    return call if call > 0 or not numbers else int(numbers[0])
+
+
 class Recorder:
     def __init__(self, model, *, weights: bool, dtype: torch.dtype, layers: set[int] | None, sites: list[str] | None,
                  roles: dict[str, tuple[list[str], list[str]]], progress=None, lengths: dict[str, int] | None = None):
@@ -214,10 +226,7 @@ class Recorder:
         call = self._calls.get(id(module), 0)
         self._calls[id(module)] = call + 1
         name = base if call == 0 else f"{base}@{call}"
-        layer = getattr(module, "layer_idx", None)
-        if call > 0 or not isinstance(layer, int):
-            numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
-            layer = call if call > 0 or not numbers else int(numbers[0])
+        layer = site_depth(module, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
@@ -268,8 +277,7 @@ class Recorder:
     def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
         """A site for a module that computes attention its own way: its probability map ``w``
         ``[batch, head, query, key]`` as returned with ``output_attentions``; Q/K/V unavailable."""
-        numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
-        layer = call if call > 0 or not numbers else int(numbers[0])
+        layer = site_depth(None, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
