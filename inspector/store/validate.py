@@ -96,6 +96,15 @@ def conforms(value: Any, tp: Any) -> bool:
     return _checker(tp)(value)
 
 
+_SCALARS: dict[Any, Callable[[Any], bool]] = {
+    type(None): lambda v: v is None,
+    bool: lambda v: type(v) is bool,
+    int: lambda v: type(v) is int,
+    float: lambda v: type(v) in (int, float),
+    str: lambda v: type(v) is str,
+}
+
+
 @functools.cache
 def _checker(tp: Any) -> Callable[[Any], bool]:
     """A check for one annotation, built once (a header holds lists of thousands of tokens)."""
@@ -105,31 +114,28 @@ def _checker(tp: Any) -> Callable[[Any], bool]:
     if origin in (typing.Union, types.UnionType):
         parts = [_checker(a) for a in args]
         return lambda v: any(c(v) for c in parts)
-    if tp is type(None):
-        return lambda v: v is None
     if origin is list or tp is list:
-        if not args:
-            return lambda v: isinstance(v, list)
-        item = args[0]
-        exact = {int: (int,), str: (str,), bool: (bool,), float: (int, float)}.get(item)
-        if exact is not None:  # JSON gives exactly these types: a set of the item types present
-            return lambda v: isinstance(v, list) and all(type(x) in exact for x in v)
-        each = _checker(item)
-        return lambda v: isinstance(v, list) and all(each(x) for x in v)
+        return _list_checker(args)
     if origin is dict or tp is dict:
-        if not args:
-            return lambda v: isinstance(v, dict)
-        key, val = _checker(args[0]), _checker(args[1])
-        return lambda v: isinstance(v, dict) and all(key(k) and val(x) for k, x in v.items())
-    if tp is bool:
-        return lambda v: type(v) is bool
-    if tp is int:
-        return lambda v: type(v) is int
-    if tp is float:
-        return lambda v: type(v) in (int, float)
-    if tp is str:
-        return lambda v: type(v) is str
-    return lambda v: True  # an annotation this checker does not know is not checked
+        return _dict_checker(args)
+    return _SCALARS.get(tp, lambda v: True)  # an annotation this checker does not know is not checked
+
+
+def _list_checker(args: tuple) -> Callable[[Any], bool]:
+    if not args:
+        return lambda v: isinstance(v, list)
+    exact = {int: (int,), str: (str,), bool: (bool,), float: (int, float)}.get(args[0])
+    if exact is not None:  # JSON gives exactly these types: a set of the item types present
+        return lambda v: isinstance(v, list) and all(type(x) in exact for x in v)
+    each = _checker(args[0])
+    return lambda v: isinstance(v, list) and all(each(x) for x in v)
+
+
+def _dict_checker(args: tuple) -> Callable[[Any], bool]:
+    if not args:
+        return lambda v: isinstance(v, dict)
+    key, val = _checker(args[0]), _checker(args[1])
+    return lambda v: isinstance(v, dict) and all(key(k) and val(x) for k, x in v.items())
 
 
 def type_name(tp: Any) -> str:
@@ -305,9 +311,31 @@ MASK_FIELDS = {"dtype": str, "shape": list[int], "fill": str | None, "visible": 
 
 def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shapes: dict[str, list[int]], schema_max: int) -> None:
     """Check a parsed header and the tensors' dtypes and shapes against each other; raise one line naming
-    the site (or input, or mask) and the field on the first problem."""
-    from inspector.store.schema import InputRecord, Site
+    the site (or input, or mask) and the field on the first problem. In order: the top-level fields
+    (:func:`_check_top`), the input records (:func:`_check_inputs`), each site's fields, axes and tensors
+    (:func:`_check_site`), the masks the sites name (:func:`_check_masks`), then no tensor left unnamed."""
+    schema = _check_top(path, meta, schema_max)
+    lengths = _check_inputs(path, meta["inputs"])
+    batch = 1 + max((b for _, b in lengths), default=0)
+    referenced: set[str] = set()
+    seen_names: set[str] = set()
+    mask_users: dict[str, list[dict]] = {}
+    for i, d in enumerate(meta["sites"]):
+        _check_site(path, i, d, seen_names, lengths, batch)
+        referenced |= _check_site_tensors(path, d, batch, dtypes, shapes)
+        m = d["mask"]
+        if m is not None:
+            mask_users.setdefault(m, []).append(d)
+        elif any(t.startswith(f"{d['name']}/mask") for t in shapes):
+            raise refuse(path, f"site {d['name']!r}", "field 'mask' is null but a mask tensor is stored for it")
+    referenced |= _check_masks(path, schema, meta.get("masks", {}), mask_users, batch, dtypes, shapes)
+    unused = sorted(set(shapes) - referenced)
+    if unused:
+        raise refuse(path, f"tensor {unused[0]!r}", "is stored but no site's 'parts' or 'mask' field names it")
 
+
+def _check_top(path: Path, meta: dict[str, Any], schema_max: int) -> int:
+    """The schema number and the top-level fields' types and presence; returns the schema."""
     schema = meta.get("schema")
     if not conforms(schema, int) or schema < 1:
         raise refuse(path, "header", f"field 'schema' must be a positive integer, got {_short(schema)}")
@@ -321,14 +349,19 @@ def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shap
             raise refuse(path, "header", f"required field {key!r} is missing")
     if not meta["sites"]:
         raise refuse(path, "header", "field 'sites' is empty")
+    return schema
 
-    # inputs
+
+def _check_inputs(path: Path, inputs: list) -> dict[tuple[str, int], int]:
+    """Each input record's fields, per-token lists of one length and offsets within the text; returns the
+    number of tokens of each (role, batch row)."""
+    from inspector.store.schema import InputRecord
+
     lengths: dict[tuple[str, int], int] = {}
     rec_fields = {f.name for f in dataclasses.fields(InputRecord) if f.default is dataclasses.MISSING
                   and f.default_factory is dataclasses.MISSING}
-    for i, d in enumerate(meta["inputs"]):
-        where = f"input {i}"
-        check_fields(path, where, d, InputRecord, rec_fields)
+    for i, d in enumerate(inputs):
+        check_fields(path, f"input {i}", d, InputRecord, rec_fields)
         where = f"input {d['role']!r}[{d['batch']}]"
         n = len(d["ids"])
         for f in ("tokens", "offsets", "special", "padding") + (("word_ids",) if d.get("word_ids") else ()):
@@ -343,78 +376,97 @@ def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shap
         if (d["role"], d["batch"]) in lengths:
             raise refuse(path, where, "appears twice")
         lengths[(d["role"], d["batch"])] = n
-    batch = 1 + max((b for _, b in lengths), default=0)
+    return lengths
 
-    # sites and their tensors
+
+def _check_site(path: Path, i: int, d: Any, seen_names: set[str], lengths: dict[tuple[str, int], int], batch: int) -> None:
+    """One site's fields: types, a unique name, sizes, kind, head map, parts and the numbers they need, and
+    its axes against the inputs."""
+    from inspector.store.schema import Site
+
     site_fields = SITE_FIELDS_V1 | {f.name for f in dataclasses.fields(Site) if f.default is dataclasses.MISSING
                                     and f.default_factory is dataclasses.MISSING}
-    referenced: set[str] = set()
-    seen_names: set[str] = set()
-    masks = meta.get("masks", {})
-    mask_users: dict[str, list[dict]] = {}
-    for i, d in enumerate(meta["sites"]):
-        check_fields(path, f"site {i}", d, Site, site_fields)
-        name = d["name"]
-        where = f"site {name!r}"
-        if name in seen_names:
-            raise refuse(path, where, "field 'name' repeats another site's")
-        seen_names.add(name)
-        for f in ("num_heads", "num_kv_heads", "query_len", "key_len"):
-            if d[f] < 1:
-                raise refuse(path, where, f"field {f!r} must be at least 1, got {d[f]}")
-        for f in ("d_head", "d_v", "layer"):
-            if d[f] < 0:
-                raise refuse(path, where, f"field {f!r} must not be negative, got {d[f]}")
-        if d["kind"] not in KINDS:
-            raise refuse(path, where, f"field 'kind' must be one of {', '.join(KINDS)}, got {_short(d['kind'])}")
-        if len(d["head_map"]) != d["num_heads"] or any(not 0 <= h < d["num_kv_heads"] for h in d["head_map"]):
-            raise refuse(path, where, f"field 'head_map' must map each of its {d['num_heads']} heads to one of "
-                                      f"{d['num_kv_heads']} K/V heads")
-        parts = d["parts"]
-        if "weights" not in parts and not {"q", "k"} <= set(parts):
-            raise refuse(path, where, f"field 'parts' ({', '.join(parts) or 'empty'}) holds neither weights nor q and k")
-        if {"q", "k"} <= set(parts):
-            if not finite_positive(d["scaling"]):
-                raise refuse(path, where, f"field 'scaling' must be a finite positive number, got {_short(d['scaling'])}")
-            if d["d_head"] < 1 or ("v" in parts and d["d_v"] < 1):
-                raise refuse(path, where, "fields 'd_head' and 'd_v' must be at least 1 for a site that stores Q/K/V")
-        if d["softcap"] is not None and not finite_positive(d["softcap"]):
-            raise refuse(path, where, f"field 'softcap' must be null or a finite positive number, got {_short(d['softcap'])}")
-        for roles, f, n in ((d["query_input"], "query_input", d["query_len"]), (d["key_input"], "key_input", d["key_len"])):
-            for b in range(batch):
-                missing = [r for r in roles if (r, b) not in lengths]
-                if missing:
-                    raise refuse(path, where, f"field {f!r} names input {missing[0]!r}, which batch row {b} lacks")
-                if sum(lengths[(r, b)] for r in roles) != n:
-                    raise refuse(path, where, f"field {f!r} ({'+'.join(roles)}) has "
-                                              f"{sum(lengths[(r, b)] for r in roles)} tokens in batch row {b}, but "
-                                              f"{'query_len' if f == 'query_input' else 'key_len'} is {n}")
-        h, kv, q, k = d["num_heads"], d["num_kv_heads"], d["query_len"], d["key_len"]
-        expected = {"q": [batch, h, q, d["d_head"]], "k": [batch, kv, k, d["d_head"]], "v": [batch, kv, k, d["d_v"]],
-                    "weights": [batch, h, q, k], "value_norm": [batch, h, k]}
-        for p in parts:
-            t = f"{name}/{p}"
-            referenced.add(t)
-            if t not in shapes:
-                raise refuse(path, where, f"field 'parts' lists {p!r} but tensor {t!r} is not in the file")
-            if p in expected:
-                if dtypes[t] not in FLOAT_DTYPES:
-                    raise refuse(path, where, f"tensor {t!r} has dtype {dtypes[t]}, not a floating-point type")
-                if shapes[t] != expected[p]:
-                    dims = {"q": "batch, num_heads, query_len, d_head", "k": "batch, num_kv_heads, key_len, d_head",
-                            "v": "batch, num_kv_heads, key_len, d_v", "weights": "batch, num_heads, query_len, key_len",
-                            "value_norm": "batch, num_heads, key_len"}[p]
-                    raise refuse(path, where, f"tensor {t!r} has shape {shapes[t]}, but the header says [{dims}] = {expected[p]}")
-        stray = [t for t in shapes if t.startswith(f"{name}/") and t.rsplit("/", 1)[1] in expected and t not in referenced]
-        if stray:
-            raise refuse(path, where, f"tensor {stray[0]!r} is stored but field 'parts' does not list it")
-        m = d["mask"]
-        if m is not None:
-            mask_users.setdefault(m, []).append(d)
-        elif any(t.startswith(f"{name}/mask") for t in shapes):
-            raise refuse(path, where, "field 'mask' is null but a mask tensor is stored for it")
+    check_fields(path, f"site {i}", d, Site, site_fields)
+    where = f"site {d['name']!r}"
+    if d["name"] in seen_names:
+        raise refuse(path, where, "field 'name' repeats another site's")
+    seen_names.add(d["name"])
+    _check_site_numbers(path, where, d)
+    for roles, f, n in ((d["query_input"], "query_input", d["query_len"]), (d["key_input"], "key_input", d["key_len"])):
+        _check_axis(path, where, roles, f, n, lengths, batch)
 
-    # masks
+
+def _check_site_numbers(path: Path, where: str, d: dict) -> None:
+    for f in ("num_heads", "num_kv_heads", "query_len", "key_len"):
+        if d[f] < 1:
+            raise refuse(path, where, f"field {f!r} must be at least 1, got {d[f]}")
+    for f in ("d_head", "d_v", "layer"):
+        if d[f] < 0:
+            raise refuse(path, where, f"field {f!r} must not be negative, got {d[f]}")
+    if d["kind"] not in KINDS:
+        raise refuse(path, where, f"field 'kind' must be one of {', '.join(KINDS)}, got {_short(d['kind'])}")
+    if len(d["head_map"]) != d["num_heads"] or any(not 0 <= h < d["num_kv_heads"] for h in d["head_map"]):
+        raise refuse(path, where, f"field 'head_map' must map each of its {d['num_heads']} heads to one of "
+                                  f"{d['num_kv_heads']} K/V heads")
+    parts = d["parts"]
+    if "weights" not in parts and not {"q", "k"} <= set(parts):
+        raise refuse(path, where, f"field 'parts' ({', '.join(parts) or 'empty'}) holds neither weights nor q and k")
+    if {"q", "k"} <= set(parts):
+        if not finite_positive(d["scaling"]):
+            raise refuse(path, where, f"field 'scaling' must be a finite positive number, got {_short(d['scaling'])}")
+        if d["d_head"] < 1 or ("v" in parts and d["d_v"] < 1):
+            raise refuse(path, where, "fields 'd_head' and 'd_v' must be at least 1 for a site that stores Q/K/V")
+    if d["softcap"] is not None and not finite_positive(d["softcap"]):
+        raise refuse(path, where, f"field 'softcap' must be null or a finite positive number, got {_short(d['softcap'])}")
+
+
+def _check_axis(path: Path, where: str, roles: list[str], f: str, n: int, lengths: dict[tuple[str, int], int],
+                batch: int) -> None:
+    """A site's query or key axis names inputs every batch row has, ``n`` tokens in all."""
+    for b in range(batch):
+        missing = [r for r in roles if (r, b) not in lengths]
+        if missing:
+            raise refuse(path, where, f"field {f!r} names input {missing[0]!r}, which batch row {b} lacks")
+        total = sum(lengths[(r, b)] for r in roles)
+        if total != n:
+            raise refuse(path, where, f"field {f!r} ({'+'.join(roles)}) has {total} tokens in batch row {b}, but "
+                                      f"{'query_len' if f == 'query_input' else 'key_len'} is {n}")
+
+
+_PART_DIMS = {"q": "batch, num_heads, query_len, d_head", "k": "batch, num_kv_heads, key_len, d_head",
+              "v": "batch, num_kv_heads, key_len, d_v", "weights": "batch, num_heads, query_len, key_len",
+              "value_norm": "batch, num_heads, key_len"}
+
+
+def _check_site_tensors(path: Path, d: dict, batch: int, dtypes: dict[str, str], shapes: dict[str, list[int]]) -> set[str]:
+    """The tensors a site's ``parts`` lists: present, floating point, of the shapes its fields give; none
+    stored that it does not list. Returns their names."""
+    name, where = d["name"], f"site {d['name']!r}"
+    h, kv, q, k = d["num_heads"], d["num_kv_heads"], d["query_len"], d["key_len"]
+    expected = {"q": [batch, h, q, d["d_head"]], "k": [batch, kv, k, d["d_head"]], "v": [batch, kv, k, d["d_v"]],
+                "weights": [batch, h, q, k], "value_norm": [batch, h, k]}
+    referenced = set()
+    for p in d["parts"]:
+        t = f"{name}/{p}"
+        referenced.add(t)
+        if t not in shapes:
+            raise refuse(path, where, f"field 'parts' lists {p!r} but tensor {t!r} is not in the file")
+        if p not in expected:
+            continue
+        if dtypes[t] not in FLOAT_DTYPES:
+            raise refuse(path, where, f"tensor {t!r} has dtype {dtypes[t]}, not a floating-point type")
+        if shapes[t] != expected[p]:
+            raise refuse(path, where, f"tensor {t!r} has shape {shapes[t]}, but the header says [{_PART_DIMS[p]}] = {expected[p]}")
+    stray = [t for t in shapes if t.startswith(f"{name}/") and t.rsplit("/", 1)[1] in expected and t not in referenced]
+    if stray:
+        raise refuse(path, where, f"tensor {stray[0]!r} is stored but field 'parts' does not list it")
+    return referenced
+
+
+def _check_masks(path: Path, schema: int, masks: dict, mask_users: dict[str, list[dict]], batch: int,
+                 dtypes: dict[str, str], shapes: dict[str, list[int]]) -> set[str]:
+    """Each mask the sites name (a dense tensor in schema 1, a spec in schema 2); returns the tensors they use."""
+    referenced = set()
     for m, users in mask_users.items():
         if schema < 2:
             referenced.add(m)
@@ -433,9 +485,7 @@ def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shap
                 raise refuse(path, where, f"field {f!r} must be {type_name(tp)}, got {_short(spec[f])}")
         _check_spec(path, where, spec, users, batch, dtypes, shapes)
         referenced.update(t for t in (spec["key_padding"], spec["packed"], spec["bias"]) if t)
-    unused = sorted(set(shapes) - referenced)
-    if unused:
-        raise refuse(path, f"tensor {unused[0]!r}", "is stored but no site's 'parts' or 'mask' field names it")
+    return referenced
 
 
 def _fits(shape: list[int], users: list[dict], batch: int, last: int | None = None) -> bool:
@@ -459,7 +509,9 @@ def _check_dense_mask(path, m, users, batch, dtypes, shapes) -> None:
 
 
 def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
-    from inspector.store.masks import DTYPES, RULES
+    """A schema-2 mask spec: its dtype, shape, visibility rule and fill (:func:`_check_rule`), and the small
+    tensors it names (:func:`_check_spec_tensors`)."""
+    from inspector.store.masks import DTYPES
 
     if spec["dtype"] not in DTYPES:
         raise refuse(path, where, f"field 'dtype' must be one of {', '.join(DTYPES)}, got {_short(spec['dtype'])}")
@@ -467,6 +519,17 @@ def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
         u = users[0]
         raise refuse(path, where, f"field 'shape' {spec['shape']} is not broadcastable to [batch, num_heads, query_len, "
                                   f"key_len] = [{batch}, {u['num_heads']}, {u['query_len']}, {u['key_len']}] of site {u['name']!r}")
+    _check_rule(path, where, spec)
+    qr = spec.get("query_rows", spec["shape"][2])
+    if not conforms(qr, int) or qr not in (1, spec["shape"][2]):
+        raise refuse(path, where, f"field 'query_rows' must be 1 or {spec['shape'][2]}, got {_short(qr)}")
+    _check_spec_tensors(path, where, spec, users, batch, dtypes, shapes)
+
+
+def _check_rule(path, where, spec) -> None:
+    """The visibility rule, the fill that goes with it, and the fields the rule needs."""
+    from inspector.store.masks import RULES
+
     vis = spec["visible"]
     if vis is not None and vis not in RULES:
         raise refuse(path, where, f"field 'visible' must be null or one of {', '.join(RULES)}, got {_short(vis)}")
@@ -478,9 +541,10 @@ def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
         raise refuse(path, where, "field 'window' must be a positive integer for a sliding rule")
     if vis == "packed" and not spec["packed"]:
         raise refuse(path, where, "field 'packed' must name a tensor for a packed rule")
-    qr = spec.get("query_rows", spec["shape"][2])
-    if not conforms(qr, int) or qr not in (1, spec["shape"][2]):
-        raise refuse(path, where, f"field 'query_rows' must be 1 or {spec['shape'][2]}, got {_short(qr)}")
+
+
+def _check_spec_tensors(path, where, spec, users, batch, dtypes, shapes) -> None:
+    """The key padding, packed bits and bias tensors a spec names: present, of their dtypes and shapes."""
     k = spec["shape"][3]
     for f, codes, ok in (
         ("key_padding", ("U8", "BOOL"), lambda s: len(s) == 2 and s[0] in (1, batch) and s[1] == k),
