@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from inspector.capture import banded
 from inspector.capture.inputs import Encoded, encode
 from inspector.errors import InspectorError
 from inspector.store import masks
@@ -274,9 +275,12 @@ class Recorder:
             self.progress.update(1)
         return out, w
 
-    def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
+    def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int,
+                     visible: torch.Tensor | None = None) -> None:
         """A site for a module that computes attention its own way: its probability map ``w``
-        ``[batch, head, query, key]`` as returned with ``output_attentions``; Q/K/V unavailable."""
+        ``[batch, head, query, key]`` as returned with ``output_attentions`` (or mapped to tokens by
+        :mod:`inspector.capture.banded`); Q/K/V unavailable. ``visible`` (bool ``[batch, 1, query, key]``),
+        when given, is stored as the site's mask: the keys each query could see."""
         layer = site_depth(None, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
@@ -303,8 +307,24 @@ class Recorder:
             query_len=int(w.shape[-2]), key_len=int(w.shape[-1]), parts=["weights"], recomputable=False,
             extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
             value_norm_note="captured through output_attentions, without values",
+            mask=None if visible is None else self._visible_mask(name, visible),
         ))
         self.tensors[f"{name}/weights"] = self._keep(w)
+
+    def _visible_mask(self, name: str, visible: torch.Tensor) -> str:
+        """Store a boolean visibility ``[batch, 1, query, key]`` as a mask spec, once per distinct pattern
+        (every layer of a banded encoder sees the same keys); return its name."""
+        import hashlib
+
+        visible = visible.detach().to("cpu")
+        ident = ("visible", tuple(visible.shape), hashlib.sha256(visible.numpy().tobytes()).hexdigest())
+        if ident not in self._masks:
+            stored = f"{name}/mask"
+            spec, tensors = masks.encode(stored, visible, None)
+            self.masks[stored] = spec
+            self.tensors.update(tensors)
+            self._masks[ident] = stored
+        return self._masks[ident]
 
     def _lazy(self, module, query, key, value, attention_mask, kwargs):
         """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
@@ -645,10 +665,15 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
     batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
     seen: dict[int, list] = {}
 
-    def hook(module, _args, output):
-        seen.setdefault(id(module), []).append(probability_maps(output, batch)[:1])
+    def hook(module, args, kwargs, output):
+        mapped = banded.token_map(module, args, kwargs, output) if banded.is_banded(module) else None
+        if mapped is not None:  # the band and global keys, as per-token weights and the keys each query could see
+            n = recorder.lengths.get("source", mapped[0].shape[-1])  # the input, without the padding to the window
+            seen.setdefault(id(module), []).append([(mapped[0][..., :n, :n], mapped[1][..., :n, :n])])
+            return
+        seen.setdefault(id(module), []).append([(m, None) for m in probability_maps(output, batch)[:1]])
 
-    handles = [m.register_forward_hook(hook) for _, m in missing]
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in missing]
     try:
         with attn_implementation(model, "eager"):
             model(**model_kwargs, **_run_kwargs(model), output_attentions=True)
@@ -667,7 +692,7 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                                         "[batch, head, query, key] probability map with output_attentions (blocked, "
                                         "local or pooled attention)"})
                 continue
-            recorder.weights_only(module, site_name, name, maps[0], call)
+            recorder.weights_only(module, site_name, name, maps[0][0], call, visible=maps[0][1])
     for n in notes:
         warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=3)
 
@@ -749,6 +774,7 @@ def capture(
     progress: bool = False,
     value_norms: bool = True,
     forward_sums=None,
+    extra_inputs: dict[str, Any] | None = None,
 ) -> Capture:
     """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
 
@@ -762,8 +788,12 @@ def capture(
     it sums the rank metrics of every site it can while the model runs, each site's weights computed once,
     eagerly, for its output and its sums; it is kept on the capture as ``capture.forward_sums`` (not saved).
     The capture stage does not import the scan: the scan hands this in.
+    ``extra_inputs`` are further model inputs, given as they are (LED's and Longformer's
+    ``global_attention_mask [batch, source]``, 1 = a global token).
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    if extra_inputs:
+        encoded.model_kwargs.update(extra_inputs)
     roles = roles_of(encoded)
     lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
     notes: list[dict[str, str]] = []
