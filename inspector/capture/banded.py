@@ -19,7 +19,7 @@ and returns, with ``output_attentions``:
 ``visible [batch, 1, seq, seq]`` (a key is visible to a non-global query when it is within ``w`` or global,
 to a global query always; padding keys never). Weights are moved, never recomputed: each stored value
 is the model's own probability. The weights are dense per-token today (``seq x seq`` per head); the
-compact band form is not written yet (see README, "Banded attention").
+compact band form is not written yet (README, "Banded attention").
 """
 
 from __future__ import annotations
