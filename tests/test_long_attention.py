@@ -126,6 +126,9 @@ def test_banded_weights_equal_the_models_own_attention(name, tmp_path):
         assert len(sites) == len(refs) == 2
         for site, (ref, vis) in zip(sites, refs, strict=True):
             assert site.mask is not None and site.query_len == site.key_len == ref.shape[-1]
+            # stored compactly: per query the 2 global slots and the 2w + 1 = 9 window keys, not 28 keys
+            assert cap.tensors.shape(site.tensor_name("weights")) == [2, 4, 28, 2 + 9]
+            assert cap.tensors.shape(site.tensor_name("global_rows")) == [2, 4, 2, 28]
             for b in (0, 1):
                 pad = ~enc.model_kwargs["attention_mask"][b].bool()
                 got = cap.weights(site, batch=b)  # checked on read: rows sum to 1 over the visible keys
@@ -145,3 +148,18 @@ def test_every_layer_shares_one_mask(tmp_path):
     cap = capture(model, tiny.tokenizer(), TEXTS, TARGETS, extra_inputs={"global_attention_mask": g})
     enc_sites = [s for s in cap.sites if s.module_class == "LEDEncoderSelfAttention"]
     assert len({s.mask for s in enc_sites}) == 1
+
+
+def test_damaged_band_site_refused(tmp_path):
+    from inspector.errors import InspectorError
+    from inspector.store.capture_file import Capture
+
+    model = _led()
+    _, g = _global_mask(model)
+    cap = capture(model, tiny.tokenizer(), TEXTS, TARGETS, extra_inputs={"global_attention_mask": g})
+    site = next(s for s in cap.sites if s.band is not None)
+    site.band = 3  # the stored rows are 2 + 2 * 4 + 1 wide, not 2 + 2 * 3 + 1
+    tensors = {k: cap.tensors[k] for k in cap.tensors.keys()}
+    Capture(cap.meta, cap.sites, tensors).save(tmp_path / "bad.safetensors")
+    with pytest.raises(InspectorError, match=r"weights' has shape \[2, 4, 28, 11\], but the header says"):
+        load(tmp_path / "bad.safetensors")

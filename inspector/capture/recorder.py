@@ -275,12 +275,9 @@ class Recorder:
             self.progress.update(1)
         return out, w
 
-    def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int,
-                     visible: torch.Tensor | None = None) -> None:
+    def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
         """A site for a module that computes attention its own way: its probability map ``w``
-        ``[batch, head, query, key]`` as returned with ``output_attentions`` (or mapped to tokens by
-        :mod:`inspector.capture.banded`); Q/K/V unavailable. ``visible`` (bool ``[batch, 1, query, key]``),
-        when given, is stored as the site's mask: the keys each query could see."""
+        ``[batch, head, query, key]`` as returned with ``output_attentions``; Q/K/V unavailable."""
         layer = site_depth(None, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
@@ -307,24 +304,39 @@ class Recorder:
             query_len=int(w.shape[-2]), key_len=int(w.shape[-1]), parts=["weights"], recomputable=False,
             extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
             value_norm_note="captured through output_attentions, without values",
-            mask=None if visible is None else self._visible_mask(name, visible),
         ))
         self.tensors[f"{name}/weights"] = self._keep(w)
 
-    def _visible_mask(self, name: str, visible: torch.Tensor) -> str:
-        """Store a boolean visibility ``[batch, 1, query, key]`` as a mask spec, once per distinct pattern
-        (every layer of a banded encoder sees the same keys); return its name."""
-        import hashlib
-
-        visible = visible.detach().to("cpu")
-        ident = ("visible", tuple(visible.shape), hashlib.sha256(visible.numpy().tobytes()).hexdigest())
+    def band_site(self, module, name: str, base: str, band: banded.Band, call: int) -> None:
+        """A banded site (Longformer, LED's encoder; :mod:`inspector.store.band`): each query's window and
+        global slots as the model returned them, the global queries' rows, and a band mask naming the
+        global tokens and the window (one mask for every layer that sees the same keys)."""
+        layer = site_depth(None, base, call)
+        if (self.layers is not None and layer not in self.layers) or (
+            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
+        ):
+            return
+        b, heads, n, _ = band.weights.shape
+        stack = "encoder" if self.encoder_decoder else "none"
+        q_roles, k_roles = self.roles[stack]
+        if self.lengths and sum(self.lengths.get(r, -1) for r in q_roles) != n:
+            raise InspectorError(f"{type(module).__name__} at {base} attends over {n} tokens, not the inputs' "
+                                 f"({self._lengths_text()}): capture the other sites with --sites '^(?!{re.escape(base)}$)'")
+        ident = ("band", band.window, band.is_global.cpu().numpy().tobytes(), band.padding.cpu().numpy().tobytes(), n)
         if ident not in self._masks:
-            stored = f"{name}/mask"
-            spec, tensors = masks.encode(stored, visible, None)
-            self.masks[stored] = spec
+            spec, tensors = masks.band_spec(f"{name}/mask", band.window, band.is_global, band.padding)
+            self.masks[f"{name}/mask"] = spec
             self.tensors.update(tensors)
-            self._masks[ident] = stored
-        return self._masks[ident]
+            self._masks[ident] = f"{name}/mask"
+        self.sites.append(Site(
+            name=name, stack=stack, layer=int(layer), kind="self", num_heads=heads, num_kv_heads=heads,
+            head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles, key_input=k_roles,
+            query_len=n, key_len=n, parts=["weights", "global_rows"], recomputable=False,
+            extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
+            value_norm_note="captured through output_attentions, without values", mask=self._masks[ident], band=band.window,
+        ))
+        self.tensors[f"{name}/weights"] = self._keep(band.weights)
+        self.tensors[f"{name}/global_rows"] = self._keep(band.global_rows)
 
     def _lazy(self, module, query, key, value, attention_mask, kwargs):
         """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
@@ -666,12 +678,8 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
     seen: dict[int, list] = {}
 
     def hook(module, args, kwargs, output):
-        mapped = banded.token_map(module, args, kwargs, output) if banded.is_banded(module) else None
-        if mapped is not None:  # the band and global keys, as per-token weights and the keys each query could see
-            n = recorder.lengths.get("source", mapped[0].shape[-1])  # the input, without the padding to the window
-            seen.setdefault(id(module), []).append([(mapped[0][..., :n, :n], mapped[1][..., :n, :n])])
-            return
-        seen.setdefault(id(module), []).append([(m, None) for m in probability_maps(output, batch)[:1]])
+        found = banded.band_of(module, args, kwargs, output, recorder.lengths.get("source")) if banded.is_banded(module) else None
+        seen.setdefault(id(module), []).append([found] if found is not None else probability_maps(output, batch)[:1])
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in missing]
     try:
@@ -692,7 +700,10 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                                         "[batch, head, query, key] probability map with output_attentions (blocked, "
                                         "local or pooled attention)"})
                 continue
-            recorder.weights_only(module, site_name, name, maps[0][0], call, visible=maps[0][1])
+            if isinstance(maps[0], banded.Band):
+                recorder.band_site(module, site_name, name, maps[0], call)
+            else:
+                recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:
         warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=3)
 

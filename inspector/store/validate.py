@@ -435,7 +435,21 @@ def _check_axis(path: Path, where: str, roles: list[str], f: str, n: int, length
 
 _PART_DIMS = {"q": "batch, num_heads, query_len, d_head", "k": "batch, num_kv_heads, key_len, d_head",
               "v": "batch, num_kv_heads, key_len, d_v", "weights": "batch, num_heads, query_len, key_len",
-              "value_norm": "batch, num_heads, key_len"}
+              "value_norm": "batch, num_heads, key_len", "global_rows": "batch, num_heads, global slots, key_len"}
+
+
+def _band_shapes(path: Path, where: str, d: dict, batch: int, shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The shapes of a banded site's weights ``[batch, head, query, G + 2w + 1]`` and global rows ``[batch,
+    head, G, key]`` (:mod:`inspector.store.band`), G read from the stored global rows."""
+    w = d["band"]
+    if w < 1 or "weights" not in d["parts"] or "global_rows" not in d["parts"]:
+        raise refuse(path, where, f"field 'band' ({w}) needs a window of at least 1 and parts 'weights' and 'global_rows'")
+    rows = shapes.get(f"{d['name']}/global_rows")
+    g = rows[2] if rows is not None and len(rows) == 4 else 0
+    if g > d["key_len"]:
+        raise refuse(path, where, f"tensor '{d['name']}/global_rows' has {g} global slots for {d['key_len']} keys")
+    h = d["num_heads"]
+    return {"weights": [batch, h, d["query_len"], g + 2 * w + 1], "global_rows": [batch, h, g, d["key_len"]]}
 
 
 def _check_site_tensors(path: Path, d: dict, batch: int, dtypes: dict[str, str], shapes: dict[str, list[int]]) -> set[str]:
@@ -445,6 +459,8 @@ def _check_site_tensors(path: Path, d: dict, batch: int, dtypes: dict[str, str],
     h, kv, q, k = d["num_heads"], d["num_kv_heads"], d["query_len"], d["key_len"]
     expected = {"q": [batch, h, q, d["d_head"]], "k": [batch, kv, k, d["d_head"]], "v": [batch, kv, k, d["d_v"]],
                 "weights": [batch, h, q, k], "value_norm": [batch, h, k]}
+    if d.get("band") is not None:
+        expected.update(_band_shapes(path, where, d, batch, shapes))
     referenced = set()
     for p in d["parts"]:
         t = f"{name}/{p}"
@@ -484,7 +500,9 @@ def _check_masks(path: Path, schema: int, masks: dict, mask_users: dict[str, lis
             if not conforms(spec[f], tp):
                 raise refuse(path, where, f"field {f!r} must be {type_name(tp)}, got {_short(spec[f])}")
         _check_spec(path, where, spec, users, batch, dtypes, shapes)
-        referenced.update(t for t in (spec["key_padding"], spec["packed"], spec["bias"]) if t)
+        if any(u.get("band") is not None for u in users) and spec["visible"] != "band":
+            raise refuse(path, where, "is used by a banded site (field 'band') but has no band rule")
+        referenced.update(t for t in (spec["key_padding"], spec["packed"], spec["bias"], spec.get("globals")) if t)
     return referenced
 
 
@@ -541,6 +559,8 @@ def _check_rule(path, where, spec) -> None:
         raise refuse(path, where, "field 'window' must be a positive integer for a sliding rule")
     if vis == "packed" and not spec["packed"]:
         raise refuse(path, where, "field 'packed' must name a tensor for a packed rule")
+    if vis == "band" and (spec["window"] is None or spec["window"] < 1 or not isinstance(spec.get("globals"), str)):
+        raise refuse(path, where, "a band rule needs a positive 'window' and a 'globals' tensor")
 
 
 def _check_spec_tensors(path, where, spec, users, batch, dtypes, shapes) -> None:
@@ -550,8 +570,9 @@ def _check_spec_tensors(path, where, spec, users, batch, dtypes, shapes) -> None
         ("key_padding", ("U8", "BOOL"), lambda s: len(s) == 2 and s[0] in (1, batch) and s[1] == k),
         ("packed", ("U8",), lambda s: _fits(s, users, batch, last=lambda n: (n + 7) // 8)),
         ("bias", tuple(FLOAT_DTYPES), lambda s: _fits(s, users, batch)),
+        ("globals", ("U8", "BOOL"), lambda s: len(s) == 2 and s[0] in (1, batch) and s[1] == k),
     ):
-        t = spec[f]
+        t = spec.get(f)
         if not t:
             continue
         if t not in shapes:
