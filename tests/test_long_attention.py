@@ -163,3 +163,30 @@ def test_damaged_band_site_refused(tmp_path):
     Capture(cap.meta, cap.sites, tensors).save(tmp_path / "bad.safetensors")
     with pytest.raises(InspectorError, match=r"weights' has shape \[2, 4, 28, 11\], but the header says"):
         load(tmp_path / "bad.safetensors")
+
+
+def test_debug_end_to_end_on_a_tiny_led(tmp_path, capsys):
+    """`inspector debug` on a tiny LED summariser: generation, the encoder's banded sites ranked with
+    their window as the visible keys (a near-uniform head's normalised entropy is ~1 over its window,
+    not over all 28 keys), split, report."""
+    from inspector.cli.commands import main
+
+    model = _led()
+    model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101
+    model.config.eos_token_id = model.generation_config.eos_token_id = 102
+    model.save_pretrained(tmp_path / "model")
+    tiny.tokenizer().save_pretrained(tmp_path / "model")
+    out = tmp_path / "out"
+    code = main(["debug", "--model", str(tmp_path / "model"), "--source", TEXTS[0], "--generate", "4", "--query", "@1",
+                 "--referents", "Lessee,Lessor", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    cap = load(out / "capture.safetensors")
+    assert len(cap.records("target").ids) >= 2
+    enc = [s for s in cap.sites if s.band is not None]
+    assert len(enc) == 2 and (out / "report.html").is_file()
+    rank = rank_heads(cap).set_index(["site", "head"])
+    heads = rank.loc[enc[0].name]
+    # the random tiny encoder spreads each row almost evenly over what it sees: at most 2w + 1 = 9 keys. Its
+    # entropy is at most log 9, and normalised by the visible keys it is near 1 (by all 28 keys: ~0.63)
+    assert float(heads["entropy"].max()) <= math.log(9) + 1e-6
+    assert float(heads["normalized_entropy"].min()) > 0.9
