@@ -163,7 +163,7 @@ def test_family(model_type, tok, tmp_path):
         OUTCOMES[model_type] = "refused"
         REFUSALS[model_type] = str(exc)
         return
-    outcome = "weights-only" if any(s.parts == ["weights"] for s in cap.sites) else "exact"
+    outcome = "weights-only" if any("q" not in s.parts for s in cap.sites) else "exact"  # taken from output_attentions
     if cap.meta.get("unrecorded"):  # modules named in the warning and the metadata, not captured
         outcome += " + named modules"
     OUTCOMES[model_type] = outcome
