@@ -27,6 +27,13 @@ the first run of each variant in a fresh process of its own, one process at a ti
     .venv/bin/python benchmarks/capture.py --tokens 1024 --repeats 7 --threads 2
     .venv/bin/python benchmarks/capture.py --file-only --tokens 2048 8192   # lazy file: mask bytes vs Q/K/V bytes
 
+    .venv/bin/python benchmarks/capture.py --led 16384   # a long LED encoder: the band's bytes vs n x n (issue 20)
+
+``--led N`` captures a tiny LED (2+2 layers, 4 heads, width 32, window 512, random seeded weights; the
+first token global) on N tokens and prints, per encoder site, the bytes of the stored band (the global
+slots and the 2w + 1 window keys per query, plus the global queries' rows) against the dense
+``head x n x n`` float32 weights that per-token storage would take, and the file's size.
+
 The lazy file's mask bytes are printed next to its Q/K/V bytes (issue 9: a causal model's mask costs at
 most 5% of the Q/K/V bytes at 2,048 tokens and beyond), with what the schema-1 dense float mask would
 have taken; ``--file-only`` makes only the lazy captures (no timing), one fresh process per length.
@@ -229,11 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=2, help="timing processes per length (default 2)")
     p.add_argument("--threads", type=int, help="torch threads in every worker (default: torch's default here)")
     p.add_argument("--file-only", action="store_true", help="only the lazy file's mask and Q/K/V bytes (default 2048 8192)")
+    p.add_argument("--led", type=int, metavar="N", help="only a tiny LED encoder on N tokens: band bytes vs n x n")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return 0
+    if args.led:
+        return led_file(args.led)
     if args.file_only:
         return file_only(args)
 
@@ -331,6 +341,46 @@ def file_only(args) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     print("\n".join(mask_table(parts)))
     print(f"\n(total {elapsed(t_start)})")
+    return 0
+
+
+def led_file(n: int) -> int:
+    """A tiny LED encoder capture on ``n`` tokens: bytes of each banded site next to dense per-token weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from inspector.capture import capture
+    from inspector.store import load
+
+    window = 512
+    config = AutoConfig.for_model("led", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                  attention_window=[window, window], max_encoder_position_embeddings=max(n, 1024),
+                                  max_decoder_position_embeddings=128, vocab_size=30522)
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    tok = tokenizer()
+    tok.model_max_length = n  # the MiniLM tokenizer stands in for LED's own (whose limit is 16,384)
+    text = random_text(tok, n)
+    t0 = time.perf_counter()
+    glob = torch.zeros(1, n, dtype=torch.long)
+    glob[0, 0] = 1
+    cap = capture(model, tok, text, "a short summary.", extra_inputs={"global_attention_mask": glob})
+    folder = tempfile.mkdtemp(prefix="inspector-bench-led-")
+    try:
+        path = cap.save(Path(folder) / "led.safetensors")
+        cap = load(path)
+        print(f"tiny LED encoder, {n} tokens, window {window}, 1 global token; capture {time.perf_counter() - t0:.1f} s; "
+              f"file {path.stat().st_size / MB:.1f} MB")
+        print(f"machine: {machine_line()}")
+        for s in cap.sites:
+            if s.band is None:
+                continue
+            stored = sum(4 * int(torch.tensor(cap.tensors.shape(s.tensor_name(p))).prod()) for p in ("weights", "global_rows"))
+            dense = 4 * s.num_heads * s.query_len * s.key_len
+            print(f"  {s.name}: band {stored / MB:.1f} MB vs dense n x n {dense / MB:.1f} MB ({stored / dense:.3f})")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -201,7 +201,7 @@ def _check_steps(capture: Capture, site: Site, head: int, query_index: int, batc
     stored, code = None, validate.DTYPE_CODES.get(torch.float32)
     if "weights" in site.parts:
         stored = capture.weights(site, batch, heads=[head], queries=slice(query_index, query_index + 1))[0, 0]
-        code = capture.tensors.dtype(site.tensor_name("q"))
+        code = validate.precision(capture.tensors.dtype(site.tensor_name("q")), validate.model_code(capture.meta))
     validate.check_explained(str(capture.source), site, head, query_index, weight, stored, code)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from inspector.capture import banded
 from inspector.capture.inputs import Encoded, encode
 from inspector.errors import InspectorError
 from inspector.store import masks
@@ -184,6 +185,18 @@ def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
     return out
 
 
+def site_depth(module, base: str, call: int) -> int:
+    """The depth of an attention call: the module's own ``layer_idx`` where it is a depth (an int, not
+    negative), else the first number in its dotted name (``model.layers.3.shared_transformer.self_attn`` -> 3:
+    Zamba2's shared blocks have ``layer_idx = -1``, one module per hybrid layer), else 0; a module's second
+    and later calls in one forward pass (``name@call``) take the call count."""
+    layer = getattr(module, "layer_idx", None)
+    if call == 0 and isinstance(layer, int) and not isinstance(layer, bool) and layer >= 0:
+        return layer
+    numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
+    return call if call > 0 or not numbers else int(numbers[0])
+
+
 class Recorder:
     """The attention function's state for one forward pass: which calls to record (layers, site patterns),
     the :class:`~inspector.store.schema.Site` and tensors (Q, K, V ``[batch, head, position, d_head]``,
@@ -227,10 +240,7 @@ class Recorder:
         call = self._calls.get(id(module), 0)
         self._calls[id(module)] = call + 1
         name = base if call == 0 else f"{base}@{call}"
-        layer = getattr(module, "layer_idx", None)
-        if call > 0 or not isinstance(layer, int):
-            numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
-            layer = call if call > 0 or not numbers else int(numbers[0])
+        layer = site_depth(module, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
@@ -281,8 +291,7 @@ class Recorder:
     def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
         """A site for a module that computes attention its own way: its probability map ``w``
         ``[batch, head, query, key]`` as returned with ``output_attentions``; Q/K/V unavailable."""
-        numbers = re.findall(r"\.(\d+)(?:\.|$)", base)
-        layer = call if call > 0 or not numbers else int(numbers[0])
+        layer = site_depth(None, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
@@ -310,6 +319,37 @@ class Recorder:
             value_norm_note="captured through output_attentions, without values",
         ))
         self.tensors[f"{name}/weights"] = self._keep(w)
+
+    def band_site(self, module, name: str, base: str, band: banded.Band, call: int) -> None:
+        """A banded site (Longformer, LED's encoder; :mod:`inspector.store.band`): each query's window and
+        global slots as the model returned them, the global queries' rows, and a band mask naming the
+        global tokens and the window (one mask for every layer that sees the same keys)."""
+        layer = site_depth(None, base, call)
+        if (self.layers is not None and layer not in self.layers) or (
+            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
+        ):
+            return
+        b, heads, n, _ = band.weights.shape
+        stack = "encoder" if self.encoder_decoder else "none"
+        q_roles, k_roles = self.roles[stack]
+        if self.lengths and sum(self.lengths.get(r, -1) for r in q_roles) != n:
+            raise InspectorError(f"{type(module).__name__} at {base} attends over {n} tokens, not the inputs' "
+                                 f"({self._lengths_text()}): capture the other sites with --sites '^(?!{re.escape(base)}$)'")
+        ident = ("band", band.window, band.is_global.cpu().numpy().tobytes(), band.padding.cpu().numpy().tobytes(), n)
+        if ident not in self._masks:
+            spec, tensors = masks.band_spec(f"{name}/mask", band.window, band.is_global, band.padding)
+            self.masks[f"{name}/mask"] = spec
+            self.tensors.update(tensors)
+            self._masks[ident] = f"{name}/mask"
+        self.sites.append(Site(
+            name=name, stack=stack, layer=int(layer), kind="self", num_heads=heads, num_kv_heads=heads,
+            head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles, key_input=k_roles,
+            query_len=n, key_len=n, parts=["weights", "global_rows"], recomputable=False,
+            extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
+            value_norm_note="captured through output_attentions, without values", mask=self._masks[ident], band=band.window,
+        ))
+        self.tensors[f"{name}/weights"] = self._keep(band.weights)
+        self.tensors[f"{name}/global_rows"] = self._keep(band.global_rows)
 
     def _lazy(self, module, query, key, value, attention_mask, kwargs):
         """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
@@ -666,10 +706,11 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
     batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
     seen: dict[int, list] = {}
 
-    def hook(module, _args, output):
-        seen.setdefault(id(module), []).append(probability_maps(output, batch)[:1])
+    def hook(module, args, kwargs, output):
+        found = banded.band_of(module, args, kwargs, output, recorder.lengths.get("source")) if banded.is_banded(module) else None
+        seen.setdefault(id(module), []).append([found] if found is not None else probability_maps(output, batch)[:1])
 
-    handles = [m.register_forward_hook(hook) for _, m in missing]
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in missing]
     try:
         with attn_implementation(model, "eager"):
             model(**model_kwargs, **_run_kwargs(model), output_attentions=True)
@@ -688,7 +729,10 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                                         "[batch, head, query, key] probability map with output_attentions (blocked, "
                                         "local or pooled attention)"})
                 continue
-            recorder.weights_only(module, site_name, name, maps[0], call)
+            if isinstance(maps[0], banded.Band):
+                recorder.band_site(module, site_name, name, maps[0], call)
+            else:
+                recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:
         warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=3)
 
@@ -770,6 +814,7 @@ def capture(
     progress: bool = False,
     value_norms: bool = True,
     forward_sums=None,
+    extra_inputs: dict[str, Any] | None = None,
 ) -> Capture:
     """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
 
@@ -783,8 +828,12 @@ def capture(
     it sums the rank metrics of every site it can while the model runs, each site's weights computed once,
     eagerly, for its output and its sums; it is kept on the capture as ``capture.forward_sums`` (not saved).
     The capture stage does not import the scan: the scan hands this in.
+    ``extra_inputs`` are further model inputs, given as they are (LED's and Longformer's
+    ``global_attention_mask [batch, source]``, 1 = a global token).
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    if extra_inputs:
+        encoded.model_kwargs.update(extra_inputs)
     roles = roles_of(encoded)
     lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
     notes: list[dict[str, str]] = []

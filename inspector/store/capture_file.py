@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from inspector.errors import InspectorError
-from inspector.store import attention, masks, validate
+from inspector.store import attention, band, masks, validate
 from inspector.store.schema import InputRecord, Site
 
 SCHEMA = 2
@@ -178,6 +178,8 @@ class Capture:
             raise InspectorError(f"site {site.name} has no stored {part!r}; this capture holds {', '.join(site.parts) or 'weights only'}")
         if part == "mask":  # the whole additive mask [batch|1, head|1, query|1, key], in the model's dtype
             return masks.dense(self.masks[site.mask], self.tensors)
+        if part == "weights" and site.band is not None:  # per-token [batch, head, query, key], float32
+            return torch.stack([self.weights(site, b) for b in range(self.batch_size)])
         return self.tensors[site.tensor_name(part)]
 
     def mask_rows(self, site: Site, batch: int, queries: slice | None = None) -> torch.Tensor | None:
@@ -219,9 +221,15 @@ class Capture:
                 raise InspectorError(f"head {h} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
         qs = queries if queries is not None else slice(None)
         mask = self.mask_rows(site, batch, qs)
-        if "weights" in site.parts:
+        if site.band is not None:  # each query's window and the global keys, moved to their key tokens
+            w = band.expand(self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads),
+                            self._rows(site.tensor_name("global_rows"), batch, heads, slice(None), site.num_heads),
+                            self._globals(site, batch), site.band, range(*qs.indices(site.query_len)))
+            code = validate.precision(self.tensors.dtype(site.tensor_name("weights")), validate.model_code(self.meta))
+        elif "weights" in site.parts:
             w = self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads)
-            code = self.tensors.dtype(site.tensor_name("weights"))
+            # the coarser of the stored dtype and the model's own: half-precision weights stored as float32 keep their rounding
+            code = validate.precision(self.tensors.dtype(site.tensor_name("weights")), validate.model_code(self.meta))
         else:
             w = self.recompute(site, batch, heads, qs, mask=mask)
             code = "F32"
@@ -235,6 +243,12 @@ class Capture:
         pad_q, pad_k = self._padding(site, "query", batch)[qs], self._padding(site, "key", batch)
         validate.check_rows(str(self.source), site, w, vis & ~pad_k, heads, rows, code, skip=pad_q)
         return w
+
+    def _globals(self, site: Site, batch: int) -> torch.Tensor:
+        """``[key]`` bool: the global tokens of a banded site's batch row (its band mask's ``globals``)."""
+        name = self.masks[site.mask]["globals"]
+        b = batch if self.tensors.shape(name)[0] > 1 else 0
+        return self.tensors.slice(name, (slice(b, b + 1),))[0].bool()
 
     def _padding(self, site: Site, which: str, batch: int) -> torch.Tensor:
         """The padding flags along an axis (cached: rows are checked on every read)."""

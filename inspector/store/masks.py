@@ -16,6 +16,9 @@ stores a *mask spec* in the header and only the small tensors the rule cannot gi
   query index 0), else the query length;
 * ``bias``: a float tensor broadcastable to ``shape``, added where the model adds one (T5's position
   bias): additive mask = ``bias + where(visible, 0, fill)`` in the spec's dtype.
+* ``"band"`` (Longformer, LED's encoder; :mod:`inspector.store.band`): key ``k`` visible to query ``q``
+  when ``|k - q| <= window``, or ``k`` or ``q`` is a global token (``globals``: ``uint8 [batch|1, key]``,
+  1 = global), minus key padding.
 
 Only a spec whose recomputation equals the model's mask element for element is written (checked at
 capture time); anything else falls back to the dense float mask as ``bias``.
@@ -29,7 +32,7 @@ import numpy as np
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-RULES = ("all", "causal", "sliding", "packed")
+RULES = ("all", "causal", "sliding", "packed", "band")
 _CHUNK = 512  # query rows compared at a time when a mask is encoded
 
 
@@ -131,8 +134,8 @@ def encode(prefix: str, mask: torch.Tensor | None, bias: torch.Tensor | None) ->
 
 
 def tensor_names(spec: dict[str, Any]) -> list[str]:
-    """The file tensors a mask spec refers to (key padding, packed sequence ids, bias), set ones only."""
-    return [spec[p] for p in ("key_padding", "packed", "bias") if spec.get(p)]
+    """The file tensors a mask spec refers to (key padding, packed sequence ids, bias, band globals), set ones only."""
+    return [spec[p] for p in ("key_padding", "packed", "bias", "globals") if spec.get(p)]
 
 
 def _read(tensors, name: str, batch: int, queries: slice) -> torch.Tensor:
@@ -141,6 +144,29 @@ def _read(tensors, name: str, batch: int, queries: slice) -> torch.Tensor:
     b = batch if shape[0] > 1 else 0
     qs = queries if shape[2] > 1 else slice(None)
     return tensors.slice(name, (slice(b, b + 1), slice(None), qs))[0]
+
+
+def _band(spec: dict[str, Any], tensors, batch: int, q_idx: torch.Tensor, key_len: int) -> torch.Tensor:
+    """Boolean ``[query, key]`` of the band rule for one batch row: within ``window`` either side, or a
+    global key, or a global query."""
+    b = batch if tensors.shape(spec["globals"])[0] > 1 else 0
+    glob = tensors.slice(spec["globals"], (slice(b, b + 1),))[0].bool()
+    near = (torch.arange(key_len)[None, :] - q_idx[:, None]).abs() <= int(spec["window"])
+    return near | glob[None, :] | glob[q_idx][:, None]
+
+
+def band_spec(prefix: str, window: int, is_global: torch.Tensor, padding: torch.Tensor) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The spec and tensors of a band mask (``window`` keys either side, ``is_global`` and ``padding``
+    ``[batch, key]`` bool)."""
+    b, n = is_global.shape
+    spec: dict[str, Any] = {"dtype": "float32", "shape": [b, 1, n, n], "fill": "min", "visible": "band", "offset": 0,
+                            "window": int(window), "key_padding": None, "packed": None, "bias": None, "query_rows": n,
+                            "globals": f"{prefix}.globals"}
+    tensors = {spec["globals"]: is_global.detach().to("cpu", torch.uint8)}
+    if bool(padding.any()):
+        spec["key_padding"] = f"{prefix}.key_padding"
+        tensors[spec["key_padding"]] = padding.detach().to("cpu", torch.uint8)
+    return spec, tensors
 
 
 def native_rows(spec: dict[str, Any], tensors, batch: int, queries: slice | None) -> torch.Tensor:
@@ -159,7 +185,10 @@ def native_rows(spec: dict[str, Any], tensors, batch: int, queries: slice | None
     else:
         rows = int(spec.get("query_rows", nq))
         q_idx = torch.arange(rows)[qs] if rows > 1 else torch.arange(1)
-        vis = _rule(spec["visible"], q_idx, nk, int(spec["offset"]), spec.get("window"))[None]
+        if spec["visible"] == "band":
+            vis = _band(spec, tensors, batch, q_idx, nk)[None]
+        else:
+            vis = _rule(spec["visible"], q_idx, nk, int(spec["offset"]), spec.get("window"))[None]
         if spec.get("key_padding"):
             b = batch if tensors.shape(spec["key_padding"])[0] > 1 else 0
             pad = tensors.slice(spec["key_padding"], (slice(b, b + 1),))[0].bool()

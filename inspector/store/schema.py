@@ -64,6 +64,7 @@ class Site:
     eager_function: str = ""
     out_proj: str = ""  # module (named_modules) whose weight gave value_norm: the projection that consumes the output
     value_norm_note: str = ""  # why there is no value_norm at this site, when there is none
+    band: int | None = None  # a banded site (Longformer): its one-sided window w; weights stored compactly (inspector.store.band)
 
     def tensor_name(self, part: str) -> str:
         """The file's tensor name of ``part`` for this site (``<site>/<part>``; a mask may be shared).

@@ -35,7 +35,7 @@ INSPECTOR_BASE = 1 << 20  # the inspector JSON may always take this much (proven
 PER_TENSOR = 4096  # ... plus this much per tensor (site fields, mask specs)
 PER_TOKEN = 512  # ... plus this much per token of each record (id, token, offsets, flags, text)
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
-ROW_TOL = {"F64": 1e-4, "F32": 1e-4, "F16": 4e-3, "BF16": 3e-2}  # row sums, by the weights' storage dtype
+ROW_FLOOR = 1e-4  # the row-sum tolerance of a float32 (or float64) row, whatever its length (see row_tolerance)
 EXPLAIN_TOL = {"F64": 1e-3, "F32": 1e-3, "F16": 5e-2, "BF16": 1e-1}  # explain vs stored weights, by Q/K dtype
 MASKED = -1e4  # an additive mask value at or below this hides the key (as analysis.MASKED)
 DTYPE_CODES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
@@ -101,6 +101,15 @@ def conforms(value: Any, tp: Any) -> bool:
     return _checker(tp)(value)
 
 
+_SCALARS: dict[Any, Callable[[Any], bool]] = {
+    type(None): lambda v: v is None,
+    bool: lambda v: type(v) is bool,
+    int: lambda v: type(v) is int,
+    float: lambda v: type(v) in (int, float),
+    str: lambda v: type(v) is str,
+}
+
+
 @functools.cache
 def _checker(tp: Any) -> Callable[[Any], bool]:
     """A check for one annotation, built once (a header holds lists of thousands of tokens)."""
@@ -110,31 +119,28 @@ def _checker(tp: Any) -> Callable[[Any], bool]:
     if origin in (typing.Union, types.UnionType):
         parts = [_checker(a) for a in args]
         return lambda v: any(c(v) for c in parts)
-    if tp is type(None):
-        return lambda v: v is None
     if origin is list or tp is list:
-        if not args:
-            return lambda v: isinstance(v, list)
-        item = args[0]
-        exact = {int: (int,), str: (str,), bool: (bool,), float: (int, float)}.get(item)
-        if exact is not None:  # JSON gives exactly these types: a set of the item types present
-            return lambda v: isinstance(v, list) and all(type(x) in exact for x in v)
-        each = _checker(item)
-        return lambda v: isinstance(v, list) and all(each(x) for x in v)
+        return _list_checker(args)
     if origin is dict or tp is dict:
-        if not args:
-            return lambda v: isinstance(v, dict)
-        key, val = _checker(args[0]), _checker(args[1])
-        return lambda v: isinstance(v, dict) and all(key(k) and val(x) for k, x in v.items())
-    if tp is bool:
-        return lambda v: type(v) is bool
-    if tp is int:
-        return lambda v: type(v) is int
-    if tp is float:
-        return lambda v: type(v) in (int, float)
-    if tp is str:
-        return lambda v: type(v) is str
-    return lambda v: True  # an annotation this checker does not know is not checked
+        return _dict_checker(args)
+    return _SCALARS.get(tp, lambda v: True)  # an annotation this checker does not know is not checked
+
+
+def _list_checker(args: tuple) -> Callable[[Any], bool]:
+    if not args:
+        return lambda v: isinstance(v, list)
+    exact = {int: (int,), str: (str,), bool: (bool,), float: (int, float)}.get(args[0])
+    if exact is not None:  # JSON gives exactly these types: a set of the item types present
+        return lambda v: isinstance(v, list) and all(type(x) in exact for x in v)
+    each = _checker(args[0])
+    return lambda v: isinstance(v, list) and all(each(x) for x in v)
+
+
+def _dict_checker(args: tuple) -> Callable[[Any], bool]:
+    if not args:
+        return lambda v: isinstance(v, dict)
+    key, val = _checker(args[0]), _checker(args[1])
+    return lambda v: isinstance(v, dict) and all(key(k) and val(x) for k, x in v.items())
 
 
 def type_name(tp: Any) -> str:
@@ -185,8 +191,11 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
     not summing to 1 over the visible keys ``vis [1|head, query, key]`` (the mask's, less padding keys),
     or non-zero on a hidden key. Rows that see no key, and rows flagged in ``skip [query]`` (padding
     queries, which no analysis reads), are checked only for being finite and within [0, 1]; a site whose
-    model adds sinks (``extra_kwargs``) may sum to less than 1. One pass of vectorised reductions."""
-    tol = ROW_TOL.get(dtype_code, 1e-4)
+    model adds sinks (``extra_kwargs``) may sum to less than 1. ``dtype_code`` is the precision the
+    weights were computed or stored in (:func:`precision`); each row's sum tolerance follows it and the row's
+    number of visible keys (:func:`row_tolerance`). One pass of vectorised reductions."""
+    tol = row_tolerance(dtype_code, vis.sum(-1))  # [1|head, query]
+    tol_max = row_tolerance(dtype_code, site.key_len)
     sinks = any(k != "output_attentions" for k in site.extra_kwargs)
     if w.numel() == 0:
         return
@@ -196,7 +205,7 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
     # fast path, a few passes over the block and no float64 copy: all values in [0, 1 + tol] (NaN fails
     # this), then row sums over all keys and over hidden keys
     lo, hi = torch.aminmax(w)
-    if bool(lo >= 0) and bool(hi <= 1 + tol):
+    if bool(lo >= 0) and bool(hi <= 1 + tol_max):
         total = w.sum(-1)
         hidden_keys = ~vis
         if bool(hidden_keys.any()):
@@ -210,9 +219,10 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
             return
     # something is wrong: find the first bad row and say what
     finite = torch.isfinite(w).all(-1)
-    in_range = ((w >= 0) & (w <= 1 + tol)).all(-1)
+    in_range = ((w >= 0) & (w <= 1 + tol_max)).all(-1)
     vis = vis.expand_as(w)
     seen = seen.expand(w.shape[:-1])
+    tol = tol.expand(w.shape[:-1])
     total = torch.where(vis, w, 0).sum(-1, dtype=torch.float64)
     sums = (total <= 1 + tol) if sinks else ((total - 1).abs() <= tol)
     hidden = torch.where(vis, 0, w).abs().amax(-1) <= 1e-6
@@ -228,9 +238,50 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
     elif not bool(hidden[h, r]):
         what = f"puts weight {float(torch.where(vis[h, r], 0, row).abs().max()):.4g} on a key its mask hides"
     else:
-        what = f"sums to {float(total[h, r]):.6g} over its visible keys, not 1"
+        what = (f"sums to {float(total[h, r]):.6g} over its {int(vis[h, r].sum())} visible keys, not 1 (within "
+                f"{float(tol[h, r]):.2g} for {dtype_code})")
     raise InspectorError(f"{where}: site {site.name!r} head {heads[h]} row {queries[r]}: the attention row {what}; the "
                          "file is damaged: capture again")
+
+
+def precision(*codes: str | None) -> str:
+    """The coarsest of the float dtype codes given (``"BF16"`` is coarser than ``"F16"``, which is coarser than
+    ``"F32"``); unknown codes and None are ignored, ``"F32"`` when none is known. A weight computed in half
+    precision and stored as float32 still carries the half-precision rounding."""
+    known = [c for c in codes if c in FLOAT_DTYPES]
+    return max(known, key=lambda c: torch.finfo(FLOAT_DTYPES[c]).eps, default="F32")
+
+
+def model_code(meta: dict[str, Any]) -> str | None:
+    """The dtype code of the model's parameters as its provenance records it (``meta["model"]["dtype"]``), or None."""
+    name = (meta.get("model") or {}).get("dtype") if isinstance(meta.get("model"), dict) else None
+    return DTYPE_CODES.get(getattr(torch, name, None)) if isinstance(name, str) else None
+
+
+def row_tolerance(dtype_code: str, n: torch.Tensor | int) -> torch.Tensor | float:
+    """How far from 1 the sum of an attention row of ``n`` visible keys may be when its weights were
+    computed (or stored) in ``dtype_code``; a tensor of the same shape when ``n`` is one.
+
+    With ``u = eps / 2`` the dtype's unit roundoff and ``s`` its smallest subnormal:
+
+    * each weight rounded once to the dtype carries a relative error of at most ``u``, so the sum of the
+      row's rounded weights is off by at most ``u * sum(p) = u`` -- the rounding of the normaliser (one
+      more division) adds another ``u``: ``2u``;
+    * a weight below the smallest normal number is rounded to a multiple of ``s``: an absolute error of
+      ``s / 2`` each, ``n * s / 2`` at most (float16: ``3e-8`` per key, ``5e-4`` over 16,384 keys);
+    * a model that sums the normaliser in the dtype itself adds one rounding per key; those errors have
+      random signs, so they grow as ``sqrt(n) * u`` (a random walk), not as the worst case ``(n - 1) u``,
+      which for bfloat16 passes every row past 256 keys and so would check nothing.
+
+    ``tol = (2 + sqrt(n)) * u + n * s / 2``, and never below ``ROW_FLOOR`` (float32 rows: the model's own
+    float32 softmax and this check's float32 sum). bfloat16 at 64 keys: 0.039; float16 at 64 keys: 0.0049.
+    """
+    info = torch.finfo(FLOAT_DTYPES.get(dtype_code, torch.float32))
+    u, s = info.eps / 2, info.smallest_normal * info.eps
+    if isinstance(n, torch.Tensor):
+        n = n.to(torch.float64)
+        return ((2 + n.sqrt()) * u + n * s / 2).clamp(min=ROW_FLOOR)
+    return max(ROW_FLOOR, (2 + math.sqrt(n)) * u + n * s / 2)
 
 
 def check_explained(where: str, site, head: int, query_index: int, weight: torch.Tensor, stored: torch.Tensor | None,
@@ -267,9 +318,31 @@ MASK_FIELDS = {"dtype": str, "shape": list[int], "fill": str | None, "visible": 
 
 def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shapes: dict[str, list[int]], schema_max: int) -> None:
     """Check a parsed header and the tensors' dtypes and shapes against each other; raise one line naming
-    the site (or input, or mask) and the field on the first problem."""
-    from inspector.store.schema import InputRecord, Site
+    the site (or input, or mask) and the field on the first problem. In order: the top-level fields
+    (:func:`_check_top`), the input records (:func:`_check_inputs`), each site's fields, axes and tensors
+    (:func:`_check_site`), the masks the sites name (:func:`_check_masks`), then no tensor left unnamed."""
+    schema = _check_top(path, meta, schema_max)
+    lengths = _check_inputs(path, meta["inputs"])
+    batch = 1 + max((b for _, b in lengths), default=0)
+    referenced: set[str] = set()
+    seen_names: set[str] = set()
+    mask_users: dict[str, list[dict]] = {}
+    for i, d in enumerate(meta["sites"]):
+        _check_site(path, i, d, seen_names, lengths, batch)
+        referenced |= _check_site_tensors(path, d, batch, dtypes, shapes)
+        m = d["mask"]
+        if m is not None:
+            mask_users.setdefault(m, []).append(d)
+        elif any(t.startswith(f"{d['name']}/mask") for t in shapes):
+            raise refuse(path, f"site {d['name']!r}", "field 'mask' is null but a mask tensor is stored for it")
+    referenced |= _check_masks(path, schema, meta.get("masks", {}), mask_users, batch, dtypes, shapes)
+    unused = sorted(set(shapes) - referenced)
+    if unused:
+        raise refuse(path, f"tensor {unused[0]!r}", "is stored but no site's 'parts' or 'mask' field names it")
 
+
+def _check_top(path: Path, meta: dict[str, Any], schema_max: int) -> int:
+    """The schema number and the top-level fields' types and presence; returns the schema."""
     schema = meta.get("schema")
     if not conforms(schema, int) or schema < 1:
         raise refuse(path, "header", f"field 'schema' must be a positive integer, got {_short(schema)}")
@@ -283,14 +356,19 @@ def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shap
             raise refuse(path, "header", f"required field {key!r} is missing")
     if not meta["sites"]:
         raise refuse(path, "header", "field 'sites' is empty")
+    return schema
 
-    # inputs
+
+def _check_inputs(path: Path, inputs: list) -> dict[tuple[str, int], int]:
+    """Each input record's fields, per-token lists of one length and offsets within the text; returns the
+    number of tokens of each (role, batch row)."""
+    from inspector.store.schema import InputRecord
+
     lengths: dict[tuple[str, int], int] = {}
     rec_fields = {f.name for f in dataclasses.fields(InputRecord) if f.default is dataclasses.MISSING
                   and f.default_factory is dataclasses.MISSING}
-    for i, d in enumerate(meta["inputs"]):
-        where = f"input {i}"
-        check_fields(path, where, d, InputRecord, rec_fields)
+    for i, d in enumerate(inputs):
+        check_fields(path, f"input {i}", d, InputRecord, rec_fields)
         where = f"input {d['role']!r}[{d['batch']}]"
         n = len(d["ids"])
         for f in ("tokens", "offsets", "special", "padding") + (("word_ids",) if d.get("word_ids") else ()):
@@ -305,78 +383,113 @@ def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shap
         if (d["role"], d["batch"]) in lengths:
             raise refuse(path, where, "appears twice")
         lengths[(d["role"], d["batch"])] = n
-    batch = 1 + max((b for _, b in lengths), default=0)
+    return lengths
 
-    # sites and their tensors
+
+def _check_site(path: Path, i: int, d: Any, seen_names: set[str], lengths: dict[tuple[str, int], int], batch: int) -> None:
+    """One site's fields: types, a unique name, sizes, kind, head map, parts and the numbers they need, and
+    its axes against the inputs."""
+    from inspector.store.schema import Site
+
     site_fields = SITE_FIELDS_V1 | {f.name for f in dataclasses.fields(Site) if f.default is dataclasses.MISSING
                                     and f.default_factory is dataclasses.MISSING}
-    referenced: set[str] = set()
-    seen_names: set[str] = set()
-    masks = meta.get("masks", {})
-    mask_users: dict[str, list[dict]] = {}
-    for i, d in enumerate(meta["sites"]):
-        check_fields(path, f"site {i}", d, Site, site_fields)
-        name = d["name"]
-        where = f"site {name!r}"
-        if name in seen_names:
-            raise refuse(path, where, "field 'name' repeats another site's")
-        seen_names.add(name)
-        for f in ("num_heads", "num_kv_heads", "query_len", "key_len"):
-            if d[f] < 1:
-                raise refuse(path, where, f"field {f!r} must be at least 1, got {d[f]}")
-        for f in ("d_head", "d_v", "layer"):
-            if d[f] < 0:
-                raise refuse(path, where, f"field {f!r} must not be negative, got {d[f]}")
-        if d["kind"] not in KINDS:
-            raise refuse(path, where, f"field 'kind' must be one of {', '.join(KINDS)}, got {_short(d['kind'])}")
-        if len(d["head_map"]) != d["num_heads"] or any(not 0 <= h < d["num_kv_heads"] for h in d["head_map"]):
-            raise refuse(path, where, f"field 'head_map' must map each of its {d['num_heads']} heads to one of "
-                                      f"{d['num_kv_heads']} K/V heads")
-        parts = d["parts"]
-        if "weights" not in parts and not {"q", "k"} <= set(parts):
-            raise refuse(path, where, f"field 'parts' ({', '.join(parts) or 'empty'}) holds neither weights nor q and k")
-        if {"q", "k"} <= set(parts):
-            if not finite_positive(d["scaling"]):
-                raise refuse(path, where, f"field 'scaling' must be a finite positive number, got {_short(d['scaling'])}")
-            if d["d_head"] < 1 or ("v" in parts and d["d_v"] < 1):
-                raise refuse(path, where, "fields 'd_head' and 'd_v' must be at least 1 for a site that stores Q/K/V")
-        if d["softcap"] is not None and not finite_positive(d["softcap"]):
-            raise refuse(path, where, f"field 'softcap' must be null or a finite positive number, got {_short(d['softcap'])}")
-        for roles, f, n in ((d["query_input"], "query_input", d["query_len"]), (d["key_input"], "key_input", d["key_len"])):
-            for b in range(batch):
-                missing = [r for r in roles if (r, b) not in lengths]
-                if missing:
-                    raise refuse(path, where, f"field {f!r} names input {missing[0]!r}, which batch row {b} lacks")
-                if sum(lengths[(r, b)] for r in roles) != n:
-                    raise refuse(path, where, f"field {f!r} ({'+'.join(roles)}) has "
-                                              f"{sum(lengths[(r, b)] for r in roles)} tokens in batch row {b}, but "
-                                              f"{'query_len' if f == 'query_input' else 'key_len'} is {n}")
-        h, kv, q, k = d["num_heads"], d["num_kv_heads"], d["query_len"], d["key_len"]
-        expected = {"q": [batch, h, q, d["d_head"]], "k": [batch, kv, k, d["d_head"]], "v": [batch, kv, k, d["d_v"]],
-                    "weights": [batch, h, q, k], "value_norm": [batch, h, k]}
-        for p in parts:
-            t = f"{name}/{p}"
-            referenced.add(t)
-            if t not in shapes:
-                raise refuse(path, where, f"field 'parts' lists {p!r} but tensor {t!r} is not in the file")
-            if p in expected:
-                if dtypes[t] not in FLOAT_DTYPES:
-                    raise refuse(path, where, f"tensor {t!r} has dtype {dtypes[t]}, not a floating-point type")
-                if shapes[t] != expected[p]:
-                    dims = {"q": "batch, num_heads, query_len, d_head", "k": "batch, num_kv_heads, key_len, d_head",
-                            "v": "batch, num_kv_heads, key_len, d_v", "weights": "batch, num_heads, query_len, key_len",
-                            "value_norm": "batch, num_heads, key_len"}[p]
-                    raise refuse(path, where, f"tensor {t!r} has shape {shapes[t]}, but the header says [{dims}] = {expected[p]}")
-        stray = [t for t in shapes if t.startswith(f"{name}/") and t.rsplit("/", 1)[1] in expected and t not in referenced]
-        if stray:
-            raise refuse(path, where, f"tensor {stray[0]!r} is stored but field 'parts' does not list it")
-        m = d["mask"]
-        if m is not None:
-            mask_users.setdefault(m, []).append(d)
-        elif any(t.startswith(f"{name}/mask") for t in shapes):
-            raise refuse(path, where, "field 'mask' is null but a mask tensor is stored for it")
+    check_fields(path, f"site {i}", d, Site, site_fields)
+    where = f"site {d['name']!r}"
+    if d["name"] in seen_names:
+        raise refuse(path, where, "field 'name' repeats another site's")
+    seen_names.add(d["name"])
+    _check_site_numbers(path, where, d)
+    for roles, f, n in ((d["query_input"], "query_input", d["query_len"]), (d["key_input"], "key_input", d["key_len"])):
+        _check_axis(path, where, roles, f, n, lengths, batch)
 
-    # masks
+
+def _check_site_numbers(path: Path, where: str, d: dict) -> None:
+    for f in ("num_heads", "num_kv_heads", "query_len", "key_len"):
+        if d[f] < 1:
+            raise refuse(path, where, f"field {f!r} must be at least 1, got {d[f]}")
+    for f in ("d_head", "d_v", "layer"):
+        if d[f] < 0:
+            raise refuse(path, where, f"field {f!r} must not be negative, got {d[f]}")
+    if d["kind"] not in KINDS:
+        raise refuse(path, where, f"field 'kind' must be one of {', '.join(KINDS)}, got {_short(d['kind'])}")
+    if len(d["head_map"]) != d["num_heads"] or any(not 0 <= h < d["num_kv_heads"] for h in d["head_map"]):
+        raise refuse(path, where, f"field 'head_map' must map each of its {d['num_heads']} heads to one of "
+                                  f"{d['num_kv_heads']} K/V heads")
+    parts = d["parts"]
+    if "weights" not in parts and not {"q", "k"} <= set(parts):
+        raise refuse(path, where, f"field 'parts' ({', '.join(parts) or 'empty'}) holds neither weights nor q and k")
+    if {"q", "k"} <= set(parts):
+        if not finite_positive(d["scaling"]):
+            raise refuse(path, where, f"field 'scaling' must be a finite positive number, got {_short(d['scaling'])}")
+        if d["d_head"] < 1 or ("v" in parts and d["d_v"] < 1):
+            raise refuse(path, where, "fields 'd_head' and 'd_v' must be at least 1 for a site that stores Q/K/V")
+    if d["softcap"] is not None and not finite_positive(d["softcap"]):
+        raise refuse(path, where, f"field 'softcap' must be null or a finite positive number, got {_short(d['softcap'])}")
+
+
+def _check_axis(path: Path, where: str, roles: list[str], f: str, n: int, lengths: dict[tuple[str, int], int],
+                batch: int) -> None:
+    """A site's query or key axis names inputs every batch row has, ``n`` tokens in all."""
+    for b in range(batch):
+        missing = [r for r in roles if (r, b) not in lengths]
+        if missing:
+            raise refuse(path, where, f"field {f!r} names input {missing[0]!r}, which batch row {b} lacks")
+        total = sum(lengths[(r, b)] for r in roles)
+        if total != n:
+            raise refuse(path, where, f"field {f!r} ({'+'.join(roles)}) has {total} tokens in batch row {b}, but "
+                                      f"{'query_len' if f == 'query_input' else 'key_len'} is {n}")
+
+
+_PART_DIMS = {"q": "batch, num_heads, query_len, d_head", "k": "batch, num_kv_heads, key_len, d_head",
+              "v": "batch, num_kv_heads, key_len, d_v", "weights": "batch, num_heads, query_len, key_len",
+              "value_norm": "batch, num_heads, key_len", "global_rows": "batch, num_heads, global slots, key_len"}
+
+
+def _band_shapes(path: Path, where: str, d: dict, batch: int, shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The shapes of a banded site's weights ``[batch, head, query, G + 2w + 1]`` and global rows ``[batch,
+    head, G, key]`` (:mod:`inspector.store.band`), G read from the stored global rows."""
+    w = d["band"]
+    if w < 1 or "weights" not in d["parts"] or "global_rows" not in d["parts"]:
+        raise refuse(path, where, f"field 'band' ({w}) needs a window of at least 1 and parts 'weights' and 'global_rows'")
+    rows = shapes.get(f"{d['name']}/global_rows")
+    g = rows[2] if rows is not None and len(rows) == 4 else 0
+    if g > d["key_len"]:
+        raise refuse(path, where, f"tensor '{d['name']}/global_rows' has {g} global slots for {d['key_len']} keys")
+    h = d["num_heads"]
+    return {"weights": [batch, h, d["query_len"], g + 2 * w + 1], "global_rows": [batch, h, g, d["key_len"]]}
+
+
+def _check_site_tensors(path: Path, d: dict, batch: int, dtypes: dict[str, str], shapes: dict[str, list[int]]) -> set[str]:
+    """The tensors a site's ``parts`` lists: present, floating point, of the shapes its fields give; none
+    stored that it does not list. Returns their names."""
+    name, where = d["name"], f"site {d['name']!r}"
+    h, kv, q, k = d["num_heads"], d["num_kv_heads"], d["query_len"], d["key_len"]
+    expected = {"q": [batch, h, q, d["d_head"]], "k": [batch, kv, k, d["d_head"]], "v": [batch, kv, k, d["d_v"]],
+                "weights": [batch, h, q, k], "value_norm": [batch, h, k]}
+    if d.get("band") is not None:
+        expected.update(_band_shapes(path, where, d, batch, shapes))
+    referenced = set()
+    for p in d["parts"]:
+        t = f"{name}/{p}"
+        referenced.add(t)
+        if t not in shapes:
+            raise refuse(path, where, f"field 'parts' lists {p!r} but tensor {t!r} is not in the file")
+        if p not in expected:
+            continue
+        if dtypes[t] not in FLOAT_DTYPES:
+            raise refuse(path, where, f"tensor {t!r} has dtype {dtypes[t]}, not a floating-point type")
+        if shapes[t] != expected[p]:
+            raise refuse(path, where, f"tensor {t!r} has shape {shapes[t]}, but the header says [{_PART_DIMS[p]}] = {expected[p]}")
+    stray = [t for t in shapes if t.startswith(f"{name}/") and t.rsplit("/", 1)[1] in expected and t not in referenced]
+    if stray:
+        raise refuse(path, where, f"tensor {stray[0]!r} is stored but field 'parts' does not list it")
+    return referenced
+
+
+def _check_masks(path: Path, schema: int, masks: dict, mask_users: dict[str, list[dict]], batch: int,
+                 dtypes: dict[str, str], shapes: dict[str, list[int]]) -> set[str]:
+    """Each mask the sites name (a dense tensor in schema 1, a spec in schema 2); returns the tensors they use."""
+    referenced = set()
     for m, users in mask_users.items():
         if schema < 2:
             referenced.add(m)
@@ -394,10 +507,10 @@ def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shap
             if not conforms(spec[f], tp):
                 raise refuse(path, where, f"field {f!r} must be {type_name(tp)}, got {_short(spec[f])}")
         _check_spec(path, where, spec, users, batch, dtypes, shapes)
-        referenced.update(t for t in (spec["key_padding"], spec["packed"], spec["bias"]) if t)
-    unused = sorted(set(shapes) - referenced)
-    if unused:
-        raise refuse(path, f"tensor {unused[0]!r}", "is stored but no site's 'parts' or 'mask' field names it")
+        if any(u.get("band") is not None for u in users) and spec["visible"] != "band":
+            raise refuse(path, where, "is used by a banded site (field 'band') but has no band rule")
+        referenced.update(t for t in (spec["key_padding"], spec["packed"], spec["bias"], spec.get("globals")) if t)
+    return referenced
 
 
 def _fits(shape: list[int], users: list[dict], batch: int, last: int | None = None) -> bool:
@@ -421,7 +534,9 @@ def _check_dense_mask(path, m, users, batch, dtypes, shapes) -> None:
 
 
 def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
-    from inspector.store.masks import DTYPES, RULES
+    """A schema-2 mask spec: its dtype, shape, visibility rule and fill (:func:`_check_rule`), and the small
+    tensors it names (:func:`_check_spec_tensors`)."""
+    from inspector.store.masks import DTYPES
 
     if spec["dtype"] not in DTYPES:
         raise refuse(path, where, f"field 'dtype' must be one of {', '.join(DTYPES)}, got {_short(spec['dtype'])}")
@@ -429,6 +544,17 @@ def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
         u = users[0]
         raise refuse(path, where, f"field 'shape' {spec['shape']} is not broadcastable to [batch, num_heads, query_len, "
                                   f"key_len] = [{batch}, {u['num_heads']}, {u['query_len']}, {u['key_len']}] of site {u['name']!r}")
+    _check_rule(path, where, spec)
+    qr = spec.get("query_rows", spec["shape"][2])
+    if not conforms(qr, int) or qr not in (1, spec["shape"][2]):
+        raise refuse(path, where, f"field 'query_rows' must be 1 or {spec['shape'][2]}, got {_short(qr)}")
+    _check_spec_tensors(path, where, spec, users, batch, dtypes, shapes)
+
+
+def _check_rule(path, where, spec) -> None:
+    """The visibility rule, the fill that goes with it, and the fields the rule needs."""
+    from inspector.store.masks import RULES
+
     vis = spec["visible"]
     if vis is not None and vis not in RULES:
         raise refuse(path, where, f"field 'visible' must be null or one of {', '.join(RULES)}, got {_short(vis)}")
@@ -440,16 +566,20 @@ def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
         raise refuse(path, where, "field 'window' must be a positive integer for a sliding rule")
     if vis == "packed" and not spec["packed"]:
         raise refuse(path, where, "field 'packed' must name a tensor for a packed rule")
-    qr = spec.get("query_rows", spec["shape"][2])
-    if not conforms(qr, int) or qr not in (1, spec["shape"][2]):
-        raise refuse(path, where, f"field 'query_rows' must be 1 or {spec['shape'][2]}, got {_short(qr)}")
+    if vis == "band" and (spec["window"] is None or spec["window"] < 1 or not isinstance(spec.get("globals"), str)):
+        raise refuse(path, where, "a band rule needs a positive 'window' and a 'globals' tensor")
+
+
+def _check_spec_tensors(path, where, spec, users, batch, dtypes, shapes) -> None:
+    """The key padding, packed bits and bias tensors a spec names: present, of their dtypes and shapes."""
     k = spec["shape"][3]
     for f, codes, ok in (
         ("key_padding", ("U8", "BOOL"), lambda s: len(s) == 2 and s[0] in (1, batch) and s[1] == k),
         ("packed", ("U8",), lambda s: _fits(s, users, batch, last=lambda n: (n + 7) // 8)),
         ("bias", tuple(FLOAT_DTYPES), lambda s: _fits(s, users, batch)),
+        ("globals", ("U8", "BOOL"), lambda s: len(s) == 2 and s[0] in (1, batch) and s[1] == k),
     ):
-        t = spec[f]
+        t = spec.get(f)
         if not t:
             continue
         if t not in shapes:
