@@ -174,13 +174,7 @@ def page_body() -> None:
     size = int(ss.hm_size)
     row = weight_row(key, cap, site.name, head, qi, weighting)
     if ss.hm_follow:
-        if causal:  # the rows up to the query, and the keys they could see (ending at the last row's position)
-            qs = views.window_to(qi, size, n_q)
-            ks = views.causal_keys(site, qs, size)
-        else:
-            qs = views.window(qi, size, n_q)
-            centre_k = qi if site.query_input == site.key_input else int(row["weight"].idxmax())
-            ks = views.window(centre_k, size, n_k)
+        qs, ks = views.heatmap_windows(site, qi, size, centre_key=int(row["weight"].idxmax()))
     else:
         d1, d2 = st.columns(2)
         ss.hm_q0, ss.hm_k0 = min(int(ss.hm_q0), n_q - 1), min(int(ss.hm_k0), n_k - 1)  # set on a longer site

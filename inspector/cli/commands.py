@@ -222,11 +222,13 @@ def cmd_plot(args) -> int:
     if kind == "query":
         if query is None:
             raise InspectorError("--kind query needs --query WORD or --query-index N")
-        chart = show.query_weights(cap, site, args.head, query, batch=args.batch)
+        chart = show.query_weights(cap, site, args.head, query, occurrence=args.occurrence, batch=args.batch,
+                                   weighting=args.weighting)
     elif kind == "grid":
-        chart = show.head_grid(cap, batch=args.batch)
+        chart = show.head_grid(cap, batch=args.batch, weighting=args.weighting)
     else:
-        chart = show.head_heatmap(cap, site, args.head, query=query, window=args.window, batch=args.batch)
+        chart = show.head_heatmap(cap, site, args.head, query=query, occurrence=args.occurrence, window=args.window,
+                                  batch=args.batch, weighting=args.weighting)
     show.save(chart, out)
     status(f"wrote {out}")
     return 0
@@ -552,12 +554,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", required=True)
     p.add_argument("--head", type=int, required=True)
     q = p.add_mutually_exclusive_group()
-    q.add_argument("--query", help="a word of the text: the heatmap centres on it; --kind query plots its weights")
+    q.add_argument("--query", help="a word of the text: the heatmap follows it; --kind query plots its aggregate row "
+                                   "(the mean of its tokens' rows, as split and explain)")
     q.add_argument("--query-index", type=int, help="a query token position instead of a word")
     p.add_argument("--kind", choices=["heatmap", "query", "grid"],
                    help="heatmap (default without --query), query (default with --query) or grid (layer x head)")
+    p.add_argument("--occurrence", type=int, help="which occurrence of the --query word (1-based) when it occurs more than once")
     p.add_argument("--window", type=positive_int, default=64, help="query rows and keys of the heatmap (default 64)")
     p.add_argument("--batch", type=int, default=0)
+    add_weighting_option(p, "the figure's weights")
     p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
     p.set_defaults(func=cmd_plot)
 
