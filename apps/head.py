@@ -166,11 +166,8 @@ def page_body() -> None:
     c5.toggle("Follow the selected query", key="hm_follow", persist_state=PERSIST, on_change=keep_window,
               help="The window moves with the query: centred on it, or on a causal site ending at it, so that it "
                    "shows every key of the window the query could see. Off: choose the first row and key yourself.")
-    if "value_norm" in site.parts:
-        st.radio("Weights", ["attention", "value-norm"], key="hm_weighting", horizontal=True, persist_state=PERSIST,
-                 help="value-norm: each weight times ||v_j W_O^h||, what the key sends through this head, renormalized per "
-                      "row (Kobayashi et al. 2020).")
-    weighting = ss.hm_weighting if "value_norm" in site.parts else "attention"
+    weighting = shared.weighting_of(cap, site)
+    st.caption(shared.weighting_note(cap, site) + " Change it with the sidebar's switch.")
     size = int(ss.hm_size)
     row = weight_row(key, cap, site.name, head, qi, weighting)
     if ss.hm_follow:

@@ -62,7 +62,8 @@ import torch
 from inspector.analysis import spans
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-from inspector.store.masks import MASKED, visible_keys as visible  # noqa: F401  (the one definition; re-exported)
+from inspector.store.masks import MASKED  # noqa: F401  (the one definition; re-exported)
+from inspector.store.masks import visible_keys as visible
 
 _BLOCK_VALUES = 1 << 21  # rank_heads works on [head, query, key] blocks of at most this many values (8 MB float32)
 RANK_COLUMNS = ["site", "stack", "kind", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "self_mass",

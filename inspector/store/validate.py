@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from inspector.errors import InspectorError
-from inspector.store.masks import MASKED, visible_keys
+from inspector.store.masks import visible_keys
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header length
 HEADER_BASE = 16 << 20  # any header up to this size; beyond it, at most 1/16 of the tensor data
