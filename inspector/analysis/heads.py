@@ -128,6 +128,13 @@ class SplitRule:
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise InspectorError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
 
+    def describe(self) -> str:
+        """The rule in words, printed from the thresholds :meth:`passes` applies (the CLI, the report and
+        the app's Corpus page all print this): ``split_score >= 0.2, referent_mass >= 0.25 and lift >= 2
+        (referent_mass ÷ chance_mass, what uniform attention over the visible keys gives the referents)``."""
+        return (f"split_score >= {self.min_split:g}, referent_mass >= {self.min_mass:g} and lift >= {self.min_lift:g} "
+                "(referent_mass ÷ chance_mass, what uniform attention over the visible keys gives the referents)")
+
     def passes(self, split_score: float, referent_mass: float, lift: float) -> bool:
         return bool(split_score >= self.min_split and referent_mass >= self.min_mass and lift >= self.min_lift)
 

@@ -81,6 +81,7 @@ def cmd_rank(args) -> int:
     df = analysis.rank_heads(cap, exclude_special=args.exclude_special, batch=args.batch, sort_by=args.sort,
                              ascending=not args.descending, weighting=args.weighting)
     _left_out(df)
+    status(f"heads ranked with {args.weighting} weights")
     if args.csv:
         write_csv(args.csv, df)
         status(f"wrote {len(df)} rows to {args.csv}")
@@ -113,8 +114,8 @@ def cmd_split(args) -> int:
         for line in analysis.split_notes(df):
             print(line)
     n = int(df["flagged"].sum())
-    status(f"{n} head{'s' if n != 1 else ''} flagged (split_score >= {args.min_split}, referent_mass >= {args.min_mass}, "
-            f"lift >= {args.min_lift}; {args.weighting} weights)")
+    rule = analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass, min_lift=args.min_lift)
+    status(f"{n} head{'s' if n != 1 else ''} flagged ({rule.describe()}; {args.weighting} weights)")
     return 0
 
 

@@ -139,8 +139,11 @@ LIST_COLUMNS = ("query_positions", "rows_flagged", "row_split_scores")  # list c
 
 def csv_text(df: pd.DataFrame, joined: tuple[str, ...] = LIST_COLUMNS) -> str:
     """``df`` as CSV text with the list cells of the ``joined`` columns (a query's positions, its rows'
-    split scores) written space-separated: lists travel as lists in Python and are joined only here."""
+    split scores) written space-separated: lists travel as lists in Python and are joined only here. A
+    table whose ``attrs`` name its ``weighting`` (rank, split) gets it as a last column, ``weighting``."""
     listy = [c for c in joined if c in df.columns]
+    if "weighting" in df.attrs and "weighting" not in df.columns:  # a rank or split table says its weighting
+        df = df.assign(weighting=df.attrs["weighting"])
     if listy:
         df = df.copy()
         for c in listy:
