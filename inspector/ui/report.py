@@ -487,7 +487,7 @@ def _summary(n_flagged: int, rows: list[dict], query: str, referents: list[str])
             text += (f" Most of that split sits on {r0.get('shared_pieces')!r}, a token piece both referents share "
                      f"(without it the split score is {float(r0['split_unshared']):.3f}).")
         if len(r0.get("query_positions") or []) > 1 and "driving_row" in r0:
-            text += f" Of the query's rows, row {r0['driving_row']} drives it (row split scores {r0['row_split_scores']})."
+            text += f" Of the query's rows, row {r0['driving_row']} drives it (row split scores {' '.join(f'{float(x):.4f}' for x in r0['row_split_scores'])})."
     return text
 
 
