@@ -108,6 +108,18 @@ def test_every_view_tells_the_same_row(case, weighting, tmp_path, monkeypatch):
     run_cli("plot", str(path), "--site", site, "--head", str(head), "--query", QUERY, "--weighting", weighting, "-o", str(png))
     assert png.stat().st_size > 0
 
+    # the referent bars of the report and the app: one frame, the same weights
+    from inspector.ui import report_plots
+
+    label = views.head_label(top.to_dict())
+    bars = views.split_bars(split, len(split), REFS)
+    report_bars = report_plots.referent_frame(split, REFS, len(split))
+    for r in REFS:
+        assert float(bars[(bars["site"] == site) & (bars["head"] == head) & (bars["referent"] == r)]["weight"].iloc[0]) == \
+            pytest.approx(expected[r], abs=TOL)
+        assert float(report_bars[(report_bars["head"] == label) & (report_bars["referent"] == r)]["weight"].iloc[0]) == \
+            pytest.approx(expected[r], abs=TOL)
+
     # the report: the head's card shades the same pieces with the same weights
     card = page.split(f'data-site="{site}" data-head="{head}"', 1)[1]
     card = card.split('<div class="card head"', 1)[0]

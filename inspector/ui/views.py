@@ -241,16 +241,27 @@ def explain_frame(exp: Explanation, preview: int = 4) -> pd.DataFrame:
 
 
 # ---- split finder ------------------------------------------------------------------------------
-def split_bars(split: pd.DataFrame, top: int = 10) -> pd.DataFrame:
-    """Long form of the top heads' referent weights: ``head_label, site, head, referent, weight,
-    flagged, split_score`` (heads in split-table order)."""
-    refs = [c for c in split.columns if c.startswith("weight:")]
+def head_label(row: dict) -> str:
+    """A head's short name in bar charts: ``L5 H9`` (``L5 H9 cross`` for cross-attention; the site name
+    when the row has no layer)."""
+    where = f"L{row['layer']}" if "layer" in row else str(row.get("site", ""))
+    return f"{where} H{row['head']}" + (f" {row['kind']}" if row.get("kind") == "cross" else "")
+
+
+def split_bars(split: pd.DataFrame, top: int = 10, referents: list[str] | None = None) -> pd.DataFrame:
+    """The referent-bar data of the app's split finder and the report (one definition): long form of the
+    first ``top`` rows of a split table, ``head_label, site, head, referent, weight, flagged, split_score``
+    (heads in split-table order, referents in ``referents`` order, else the table's ``weight:`` columns);
+    ``weight`` is the row's ``weight:<referent>``, the word's aggregate row summed over the referent."""
+    refs = [r for r in referents if f"weight:{r}" in split.columns] if referents is not None else \
+        [c.split(":", 1)[1] for c in split.columns if c.startswith("weight:")]
     rows = []
     for r in split.head(top).to_dict("records"):
-        label = f"L{r['layer']} H{r['head']}" + (f" {r['kind']}" if r["kind"] == "cross" else "")
-        for c in refs:
-            rows.append({"head_label": label, "site": r["site"], "head": r["head"], "referent": c.split(":", 1)[1],
-                         "weight": r[c], "flagged": r["flagged"], "split_score": r["split_score"]})
+        label = head_label(r)
+        for ref in refs:
+            rows.append({"head_label": label, "site": r.get("site"), "head": r["head"], "referent": ref,
+                         "weight": float(r[f"weight:{ref}"]), "flagged": bool(r.get("flagged", False)),
+                         "split_score": r.get("split_score")})
     return pd.DataFrame(rows, columns=["head_label", "site", "head", "referent", "weight", "flagged", "split_score"])
 
 
