@@ -81,14 +81,14 @@ def cmd_rank(args) -> int:
     df = analysis.rank_heads(cap, exclude_special=args.exclude_special, batch=args.batch, sort_by=args.sort,
                              ascending=not args.descending, weighting=args.weighting)
     _left_out(df)
-    status(f"heads ranked with {args.weighting} weights")
     if args.csv:
         write_csv(args.csv, df)
-        status(f"wrote {len(df)} rows to {args.csv}")
+        status(f"wrote {len(df)} rows to {args.csv} (heads ranked with {args.weighting} weights)")
         if args.csv == "-":  # the CSV is the output
             return 0
     shown = df.head(args.top) if args.top else df
     print(format_table(shown.drop(columns=["stack"] if (df["stack"] == "none").all() else [])))
+    status(f"heads ranked with {args.weighting} weights")
     return 0
 
 
@@ -578,6 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--occurrence", type=int, help="which occurrence of the query (1-based)")
     p.add_argument("--referents", help="comma-separated referents for the split finder at start")
     p.add_argument("--variant", help="a second capture for the Compare page")
+    add_weighting_option(p, "the weights every page shows (the sidebar's switch starts here)")
     p.set_defaults(func=cmd_app)
 
     add_corpus_commands(sub)
