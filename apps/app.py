@@ -133,6 +133,7 @@ with st.sidebar:
         if not 0 <= int(ss.get("sel_head", 0)) < site.num_heads:
             ss.sel_head = 0
         st.selectbox("Head", list(range(site.num_heads)), key="sel_head")
+        shared.weighting_switch()
         q_tokens = cap.tokens(site, "query")
         shared.follow_query_axis(cap, site)
         # two ways to the query: its position (typed, or stepped with − and +), or a search over the tokens; the

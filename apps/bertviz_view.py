@@ -43,6 +43,7 @@ if ss.bertviz_page is None or ss.bertviz_page[0] != cache_key:
         st.stop()
     ss.bertviz_page = (cache_key, page)
 page = ss.bertviz_page[1]
-st.caption(f"Tokens {start}..{start + size - 1} · page size {views.html_size(page)}")
+st.caption(f"Tokens {start}..{start + size - 1} · page size {views.html_size(page)} · raw attention weights "
+           "(bertviz draws the captured weights; the sidebar's switch applies to the other pages)")
 height = 900 if ss.bv_view == "model view" else 40 + 22 * min(size, longest) + 120
 st.iframe(views.sandboxed(page, height), height=height + 12)

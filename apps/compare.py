@@ -40,9 +40,8 @@ size = 64
 
 def heat(cap, site, title: str) -> alt.Chart:
     """The head's weights over a window of at most 64 x 64 tokens on a fixed 0..1 scale."""
-    qs = slice(0, min(size, site.query_len))
-    ks = views.causal_keys(site, qs, size) if site.kind == "causal" else slice(0, min(size, site.key_len))
-    df = views.heatmap_frame(cap, site, c.head, qs, ks)
+    qs, ks = views.heatmap_windows(site, None, size)
+    df = views.heatmap_frame(cap, site, c.head, qs, ks, weighting=shared.weighting_of(cap, site))
     df["visible"] = views.visible_frame(cap, site, df)
     q_order = list(dict.fromkeys(df["query_label"]))
     k_order = list(dict.fromkeys(df["key_label"]))
@@ -62,5 +61,5 @@ with left:
     st.altair_chart(heat(c.cap, c.site, f"open: {Path(ss.path).name}"), width="stretch")
 with right:
     st.altair_chart(heat(other, o_site, f"second: {Path(ss.variant_path).name}"), width="stretch")
-st.caption(f"{c.site.name} · head {c.head} in both captures; both on the same 0..1 colour scale (grey: masked). "
+st.caption(shared.weighting_note(c.cap, c.site) + f" {c.site.name} · head {c.head} in both captures; both on the same 0..1 colour scale (grey: masked). "
            f"At most the first {size} query rows and keys of each.")

@@ -22,6 +22,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from inspector.analysis import SplitRule
 from inspector.corpus import queries as corpus
 from inspector.errors import InspectorError
 
@@ -113,10 +114,13 @@ def corpus_view() -> None:
     except InspectorError as exc:
         st.error(str(exc), icon="🚫")
         return
-    counts = dict(zip(docs["status"], docs["n"], strict=True))
+    counts = {str(k): int(v) for k, v in zip(docs["status"], docs["n"], strict=True)}  # from documents.parquet
     info = corpus.scan_info(out)
+    opts = info.get("options", {})
+    defaults = SplitRule()
+    rule = SplitRule(**{k: opts.get(k, getattr(defaults, k)) for k in ("min_split", "min_mass", "min_lift")})
     st.caption(f"**Model** {info.get('model')} · **corpus** `{info.get('corpus')}` · "
-               f"{counts.get('ok', 0)} documents scanned, {counts.get('error', 0)} with errors")
+               f"{sum(counts.values())} documents scanned: {counts.get('ok', 0)} ok, {counts.get('error', 0)} with errors")
     if summary.empty:
         st.warning("No head statistics yet: the scan has committed no document without error.")
         return
@@ -127,8 +131,8 @@ def corpus_view() -> None:
     head = int(head)
     left, right = st.columns([1.1, 1], gap="large")
     with left:
-        st.caption("Share of documents where the head is flagged as split (split_score >= min_split and "
-                   "referent_mass >= min_mass). Click a cell to pick the head.")
+        st.caption(f"Share of documents where the head is flagged as split ({rule.describe()}; raw attention "
+                   "weights). Click a cell to pick the head.")
         st.altair_chart(_grid(summary, (site, head)), key="cp_grid", on_select=_on_grid, selection_mode="cell", width="content")
     with right:
         st.caption("Per site and head over the corpus, the heads that split most often first (`inspector corpus`).")

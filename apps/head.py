@@ -166,21 +166,12 @@ def page_body() -> None:
     c5.toggle("Follow the selected query", key="hm_follow", persist_state=PERSIST, on_change=keep_window,
               help="The window moves with the query: centred on it, or on a causal site ending at it, so that it "
                    "shows every key of the window the query could see. Off: choose the first row and key yourself.")
-    if "value_norm" in site.parts:
-        st.radio("Weights", ["attention", "value-norm"], key="hm_weighting", horizontal=True, persist_state=PERSIST,
-                 help="value-norm: each weight times ||v_j W_O^h||, what the key sends through this head, renormalized per "
-                      "row (Kobayashi et al. 2020).")
-    weighting = ss.hm_weighting if "value_norm" in site.parts else "attention"
+    weighting = shared.weighting_of(cap, site)
+    st.caption(shared.weighting_note(cap, site) + " Change it with the sidebar's switch.")
     size = int(ss.hm_size)
     row = weight_row(key, cap, site.name, head, qi, weighting)
     if ss.hm_follow:
-        if causal:  # the rows up to the query, and the keys they could see (ending at the last row's position)
-            qs = views.window_to(qi, size, n_q)
-            ks = views.causal_keys(site, qs, size)
-        else:
-            qs = views.window(qi, size, n_q)
-            centre_k = qi if site.query_input == site.key_input else int(row["weight"].idxmax())
-            ks = views.window(centre_k, size, n_k)
+        qs, ks = views.heatmap_windows(site, qi, size, centre_key=int(row["weight"].idxmax()))
     else:
         d1, d2 = st.columns(2)
         ss.hm_q0, ss.hm_k0 = min(int(ss.hm_q0), n_q - 1), min(int(ss.hm_k0), n_k - 1)  # set on a longer site

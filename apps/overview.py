@@ -64,8 +64,8 @@ def grid_spec(metric: str, title: str, domain: tuple[float, float], n_heads: int
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def rank_csv(cap_key: str, exclude_special: bool, _rank: pd.DataFrame) -> bytes:
-    del cap_key, exclude_special  # the cache key
+def rank_csv(cap_key: str, exclude_special: bool, weighting: str, _rank: pd.DataFrame) -> bytes:
+    del cap_key, exclude_special, weighting  # the cache key
     return views.csv_bytes(_rank)
 
 
@@ -97,7 +97,8 @@ with left:
         st.vega_lite_chart(spec=spec, key=key, on_select=lambda k=key: on_grid_select(k), selection_mode="cell",
                            width="content")
 with right:
-    st.caption("Ranking: focused heads first (normalized entropy ascending); click a header to sort, a row to select."
+    st.caption(shared.weighting_note(c.cap) + " Ranking: focused heads first (normalized entropy ascending); click a "
+               "header to sort, a row to select."
                + (" Special-token keys ignored." if ss.exclude_special else ""))
     # more than one kind of attention (an encoder-decoder's encoder self, decoder self and cross): the group comes
     # first, so that rows of the same layer and head can be told apart
@@ -122,5 +123,6 @@ with right:
                ("entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight")},
         },
     )
-    st.download_button("Download CSV (as `inspector rank --csv`)", rank_csv(shared.capture_key(), ss.exclude_special, rank),
+    st.download_button("Download CSV (as `inspector rank --csv`)", rank_csv(shared.capture_key(), ss.exclude_special,
+                                                                                rank.attrs.get("weighting", "attention"), rank),
                        file_name="rank.csv", mime="text/csv", key="dl_rank", on_click="ignore")

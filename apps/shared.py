@@ -48,6 +48,7 @@ def app_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--occurrence", type=int)
     p.add_argument("--referents")
     p.add_argument("--variant")
+    p.add_argument("--weighting", choices=list(analysis.WEIGHTINGS))
     args, _ = p.parse_known_args(argv)
     return args
 
@@ -76,8 +77,8 @@ def setup() -> None:
         "hm_mode": "Window", "hm_size": 64, "hm_follow": True, "hm_q0": 0, "hm_k0": 0, "hm_topk": 5, "qkv_key": -1,
         "hm_scale": "0..1",
         "sp_query": "", "sp_occ": 0, "sp_refs": "", "sp_pick": [], "sp_sites": "all", "sp_min_split": 0.2,
-        "sp_min_mass": 0.25, "sp_ignore_case": False, "sp_top": 10, "sp_min_lift": 2.0, "sp_weighting": "attention",
-        "hm_weighting": "attention",
+        "sp_min_mass": 0.25, "sp_ignore_case": False, "sp_top": 10, "sp_min_lift": 2.0,
+        "weighting": "attention",  # one weighting for every page (the sidebar's switch)
         "bv_view": "head view", "bv_start": 0, "bv_size": 32, "cmp_path": "",
     })
     if len(sys.argv) > 1 and Path(sys.argv[0]).resolve() == APP:  # `inspector app FILE` -> `streamlit run app.py -- FILE`
@@ -160,6 +161,8 @@ def open_pending() -> None:
             ss.sel_site = cap.site(args.site).name
         except InspectorError as exc:
             ss.problems.append(views.app_error(exc))
+    if args.weighting:
+        ss.weighting = args.weighting
     if args.head is not None and 0 <= args.head < cap.site(ss.sel_site).num_heads:
         ss.sel_head = args.head
     if args.variant:
@@ -212,7 +215,7 @@ def run_split() -> None:
     try:
         df = analysis.split_heads(cap, ss.sp_query.strip() or None, refs, occurrence=int(ss.sp_occ) or None,
                                   sites=ss.sp_sites, rule=rule, case_sensitive=not ss.sp_ignore_case,
-                                  weighting=ss.sp_weighting)
+                                  weighting=ss.weighting)
     except InspectorError as exc:
         ss.split_error = app_words(views.app_error(exc))
         return
@@ -307,11 +310,40 @@ def ranking(exclude_special: bool):
     """``rank_heads`` of the open capture with special-token keys kept and excluded, both from one pass
     (:func:`inspector.analysis.rank_heads_both`) the first time either is asked for, so toggling
     "Ignore special-token keys" reads a ranking already made."""
-    key = bool(exclude_special)
+    w = weighting_of(ss.capture)
+    key = (w, bool(exclude_special))
     if key not in ss.rank:
-        with st.spinner("Ranking every head (once per capture) …"):
-            ss.rank.update(analysis.rank_heads_both(ss.capture))
+        with st.spinner("Ranking every head (once per capture and weighting) …"):
+            ss.rank.update({(w, ex): df for ex, df in analysis.rank_heads_both(ss.capture, weighting=w).items()})
     return ss.rank[key]
+
+
+WEIGHTING_HELP = ("Every weight this app shows, ranks and splits with: raw attention (the softmax the model computes), "
+                  "or value-weighted attention, each weight times ||v_j W_O^h|| renormalized per row (Kobayashi et al. "
+                  "2020). The same switch as `--weighting` on the command line.")
+
+
+def weighting_switch() -> None:
+    """The app's one weighting switch (in the sidebar, so on every page)."""
+    st.radio("Weights", list(analysis.WEIGHTINGS), key="weighting", horizontal=True, help=WEIGHTING_HELP)
+
+
+def weighting_of(cap: Capture, site=None) -> str:
+    """The weighting the pages use: the switch's, or ``attention`` where the capture (or ``site``) has no value
+    norms (then :func:`weighting_note` says so)."""
+    if ss.weighting == "value-norm":
+        sites = [site] if site is not None else cap.sites
+        if any("value_norm" in s.parts for s in sites):
+            return "value-norm"
+    return "attention"
+
+
+def weighting_note(cap: Capture, site=None) -> str:
+    """One line naming the weights a page shows."""
+    w = weighting_of(cap, site)
+    said = "raw attention weights" if w == "attention" else "value-weighted attention (weight × ||v_j W_O^h||, renormalized)"
+    fell = " (this capture has no value norms here)" if w != ss.weighting else ""
+    return f"Weights: {said}{fell}."
 
 
 def show_error(message: str) -> None:

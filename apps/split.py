@@ -38,11 +38,9 @@ with st.form("split_form"):
     c5.radio("Sites", ["all", "self", "cross"], key="sp_sites", horizontal=True, persist_state=PERSIST)
     c6.number_input("min split score", 0.0, 1.0, step=0.05, key="sp_min_split", persist_state=PERSIST)
     c7.number_input("min referent mass", 0.0, 1.0, step=0.05, key="sp_min_mass", persist_state=PERSIST)
-    c8, c9, c10 = st.columns([1, 2, 1])
+    c8, c10 = st.columns([1, 1])
     c8.number_input("min lift", 0.0, 100.0, step=0.5, key="sp_min_lift", persist_state=PERSIST,
                     help="referent mass ÷ chance mass, what uniform attention over the visible keys would give the referents.")
-    c9.radio("Weights", ["attention", "value-norm"], key="sp_weighting", horizontal=True, persist_state=PERSIST,
-             help="value-norm: each weight times ||v_j W_O^h||, renormalized per row (Kobayashi et al. 2020).")
     c10.checkbox("Ignore case", key="sp_ignore_case", persist_state=PERSIST)
     st.form_submit_button("Find split heads", type="primary", on_click=shared.run_split)
 if ss.split_error:
@@ -50,7 +48,13 @@ if ss.split_error:
 if ss.split is None:
     st.info("Give a query word and two or more referents, e.g. query «indemnity», referents «Lessee, Lessor».")
     st.stop()
+if ss.split["df"].attrs.get("weighting") != ss.weighting:  # the sidebar's switch moved: the same split, re-weighted
+    shared.run_split()
+    if ss.split_error:
+        shared.show_error(ss.split_error)
+        st.stop()
 res, df = ss.split, ss.split["df"]
+st.caption(shared.weighting_note(cap) + " Change it with the sidebar's switch.")
 rule = res["rule"]
 ref_cols = [k for k in df.columns if k.startswith("weight:")]
 flagged = df[df["flagged"]]
@@ -117,7 +121,7 @@ hit = df[(df["site"] == s_name) & (df["head"] == s_head)]
 if not len(hit):
     st.info("This head has no split row (the query is not on its query axis).")
     st.stop()
-q_pos = [int(p) for p in str(hit["query_positions"].iloc[0]).split()]
+q_pos = [int(p) for p in hit["query_positions"].iloc[0]]
 c2.button("Open in the Head view", on_click=shared.select_head, args=(s_name, s_head, int(hit["driving_row"].iloc[0]), "head"))
 ref_pos: list[int] = []
 for ref in res["refs"]:

@@ -50,6 +50,9 @@ c2.download_button("Download JSON", json.dumps(exp.to_json(), indent=2) + "\n",
                    file_name=f"explain-{site.name}-h{head}-q{qi}.json", mime="application/json", key="dl_explain_json",
                    on_click="ignore", help="The same JSON as `inspector explain --json`.")
 out = pd.DataFrame({"dim": range(len(exp.output)), "output": exp.output})
+if shared.ss.weighting != "attention":
+    st.caption("Weights: raw attention, the softmax the model computes, step by step (the sidebar's value-norm "
+               "switch applies to the other pages' weights).")
 st.markdown(f"**Output vector** (d_v = {len(exp.output)}): the sum of the contributions")
 st.altair_chart(alt.Chart(out).mark_bar().encode(
     x=alt.X("dim:O", title="dimension"), y=alt.Y("output:Q", title="value"),

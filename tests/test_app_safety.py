@@ -197,7 +197,8 @@ def test_app_command_binds_loopback_by_default():
                                           "--head", "0"])
     cmd = common.app_command(args)
     assert cmd[cmd.index("--server.address") + 1] == "0.0.0.0"
-    assert cmd[cmd.index("--") + 1:] == [str(FIXTURE.resolve()), "--site", "example.attention", "--head", "0"]
+    assert cmd[cmd.index("--") + 1:] == [str(FIXTURE.resolve()), "--site", "example.attention", "--head", "0",
+                                         "--weighting", "attention"]  # the app starts on the run's weighting
 
 
 def _free_port() -> int:

@@ -12,9 +12,11 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from inspector.analysis import SplitRule
 from inspector.capture.models import load_model
 from inspector.corpus import queries as corpus
 from inspector.corpus.documents import Fields
+from inspector.corpus.folder import committed_documents
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
 from inspector.store import load
@@ -56,7 +58,13 @@ def test_corpus_page_grid_head_documents_and_capture(scanned, tmp_path, monkeypa
     assert at.title[0].value == "Corpus"
     want = corpus.summary(scanned)
     pd.testing.assert_frame_equal(frames(at)[0].reset_index(drop=True), want, check_dtype=False)
-    assert "14 documents scanned, 2 with errors" in at.caption[0].value
+    # every document of documents.parquet counted, ok or not; the flag rule printed from the SplitRule applied
+    docs = committed_documents(scanned)
+    n_ok, n_err = int((docs["status"] == "ok").sum()), int((docs["status"] == "error").sum())
+    assert n_err and f"{len(docs)} documents scanned: {n_ok} ok, {n_err} with errors" in at.caption[0].value
+    opts = corpus.scan_info(scanned)["options"]
+    rule = SplitRule(opts["min_split"], opts["min_mass"], opts["min_lift"])
+    assert "lift >=" in rule.describe() and any(rule.describe() in c.value for c in at.caption)
 
     # pick the head that splits least often: its documents are listed, highest split score first
     last = want.iloc[-1]

@@ -36,7 +36,10 @@ def test_debug_encoder_decoder_with_output_and_variant(bart, tmp_path):
     kinds = split["kind"].tolist()
     assert kinds[: kinds.count("cross")] == ["cross"] * kinds.count("cross") > []  # cross sites first
     assert set(split["stack"]) == {"decoder"}  # the query is on the output side
-    assert (split.drop(columns=["flagged"]).round(10) == inv.split.drop(columns=["flagged"]).round(10)).all().all()
+    from inspector.store.files import csv_text
+
+    assert (tmp_path / "split.csv").read_text() == csv_text(inv.split)  # lists joined, the weighting stated
+    assert (split["weighting"] == "attention").all()
     cap = load(tmp_path / "capture.safetensors")
     assert cap.records("target").text == OUTPUT
     html = (tmp_path / "report.html").read_text()
@@ -96,7 +99,10 @@ def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
     # the flagged head in every variant first, in plain words: quoting raised L5H9's split 0.228 -> 0.242
     said = "Variant 'quoted' raised the split of layer 5 head 9 (encoder.layer.5.attention.self): 0.228 -> 0.242"
     assert said in out and out.index(said) < out.index("Heads ranked by") < out.index("largest changes")
-    assert "value-weighted attention" in out and "sits on pieces both referents share (less)" in out
+    # one weighting per run, said where the flags and the ranking are printed and written
+    assert "Flagged heads (1; attention weights)" in out and "raw attention weights" in out
+    assert "sits on pieces both referents share (less)" in out
+    assert set(pd.read_csv(tmp_path / "rank.csv")["weighting"]) == set(pd.read_csv(tmp_path / "split.csv")["weighting"]) == {"attention"}
     for name in ("capture.safetensors", "rank.csv", "split.csv", "report.html", "compare-quoted.csv"):
         assert (tmp_path / name).is_file()
     split = pd.read_csv(tmp_path / "split.csv")
@@ -119,9 +125,9 @@ def test_report_commands_reproduce_split_csv(bart, tmp_path):
     argv[argv.index("--csv") + 1] = str(tmp_path / "again.csv")
     assert main(argv) == 0
     assert (tmp_path / "again.csv").read_text() == (tmp_path / "split.csv").read_text()
-    # the ranking was made with value-weighted attention, and its command says so and rewrites it
+    # one weighting per run: the ranking's is the split's, and its command rewrites it
     rank_cmd = next(c for c in inv.commands if c.startswith("inspector rank"))
-    assert "--weighting value-norm" in rank_cmd and inv.rank.attrs["weighting"] == "value-norm"
+    assert "--weighting" not in rank_cmd and inv.rank.attrs["weighting"] == inv.split.attrs["weighting"] == "attention"
     argv = shlex.split(rank_cmd)[1:]
     argv[argv.index("--csv") + 1] = str(tmp_path / "rank-again.csv")
     assert main(argv) == 0

@@ -186,7 +186,7 @@ def test_heatmap_windows_a_long_input(minilm):
     site = cap.site(m["site"])
     assert site.key_len > 2 * LIMIT
     row = rep["split"][(rep["split"]["site"] == m["site"]) & (rep["split"]["head"] == m["head"])].iloc[0]
-    q_pos = [int(p) for p in row["query_positions"].split()]
+    q_pos = list(row["query_positions"])
     assert len(m["keys"]) <= LIMIT and len(m["rows"]) <= LIMIT
     assert set(q_pos) <= set(m["rows"]) and set(q_pos) <= set(m["keys"])
     for ref in REFS:
@@ -206,7 +206,7 @@ def test_shaded_text_is_the_source_with_the_query_weights(report):
         site = cap.site(card.attrs["data-site"])
         head = int(card.attrs["data-head"])
         row = report["split"][(report["split"]["site"] == site.name) & (report["split"]["head"] == head)].iloc[0]
-        q_pos = [int(p) for p in row["query_positions"].split()]
+        q_pos = list(row["query_positions"])
         mean = cap.weights(site, heads=[head])[0, q_pos].double().mean(0)
         boxes = card.all("div", "src")
         assert [b.attrs["data-role"] for b in boxes] == site.key_input
@@ -245,7 +245,7 @@ def test_text_is_escaped(minilm):
 def test_step_by_step_table(legal):
     cap, row = legal["cap"], legal["split"].iloc[0]
     # the row that drives the flag (25 '##em' of 'indemnity'), not the query's last token
-    assert row["query_positions"] == "24 25 26" and row["driving_row"] == 25
+    assert row["query_positions"] == [24, 25, 26] and row["driving_row"] == 25
     exp = explain(cap, row["site"], int(row["head"]), int(row["driving_row"]))
     cols, rows, classes = table(legal["dom"], "steps")
     assert cols == ["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"]
@@ -298,7 +298,7 @@ def test_decoder_query_occurrence_and_two_key_texts(tokenizer):
     card = rep["dom"].all("div", "head")[0]
     split = rep["split"]
     row = split[(split["site"] == card.attrs["data-site"]) & (split["head"] == int(card.attrs["data-head"]))].iloc[0]
-    q_pos = [int(p) for p in row["query_positions"].split()]
+    q_pos = list(row["query_positions"])
     assert min(q_pos) >= len(cap.records("source").ids)
     boxes = card.all("div", "src")
     assert [b.attrs["data-role"] for b in boxes] == ["source", "target"]

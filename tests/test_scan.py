@@ -79,7 +79,7 @@ def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame, tol: float = TOL) -> None
     for col in a.columns:
         if pd.api.types.is_float_dtype(a[col]):
             np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), atol=tol, rtol=0, err_msg=col)
-        elif col == "referent_weights":
+        elif col in ("referent_weights", "row_split_scores"):  # lists of floats
             for x, y in zip(a[col], b[col], strict=True):
                 if isinstance(x, float) or x is None:
                     assert y is None or isinstance(y, float)

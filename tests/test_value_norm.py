@@ -118,7 +118,7 @@ def test_value_weighted_rank_and_split_follow_the_definition(tokenizer):
     assert df.attrs["weighting"] == "value-norm"
     # split: referent weights from the value-weighted rows, chance from uniform attention weighted the same way
     sp = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"], weighting="value-norm", sites=[site]).set_index("head")
-    q = [int(p) for p in sp["query_positions"].iloc[0].split()]
+    q = list(sp["query_positions"].iloc[0])
     keys = cap.tokens(site, "key")
     lessee = [i for i in range(len(keys) - 1) if keys[i:i + 2] == ["less", "##ee"]][0:1]
     lessee = [lessee[0], lessee[0] + 1]

@@ -78,7 +78,7 @@ def test_a_uniform_head_is_never_flagged(fill, causal):
     assert row["chance_mass"] == pytest.approx(row["referent_mass"], abs=TOL)
     visible = n if not causal else n - 1  # the query is the token before [SEP]
     assert row["chance_mass"] == pytest.approx(4 / visible, abs=TOL)
-    assert not row["flagged"] and row["rows_flagged"] == ""
+    assert not row["flagged"] and row["rows_flagged"] == []
     if visible <= 16:  # short texts: the old rule (split and mass only) flagged this uniform head
         assert row["split_score"] >= 0.2 and row["referent_mass"] >= 0.25
 
@@ -93,7 +93,7 @@ def test_a_45_45_split_on_two_one_token_referents_is_flagged(fill):
     row = analysis.split_heads(build(toks, p), "today", ["Bob", "Carol"]).iloc[0]
     assert row["weight:Bob"] == pytest.approx(0.45, abs=TOL) and row["split_score"] == pytest.approx(0.9, abs=TOL)
     assert row["chance_mass"] == pytest.approx(2 / n, abs=TOL) and row["lift"] == pytest.approx(0.9 * n / 2, abs=1e-5)
-    assert row["flagged"] and row["rows_flagged"] == str(today)
+    assert row["flagged"] and row["rows_flagged"] == [today]
 
 
 def test_min_lift_decides_and_is_reported(tmp_path, capsys):
@@ -129,11 +129,11 @@ def test_a_flag_driven_by_one_row_shows_that_row(weights, tmp_path):
     cap = load(build(toks, p, weights=weights).save(tmp_path / "c.safetensors"))
     df = analysis.split_heads(cap, "indemnity", ["Bob", "Carol"]).set_index("head")
     r = df.loc[0]
-    assert r["query_positions"] == "11 12 13" and r["weight:Bob"] == pytest.approx(1 / 6, abs=TOL)
-    assert r["row_split_scores"] == "0.0000 1.0000 0.0000"
-    assert r["driving_row"] == 12 and r["rows_flagged"] == "12" and r["flagged"]
+    assert r["query_positions"] == [11, 12, 13] and r["weight:Bob"] == pytest.approx(1 / 6, abs=TOL)
+    assert r["row_split_scores"] == pytest.approx([0.0, 1.0, 0.0], abs=TOL)
+    assert r["driving_row"] == 12 and r["rows_flagged"] == [12] and r["flagged"]
     assert r["lift"] == pytest.approx((1 / 3) / (2 / 15), abs=1e-5)
-    assert not df.loc[1, "flagged"] and df.loc[1, "rows_flagged"] == ""
+    assert not df.loc[1, "flagged"] and df.loc[1, "rows_flagged"] == []
 
 
 def test_explain_a_word_matches_split(tmp_path, capsys):

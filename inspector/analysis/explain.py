@@ -65,7 +65,8 @@ class WordExplanation:
     """Every query row of a word at one site and head, and the aggregate row ``split`` judges.
 
     ``rows``: one :class:`Explanation` per token of the word, in ``query_positions`` order;
-    ``aggregate``: ``key_index, key_token, weight`` with ``weight`` the mean of the rows' weights;
+    ``aggregate``: ``key_index, key_token, weight`` with ``weight`` the word's aggregate row, the mean of
+    its rows under ``weighting`` (:func:`inspector.analysis.heads.word_row`, split's row);
     ``verdict``: with referents, the head's row of the split table (same code, same numbers);
     ``row_verdicts``: per query row, the referents' weights, ``referent_mass``, ``chance_mass``,
     ``lift``, ``split_score`` and ``flagged`` of that row alone."""
@@ -133,7 +134,7 @@ def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurr
                               role=query_role)
     positions = list(occ.positions)
     rows = [_explain_row(capture, site, head, p, batch=batch) for p in positions]
-    weights = torch.stack([torch.tensor(e.table["weight"].to_numpy(), dtype=torch.float64) for e in rows]).mean(0)
+    weights = analysis.word_row(capture, site, head, positions, batch=batch, weighting=weighting)  # split's row
     aggregate = pd.DataFrame({"key_index": range(site.key_len), "key_token": capture.tokens(site, "key", batch),
                               "weight": weights.tolist()})
     verdict = row_verdicts = None

@@ -64,8 +64,9 @@ import torch
 from inspector.analysis import spans
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
+from inspector.store.masks import MASKED  # noqa: F401  (the one definition; re-exported)
+from inspector.store.masks import visible_keys as visible
 
-MASKED = -1e4  # an additive mask value at or below this hides the key (dtype minimum, -inf)
 _BLOCK_VALUES = 1 << 21  # rank_heads works on [head, query, key] blocks of at most this many values (8 MB float32)
 RANK_COLUMNS = ["site", "stack", "kind", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "self_mass",
                 "prev_mass", "top_key", "top_key_index", "top_key_weight", "label"]
@@ -75,6 +76,12 @@ SPLIT_VERDICT_COLUMNS = ["referent_mass", "chance_mass", "lift", "split_score", 
                          "rows_flagged", "shared_pieces", "shared_share", "split_unshared", "mostly_shared"]
 WEIGHTINGS = ("attention", "value-norm")
 _FOUR = "{:.4f}"  # weights in the split table's text columns
+
+
+def join(values) -> str:
+    """A list cell of the split table (``query_positions``, ``rows_flagged``, ``row_split_scores``) as
+    text: space-separated, floats to 4 places. Lists travel as lists; only text output joins them."""
+    return " ".join(_FOUR.format(v) if isinstance(v, float) else str(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,13 @@ class SplitRule:
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise InspectorError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
 
+    def describe(self) -> str:
+        """The rule in words, printed from the thresholds :meth:`passes` applies (the CLI, the report and
+        the app's Corpus page all print this): ``split_score >= 0.2, referent_mass >= 0.25 and lift >= 2
+        (referent_mass ÷ chance_mass, what uniform attention over the visible keys gives the referents)``."""
+        return (f"split_score >= {self.min_split:g}, referent_mass >= {self.min_mass:g} and lift >= {self.min_lift:g} "
+                "(referent_mass ÷ chance_mass, what uniform attention over the visible keys gives the referents)")
+
     def passes(self, split_score: float, referent_mass: float, lift: float) -> bool:
         """Whether one row passes the rule: ``split_score >= min_split``, ``referent_mass >= min_mass`` and
         ``lift >= min_lift`` (all dimensionless; lift is referent_mass ÷ chance_mass)."""
@@ -143,17 +157,6 @@ def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k
     n = len(range(*queries.indices(site.query_len)))
     return visible(site, (~pad_k).expand(1, n, -1), capture.mask_rows(site, batch, queries),
                    torch.arange(*queries.indices(site.query_len)))
-
-
-def visible(site: Site, seen: torch.Tensor, mask: torch.Tensor | None, q_idx: torch.Tensor) -> torch.Tensor:
-    """``seen`` (the non-padding keys, broadcast to ``[..., query, key]``) narrowed to the keys the additive
-    ``mask`` shows (``> MASKED``); a causal site without a mask (weights-only fallback captures carry
-    none) hides the keys after each query position ``q_idx [query]``."""
-    if mask is not None:
-        return seen & (mask > MASKED)
-    if site.kind == "causal":
-        return seen & (torch.arange(site.key_len)[None, :] <= q_idx[:, None] + (site.key_len - site.query_len))
-    return seen
 
 
 def _check_weighting(weighting: str) -> None:
@@ -190,6 +193,40 @@ def head_weights(capture: Capture, site: Site | str, batch: int = 0, heads: list
         vn = value_norms_of(capture, site, batch)
         reweight_(w, vn if heads is None else vn[list(heads)])
     return w
+
+
+def query_rows(capture: Capture, site: Site | str, positions: list[int], *, batch: int = 0,
+               heads: list[int] | None = None, weighting: str = "attention",
+               value_norm: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows of a query word: weights ``[head, row, key]`` (float32) of the query positions
+    ``positions`` (a word's tokens, in that order), raw or value-weighted as :func:`head_weights` gives
+    them, read with one slice of rows ``min..max``. ``value_norm [head, key]`` spares a second read of
+    the site's value norms. The one definition behind split, explain, plot, show, report, app and scan.
+
+    Raises InspectorError for no positions, a position outside the query axis, or an unknown weighting."""
+    _check_weighting(weighting)
+    site = capture.site(site) if isinstance(site, str) else site
+    q_pos = [int(p) for p in positions]
+    if not q_pos or not all(0 <= p < site.query_len for p in q_pos):
+        raise InspectorError(f"query positions {q_pos} are not on {site.name}'s query axis (0..{site.query_len - 1})")
+    lo, hi = min(q_pos), max(q_pos) + 1
+    w = capture.weights(site, batch, heads=heads, queries=slice(lo, hi))
+    w = w[:, [p - lo for p in q_pos]] if (hi - lo != len(q_pos) or lo != q_pos[0]) else w
+    if weighting == "value-norm":
+        vn = value_norm if value_norm is not None else value_norms_of(capture, site, batch)
+        reweight_(w, vn[list(heads)] if heads is not None and vn.shape[0] != len(heads) else vn)
+    return w
+
+
+def word_row(capture: Capture, site: Site | str, head: int, positions: list[int], *, batch: int = 0,
+             weighting: str = "attention") -> torch.Tensor:
+    """The aggregate row of a query word at one head: the mean of its rows (:func:`query_rows`),
+    float64 ``[key]``; split's ``weight:<referent>`` is this row summed over the referent's keys.
+    A one-token query's aggregate row is its row. Raises as :func:`query_rows` and for an unknown head."""
+    site = capture.site(site) if isinstance(site, str) else site
+    if not 0 <= head < site.num_heads:
+        raise InspectorError(f"head {head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
+    return query_rows(capture, site, positions, batch=batch, heads=[head], weighting=weighting)[0].double().mean(0)
 
 
 def weighted_sites(capture: Capture, sites: list[Site], weighting: str) -> tuple[list[Site], dict[str, str]]:
@@ -506,7 +543,7 @@ def split_heads(
             row = {
                 "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
                 "query": occ.phrase if query_index is None else f"@{query_index} {capture.tokens(site, 'query', batch)[query_index]}",
-                "query_positions": " ".join(map(str, q_pos)),
+                "query_positions": list(q_pos),
             }
             row.update(found.row(head))
             rows.append(row)
@@ -654,8 +691,8 @@ class ReferentSplit:
             "referent_mass": self._mass, "chance_mass": self._chance, "lift": self._lift, "split_score": self._split,
             "flagged": self._flagged,
             "driving_row": [int(self.query_positions[d]) for d in self._driving],
-            "row_split_scores": [" ".join(map(_FOUR.format, rs)) for rs in self._row_split],
-            "rows_flagged": [" ".join(map(str, rows)) for rows in self._rows_flagged],
+            "row_split_scores": [list(rs) for rs in self._row_split],
+            "rows_flagged": [list(rows) for rows in self._rows_flagged],
             "shared_pieces": [shared] * len(self._mass),
             "shared_share": self._shared_share,
             "split_unshared": self._split_unshared,
@@ -698,9 +735,7 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
     idx = [p - lo for p in q_pos]
     _check_weighting(weighting)
     vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
-    w = capture.weights(site, batch, queries=slice(lo, hi))[:, idx]  # [head, row, key]
-    if vn is not None:
-        reweight_(w, vn)
+    w = query_rows(capture, site, q_pos, batch=batch, weighting=weighting, value_norm=vn)  # [head, row, key]
     vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
     per_row, chance, per_key = referent_rows(w, vis, referents, vn)
     return ReferentSplit(site=site, query_positions=q_pos, referents={r: list(p) for r, p in referents.items()},
@@ -715,13 +750,13 @@ def split_notes(df: pd.DataFrame) -> list[str]:
     refs = [c for c in df.columns if c.startswith("pieces:")]
     for r in df[df["flagged"].astype(bool)].to_dict("records"):
         where = f"{r['site']} head {r['head']}"
-        positions = str(r["query_positions"]).split()
+        positions = list(r["query_positions"])
         if len(positions) > 1:
-            flagged_rows = str(r["rows_flagged"] or "").split()
-            lines.append(f"{where}: the flag is on the mean of query rows {' '.join(positions)} (row split scores "
-                         f"{r['row_split_scores']}); row {r['driving_row']} drives it"
-                         + (", and alone passes the rule" if flagged_rows == [str(r['driving_row'])] else
-                            f"; rows passing alone: {' '.join(flagged_rows) or 'none'}"))
+            flagged_rows = list(r["rows_flagged"])
+            lines.append(f"{where}: the flag is on the mean of query rows {join(positions)} (row split scores "
+                         f"{join(r['row_split_scores'])}); row {r['driving_row']} drives it"
+                         + (", and alone passes the rule" if flagged_rows == [r['driving_row']] else
+                            f"; rows passing alone: {join(flagged_rows) or 'none'}"))
         if r["mostly_shared"]:
             lines.append(f"{where}: {r['shared_share']:.0%} of its referent weight sits on pieces both referents share "
                          f"({r['shared_pieces']}); without them its split_score is {r['split_unshared']:.4f}, not "

@@ -84,11 +84,12 @@ def cmd_rank(args) -> int:
     _left_out(df)
     if args.csv:
         write_csv(args.csv, df)
-        status(f"wrote {len(df)} rows to {args.csv}")
+        status(f"wrote {len(df)} rows to {args.csv} (heads ranked with {args.weighting} weights)")
         if args.csv == "-":  # the CSV is the output
             return 0
     shown = df.head(args.top) if args.top else df
     print(format_table(shown.drop(columns=["stack"] if (df["stack"] == "none").all() else [])))
+    status(f"heads ranked with {args.weighting} weights")
     return 0
 
 
@@ -114,8 +115,8 @@ def cmd_split(args) -> int:
         for line in analysis.split_notes(df):
             print(line)
     n = int(df["flagged"].sum())
-    status(f"{n} head{'s' if n != 1 else ''} flagged (split_score >= {args.min_split}, referent_mass >= {args.min_mass}, "
-            f"lift >= {args.min_lift}; {args.weighting} weights)")
+    rule = analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass, min_lift=args.min_lift)
+    status(f"{n} head{'s' if n != 1 else ''} flagged ({rule.describe()}; {args.weighting} weights)")
     return 0
 
 
@@ -223,11 +224,13 @@ def cmd_plot(args) -> int:
     if kind == "query":
         if query is None:
             raise InspectorError("--kind query needs --query WORD or --query-index N")
-        chart = show.query_weights(cap, site, args.head, query, batch=args.batch)
+        chart = show.query_weights(cap, site, args.head, query, occurrence=args.occurrence, batch=args.batch,
+                                   weighting=args.weighting)
     elif kind == "grid":
-        chart = show.head_grid(cap, batch=args.batch)
+        chart = show.head_grid(cap, batch=args.batch, weighting=args.weighting)
     else:
-        chart = show.head_heatmap(cap, site, args.head, query=query, window=args.window, batch=args.batch)
+        chart = show.head_heatmap(cap, site, args.head, query=query, occurrence=args.occurrence, window=args.window,
+                                  batch=args.batch, weighting=args.weighting)
     show.save(chart, out)
     status(f"wrote {out}")
     return 0
@@ -553,12 +556,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", required=True)
     p.add_argument("--head", type=int, required=True)
     q = p.add_mutually_exclusive_group()
-    q.add_argument("--query", help="a word of the text: the heatmap centres on it; --kind query plots its weights")
+    q.add_argument("--query", help="a word of the text: the heatmap follows it; --kind query plots its aggregate row "
+                                   "(the mean of its tokens' rows, as split and explain)")
     q.add_argument("--query-index", type=int, help="a query token position instead of a word")
     p.add_argument("--kind", choices=["heatmap", "query", "grid"],
                    help="heatmap (default without --query), query (default with --query) or grid (layer x head)")
+    p.add_argument("--occurrence", type=int, help="which occurrence of the --query word (1-based) when it occurs more than once")
     p.add_argument("--window", type=positive_int, default=64, help="query rows and keys of the heatmap (default 64)")
     p.add_argument("--batch", type=int, default=0)
+    add_weighting_option(p, "the figure's weights")
     p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
     p.set_defaults(func=cmd_plot)
 
@@ -573,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--occurrence", type=int, help="which occurrence of the query (1-based)")
     p.add_argument("--referents", help="comma-separated referents for the split finder at start")
     p.add_argument("--variant", help="a second capture for the Compare page")
+    add_weighting_option(p, "the weights every page shows (the sidebar's switch starts here)")
     p.set_defaults(func=cmd_app)
 
     add_corpus_commands(sub)

@@ -125,7 +125,7 @@ def app_command(args) -> list[str]:
     extra: list[str] = []
     if args.file:
         extra.append(str(Path(args.file).resolve()))
-    for opt in ("site", "head", "query", "occurrence", "referents", "variant"):
+    for opt in ("site", "head", "query", "occurrence", "referents", "variant", "weighting"):
         value = getattr(args, opt, None)
         if value is not None:
             extra += [f"--{opt}", str(Path(value).resolve()) if opt == "variant" else str(value)]

@@ -134,7 +134,8 @@ def cmd_demo(args) -> int:
     print(f"source: {LEGAL_SOURCE}\nquery: indemnity   referents: Lessee, Lessor   variant 'quoted': the clause quoted",
           file=sys.stderr)
     inv = investigate(loaded, LEGAL_SOURCE, query="indemnity", referents=["Lessee", "Lessor"], out_dir=args.out,
-                      variants={"quoted": LEGAL_QUOTED}, progress=True, contrast="Lessee,Lessor")
+                      variants={"quoted": LEGAL_QUOTED}, progress=True, contrast="Lessee,Lessor",
+                      weighting=args.weighting)
     _print_findings(inv)
     if args.no_app:
         return 0
@@ -157,7 +158,7 @@ def add_commands(sub) -> None:
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)
     add_lift_option(p)
-    add_weighting_option(p, "the split's and the heatmaps' weights")
+    add_weighting_option(p, "the ranking's, the split's and the heatmaps' weights (one weighting per run)")
     p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
     p.add_argument("--contrast", metavar="RIGHT,WRONG",
                    help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
@@ -184,4 +185,5 @@ def add_commands(sub) -> None:
     p.add_argument("--no-app", action="store_true", help="do not start the app afterwards (for scripts)")
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address the app listens on (default 127.0.0.1)")
+    add_weighting_option(p, "the ranking's, the split's and the app's weights (one weighting per run)")
     p.set_defaults(func=cmd_demo)

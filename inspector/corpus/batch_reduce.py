@@ -390,7 +390,7 @@ def _split_columns(capture, axes: Axes, b: int, query: _Query, sites, rows: list
     if not groups:
         return None
     per_site: dict[int, tuple[dict, int]] = {}  # site index -> (columns of its group, first head's offset)
-    query_text: dict[tuple, tuple[str, str, list[int]]] = {}
+    query_text: dict[tuple, tuple[str, list[int], int]] = {}
     for key, members in groups.items():
         occ, ref_pos = query.groups[key]
         site0 = sites[members[0]]
@@ -408,7 +408,7 @@ def _split_columns(capture, axes: Axes, b: int, query: _Query, sites, rows: list
             per_site[i] = (cols, offset)
             offset += sites[i].num_heads
         shift = axes.leading_padding(key[0], b)
-        query_text[key] = (occ.phrase, " ".join(str(p - shift) for p in occ.positions), shift)
+        query_text[key] = (occ.phrase, [p - shift for p in occ.positions], shift)
     out: dict[str, list] = {"query": [], "query_positions": [], "driving_row": [], "rows_flagged": [], "referents": [],
                             "referent_weights": [], "referent_pieces": []}
     rest = ["referent_mass", "chance_mass", "lift", "split_score", "flagged", "row_split_scores", "shared_pieces",
@@ -423,9 +423,9 @@ def _split_columns(capture, axes: Axes, b: int, query: _Query, sites, rows: list
         cols, o = per_site[i]
         phrase, positions, shift = query_text[(tuple(site.query_input), tuple(site.key_input))]
         out["query"] += [phrase] * h
-        out["query_positions"] += [positions] * h
+        out["query_positions"] += [list(positions) for _ in range(h)]
         out["driving_row"] += [d - shift for d in cols["driving_row"][o:o + h]]
-        out["rows_flagged"] += [" ".join(str(int(p) - shift) for p in s_.split()) for s_ in cols["rows_flagged"][o:o + h]]
+        out["rows_flagged"] += [[int(p) - shift for p in rows_] for rows_ in cols["rows_flagged"][o:o + h]]
         out["referents"] += [list(refs)] * h
         out["referent_weights"] += [list(x) for x in zip(*(cols[f"weight:{r}"][o:o + h] for r in refs), strict=True)]
         out["referent_pieces"] += [list(x) for x in zip(*(cols[f"pieces:{r}"][o:o + h] for r in refs), strict=True)]

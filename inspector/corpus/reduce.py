@@ -124,11 +124,11 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
         q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
         extra: dict[str, list] = {
             "query": split["query"].tolist(),
-            "query_positions": [" ".join(str(int(p) - q_shift[site]) for p in pos.split())
+            "query_positions": [[int(p) - q_shift[site] for p in pos]
                                 for site, pos in zip(split["site"], split["query_positions"], strict=True)],
             # the row that drives the verdict, and the rows that pass on their own: positions on the query axis too
             "driving_row": [int(d) - q_shift[site] for site, d in zip(split["site"], split["driving_row"], strict=True)],
-            "rows_flagged": [" ".join(str(int(p) - q_shift[site]) for p in str(pos or "").split())
+            "rows_flagged": [[int(p) - q_shift[site] for p in pos]
                              for site, pos in zip(split["site"], split["rows_flagged"], strict=True)],
             "referents": [list(refs)] * len(split),
         }

@@ -75,20 +75,13 @@ def split_for(cap: Capture, query: str, referents: list[str], *, occurrence: int
                                 query_role=q_role, referent_role=r_role, cross_first=True, weighting=weighting)
 
 
-def informative_weighting(cap: Capture) -> str:
-    """The weighting the investigation ranks heads with: ``value-norm`` when the capture has value norms
-    (weight on [CLS]/[SEP] sinks, whose transformed values are short, then counts for what it passes
-    on, so sink heads stop filling the top of the ranking), else ``attention``."""
-    return "value-norm" if any("value_norm" in s.parts for s in cap.sites) else "attention"
-
-
 def rank_note(weighting: str) -> str:
     """One sentence saying how heads were ranked (``attention`` or ``value-norm`` weighting, Kobayashi et al.
     2020), for the report and the printout."""
     if weighting == "value-norm":
         return ("Heads ranked by normalized entropy of value-weighted attention (weight x ||v_j W_O^h||, renormalized "
-                "per row; Kobayashi et al. 2020): raw weights on [CLS]/[SEP] sinks say little about what a head passes on.")
-    return "Heads ranked by normalized entropy of the raw attention weights (this capture has no value norms)."
+                "per row; Kobayashi et al. 2020), as split.")
+    return "Heads ranked by normalized entropy of the raw attention weights (the softmax the model computes), as split."
 
 
 def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *, names: tuple[str, str] = ("a", "b"),
@@ -165,7 +158,8 @@ def investigate(
     output (or generating again when ``generate`` is set). ``contrast`` (``RIGHT,WRONG``) adds the
     "Does it matter?" part (:mod:`inspector.investigate.matter`): effects of the flagged and ``top`` heads, and of
     patching them from each variant (with the original's output). ``weighting`` is the split's and the
-    heatmaps' (``attention`` or ``value-norm``); heads are ranked with :func:`informative_weighting`.
+    heatmaps' (``attention`` or ``value-norm``) and the ranking's too: one weighting per run, written in
+    ``rank.csv`` / ``split.csv`` (their ``weighting`` column), the printout and the report.
     """
     from inspector.capture.inputs import model_layout
     from inspector.ui.report import render_report
@@ -179,7 +173,7 @@ def investigate(
     gen_kwargs = gen_kwargs or {}
     # everything is computed (and every mistake found) before anything is written into out_dir
     cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress)
-    rank = analysis.rank_heads(cap, weighting=informative_weighting(cap))
+    rank = analysis.rank_heads(cap, weighting=weighting)  # one weighting per run: rank and split alike
     split = split_for(cap, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
     comparisons: dict[str, pd.DataFrame] = {}

@@ -136,9 +136,26 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
+LIST_COLUMNS = ("query_positions", "rows_flagged", "row_split_scores")  # list cells of the split table
+
+
+def csv_text(df: pd.DataFrame, joined: tuple[str, ...] = LIST_COLUMNS) -> str:
+    """``df`` as CSV text with the list cells of the ``joined`` columns (a query's positions, its rows'
+    split scores) written space-separated: lists travel as lists in Python and are joined only here. A
+    table whose ``attrs`` name its ``weighting`` (rank, split) gets it as a last column, ``weighting``."""
+    listy = [c for c in joined if c in df.columns]
+    if "weighting" in df.attrs and "weighting" not in df.columns:  # a rank or split table says its weighting
+        df = df.assign(weighting=df.attrs["weighting"])
+    if listy:
+        df = df.copy()
+        for c in listy:
+            df[c] = df[c].map(lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+    return df.to_csv(index=False)
+
+
 def write_csv(path: str | os.PathLike, df: pd.DataFrame) -> Path:
-    """Write ``df`` as CSV (no index) to ``path`` atomically; returns the path."""
-    return write_text(path, df.to_csv(index=False))
+    """Write ``df`` atomically as CSV (:func:`csv_text`); ``-`` writes to stdout."""
+    return write_text(path, csv_text(df))
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:

@@ -34,6 +34,23 @@ import torch
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 RULES = ("all", "causal", "sliding", "packed", "band")
 _CHUNK = 512  # query rows compared at a time when a mask is encoded
+MASKED = -1e4  # an additive mask value at or below this hides the key (the dtype minimum, -inf)
+
+
+def visible_keys(site, seen: torch.Tensor, mask: torch.Tensor | None, q_idx: torch.Tensor) -> torch.Tensor:
+    """The keys each query row can see, the one definition every stage uses (validation, rank, split,
+    the scan, the views): boolean ``[..., query, key]``.
+
+    ``seen`` are the keys not hidden otherwise (the non-padding keys, or all ones), broadcast to
+    ``[..., query, key]``; ``mask`` the additive mask rows ``[1|head, query, key]`` (a key is visible
+    where it is ``> MASKED``); a causal site without a mask (weights-only fallback captures carry none)
+    hides the keys after each query position ``q_idx [query]`` (shifted by a cached prefix,
+    ``key_len - query_len``)."""
+    if mask is not None:
+        return seen & (mask > MASKED)
+    if site.kind == "causal":
+        return seen & (torch.arange(site.key_len)[None, :] <= q_idx[:, None] + (site.key_len - site.query_len))
+    return seen
 
 
 def fill_value(spec: dict[str, Any]) -> float:

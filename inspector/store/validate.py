@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from inspector.errors import InspectorError
+from inspector.store.masks import visible_keys
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header length
 HEADER_BASE = 16 << 20  # any header up to this size; beyond it, at most 1/16 of the tensor data
@@ -37,7 +38,6 @@ PER_TOKEN = 512  # ... plus this much per token of each record (id, token, offse
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 ROW_FLOOR = 1e-4  # the row-sum tolerance of a float32 (or float64) row, whatever its length (see row_tolerance)
 EXPLAIN_TOL = {"F64": 1e-3, "F32": 1e-3, "F16": 5e-2, "BF16": 1e-1}  # explain vs stored weights, by Q/K dtype
-MASKED = -1e4  # an additive mask value at or below this hides the key (as analysis.MASKED)
 DTYPE_CODES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
                torch.uint8: "U8", torch.bool: "BOOL", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64"}
 
@@ -174,15 +174,10 @@ def _short(value: Any) -> str:
 
 # ---- rows -----------------------------------------------------------------------------------
 def visible(site, mask: torch.Tensor | None, queries: range) -> torch.Tensor:
-    """Boolean ``[1|head, query, key]``: keys each row can see, from the mask (or the causal rule for a
-    weights-only causal site without one)."""
-    if mask is not None:
-        return mask > MASKED
-    vis = torch.ones(1, len(queries), site.key_len, dtype=torch.bool)
-    if site.kind == "causal":
-        q = torch.tensor(list(queries))[:, None] + (site.key_len - site.query_len)
-        vis &= torch.arange(site.key_len)[None, :] <= q
-    return vis
+    """Boolean ``[1|head, query, key]``: keys each row can see (:func:`inspector.store.masks.visible_keys`
+    with every key seen: padding is the caller's to remove)."""
+    seen = torch.ones(1, len(queries), site.key_len, dtype=torch.bool)
+    return visible_keys(site, seen, mask, torch.tensor(list(queries), dtype=torch.long))
 
 
 def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list[int], queries: range, dtype_code: str,

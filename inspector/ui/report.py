@@ -29,9 +29,9 @@ from inspector.analysis import spans
 from inspector.analysis.explain import explain
 from inspector.analysis.heads import head_weights, referent_split
 from inspector.analysis.moves import move_sentence
-from inspector.capture.inputs import InputRecord
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
+from inspector.ui import views
 
 __all__ = ["MatterSection", "render_matter_section", "render_report", "table_data"]
 
@@ -179,7 +179,7 @@ def _locate(capture: Capture, row: dict, query: str, referents: list[str], batch
     """The shown head: its query positions (the split row's ``query_positions``, else the query's first
     occurrence) and every referent's key positions."""
     site = capture.site(row["site"])
-    given = [int(p) for p in str(row.get("query_positions") or "").split()]
+    given = [int(p) for p in (row.get("query_positions") or [])]
     if not given:
         found = spans.find(capture, site, query, "query", batch=batch)
         given = list(spans.resolve_query(capture, site, query, occurrence=1 if len(found) > 1 else None, batch=batch).positions)
@@ -193,10 +193,8 @@ def _locate(capture: Capture, row: dict, query: str, referents: list[str], batch
 
 
 def _query_weights(capture: Capture, h: _Head, batch: int) -> np.ndarray:
-    """The head's weights over the keys, averaged over the query rows (float64)."""
-    lo, hi = min(h.positions), max(h.positions) + 1
-    w = head_weights(capture, h.site, batch, heads=[h.head], queries=slice(lo, hi), weighting=h.weighting)[0]
-    return w[[p - lo for p in h.positions]].double().mean(0).numpy()
+    """The head's aggregate row over the keys (float64): :func:`inspector.ui.views.query_weights`."""
+    return views.query_weights(capture, h.site, h.head, h.positions, batch=batch, weighting=h.weighting).numpy()
 
 
 def _bars(h: _Head, referents: list[str]) -> dict:
@@ -214,13 +212,13 @@ def _bars(h: _Head, referents: list[str]) -> dict:
 def _verdict_notes(h: _Head, referents: list[str]) -> list[str]:
     """The query-row rule and the shared pieces of one head's split row, in words."""
     r, notes = h.row, []
-    positions = str(r.get("query_positions") or "").split()
+    positions = list(r.get("query_positions") or [])
     if len(positions) > 1 and "row_split_scores" in r:
-        scores = str(r["row_split_scores"]).split()
-        each = ", ".join(f"row {p}: {s}" for p, s in zip(positions, scores, strict=False))
+        each = ", ".join(f"row {p}: {float(s):.4f}" for p, s in zip(positions, r["row_split_scores"], strict=False))
+        passing = list(r.get("rows_flagged") or [])
         notes.append(f"The query is {len(positions)} tokens; split judges the mean of their rows. Each row's own split "
                      f"score: {each}. Row {r.get('driving_row')} drives the flag"
-                     + (f"; rows passing the rule alone: {r.get('rows_flagged')}." if str(r.get("rows_flagged") or "").strip()
+                     + (f"; rows passing the rule alone: {' '.join(map(str, passing))}." if passing
                         else "; no row passes the rule alone."))
     pieces = [f"{ref}: {r[f'pieces:{ref}']}" for ref in referents if r.get(f"pieces:{ref}")]
     if pieces:
@@ -266,36 +264,19 @@ def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
     return {"site": site.name, "head": h.head, "note": note, "gaps": gaps, "columns": columns, "rows": body}
 
 
-def _shade_record(rec: InputRecord, w: np.ndarray, start: int, qset: set[int], rset: set[int]) -> dict:
-    """One key role's text, each token's span with background opacity = its weight."""
-    segs: list[list] = []  # [begin, end, weight, positions]
-    chips = []
-    for i, (off, pad) in enumerate(zip(rec.offsets, rec.padding, strict=True)):
-        if pad:
-            continue
-        if off is None:
-            chips.append(i)
-            continue
-        a, b = int(off[0]), int(off[1])
-        if segs and a < segs[-1][1]:  # overlapping spans: fold into the previous one
-            a = segs[-1][1]
-        if a >= b:
-            if segs:
-                segs[-1][2] += float(w[i])
-                segs[-1][3].append(start + i)
-            continue
-        segs.append([a, b, float(w[i]), [start + i]])
+def _shade_record(pieces: list, chips: list, text: str, role: str, qset: set[int], rset: set[int]) -> dict:
+    """One key role's text as template data: each piece (:func:`inspector.ui.views.shade_pieces`, the app's
+    too) with background opacity = its alpha."""
     out, cursor = [], 0
-    for a, b, weight, pos in segs:
-        cls = "t" + (" q" if qset & set(pos) else "") + (" r" if rset & set(pos) else "")
-        toks = " ".join(rec.tokens[p - start] for p in pos)
-        out.append({"before": rec.text[cursor:a], "cls": cls, "a": f"{min(1.0, max(0.0, weight)):.3f}",
-                    "k": " ".join(map(str, pos)), "w": repr(weight), "text": rec.text[a:b],
-                    "title": f"#{' '.join(map(str, pos))} {toks}: {weight:.4f}"})
-        cursor = b
-    chip_data = [{"a": f"{min(1.0, float(w[i])):.3f}", "k": start + i, "label": f"{rec.tokens[i]} {float(w[i]):.3f}"}
-                 for i in chips]
-    return {"role": rec.role, "segments": out, "tail": rec.text[cursor:], "chips": chip_data}
+    for sh in pieces:
+        cls = "t" + (" q" if qset & set(sh.positions) else "") + (" r" if rset & set(sh.positions) else "")
+        ks = " ".join(map(str, sh.positions))
+        out.append({"before": text[cursor:sh.start], "cls": cls, "a": f"{sh.alpha:.3f}", "k": ks, "w": repr(sh.weight),
+                    "text": text[sh.start:sh.end], "title": f"#{ks} {' '.join(sh.tokens)}: {sh.weight:.4f}"})
+        cursor = sh.end
+    chip_data = [{"a": f"{c.alpha:.3f}", "k": c.positions[0], "w": repr(c.weight),
+                  "label": f"{c.tokens[0]} {c.weight:.3f}"} for c in chips]
+    return {"role": role, "segments": out, "tail": text[cursor:], "chips": chip_data}
 
 
 def _shaded(capture: Capture, h: _Head, batch: int, note: bool = True) -> dict:
@@ -305,11 +286,11 @@ def _shaded(capture: Capture, h: _Head, batch: int, note: bool = True) -> dict:
     qset = set(h.positions) if same else set()
     rset = {p for ps in h.refs.values() for p in ps}
     texts, start = [], 0
-    for role in h.site.key_input:
-        rec = capture.records(role, batch)
-        label = f"{role} text" + ("" if len(h.site.key_input) == 1 else f" (keys {start}–{start + len(rec.ids) - 1})")
-        texts.append({"label": label, **_shade_record(rec, w, start, qset, rset)})
-        start += len(rec.ids)
+    for role, text, pieces, chips in views.shade_pieces(capture, h.site, w, batch):
+        n = len(capture.records(role, batch).ids)
+        label = f"{role} text" + ("" if len(h.site.key_input) == 1 else f" (keys {start}–{start + n - 1})")
+        texts.append({"label": label, **_shade_record(pieces, chips, text, role, qset, rset)})
+        start += n
     how = None
     if note:
         qtoks = capture.tokens(h.site, "query", batch)
@@ -444,7 +425,7 @@ def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[st
         occ = spans.find(cap, site, query, "query", batch=batch)
         if not occ:
             raise InspectorError(f"query {query!r} is not in this variant")
-        row = {"site": site.name, "head": top.head, "query_positions": " ".join(map(str, occ[min(k, len(occ) - 1)].positions))}
+        row = {"site": site.name, "head": top.head, "query_positions": list(occ[min(k, len(occ) - 1)].positions)}
         h = _locate(cap, row, query, referents, batch)
         h.weighting = top.weighting
         w = _query_weights(cap, h, batch)
@@ -480,8 +461,8 @@ def _summary(n_flagged: int, rows: list[dict], query: str, referents: list[str])
         if r0.get("mostly_shared"):
             text += (f" Most of that split sits on {r0.get('shared_pieces')!r}, a token piece both referents share "
                      f"(without it the split score is {float(r0['split_unshared']):.3f}).")
-        if len(str(r0.get("query_positions", "")).split()) > 1 and "driving_row" in r0:
-            text += f" Of the query's rows, row {r0['driving_row']} drives it (row split scores {r0['row_split_scores']})."
+        if len(r0.get("query_positions") or []) > 1 and "driving_row" in r0:
+            text += f" Of the query's rows, row {r0['driving_row']} drives it (row split scores {' '.join(f'{float(x):.4f}' for x in r0['row_split_scores'])})."
     return text
 
 

@@ -32,8 +32,9 @@ def _svg(chart) -> str | None:
 
 
 def _label(r: dict) -> str:
-    where = f"L{r['layer']}" if "layer" in r else str(r.get("site", ""))
-    return f"{where} H{r['head']}" + (f" {r['kind']}" if r.get("kind") == "cross" else "")
+    from inspector.ui.views import head_label
+
+    return head_label(r)
 
 
 def _name(column: str) -> str:
@@ -42,14 +43,12 @@ def _name(column: str) -> str:
 
 
 def referent_frame(split: pd.DataFrame, referents: list[str], top: int) -> pd.DataFrame:
-    """Long form of the first ``top`` rows of a split table: ``head, referent, weight, flagged``."""
-    rows = []
-    for r in split.head(top).to_dict("records"):
-        for ref in referents:
-            if f"weight:{ref}" in r:
-                rows.append({"head": _label(r), "referent": ref, "weight": float(r[f"weight:{ref}"]),
-                             "flagged": bool(r.get("flagged", False))})
-    return pd.DataFrame(rows, columns=["head", "referent", "weight", "flagged"])
+    """Long form of the first ``top`` rows of a split table: ``head, referent, weight, flagged``: the app's
+    referent bars (:func:`inspector.ui.views.split_bars`, one definition), the head column its label."""
+    from inspector.ui.views import split_bars
+
+    bars = split_bars(split, top, referents)
+    return bars[["head_label", "referent", "weight", "flagged"]].rename(columns={"head_label": "head"})
 
 
 def referent_bars(split: pd.DataFrame, referents: list[str], top: int = 10) -> str | None:

@@ -2,13 +2,16 @@
 
 * :func:`head_heatmap`: one head's weights, a window of query rows x keys (at most 64 x 64 by default);
   keys a row may not see are drawn grey, apart from the 0..1 colour scale.
-* :func:`query_weights`: one query's weights over the key tokens, in text order, as bars.
+* :func:`query_weights`: one query's weights over the key tokens, in text order, as bars (a word's
+  aggregate row, the mean of its tokens' rows, as ``split`` and ``explain`` judge it).
 * :func:`head_grid`: the layer x head grid of a :func:`~inspector.analysis.rank_heads` metric, one panel
   per stack and kind, on a fixed scale (0..1; entropy 0..log n).
 * :func:`save`: a chart to ``.png`` or ``.svg`` with vl-convert (no browser, no network), written atomically.
 * :func:`head_view` / :func:`model_view`: bertviz's views straight from a capture (a token window).
 
-Every value drawn is the capture's own float32 weight (``Capture.weights``); nothing is renormalized.
+Every value drawn is the capture's own float32 weight (``Capture.weights``), or with
+``weighting="value-norm"`` the value-weighted weight (:func:`inspector.analysis.head_weights`); a
+word's row is the mean of its tokens' rows (:func:`inspector.analysis.heads.word_row`).
 Charts are ``altair.Chart`` objects: in Jupyter they display inline (``alt.renderers.enable("svg")``
 keeps them offline); their data is a tidy DataFrame (``chart.data``). Altair and vl-convert are
 imported here only (the ``notebook`` extra).
@@ -33,44 +36,48 @@ def _site(capture: Capture, site: Site | str) -> Site:
     return capture.site(site) if isinstance(site, str) else site
 
 
-def _query_index(capture: Capture, site: Site, query: int | str | None, batch: int) -> int | None:
-    """A query position from an index or a word of the query text (its last token)."""
+def query_positions(capture: Capture, site: Site, query: int | str | None, *, occurrence: int | None = None,
+                    batch: int = 0) -> list[int] | None:
+    """The query rows a figure draws: ``[query]`` for a position, every token of the word for a word of the
+    query text (its ``occurrence``-th occurrence, 1-based, when it occurs more than once:
+    :func:`inspector.analysis.spans.resolve_query`), None for no query. Raises InspectorError for a
+    position off the axis, a word not in the text, or a repeated word without ``occurrence``."""
     if query is None or isinstance(query, int):
         if query is not None and not 0 <= query < site.query_len:
             raise InspectorError(f"query index {query} is outside 0..{site.query_len - 1} at {site.name}")
-        return query
+        return None if query is None else [query]
     from inspector.analysis import spans
 
-    return spans.resolve_query(capture, site, query, batch=batch).positions[-1]
+    return list(spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch).positions)
 
 
 def heatmap_data(capture: Capture, site: Site | str, head: int, *, query: int | str | None = None,
-                 window: int = WINDOW, batch: int = 0) -> pd.DataFrame:
+                 occurrence: int | None = None, window: int = WINDOW, batch: int = 0,
+                 weighting: str = "attention") -> pd.DataFrame:
     """The cells :func:`head_heatmap` draws: ``query_index, query_token, key_index, key_token, weight,
-    visible`` for a window of at most ``window`` query rows x keys (around ``query`` when given; for a
-    causal site the keys end at the last row, so they are the keys the rows could see)."""
+    visible`` for a window of at most ``window`` query rows x keys that follows the query (the app's
+    window: :func:`inspector.ui.views.heatmap_windows`, on the word's last token)."""
     site = _site(capture, site)
-    qi = _query_index(capture, site, query, batch)
-    qs = views.window(qi if qi is not None else 0, window, site.query_len) if qi is not None else \
-        slice(0, min(window, site.query_len))
-    if site.kind == "causal" and site.query_input == site.key_input:
-        ks = views.causal_keys(site, qs, window)
-    elif qi is not None and site.query_input == site.key_input:
-        ks = views.window(qi, window, site.key_len)
-    else:
-        ks = slice(0, min(window, site.key_len))
-    df = views.heatmap_frame(capture, site, head, qs, ks, batch=batch)
+    pos = query_positions(capture, site, query, occurrence=occurrence, batch=batch)
+    qi = pos[-1] if pos else None
+    centre = None
+    if qi is not None and site.query_input != site.key_input:
+        centre = int(views.query_weights(capture, site, head, pos, batch=batch, weighting=weighting).argmax())
+    qs, ks = views.heatmap_windows(site, qi, window, centre_key=centre)
+    df = views.heatmap_frame(capture, site, head, qs, ks, batch=batch, weighting=weighting)
     df["visible"] = views.visible_frame(capture, site, df, batch=batch)
     return df
 
 
 def head_heatmap(capture: Capture, site: Site | str, head: int, *, query: int | str | None = None,
-                 window: int = WINDOW, batch: int = 0, cell: int = 20):
+                 occurrence: int | None = None, window: int = WINDOW, batch: int = 0, cell: int = 20,
+                 weighting: str = "attention"):
     """One head's query x key weights as an Altair heatmap (``cell`` px per cell, 0..1 scale)."""
     import altair as alt
 
     site = _site(capture, site)
-    df = heatmap_data(capture, site, head, query=query, window=window, batch=batch)
+    df = heatmap_data(capture, site, head, query=query, occurrence=occurrence, window=window, batch=batch,
+                      weighting=weighting)
     q_order = list(dict.fromkeys(df["query_label"]))
     k_order = list(dict.fromkeys(df["key_label"]))
     return alt.Chart(df).mark_rect().encode(
@@ -81,36 +88,54 @@ def head_heatmap(capture: Capture, site: Site | str, head: int, *, query: int | 
                                                        legend=alt.Legend(values=[0, 0.25, 0.5, 0.75, 1], format=".2f")),
                             alt.value(MASKED_COLOUR)),
         tooltip=["query_index:O", "query_token:N", "key_index:O", "key_token:N", alt.Tooltip("weight:Q", format=".4f")],
-    ).properties(title=f"{site.name} · head {head}", width=cell * len(k_order), height=cell * len(q_order))
+    ).properties(title=f"{site.name} · head {head} · {weighting} weights", width=cell * len(k_order),
+                 height=cell * len(q_order))
 
 
-def query_data(capture: Capture, site: Site | str, head: int, query: int | str, *, batch: int = 0) -> pd.DataFrame:
-    """One query's weights over every key: ``key_index, key_token, weight, special, padding, key_label``."""
+def query_data(capture: Capture, site: Site | str, head: int, query: int | str, *, occurrence: int | None = None,
+               batch: int = 0, weighting: str = "attention") -> pd.DataFrame:
+    """A query's weights over every key: ``key_index, key_token, weight, special, padding, key_label``.
+    For a word, ``weight`` is its aggregate row, the mean of its tokens' rows: the row ``split`` and
+    ``explain`` judge (:func:`inspector.analysis.heads.word_row`); for a position, that row.
+    ``df.attrs``: ``query_positions``, ``weighting``."""
     site = _site(capture, site)
-    qi = _query_index(capture, site, query, batch)
-    return views.query_row(capture, site, head, qi, batch=batch)
+    pos = query_positions(capture, site, query, occurrence=occurrence, batch=batch)
+    w = views.query_weights(capture, site, head, pos, batch=batch, weighting=weighting)
+    special, padding = capture.flags(site, "key", batch)
+    tokens = capture.tokens(site, "key", batch)
+    df = pd.DataFrame({
+        "key_index": range(site.key_len), "key_token": tokens, "weight": w.tolist(), "special": special.tolist(),
+        "padding": padding.tolist(), "key_label": [views.token_label(i, t) for i, t in enumerate(tokens)],
+    })
+    df.attrs.update(query_positions=pos, weighting=weighting)
+    return df
 
 
-def query_weights(capture: Capture, site: Site | str, head: int, query: int | str, *, batch: int = 0, bar: int = 14):
-    """One query's weights over the key tokens, in text order, as bars on a 0..1 axis (special tokens grey)."""
+def query_weights(capture: Capture, site: Site | str, head: int, query: int | str, *, occurrence: int | None = None,
+                  batch: int = 0, weighting: str = "attention", bar: int = 14):
+    """A query's weights over the key tokens (:func:`query_data`: a word's aggregate row), in text order,
+    as bars on a 0..1 axis (special tokens grey); the title names the rows and the weighting."""
     import altair as alt
 
     site = _site(capture, site)
-    qi = _query_index(capture, site, query, batch)
-    df = query_data(capture, site, head, qi, batch=batch)
+    df = query_data(capture, site, head, query, occurrence=occurrence, batch=batch, weighting=weighting)
+    pos = df.attrs["query_positions"]
     df = df[~df["padding"]].assign(kind=lambda d: ["special" if s else "token" for s in d["special"]])
-    token = capture.tokens(site, "query", batch)[qi]
+    q_tokens = capture.tokens(site, "query", batch)
+    rows = " ".join(q_tokens[p] for p in pos)
+    what = f"query {pos[0]} {rows!r}" if len(pos) == 1 else f"mean of query rows {' '.join(map(str, pos))} {rows!r}"
     return alt.Chart(df).mark_bar().encode(
         x=alt.X("key_label:N", sort=list(df["key_label"]), title="key", axis=alt.Axis(labelAngle=-60, labelLimit=120)),
-        y=alt.Y("weight:Q", title="weight", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("weight:Q", title=f"weight ({weighting})", scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("kind:N", title="key", scale=alt.Scale(domain=["token", "special"], range=["#1f77b4", "#aaaaaa"])),
         tooltip=["key_index:O", "key_token:N", alt.Tooltip("weight:Q", format=".4f")],
-    ).properties(title=f"{site.name} · head {head} · query {qi} {token!r}", width=bar * len(df), height=220)
+    ).properties(title=f"{site.name} · head {head} · {what} · {weighting} weights", width=bar * len(df), height=220)
 
 
 def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.DataFrame | None = None,
-              exclude_special: bool = False, batch: int = 0, cell: int = 30):
-    """The layer x head grid of a ranking metric, one panel per stack and kind, on a fixed scale."""
+              exclude_special: bool = False, batch: int = 0, cell: int = 30, weighting: str = "attention"):
+    """The layer x head grid of a ranking metric, one panel per stack and kind, on a fixed scale
+    (ranked with ``weighting`` unless a ``rank`` table is given)."""
     import altair as alt
 
     from inspector.analysis.heads import rank_heads
@@ -118,7 +143,7 @@ def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.
     if metric not in views.GRID_METRICS or metric == "split_score":
         raise InspectorError(f"cannot draw {metric!r}: choose one of {', '.join(m for m in views.GRID_METRICS if m != 'split_score')}")
     if rank is None:
-        rank = rank_heads(capture, exclude_special=exclude_special, batch=batch)
+        rank = rank_heads(capture, exclude_special=exclude_special, batch=batch, weighting=weighting)
     df = views.grid_frame(rank)
     lo, hi = views.metric_domain(metric, max(s.key_len for s in capture.sites))
     panels = []

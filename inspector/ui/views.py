@@ -12,13 +12,14 @@ import html
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from inspector.analysis.explain import Explanation
-from inspector.analysis.heads import MASKED, head_weights
+from inspector.analysis.heads import MASKED, head_weights, word_row
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 
@@ -130,8 +131,10 @@ def window_to(last: int, size: int, n: int) -> slice:
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:
-    """The CSV the CLI writes for ``df`` (``--csv``), byte for byte."""
-    return df.to_csv(index=False).encode("utf-8")
+    """The CSV the CLI writes for ``df`` (``--csv``), byte for byte (:func:`inspector.store.files.csv_text`)."""
+    from inspector.store.files import csv_text
+
+    return csv_text(df).encode("utf-8")
 
 
 # ---- overview ----------------------------------------------------------------------------------
@@ -239,80 +242,126 @@ def explain_frame(exp: Explanation, preview: int = 4) -> pd.DataFrame:
 
 
 # ---- split finder ------------------------------------------------------------------------------
-def split_bars(split: pd.DataFrame, top: int = 10) -> pd.DataFrame:
-    """Long form of the top heads' referent weights: ``head_label, site, head, referent, weight,
-    flagged, split_score`` (heads in split-table order)."""
-    refs = [c for c in split.columns if c.startswith("weight:")]
+def head_label(row: dict) -> str:
+    """A head's short name in bar charts: ``L5 H9`` (``L5 H9 cross`` for cross-attention; the site name
+    when the row has no layer)."""
+    where = f"L{row['layer']}" if "layer" in row else str(row.get("site", ""))
+    return f"{where} H{row['head']}" + (f" {row['kind']}" if row.get("kind") == "cross" else "")
+
+
+def split_bars(split: pd.DataFrame, top: int = 10, referents: list[str] | None = None) -> pd.DataFrame:
+    """The referent-bar data of the app's split finder and the report (one definition): long form of the
+    first ``top`` rows of a split table, ``head_label, site, head, referent, weight, flagged, split_score``
+    (heads in split-table order, referents in ``referents`` order, else the table's ``weight:`` columns);
+    ``weight`` is the row's ``weight:<referent>``, the word's aggregate row summed over the referent."""
+    refs = [r for r in referents if f"weight:{r}" in split.columns] if referents is not None else \
+        [c.split(":", 1)[1] for c in split.columns if c.startswith("weight:")]
     rows = []
     for r in split.head(top).to_dict("records"):
-        label = f"L{r['layer']} H{r['head']}" + (f" {r['kind']}" if r["kind"] == "cross" else "")
-        for c in refs:
-            rows.append({"head_label": label, "site": r["site"], "head": r["head"], "referent": c.split(":", 1)[1],
-                         "weight": r[c], "flagged": r["flagged"], "split_score": r["split_score"]})
+        label = head_label(r)
+        for ref in refs:
+            rows.append({"head_label": label, "site": r.get("site"), "head": r["head"], "referent": ref,
+                         "weight": float(r[f"weight:{ref}"]), "flagged": bool(r.get("flagged", False)),
+                         "split_score": r.get("split_score")})
     return pd.DataFrame(rows, columns=["head_label", "site", "head", "referent", "weight", "flagged", "split_score"])
 
 
 def query_weights(capture: Capture, site: Site, head: int, positions: list[int], batch: int = 0,
                   weighting: str = "attention") -> torch.Tensor:
-    """A query span's weights over the key axis (its rows averaged, as :func:`split_heads` does);
-    ``weighting="value-norm"``: value-weighted (see :func:`inspector.analysis.head_weights`)."""
-    lo, hi = min(positions), max(positions) + 1
-    w = head_weights(capture, site, batch, heads=[head], queries=slice(lo, hi), weighting=weighting)[0]
-    return w[[p - lo for p in positions]].double().mean(0)
+    """A query word's aggregate row over the key axis, float64 ``[key]``: the mean of its rows, the row
+    :func:`~inspector.analysis.split_heads` judges (:func:`inspector.analysis.heads.word_row`)."""
+    return word_row(capture, site, head, positions, batch=batch, weighting=weighting)
+
+
+@dataclass(frozen=True)
+class Shade:
+    """One shaded piece of a key text: characters ``start:end`` of its role's text (None for a token
+    outside the text, a chip: [CLS], BOS), the key ``positions`` it covers, their summed ``weight`` and
+    the ``alpha`` (opacity, 0..1) it is drawn with."""
+
+    start: int | None
+    end: int | None
+    positions: tuple[int, ...]
+    tokens: tuple[str, ...]
+    weight: float
+    alpha: float
+
+
+def shade_alpha(weight: float) -> float:
+    """The opacity a weight is shaded with: the weight itself on a fixed 0..1 scale (clipped; NaN 0),
+    so shaded texts of different heads and queries compare, and a key's shade reads as its weight."""
+    return min(1.0, max(0.0, weight)) if math.isfinite(weight) else 0.0
+
+
+def shade_pieces(capture: Capture, site: Site, weights, batch: int = 0) -> list[tuple[str, str, list[Shade], list[Shade]]]:
+    """The one definition of shaded text, used by the report and the app: per key role of ``site``,
+    ``(role, text, pieces, chips)``. ``weights [key]`` is a row over the site's key axis (e.g. a query word's
+    aggregate row, :func:`query_weights`). Each non-padding token with a character span is a piece of the
+    text; a token whose span overlaps the previous one or is empty (byte-level BPE quirks) is folded into the
+    previous piece, its weight added. Tokens without a span (special tokens) are chips."""
+    w = [float(x) for x in weights]
+    out = []
+    start = 0
+    for role in site.key_input:
+        rec = capture.records(role, batch)
+        segs: list[list] = []  # [begin, end, weight, positions]
+        chips: list[Shade] = []
+        for i, (off, pad) in enumerate(zip(rec.offsets, rec.padding, strict=True)):
+            p = start + i
+            if pad or p >= len(w):
+                continue
+            if off is None:
+                chips.append(Shade(None, None, (p,), (rec.tokens[i],), w[p], shade_alpha(w[p])))
+                continue
+            a, b = int(off[0]), int(off[1])
+            if segs and a < segs[-1][1]:  # overlapping spans: fold into the previous one
+                a = segs[-1][1]
+            if a >= b:
+                if segs:
+                    segs[-1][2] += w[p]
+                    segs[-1][3].append(p)
+                continue
+            segs.append([a, b, w[p], [p]])
+        pieces = [Shade(a, b, tuple(pos), tuple(rec.tokens[q - start] for q in pos), weight, shade_alpha(weight))
+                  for a, b, weight, pos in segs]
+        out.append((role, rec.text, pieces, chips))
+        start += len(rec.ids)
+    return out
 
 
 def shaded_html(
     capture: Capture, site: Site, weights: torch.Tensor | list[float], *, batch: int = 0,
     query_positions: list[int] | tuple[int, ...] = (), referent_positions: list[int] | tuple[int, ...] = (),
 ) -> str:
-    """The key-side text with each token's span shaded by its weight (the strongest key darkest).
-
-    Uses the tokenizer's character offsets into each role's text; text between tokens is kept as is.
-    Special tokens, which have no span, are shown as small chips. The query's tokens are outlined,
-    the referents' underlined. Every piece of text is HTML-escaped.
-    """
-    w = [float(x) for x in weights]
-    top = max([x for x in w if math.isfinite(x)] or [0.0]) or 1.0
+    """The key-side text with each piece shaded by its weight (:func:`shade_pieces`: opacity = weight,
+    the report's shading too). Special tokens, which have no span, are shown as small chips. The
+    query's tokens are outlined, the referents' underlined. Every piece of text is HTML-escaped; each
+    piece carries its key positions (``data-k``) and weight (``data-w``)."""
     qset, rset = set(query_positions), set(referent_positions)
     parts: list[str] = []
-    pos = 0
-    for role in site.key_input:
-        rec = capture.records(role, batch)
-        text = rec.text
-        cursor = 0
-        chips_before: list[str] = []
+    multi = len(site.key_input) > 1
+
+    def span(piece: Shade, body: str, chip: bool) -> str:
+        cls = (["chip"] if chip else []) + (["q"] if qset & set(piece.positions) else []) + \
+            (["r"] if rset & set(piece.positions) else [])
+        attrs = f' class="{" ".join(cls)}"' if cls else ""
+        title = f"key {' '.join(map(str, piece.positions))} {' '.join(piece.tokens)}: weight {piece.weight:.4f}"
+        return (f'<span{attrs} style="background: rgba(214, 39, 40, {piece.alpha:.3f});" '
+                f'data-k="{" ".join(map(str, piece.positions))}" data-w="{piece.weight!r}" '
+                f'title="{html.escape(title, quote=True)}">{body}</span>')
+
+    for role, text, pieces, chips in shade_pieces(capture, site, weights, batch):
         body: list[str] = []
-        for i, off in enumerate(rec.offsets):
-            p = pos + i
-            if rec.padding[i]:
-                continue
-            alpha = max(0.0, min(1.0, w[p] / top)) if p < len(w) else 0.0
-            style = f"background: rgba(214, 39, 40, {alpha:.3f});"
-            title = f"key {p} {rec.tokens[i]}: weight {w[p]:.4f}" if p < len(w) else f"key {p}"
-            cls = []
-            if p in qset:
-                cls.append("q")
-            if p in rset:
-                cls.append("r")
-            attrs = f' class="{" ".join(cls)}"' if cls else ""
-            if off is None:
-                chip = (f'<span class="chip"{attrs} style="{style}" title="{html.escape(title, quote=True)}">'
-                        f"{html.escape(rec.tokens[i])} {w[p]:.2f}</span>" if p < len(w) else "")
-                (chips_before if cursor == 0 else body).append(chip)
-                continue
-            a, b = int(off[0]), int(off[1])
-            if a < cursor:  # overlapping spans (byte-level BPE quirks): shade only the new part
-                a = cursor
-            if b <= a:
-                continue
-            body.append(html.escape(text[cursor:a]))
-            body.append(f'<span{attrs} style="{style}" title="{html.escape(title, quote=True)}">{html.escape(text[a:b])}</span>')
-            cursor = b
+        cursor = 0
+        for piece in pieces:
+            body.append(html.escape(text[cursor:piece.start]))
+            body.append(span(piece, html.escape(text[piece.start:piece.end]), False))
+            cursor = piece.end
         body.append(html.escape(text[cursor:]))
-        if len(site.key_input) > 1:
+        chip_html = "".join(span(c, f"{html.escape(c.tokens[0])} {c.weight:.2f}", True) for c in chips)
+        if multi:
             parts.append(f'<div class="role">{html.escape(role)}</div>')
-        parts.append("<p>" + "".join(chips_before) + " " + "".join(body) + "</p>")
-        pos += len(rec.ids)
+        parts.append("<p>" + chip_html + " " + "".join(body) + "</p>")
     style = (
         "<style>.shade{font-size:1.05rem;line-height:2.1;}"
         ".shade span{border-radius:3px;padding:1px 0;}"
@@ -489,6 +538,26 @@ def metric_domain(metric: str, max_keys: int) -> tuple[float, float]:
     if metric == "entropy":
         return 0.0, math.log(max(2, max_keys))
     return 0.0, 1.0
+
+
+def heatmap_windows(site: Site, query_index: int | None, size: int, centre_key: int | None = None) -> tuple[slice, slice]:
+    """The query rows and keys of a heatmap window of at most ``size`` x ``size`` that follows the query
+    ``query_index`` (the app's Head page and :func:`inspector.ui.show.head_heatmap` alike): on a causal
+    site the rows up to the query and the keys they could see (:func:`window_to`, :func:`causal_keys`);
+    else rows and keys centred on the query, keys on ``centre_key`` (e.g. the query's strongest key) when
+    queries and keys are different texts. Without a query: the first ``size`` rows and keys."""
+    n_q, n_k = site.query_len, site.key_len
+    same = site.query_input == site.key_input
+    if query_index is None:
+        qs = slice(0, min(size, n_q))
+        return qs, (causal_keys(site, qs, size) if site.kind == "causal" and same else slice(0, min(size, n_k)))
+    if site.kind == "causal" and same:
+        qs = window_to(query_index, size, n_q)
+        return qs, causal_keys(site, qs, size)
+    qs = window(query_index, size, n_q)
+    if same:
+        return qs, window(query_index, size, n_k)
+    return qs, (window(centre_key, size, n_k) if centre_key is not None else slice(0, min(size, n_k)))
 
 
 def causal_keys(site: Site, queries: slice, size: int) -> slice:
