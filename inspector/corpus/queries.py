@@ -29,26 +29,32 @@ from pathlib import Path
 
 import pandas as pd
 
-from inspector.corpus.folder import committed_heads
+from inspector.corpus.folder import check_parts, committed_heads, read_info
 from inspector.errors import InspectorError
 
 KEYS = ["site", "stack", "kind", "layer", "head"]
 
 
+_GLOB = str.maketrans({c: f"[{c}]" for c in "[*?"})  # DuckDB reads each path as a glob: its wildcards as literals
+
+
 def _quote_paths(paths: list[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+    """A DuckDB list literal naming exactly these files (quotes doubled, glob characters bracketed)."""
+    return "[" + ", ".join("'" + str(p).translate(_GLOB).replace("'", "''") + "'" for p in paths) + "]"
 
 
 def connect(out: str | os.PathLike):
-    """An in-memory DuckDB connection with the views ``heads`` and ``documents`` over the scan in ``out``."""
+    """An in-memory DuckDB connection with the views ``heads`` and ``documents`` over the scan in ``out``.
+    Raises InspectorError (one line) for a folder without a scan, a damaged ``scan.json`` or a damaged part
+    (:func:`~inspector.corpus.folder.read_info`, :func:`~inspector.corpus.folder.check_parts`)."""
     import duckdb
 
     out = Path(out).expanduser()
-    if not (out / "scan.json").is_file():
-        raise InspectorError(f"{out} holds no scan (no scan.json): give the folder written by `inspector scan ... -o OUT`")
+    read_info(out)
+    check_parts(out)
     con = duckdb.connect(":memory:")
     heads = committed_heads(out)
-    docs = sorted((out / "_documents").glob("part-*.parquet"))
+    docs = sorted(p for p in (out / "_documents").glob("part-*.parquet") if p.name.startswith("part-"))
     if heads:
         con.execute(f"CREATE VIEW heads AS SELECT * FROM read_parquet({_quote_paths(heads)}, union_by_name = true)")
     else:
@@ -89,8 +95,14 @@ def summary_sql(cols: list[str]) -> str:
 
 def summary(out_or_con) -> pd.DataFrame:
     """Per site and head over the corpus (columns and order in the module docstring)."""
+    import duckdb
+
     con = connect(out_or_con) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
-    return con.execute(summary_sql(columns(con))).df()
+    try:
+        return con.execute(summary_sql(columns(con))).df()
+    except duckdb.Error as exc:  # a part damaged past its footer, or parts whose columns disagree
+        raise InspectorError(f"the scan's parts cannot be read together ({str(exc).strip().splitlines()[0][:200]}): "
+                             "scan into a new folder") from None
 
 
 _ASKING = {"SELECT", "EXPLAIN", "PRAGMA", "CALL"}  # DuckDB statement types that return rows (DESCRIBE, SHOW are SELECTs)
@@ -155,12 +167,7 @@ def head_documents(out_or_con, site: str, head: int, limit: int = 20) -> pd.Data
 
 def scan_info(out: str | os.PathLike) -> dict:
     """The scan's ``scan.json``: corpus path, fields, model and options."""
-    import json
-
-    path = Path(out).expanduser() / "scan.json"
-    if not path.is_file():
-        raise InspectorError(f"{Path(out)} holds no scan (no scan.json): give the folder written by `inspector scan ... -o OUT`")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_info(out)
 
 
 def find_document(out: str | os.PathLike, row: int):
