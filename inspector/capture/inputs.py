@@ -61,6 +61,35 @@ def max_positions(model, tokenizer) -> int | None:
     return None
 
 
+_FREE_CHARS_PER_TOKEN = 16  # texts up to limit x this many characters are tokenized whole without a first look
+
+
+def check_length(model, tokenizer, text: str, what: str, limit: int | None) -> None:
+    """Refuse a text far longer than the model accepts before tokenizing it whole, in memory and time bounded
+    by the limit, not the text: growing prefixes (cut at a space) are tokenized until one has more than
+    ``limit`` tokens (refused: InspectorError naming the count) or the prefix is the whole text (then the
+    full tokenization decides, as for any text). Texts up to ``limit x 16`` characters are not looked at."""
+    if limit is None or not isinstance(text, str) or len(text) <= limit * _FREE_CHARS_PER_TOKEN:
+        return
+    cut = limit * _FREE_CHARS_PER_TOKEN
+    while cut < len(text):
+        space = text.rfind(" ", cut - 200, cut)  # a whole word at the end: the prefix's tokens begin the text's
+        end = space if space > 0 else cut
+        n = len(tokenizer(text[:end], add_special_tokens=False, return_attention_mask=False,
+                          return_token_type_ids=False)["input_ids"])
+        if n > limit:
+            raise InspectorError(
+                f"the {what} is more than {n} tokens (its first {end:,} of {len(text):,} characters already are) but "
+                f"{type(model).__name__} accepts at most {limit}: shorten it or capture it in pieces")
+        cut *= 2
+
+
+def _check_lengths(model, tokenizer, limit: int | None, texts, seconds, targets) -> None:
+    for what, group in (("text", texts), ("text", seconds), ("target", targets)):
+        for t in group or ():
+            check_length(model, tokenizer, t, what, limit)
+
+
 PAIR_JOIN = "\n"  # a sentence pair's record text is A + PAIR_JOIN + B; B's offsets are shifted accordingly
 
 
@@ -290,6 +319,7 @@ def encode(
         raise InspectorError(f"{type(model).__name__} is an encoder: it has no output side, so drop --target/--generate")
 
     limit = max_positions(model, tokenizer)
+    _check_lengths(model, tokenizer, limit, texts, seconds, targets)  # far too long: refused before tokenized whole
     device = _input_device(model)
     decoder_left_pad = layout == "decoder" and len(texts) > 1
     src = _tokenize(tokenizer, texts, add_special=True, padding_side="left" if decoder_left_pad else None, pairs=seconds)

@@ -358,20 +358,19 @@ def cmd_scan(args) -> int:
             raise InspectorError("--demo scans the generated lease corpus: drop DATA, or drop --demo to scan DATA")
         if args.demo < 10:
             raise InspectorError(f"--demo makes at least 10 lease clauses, got {args.demo}: e.g. --demo 300")
-        from inspector.corpus.leases import lease_rows, write_jsonl
+        from inspector.corpus.leases import iter_lease_rows, write_jsonl
 
         data = out / DEMO_CORPUS
-        rows = lease_rows(args.demo)
         if data.is_file():  # resuming: the same demo corpus, or a refusal (never silently another size)
-            with open(data, encoding="utf-8") as f:
+            with open(data, "rb") as f:
                 have = sum(1 for line in f if line.strip())
-            if have != len(rows):
+            if have != args.demo:
                 raise InspectorError(f"{out} holds a demo scan of {have} lease clauses, not {args.demo}: resume it with "
                                      f"--demo {have}, or scan --demo {args.demo} into a new folder")
         else:
             if out.is_dir() and any(out.iterdir()):
                 raise InspectorError(f"{out} is not empty: give a new folder for the demo scan")
-            write_jsonl(data, rows)
+            write_jsonl(data, iter_lease_rows(args.demo))  # streamed: --demo 2000000 holds one row at a time
             status(f"wrote the demo corpus ({args.demo} lease clauses) to {data}")
         fields = Fields(text="text", query="query", referents="referents", id="id")
     elif data is None:

@@ -108,6 +108,8 @@ def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]
     if info["format"] != FORMAT:
         raise InspectorError(f"{Path(out)} holds a scan of another format ({info['format']}): scan into a new folder")
     _check_info_field(path, info, "corpus_sha256", str, resume)
+    if not all(isinstance(v, (str, int, float, bool)) or v is None for v in info["options"].values()):
+        raise _damaged(path, "field 'options' must map each option to a number, a text or true/false")
     fields = info["fields"]
     for name in fields:
         if name not in FIELD_NAMES:
@@ -238,21 +240,25 @@ class ScanFolder:
                         f"{self.out} holds a scan with {_OTHER[key]} ({json.dumps(old.get(key))[:120]}): "
                         "resume with the same options, or scan into a new folder")
             if "corpus_sha256" in meta and old["corpus_sha256"] != meta["corpus_sha256"]:
-                raise InspectorError(f"{old['corpus']} changed since this scan in {self.out} began (its content hash "
-                                     "differs), so old and new results would mix: restore the file, or scan it into a new folder")
+                raise InspectorError(f"{old['corpus']} changed since this scan in {self.out} began (its content hash differs "
+                                     "from scan.json's 'corpus_sha256'), so old and new results would mix: restore the file, "
+                                     "or scan it into a new folder")
             check_parts(self.out)
         elif self.out.is_dir() and any(p.name not in allow for p in self.out.iterdir()):
             raise InspectorError(f"{self.out} is not empty and holds no scan: scan into a new or empty folder")
+        where = next(p for p in (self.out, *self.out.parents) if p.exists())
+        if not os.access(where, os.W_OK | os.X_OK):  # before any model loads (root passes; its writes are checked as they go)
+            raise InspectorError(f"cannot write into {where} (no permission): fix the folder's permissions or scan elsewhere")
 
     def open(self) -> ScanFolder:
         """Create the folder (or drop a stopped scan's in-flight work) and read what is committed."""
         info = self.out / "scan.json"
         meta = self.meta
         try:
-            (self.out / "heads").mkdir(parents=True, exist_ok=True)
-            (self.out / "_documents").mkdir(exist_ok=True)
-            if not info.is_file():
+            if not info.is_file():  # first, so a folder whose first write fails is still a new folder
                 write_text(info, json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
+            (self.out / "heads").mkdir(exist_ok=True)
+            (self.out / "_documents").mkdir(exist_ok=True)
             # in-flight work of a stopped scan: a heads part without its documents part
             done = _parts(self.out / "_documents")
             for n, p in _parts(self.out / "heads").items():
