@@ -22,6 +22,7 @@ from inspector.cli.common import (
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
+    check_word_in,
     cmd_app,
     format_table,
     int_list,
@@ -211,8 +212,7 @@ def cmd_plot(args) -> int:
     from inspector.ui import show
 
     out = Path(args.output)
-    if out.suffix.lower() not in (".png", ".svg"):
-        raise InspectorError(f"figures are saved as .png or .svg; got {out.name!r}: use -o head.png or -o head.svg")
+    fmt = _figure_format(args.output, args.format)
     cap = load(args.file)
     site = cap.site(args.site)
     if not 0 <= args.head < site.num_heads:
@@ -227,9 +227,25 @@ def cmd_plot(args) -> int:
         chart = show.head_grid(cap, batch=args.batch)
     else:
         chart = show.head_heatmap(cap, site, args.head, query=query, window=args.window, batch=args.batch)
-    show.save(chart, out)
-    status(f"wrote {out}")
+    show.save(chart, args.output, format=fmt)
+    if args.output != "-":
+        status(f"wrote {out}")
     return 0
+
+
+def _figure_format(output: str, given: str | None) -> str:
+    """``png`` or ``svg``: ``--format``, else -o's suffix; ``-`` and devices (``/dev/null``) default to png."""
+    from inspector.store.files import is_special, is_stdout
+
+    if given:
+        return given
+    suffix = Path(output).suffix.lower()
+    if suffix in (".png", ".svg"):
+        return suffix[1:]
+    if is_stdout(output) or is_special(Path(output)):
+        return "png"
+    raise InspectorError(f"figures are saved as .png or .svg; got {Path(output).name!r}: use -o head.png or -o head.svg "
+                         "(or --format png|svg)")
 
 
 # ---- ablate / effects: does a head matter? ------------------------------------------------------
@@ -260,6 +276,8 @@ def cmd_ablate(args) -> int:
         parse_contrast(args.contrast)  # a malformed contrast is reported before the model loads
     source = read_text(args.source, args.source_file, "source")
     variant = read_text(None, args.patch_from, "--patch-from") if args.patch_from else None
+    if variant is not None:
+        check_word_in(args.query, variant, f"the --patch-from file {args.patch_from}")
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
     if args.csv:
@@ -557,7 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heatmap (default without --query), query (default with --query) or grid (layer x head)")
     p.add_argument("--window", type=positive_int, default=64, help="query rows and keys of the heatmap (default 64)")
     p.add_argument("--batch", type=int, default=0)
-    p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
+    p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg; - for standard output, or a device")
+    p.add_argument("--format", choices=["png", "svg"], help="the figure's format (default: -o's suffix; png for - or a device)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("app", help="browse captures in the Streamlit app")

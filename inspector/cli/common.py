@@ -14,15 +14,32 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+def read_utf8(file: str, what: str) -> str:
+    """The text of ``file``; InspectorError (one line naming the file and the fix) for a folder, a missing
+    file, or bytes that are not UTF-8."""
+    path = Path(file)
+    if path.is_dir():
+        raise InspectorError(f"{what} file {file!r} is a folder: give the text file itself")
+    if not path.exists():
+        raise InspectorError(f"{what} file {file!r} does not exist: check the path")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InspectorError(f"{what} file {file!r} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}): "
+                             "save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    except OSError as exc:
+        raise InspectorError(f"cannot read {what} file {file!r} ({exc.strerror or exc}): check the path") from None
+
+
 def read_text(value: str | None, file: str | None, what: str) -> str | None:
-    if file is not None:
-        path = Path(file)
-        if path.is_dir():
-            raise InspectorError(f"{what} file {file!r} is a folder: give the text file itself")
-        if not path.is_file():
-            raise InspectorError(f"{what} file {file!r} does not exist: check the path")
-        return path.read_text(encoding="utf-8")
-    return value
+    return read_utf8(file, what) if file is not None else value
+
+
+def check_word_in(word: str | None, text: str, where: str) -> None:
+    """Refuse (before a model loads) a query word that is not in ``text`` at all, naming ``where`` the text is
+    from. Case-blind: a necessary condition only; the analysis decides on tokens."""
+    if word is not None and word.strip() and word.strip().casefold() not in text.casefold():
+        raise InspectorError(f"the word {word.strip()!r} is not in {where}: pick a word every text holds, or fix the file")
 
 
 class Parser(argparse.ArgumentParser):

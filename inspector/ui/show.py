@@ -137,17 +137,19 @@ def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.
     return alt.vconcat(*panels) if len(panels) > 1 else panels[0]
 
 
-def save(chart, path: str | os.PathLike, *, scale: float = 2.0) -> Path:
-    """Write ``chart`` as PNG (``scale`` x its size) or SVG, by the file's suffix, with vl-convert
-    (no browser, nothing fetched), atomically. Raises InspectorError for another suffix."""
+def save(chart, path: str | os.PathLike, *, scale: float = 2.0, format: str | None = None) -> Path:
+    """Write ``chart`` as PNG (``scale`` x its size) or SVG with vl-convert (no browser, nothing fetched),
+    atomically; ``-`` is standard output and a device or FIFO is written to (see :mod:`inspector.store.files`).
+    ``format`` (``png`` or ``svg``) defaults to the file's suffix. Raises InspectorError for another suffix
+    without a ``format``."""
     import vl_convert as vlc
 
     from inspector.store.files import write_bytes
 
     path = Path(path)
-    suffix = path.suffix.lower()
+    suffix = f".{format.lower()}" if format else path.suffix.lower()
     if suffix not in (".png", ".svg"):
-        raise InspectorError(f"figures are saved as .png or .svg; got {path.name!r}: use e.g. -o head.png")
+        raise InspectorError(f"figures are saved as .png or .svg; got {path.name!r}: use e.g. -o head.png, or --format svg")
     spec = chart.to_json()
     data = vlc.vegalite_to_png(spec, scale=scale) if suffix == ".png" else vlc.vegalite_to_svg(spec).encode("utf-8")
     return write_bytes(path, data)
