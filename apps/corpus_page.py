@@ -14,6 +14,8 @@ opens on its next run).
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +26,7 @@ import streamlit as st
 
 from inspector.corpus import queries as corpus
 from inspector.errors import InspectorError
+from inspector.ui.views import md_text
 
 PAGE = Path(__file__).resolve()
 APP = PAGE.parent / "app.py"
@@ -90,11 +93,20 @@ def _capture(out: Path, row: int, doc_id: str) -> str:
     lm = _model(corpus.scan_info(out)["model"])
     cap = capture(lm.model, lm.tokenizer, doc.text, doc.target, weights=True, model_name=lm.name)
     ss = st.session_state
-    if "cp_tmpdir" not in ss:
+    if not Path(ss.get("cp_tmpdir") or "/nonexistent").is_dir():
         ss.cp_tmpdir = tempfile.mkdtemp(prefix="inspector-corpus-")
+        atexit.register(shutil.rmtree, ss.cp_tmpdir, True)  # removed when the server stops
     path = Path(ss.cp_tmpdir) / f"corpus-row{row}.safetensors"
     cap.save(path)
+    for old in Path(ss.cp_tmpdir).glob("*.safetensors"):  # one capture per session: the one just made
+        if old != path:
+            old.unlink(missing_ok=True)
     return str(path)
+
+
+def _error(exc: BaseException) -> None:
+    """An error box with the message as literal text (paths, ids and names from a scan folder are not Markdown)."""
+    st.error(md_text(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__), icon="🚫")
 
 
 def corpus_view() -> None:
@@ -111,11 +123,11 @@ def corpus_view() -> None:
         summary = _summary(str(out), _parts(out))
         docs = corpus.query(str(out), "SELECT status, count(*) AS n FROM documents GROUP BY status")
     except InspectorError as exc:
-        st.error(str(exc), icon="🚫")
+        _error(exc)
         return
     counts = dict(zip(docs["status"], docs["n"], strict=True))
     info = corpus.scan_info(out)
-    st.caption(f"**Model** {info.get('model')} · **corpus** `{info.get('corpus')}` · "
+    st.caption(f"**Model** {md_text(info.get('model'))} · **corpus** {md_text(info.get('corpus'))} · "
                f"{counts.get('ok', 0)} documents scanned, {counts.get('error', 0)} with errors")
     if summary.empty:
         st.warning("No head statistics yet: the scan has committed no document without error.")
@@ -138,12 +150,22 @@ def corpus_view() -> None:
         st.download_button("Download CSV (as `inspector corpus --csv`)", summary.to_csv(index=False).encode(),
                            file_name="corpus.csv", mime="text/csv", key="cp_dl", on_click="ignore")
     st.divider()
+    _documents(out, summary, keys, site, head, info)
+
+
+def _documents(out: Path, summary: pd.DataFrame, keys: list[str], site: str, head: int, info: dict) -> None:
+    """The chosen head's documents, highest split score first, and the capture of one of them."""
+    ss = st.session_state
     labels = dict(zip(keys, [f"layer {r.layer} · head {r.head} · {r.site} ({r.flagged_documents} flagged)"
                              for r in summary.itertuples()], strict=True))
     c1, c2 = st.columns([3, 1])
     c1.selectbox("Head", keys, key="cp_head", format_func=labels.get)
     c2.number_input("Documents shown", 1, 500, key="cp_limit")
-    top = _head_documents(str(out), _parts(out), site, head, int(ss.cp_limit))
+    try:
+        top = _head_documents(str(out), _parts(out), site, head, int(ss.cp_limit))
+    except InspectorError as exc:
+        _error(exc)
+        return
     st.subheader(f"Where layer {int(summary.loc[keys.index(ss.cp_head), 'layer'])} head {head} splits most")
     if top.empty:
         st.info("No document names a query and referents this head's query can see.")
@@ -162,17 +184,18 @@ def corpus_view() -> None:
             with st.spinner(f"Capturing {ss.cp_doc} with {info.get('model')} …"):
                 path = _capture(out, row, ss.cp_doc)
         except InspectorError as exc:
-            st.error(str(exc), icon="🚫")
+            _error(exc)
             return
         except Exception as exc:  # a model that cannot be loaded here, ...
-            st.error(f"the capture failed ({type(exc).__name__}: {str(exc)[:200]})", icon="🚫")
+            _error(f"the capture failed ({type(exc).__name__}: {str(exc)[:200]})")
             return
         ss.pending_open = path
         ss.cp_captured = path
         if ss.get("cp_standalone"):
             st.switch_page(st.session_state.cp_app_page)
     if ss.get("cp_captured"):
-        st.success(f"Captured to `{ss.cp_captured}`; it opens in the capture views (also: `inspector app {ss.cp_captured}`).")
+        st.success(f"Captured to {md_text(ss.cp_captured)}; it opens in the capture views "
+                   f"(also: inspector app {md_text(ss.cp_captured)}).")
 
 
 # ---- entry point: this page alone, or with the capture views -----------------------------------------

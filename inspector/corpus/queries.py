@@ -95,12 +95,17 @@ def summary_sql(cols: list[str]) -> str:
 
 def summary(out_or_con) -> pd.DataFrame:
     """Per site and head over the corpus (columns and order in the module docstring)."""
+    con = connect(out_or_con) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
+    return _run(con, summary_sql(columns(con)))
+
+
+def _run(con, sql: str, params: list | None = None) -> pd.DataFrame:
+    """``sql``'s result; a DuckDB error (a part damaged past its footer, parts whose columns disagree) as one line."""
     import duckdb
 
-    con = connect(out_or_con) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
     try:
-        return con.execute(summary_sql(columns(con))).df()
-    except duckdb.Error as exc:  # a part damaged past its footer, or parts whose columns disagree
+        return con.execute(sql, params).df() if params is not None else con.execute(sql).df()
+    except duckdb.Error as exc:
         raise InspectorError(f"the scan's parts cannot be read together ({str(exc).strip().splitlines()[0][:200]}): "
                              "scan into a new folder") from None
 
@@ -158,11 +163,11 @@ def head_documents(out_or_con, site: str, head: int, limit: int = 20) -> pd.Data
     if "split_score" not in cols:
         return pd.DataFrame(columns=["id", "row", "tokens", "query", "referents", "referent_weights", "split_score", "flagged"])
     extra = ", h.lift" if "lift" in cols else ""
-    return con.execute(
+    return _run(con,
         "SELECT h.id, d.row, d.tokens, h.query, h.referents, h.referent_weights, h.referent_mass, h.split_score, "
         f"h.flagged{extra} FROM heads h JOIN documents d USING (id) "
         "WHERE h.site = ? AND h.head = ? AND h.split_score IS NOT NULL "
-        "ORDER BY h.split_score DESC, d.row LIMIT ?", [site, int(head), int(limit)]).df()
+        "ORDER BY h.split_score DESC, d.row LIMIT ?", [site, int(head), int(limit)])
 
 
 def scan_info(out: str | os.PathLike) -> dict:
