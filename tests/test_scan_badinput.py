@@ -377,3 +377,46 @@ def test_scan_demo_of_another_size_is_refused_without_reading_rows(tmp_path, cap
     line = one_line(capsys, ["scan", "--demo", "2000000", "-o", out, "--model", bert_folder])
     assert "holds a demo scan of 12 lease clauses, not 2000000" in line
     assert os.listdir(out) == ["demo-corpus.jsonl"]
+
+
+# ---- the Corpus page's server ----------------------------------------------------------------------
+def test_corpus_app_stopped_with_sigterm_stops_its_streamlit_child(base, tmp_path):
+    """`inspector corpus OUT --app` runs Streamlit under the same supervisor as `inspector app`."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    psutil = pytest.importorskip("psutil")
+    _, out = base
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(root))
+    with (tmp_path / "app.log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "inspector", "corpus", str(out), "--app", "--port", str(port)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                assert proc.poll() is None, (tmp_path / "app.log").read_text()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "the Corpus page did not start"
+                time.sleep(0.3)
+            children = psutil.Process(proc.pid).children(recursive=True)
+            assert children
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            _, alive = psutil.wait_procs(children, timeout=30)
+            assert not alive, alive
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -436,8 +436,7 @@ def cmd_corpus(args) -> int:
 
 
 def _run_corpus_page(args) -> int:
-    import subprocess
-
+    from inspector.cli.common import supervise
     from inspector.corpus import queries as corpus
 
     corpus.scan_info(args.out)  # one line if OUT holds no scan
@@ -447,10 +446,7 @@ def _run_corpus_page(args) -> int:
     cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.headless", "true", "--server.port", str(args.port),
            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--", str(Path(args.out).resolve())]
     status(f"starting the Corpus page on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 0
+    return supervise(cmd)  # SIGTERM, Ctrl-C and SIGHUP stop the Streamlit child too, as `inspector app`
 
 
 def add_corpus_commands(sub) -> None:

@@ -149,24 +149,14 @@ def app_command(args) -> list[str]:
     return cmd + (["--", *extra] if extra else [])
 
 
-def cmd_app(args) -> int:
-    """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too."""
+def supervise(cmd: list[str]) -> int:
+    """Run ``cmd`` (a Streamlit server) as a child until it ends; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop
+    the child too (SIGTERM, then SIGKILL after 10 s). Returns 0 when stopped by a signal, else the child's
+    exit status. Used by ``inspector app`` and ``inspector corpus --app``."""
     import signal
     import subprocess
     import time
 
-    from inspector.store.capture_file import load
-
-    for what in ("file", "variant"):
-        if getattr(args, what, None):
-            load(getattr(args, what))  # refuses a missing or unreadable capture before anything starts
-    cmd = app_command(args)
-    host = getattr(args, "host", None) or "127.0.0.1"
-    if host not in LOOPBACK:
-        status(f"inspector: warning: the app listens on {host}: anyone who can reach port {args.port} can open any capture "
-                "on this machine by path, upload files and run local models, with no login")
-    shown = f"[{host}]" if ":" in host else host
-    status(f"starting the app on http://{shown if host not in ('0.0.0.0', '::') else 'localhost'}:{args.port} (Ctrl-C stops it)")
     proc = subprocess.Popen(cmd)
     stopping: list[float] = []
 
@@ -192,6 +182,23 @@ def cmd_app(args) -> int:
             proc.kill()
             proc.wait()
     return 0 if stopping else rc
+
+
+def cmd_app(args) -> int:
+    """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too (:func:`supervise`)."""
+    from inspector.store.capture_file import load
+
+    for what in ("file", "variant"):
+        if getattr(args, what, None):
+            load(getattr(args, what))  # refuses a missing or unreadable capture before anything starts
+    cmd = app_command(args)
+    host = getattr(args, "host", None) or "127.0.0.1"
+    if host not in LOOPBACK:
+        status(f"inspector: warning: the app listens on {host}: anyone who can reach port {args.port} can open any capture "
+                "on this machine by path, upload files and run local models, with no login")
+    shown = f"[{host}]" if ":" in host else host
+    status(f"starting the app on http://{shown if host not in ('0.0.0.0', '::') else 'localhost'}:{args.port} (Ctrl-C stops it)")
+    return supervise(cmd)
 
 
 def add_source_output_options(p: argparse.ArgumentParser, generated: str) -> None:
