@@ -93,3 +93,26 @@ def test_plot_writes_to_standard_output_and_devices(capfdbinary, tmp_path):
     assert cli.main([*base, "-o", str(tmp_path / "head"), "--format", "svg"]) == 0
     assert b"<svg" in (tmp_path / "head").read_bytes()[:200]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]
+
+
+def test_a_separator_written_in_one_text_warns_and_names_text_pair(tmp_path, capsys):
+    """A two-segment model (BERT) given "A [SEP] B" as one text: captured as asked (segment 0 throughout),
+    with a warning naming --text-pair; the pair itself gives segment 1 to B and no warning."""
+    from inspector.store import load
+
+    import tiny
+
+    model = tmp_path / "bert"
+    tiny.build("bert").save_pretrained(model)
+    tiny.tokenizer().save_pretrained(model)
+    one = tmp_path / "one.safetensors"
+    assert cli.main(["capture", "--model", str(model), "--text", "The Lessee pays. [SEP] The Lessor pays.", "-o",
+                     str(one)]) == 0
+    err = capsys.readouterr().err
+    assert "inspector: warning:" in err and "--text-pair" in err and "[SEP]" in err
+    assert not any(load(one).records("source").type_ids or [])  # segment 0 throughout
+    pair = tmp_path / "pair.safetensors"
+    assert cli.main(["capture", "--model", str(model), "--text", "The Lessee pays.", "--text-pair", "The Lessor pays.",
+                     "-o", str(pair)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert set(load(pair).records("source").type_ids) == {0, 1}

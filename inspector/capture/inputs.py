@@ -84,6 +84,19 @@ def check_length(model, tokenizer, text: str, what: str, limit: int | None) -> N
         cut *= 2
 
 
+def segment_warning(model, tokenizer, text) -> str | None:
+    """A warning for one text that writes a separator token (``"A [SEP] B"``) on a model with two segment
+    types: the tokenizer gives all of it segment 0, so B is not encoded as a second segment (the weights
+    differ from those of the pair). None otherwise (a pair, no separator, one segment type)."""
+    sep = getattr(tokenizer, "sep_token", None)
+    if not isinstance(text, str) or not isinstance(sep, str) or not sep or sep not in text:
+        return None
+    if (getattr(model.config, "type_vocab_size", 0) or 0) < 2:
+        return None
+    return (f"the text writes {sep} but is encoded as one segment (token type 0 throughout), not as a pair: pass the "
+            f"second part with --text-pair (or text=(A, B) in Python) to encode it as {type(model).__name__} encodes a pair")
+
+
 def _check_lengths(model, tokenizer, limit: int | None, texts, seconds, targets) -> None:
     for what, group in (("text", texts), ("text", seconds), ("target", targets)):
         for t in group or ():

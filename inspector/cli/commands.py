@@ -56,6 +56,10 @@ def cmd_capture(args) -> int:
     if isinstance(text, tuple) and not text[1].strip():
         raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
     loaded = load_from_args(args)
+    from inspector.capture.inputs import segment_warning
+
+    if (warning := segment_warning(loaded.model, loaded.tokenizer, text)) is not None:
+        status(f"inspector: warning: {warning}")
     target_ids = None
     if getattr(args, "generate", None):
         from inspector.capture.generation import generate_target
