@@ -116,3 +116,20 @@ def test_bertviz_views_returned_as_html_carry_tokens_as_data(cap, view):
     assert [t for t in tokens if json.dumps(t, ensure_ascii=False)[1:-1] in shown] == tokens  # read back as themselves
     with pytest.raises(Exception, match="html_action"):
         fn(cap, html_action="nope")
+
+
+def test_a_word_explanation_has_an_escaped_notebook_view(cap):
+    from inspector.analysis.explain import explain
+
+    site = cap.sites[0]
+    exp = explain(cap, site, 0, query="@1-2")  # two query rows whose tokens are "<!--<script>" and "</script>..."
+    assert len(exp.rows) == 2
+    page = exp._repr_html_()
+    parsed = Page()
+    parsed.feed(page)
+    assert not [t for t, _ in parsed.tags if t in ("script", "img", "a")]
+    for tok in cap.inputs[0].tokens:
+        if any(c in tok for c in "<>&"):
+            assert tok not in page, tok
+    assert "inspector WordExplanation" in page and len(parsed.tags) > 10
+    assert len(page) < 4 * len(exp.rows[0]._repr_html_()) * max(1, len(exp.rows))

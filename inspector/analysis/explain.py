@@ -73,6 +73,11 @@ class WordExplanation:
     row_verdicts: list[dict] | None = None
     weighting: str = "attention"
 
+    def _repr_html_(self) -> str:
+        from inspector.store.display import word_explanation_html
+
+        return word_explanation_html(self)
+
     def to_json(self) -> dict:
         rows = []
         for i, e in enumerate(self.rows):

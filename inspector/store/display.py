@@ -52,3 +52,20 @@ def explanation_html(exp) -> str:
             + (f", softcap {exp.softcap}" if exp.softcap else "") + _table(t)
             + (f"<p>… and {more} more keys</p>" if more > 0 else "")
             + f"<p>output = [{out}] (d_v = {len(exp.output)})</p></div>")
+
+
+def word_explanation_html(exp) -> str:
+    """A word's explanation: the query, the aggregate row split judges (its heaviest keys), the verdict when
+    referents were given, and each query row's step-by-step table folded (``<details>``)."""
+    agg = exp.aggregate.sort_values("weight", ascending=False, kind="stable").head(ROWS_SHOWN)
+    more = len(exp.aggregate) - len(agg)
+    verdict = ""
+    if exp.verdict:
+        shown = {k: v for k, v in exp.verdict.items() if not isinstance(v, (list, dict))}
+        verdict = "<p>verdict (as <code>split</code>):</p>" + _table(pd.DataFrame([shown]))
+    rows = "".join(f"<details><summary>query row {e.query_index} <code>{_e(e.query_token)}</code></summary>"
+                   f"{explanation_html(e)}</details>" for e in exp.rows)
+    return (f"<div><strong>inspector WordExplanation</strong>: <code>{_e(exp.site)}</code> head {exp.head}, query "
+            f"<code>{_e(exp.query)}</code> at {_e(', '.join(str(p) for p in exp.query_positions))} "
+            f"({_e(exp.weighting)} weights)<p>mean of the query rows' weights, heaviest keys:</p>" + _table(agg)
+            + (f"<p>… and {more} more keys</p>" if more > 0 else "") + verdict + rows + "</div>")
