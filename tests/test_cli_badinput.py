@@ -116,3 +116,22 @@ def test_a_separator_written_in_one_text_warns_and_names_text_pair(tmp_path, cap
                      "-o", str(pair)]) == 0
     assert "warning" not in capsys.readouterr().err
     assert set(load(pair).records("source").type_ids) == {0, 1}
+
+
+def test_capture_of_a_text_file_far_too_long_is_one_line(tmp_path, capfd):
+    """`capture --text-file` of a text thousands of times longer than the model accepts: inspector's one line
+    (no transformers warning before it), decided on a bounded prefix; nothing written."""
+    import tiny
+
+    model = tmp_path / "bert"
+    tiny.build("bert").save_pretrained(model)
+    tiny.tokenizer().save_pretrained(model)
+    text = tmp_path / "long.txt"
+    text.write_text("indemnity " * 100_000, encoding="utf-8")
+    out = tmp_path / "c.safetensors"
+    capfd.readouterr()  # the model folder's own progress bars
+    assert cli.main(["capture", "--model", str(model), "--text-file", str(text), "-o", str(out)]) == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert err[-1].startswith("inspector: error: the text is more than") and "accepts at most 128" in err[-1]
+    assert not [line for line in err[:-1] if not line.startswith(("loading model", "Loading weights"))], err
+    assert not out.exists()

@@ -75,8 +75,7 @@ def check_length(model, tokenizer, text: str, what: str, limit: int | None) -> N
     while cut < len(text):
         space = text.rfind(" ", cut - 200, cut)  # a whole word at the end: the prefix's tokens begin the text's
         end = space if space > 0 else cut
-        n = len(tokenizer(text[:end], add_special_tokens=False, return_attention_mask=False,
-                          return_token_type_ids=False)["input_ids"])
+        n = _count_tokens(tokenizer, text[:end])
         if n > limit:
             raise InspectorError(
                 f"the {what} is more than {n} tokens (its first {end:,} of {len(text):,} characters already are) but "
@@ -95,6 +94,25 @@ def segment_warning(model, tokenizer, text) -> str | None:
         return None
     return (f"the text writes {sep} but is encoded as one segment (token type 0 throughout), not as a pair: pass the "
             f"second part with --text-pair (or text=(A, B) in Python) to encode it as {type(model).__name__} encodes a pair")
+
+
+def _count_tokens(tokenizer, text: str) -> int:
+    """Tokens of ``text`` (no special tokens), without transformers' "sequence length is longer" warning:
+    inspector's own refusal is the one line (the tokenizer's warning state is left as it was)."""
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    flag = "sequence-length-is-longer-than-the-specified-maximum"
+    had = warned.get(flag) if isinstance(warned, dict) else None
+    if isinstance(warned, dict):
+        warned[flag] = True
+    try:
+        return len(tokenizer(text, add_special_tokens=False, return_attention_mask=False,
+                             return_token_type_ids=False)["input_ids"])
+    finally:
+        if isinstance(warned, dict):
+            if had is None:
+                warned.pop(flag, None)
+            else:
+                warned[flag] = had
 
 
 def _check_lengths(model, tokenizer, limit: int | None, texts, seconds, targets) -> None:
