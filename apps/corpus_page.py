@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import altair as alt
 import pandas as pd
@@ -83,8 +84,9 @@ def _on_grid() -> None:
         st.session_state.cp_head = f"{picked[0]['site']}|{int(picked[0]['head'])}"
 
 
-def _capture(out: Path, row: int, doc_id: str) -> str:
-    """Capture one document with the scan's model (weights kept) into a temporary file; its path."""
+def _capture(out: Path, row: int, doc_id: str):
+    """Capture one document with the scan's model (weights kept) into a temporary file; its path and the
+    document (its query, referents and occurrence, as scanned)."""
     from inspector.capture import capture
 
     doc = corpus.find_document(out, row)
@@ -101,7 +103,7 @@ def _capture(out: Path, row: int, doc_id: str) -> str:
     for old in Path(ss.cp_tmpdir).glob("*.safetensors"):  # one capture per session: the one just made
         if old != path:
             old.unlink(missing_ok=True)
-    return str(path)
+    return str(path), doc
 
 
 def _error(exc: BaseException) -> None:
@@ -182,14 +184,17 @@ def _documents(out: Path, summary: pd.DataFrame, keys: list[str], site: str, hea
         row = int(top.loc[ids.index(ss.cp_doc), "row"])
         try:
             with st.spinner(f"Capturing {ss.cp_doc} with {info.get('model')} …"):
-                path = _capture(out, row, ss.cp_doc)
+                path, doc = _capture(out, row, ss.cp_doc)
         except InspectorError as exc:
             _error(exc)
             return
         except Exception as exc:  # a model that cannot be loaded here, ...
             _error(f"the capture failed ({type(exc).__name__}: {str(exc)[:200]})")
             return
-        ss.pending_open = path
+        # the capture views open on the chosen head, with the document's query and referents in the split finder
+        ss.pending_open = SimpleNamespace(
+            file=path, site=site, head=int(head), variant=None, query=doc.query,
+            referents=",".join(doc.referents) if doc.query and doc.referents else None, occurrence=doc.occurrence)
         ss.cp_captured = path
         if ss.get("cp_standalone"):
             st.switch_page(st.session_state.cp_app_page)

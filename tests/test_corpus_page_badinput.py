@@ -95,3 +95,22 @@ def test_each_capture_replaces_the_last_one(scanned, tmp_path, monkeypatch):
         made.append(Path(at.session_state["cp_captured"]))
     assert made[0] != made[1] and made[1].is_file() and not made[0].exists()
     assert [p.name for p in temp.rglob("*") if p.is_file()] == [made[1].name]
+
+
+def test_the_capture_opens_on_the_chosen_head_with_the_documents_query(scanned, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    at = page(monkeypatch, scanned)
+    summary = corpus.summary(scanned)
+    last = summary.iloc[-1]  # not the first head: the views must not fall back to the first
+    site, head = last["site"], int(last["head"])
+    at.selectbox(key="cp_head").set_value(f"{site}|{head}").run()
+    doc = corpus.head_documents(scanned, site, head, 20)["id"].iloc[0]
+    at.selectbox(key="cp_doc").set_value(doc).run()
+    at.button(key="cp_capture").click().run()
+    assert not at.exception, at.exception
+    ss = at.session_state
+    assert (ss["sel_site"], int(ss["sel_head"])) == (site, head)
+    assert ss["sp_query"] == "indemnity" and len(ss["sp_refs"].split(",")) == 2
+    row = ss["split"]["df"]
+    driving = row[(row["site"] == site) & (row["head"] == head)]["driving_row"].iloc[0]
+    assert int(ss["sel_query"]) == int(driving)
