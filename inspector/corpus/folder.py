@@ -107,6 +107,9 @@ def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]
         _check_info_field(path, info, key, kind, True)
     if info["format"] != FORMAT:
         raise InspectorError(f"{Path(out)} holds a scan of another format ({info['format']}): scan into a new folder")
+    if resume and "corpus_sha256" not in info:
+        raise _damaged(path, "has no field 'corpus_sha256' (the corpus's content hash; an older inspector wrote this scan), "
+                             "so a changed corpus could not be told apart")
     _check_info_field(path, info, "corpus_sha256", str, resume)
     if not all(isinstance(v, (str, int, float, bool)) or v is None for v in info["options"].values()):
         raise _damaged(path, "field 'options' must map each option to a number, a text or true/false")
