@@ -30,6 +30,7 @@ from inspector.errors import InspectorError
 from inspector.ui.views import md_text
 
 PAGE = Path(__file__).resolve()
+LABEL_PX = 170  # the grid's site labels at most this wide
 APP = PAGE.parent / "app.py"
 
 
@@ -58,11 +59,11 @@ def _grid(df: pd.DataFrame, chosen: tuple[str, int] | None) -> alt.LayerChart:
     pick = alt.selection_point(name="cell", fields=["site", "head"], on="click", clear=False)
     order = df.sort_values(["stack", "layer", "site"])["site"].drop_duplicates().tolist()
     base = alt.Chart(df).encode(x=alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, orient="top")),
-                                y=alt.Y("site:N", title="site", sort=order))
+                                y=alt.Y("site:N", title="site", sort=order, axis=alt.Axis(labelLimit=LABEL_PX)))
     cells = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
         color=alt.Color("share_flagged:Q", title="share of documents flagged", scale=alt.Scale(scheme="viridis", domain=[0, 1]),
                         legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=220, titleLimit=300)))
-    text = base.mark_text(fontSize=11).encode(text=alt.Text("share_flagged:Q", format=".2f"),
+    text = base.mark_text(fontSize=9).encode(text=alt.Text("share_flagged:Q", format=".2f"),
                                               color=alt.condition("datum.share_flagged > 0.5", alt.value("black"), alt.value("white")))
     tooltip = ["site:N", "layer:O", "head:O", "documents:Q", "split_documents:Q", "flagged_documents:Q",
                alt.Tooltip("share_flagged:Q", format=".3f"), alt.Tooltip("normalized_entropy_mean:Q", format=".3f")]
@@ -74,8 +75,10 @@ def _grid(df: pd.DataFrame, chosen: tuple[str, int] | None) -> alt.LayerChart:
         sel = df[(df["site"] == chosen[0]) & (df["head"] == chosen[1])]
         layers.append(alt.Chart(sel).mark_rect(fill=None, stroke="#ff2b2b", strokeWidth=3.5).encode(
             x="head:O", y=alt.Y("site:N", sort=order)))
-    return alt.layer(*layers, hits).properties(width=40 * df["head"].nunique(), height=26 * len(order),
-                                               autosize=alt.AutoSizeParams(type="pad"))
+    # as wide as its column (every head visible at any window width); long site names cut at LABEL_PX (full in
+    # the tooltip and the table)
+    return alt.layer(*layers, hits).properties(width="container", height=26 * len(order),
+                                               autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
 
 
 def _on_grid() -> None:
@@ -143,7 +146,7 @@ def corpus_view() -> None:
     with left:
         st.caption("Share of documents where the head is flagged as split (split_score >= min_split and "
                    "referent_mass >= min_mass). Click a cell to pick the head.")
-        st.altair_chart(_grid(summary, (site, head)), key="cp_grid", on_select=_on_grid, selection_mode="cell", width="content")
+        st.altair_chart(_grid(summary, (site, head)), key="cp_grid", on_select=_on_grid, selection_mode="cell", width="stretch")
     with right:
         st.caption("Per site and head over the corpus, the heads that split most often first (`inspector corpus`).")
         st.dataframe(summary, hide_index=True, height=420,
