@@ -416,6 +416,13 @@ def _check_dense_mask(path, m, users, batch, dtypes, shapes) -> None:
 _POSITION_BOUND = 2**31  # a mask's offset and window are token positions: far below this on any model
 
 
+def _check_positions(path, where, spec) -> None:
+    """A mask's ``offset`` and ``window`` within :data:`_POSITION_BOUND` (beyond 64 bits torch cannot hold them)."""
+    for f, low in (("offset", -_POSITION_BOUND), ("window", 1)):
+        if spec[f] is not None and not low <= spec[f] <= _POSITION_BOUND:
+            raise refuse(path, where, f"field {f!r} must be an integer from {low} to {_POSITION_BOUND}, got {_short(spec[f])}")
+
+
 def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
     from inspector.store.masks import DTYPES, RULES
 
@@ -434,9 +441,7 @@ def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
         raise refuse(path, where, "has neither a visibility rule (field 'visible') nor a 'bias' tensor")
     if vis == "sliding" and (spec["window"] is None or spec["window"] < 1):
         raise refuse(path, where, "field 'window' must be a positive integer for a sliding rule")
-    for f, low in (("offset", -_POSITION_BOUND), ("window", 1)):  # beyond 64 bits torch cannot hold them
-        if spec[f] is not None and not low <= spec[f] <= _POSITION_BOUND:
-            raise refuse(path, where, f"field {f!r} must be an integer from {low} to {_POSITION_BOUND}, got {_short(spec[f])}")
+    _check_positions(path, where, spec)
     if vis == "packed" and not spec["packed"]:
         raise refuse(path, where, "field 'packed' must name a tensor for a packed rule")
     qr = spec.get("query_rows", spec["shape"][2])
