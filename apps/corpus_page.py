@@ -14,9 +14,12 @@ opens on its next run).
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import altair as alt
 import pandas as pd
@@ -25,8 +28,10 @@ import streamlit as st
 from inspector.analysis import SplitRule
 from inspector.corpus import queries as corpus
 from inspector.errors import InspectorError
+from inspector.ui.views import md_text
 
 PAGE = Path(__file__).resolve()
+LABEL_PX = 170  # the grid's site labels at most this wide
 APP = PAGE.parent / "app.py"
 
 
@@ -55,11 +60,11 @@ def _grid(df: pd.DataFrame, chosen: tuple[str, int] | None) -> alt.LayerChart:
     pick = alt.selection_point(name="cell", fields=["site", "head"], on="click", clear=False)
     order = df.sort_values(["stack", "layer", "site"])["site"].drop_duplicates().tolist()
     base = alt.Chart(df).encode(x=alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, orient="top")),
-                                y=alt.Y("site:N", title="site", sort=order))
+                                y=alt.Y("site:N", title="site", sort=order, axis=alt.Axis(labelLimit=LABEL_PX)))
     cells = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
         color=alt.Color("share_flagged:Q", title="share of documents flagged", scale=alt.Scale(scheme="viridis", domain=[0, 1]),
                         legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=220, titleLimit=300)))
-    text = base.mark_text(fontSize=11).encode(text=alt.Text("share_flagged:Q", format=".2f"),
+    text = base.mark_text(fontSize=9).encode(text=alt.Text("share_flagged:Q", format=".2f"),
                                               color=alt.condition("datum.share_flagged > 0.5", alt.value("black"), alt.value("white")))
     tooltip = ["site:N", "layer:O", "head:O", "documents:Q", "split_documents:Q", "flagged_documents:Q",
                alt.Tooltip("share_flagged:Q", format=".3f"), alt.Tooltip("normalized_entropy_mean:Q", format=".3f")]
@@ -71,8 +76,10 @@ def _grid(df: pd.DataFrame, chosen: tuple[str, int] | None) -> alt.LayerChart:
         sel = df[(df["site"] == chosen[0]) & (df["head"] == chosen[1])]
         layers.append(alt.Chart(sel).mark_rect(fill=None, stroke="#ff2b2b", strokeWidth=3.5).encode(
             x="head:O", y=alt.Y("site:N", sort=order)))
-    return alt.layer(*layers, hits).properties(width=40 * df["head"].nunique(), height=26 * len(order),
-                                               autosize=alt.AutoSizeParams(type="pad"))
+    # as wide as its column (every head visible at any window width); long site names cut at LABEL_PX (full in
+    # the tooltip and the table)
+    return alt.layer(*layers, hits).properties(width="container", height=26 * len(order),
+                                               autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
 
 
 def _on_grid() -> None:
@@ -81,8 +88,9 @@ def _on_grid() -> None:
         st.session_state.cp_head = f"{picked[0]['site']}|{int(picked[0]['head'])}"
 
 
-def _capture(out: Path, row: int, doc_id: str) -> str:
-    """Capture one document with the scan's model (weights kept) into a temporary file; its path."""
+def _capture(out: Path, row: int, doc_id: str):
+    """Capture one document with the scan's model (weights kept) into a temporary file; its path and the
+    document (its query, referents and occurrence, as scanned)."""
     from inspector.capture import capture
 
     doc = corpus.find_document(out, row)
@@ -91,11 +99,20 @@ def _capture(out: Path, row: int, doc_id: str) -> str:
     lm = _model(corpus.scan_info(out)["model"])
     cap = capture(lm.model, lm.tokenizer, doc.text, doc.target, weights=True, model_name=lm.name)
     ss = st.session_state
-    if "cp_tmpdir" not in ss:
+    if not Path(ss.get("cp_tmpdir") or "/nonexistent").is_dir():
         ss.cp_tmpdir = tempfile.mkdtemp(prefix="inspector-corpus-")
+        atexit.register(shutil.rmtree, ss.cp_tmpdir, True)  # removed when the server stops
     path = Path(ss.cp_tmpdir) / f"corpus-row{row}.safetensors"
     cap.save(path)
-    return str(path)
+    for old in Path(ss.cp_tmpdir).glob("*.safetensors"):  # one capture per session: the one just made
+        if old != path:
+            old.unlink(missing_ok=True)
+    return str(path), doc
+
+
+def _error(exc: BaseException) -> None:
+    """An error box with the message as literal text (paths, ids and names from a scan folder are not Markdown)."""
+    st.error(md_text(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__), icon="🚫")
 
 
 def corpus_view() -> None:
@@ -112,14 +129,14 @@ def corpus_view() -> None:
         summary = _summary(str(out), _parts(out))
         docs = corpus.query(str(out), "SELECT status, count(*) AS n FROM documents GROUP BY status")
     except InspectorError as exc:
-        st.error(str(exc), icon="🚫")
+        _error(exc)
         return
     counts = {str(k): int(v) for k, v in zip(docs["status"], docs["n"], strict=True)}  # from documents.parquet
     info = corpus.scan_info(out)
     opts = info.get("options", {})
     defaults = SplitRule()
     rule = SplitRule(**{k: opts.get(k, getattr(defaults, k)) for k in ("min_split", "min_mass", "min_lift")})
-    st.caption(f"**Model** {info.get('model')} · **corpus** `{info.get('corpus')}` · "
+    st.caption(f"**Model** {md_text(info.get('model'))} · **corpus** {md_text(info.get('corpus'))} · "
                f"{sum(counts.values())} documents scanned: {counts.get('ok', 0)} ok, {counts.get('error', 0)} with errors")
     if summary.empty:
         st.warning("No head statistics yet: the scan has committed no document without error.")
@@ -133,7 +150,7 @@ def corpus_view() -> None:
     with left:
         st.caption(f"Share of documents where the head is flagged as split ({rule.describe()}; raw attention "
                    "weights). Click a cell to pick the head.")
-        st.altair_chart(_grid(summary, (site, head)), key="cp_grid", on_select=_on_grid, selection_mode="cell", width="content")
+        st.altair_chart(_grid(summary, (site, head)), key="cp_grid", on_select=_on_grid, selection_mode="cell", width="stretch")
     with right:
         st.caption("Per site and head over the corpus, the heads that split most often first (`inspector corpus`).")
         st.dataframe(summary, hide_index=True, height=420,
@@ -142,12 +159,22 @@ def corpus_view() -> None:
         st.download_button("Download CSV (as `inspector corpus --csv`)", summary.to_csv(index=False).encode(),
                            file_name="corpus.csv", mime="text/csv", key="cp_dl", on_click="ignore")
     st.divider()
+    _documents(out, summary, keys, site, head, info)
+
+
+def _documents(out: Path, summary: pd.DataFrame, keys: list[str], site: str, head: int, info: dict) -> None:
+    """The chosen head's documents, highest split score first, and the capture of one of them."""
+    ss = st.session_state
     labels = dict(zip(keys, [f"layer {r.layer} · head {r.head} · {r.site} ({r.flagged_documents} flagged)"
                              for r in summary.itertuples()], strict=True))
     c1, c2 = st.columns([3, 1])
     c1.selectbox("Head", keys, key="cp_head", format_func=labels.get)
     c2.number_input("Documents shown", 1, 500, key="cp_limit")
-    top = _head_documents(str(out), _parts(out), site, head, int(ss.cp_limit))
+    try:
+        top = _head_documents(str(out), _parts(out), site, head, int(ss.cp_limit))
+    except InspectorError as exc:
+        _error(exc)
+        return
     st.subheader(f"Where layer {int(summary.loc[keys.index(ss.cp_head), 'layer'])} head {head} splits most")
     if top.empty:
         st.info("No document names a query and referents this head's query can see.")
@@ -164,19 +191,23 @@ def corpus_view() -> None:
         row = int(top.loc[ids.index(ss.cp_doc), "row"])
         try:
             with st.spinner(f"Capturing {ss.cp_doc} with {info.get('model')} …"):
-                path = _capture(out, row, ss.cp_doc)
+                path, doc = _capture(out, row, ss.cp_doc)
         except InspectorError as exc:
-            st.error(str(exc), icon="🚫")
+            _error(exc)
             return
         except Exception as exc:  # a model that cannot be loaded here, ...
-            st.error(f"the capture failed ({type(exc).__name__}: {str(exc)[:200]})", icon="🚫")
+            _error(f"the capture failed ({type(exc).__name__}: {str(exc)[:200]})")
             return
-        ss.pending_open = path
+        # the capture views open on the chosen head, with the document's query and referents in the split finder
+        ss.pending_open = SimpleNamespace(
+            file=path, site=site, head=int(head), variant=None, query=doc.query,
+            referents=",".join(doc.referents) if doc.query and doc.referents else None, occurrence=doc.occurrence)
         ss.cp_captured = path
         if ss.get("cp_standalone"):
             st.switch_page(st.session_state.cp_app_page)
     if ss.get("cp_captured"):
-        st.success(f"Captured to `{ss.cp_captured}`; it opens in the capture views (also: `inspector app {ss.cp_captured}`).")
+        st.success(f"Captured to {md_text(ss.cp_captured)}; it opens in the capture views "
+                   f"(also: inspector app {md_text(ss.cp_captured)}).")
 
 
 # ---- entry point: this page alone, or with the capture views -----------------------------------------

@@ -169,11 +169,17 @@ def open_pending() -> None:
         open_variant(args.variant)
     if args.query and args.referents:
         ss.sp_query, ss.sp_refs, ss.sp_occ = args.query, args.referents, int(args.occurrence or 0)
+        chosen = (ss.sel_site, ss.sel_head) if args.site and args.head is not None else None
         run_split()
         if ss.split_error:
             ss.problems.append(ss.split_error)
         else:
             ss.goto = "split"
+            if chosen is not None:  # a head named by the caller (the Corpus page) stays chosen, on its driving row
+                rows = ss.split["df"]
+                row = rows[(rows["site"] == chosen[0]) & (rows["head"] == chosen[1])]
+                driving = int(row["driving_row"].iloc[0]) if len(row) and row["driving_row"].notna().iloc[0] else None
+                select_head(chosen[0], chosen[1], driving)
 
 
 def open_variant(path: str) -> None:

@@ -357,7 +357,8 @@ def test_mean_lift_appears_when_the_split_rows_have_a_lift_column(tmp_path):
     """Issue 10 adds `lift` to split_heads; the scan stores whatever columns the analysis returns."""
     rng = np.random.default_rng(0)
     out = tmp_path / "out"
-    ScanFolder(out, {"corpus": "x", "fields": {}, "model": "m", "options": {}}).open()
+    meta = {"corpus": "x", "fields": FIELDS.to_dict(), "model": "m", "options": Options().to_dict()}
+    ScanFolder(out, meta).open()
     rows = []
     for doc in range(6):
         for head in range(3):
@@ -369,7 +370,7 @@ def test_mean_lift_appears_when_the_split_rows_have_a_lift_column(tmp_path):
                          "lift": rng.random() * 3 if has_split else None})
     heads = pd.DataFrame(rows).astype({"flagged": "boolean"})
     docs = pd.DataFrame({"id": [f"d{i}" for i in range(6)], "row": range(6), "tokens": 5, "status": "ok", "error": ""})
-    folder = ScanFolder(out, {"corpus": "x", "fields": {}, "model": "m", "options": {}}).open()
+    folder = ScanFolder(out, meta).open()
     folder.commit(docs.iloc[:3], heads[heads["id"].isin(["d0", "d1", "d2"])])
     folder.commit(docs.iloc[3:], heads[~heads["id"].isin(["d0", "d1", "d2"])])
     got = corpus.summary(out).sort_values("head").reset_index(drop=True)

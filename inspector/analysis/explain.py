@@ -81,6 +81,11 @@ class WordExplanation:
     row_verdicts: list[dict] | None = None
     weighting: str = "attention"
 
+    def _repr_html_(self) -> str:
+        from inspector.store.display import word_explanation_html
+
+        return word_explanation_html(self)
+
     def to_json(self) -> dict:
         """The word's explanation as JSON-ready data: every query row's :meth:`Explanation.to_json` and the
         aggregate (mean) row over the word's tokens."""

@@ -63,6 +63,67 @@ def max_positions(model, tokenizer) -> int | None:
     return None
 
 
+_FREE_CHARS_PER_TOKEN = 16  # texts up to limit x this many characters are tokenized whole without a first look
+
+
+def check_length(model, tokenizer, text: str, what: str, limit: int | None) -> None:
+    """Refuse a text far longer than the model accepts before tokenizing it whole, in memory and time bounded
+    by the limit, not the text: growing prefixes (cut at a space) are tokenized until one has more than
+    ``limit`` tokens (refused: InspectorError naming the count) or the prefix is the whole text (then the
+    full tokenization decides, as for any text). Texts up to ``limit x 16`` characters are not looked at."""
+    if limit is None or not isinstance(text, str) or len(text) <= limit * _FREE_CHARS_PER_TOKEN:
+        return
+    cut = limit * _FREE_CHARS_PER_TOKEN
+    while cut < len(text):
+        space = text.rfind(" ", cut - 200, cut)  # a whole word at the end: the prefix's tokens begin the text's
+        end = space if space > 0 else cut
+        n = _count_tokens(tokenizer, text[:end])
+        if n > limit:
+            raise InspectorError(
+                f"the {what} is more than {n} tokens (its first {end:,} of {len(text):,} characters already are) but "
+                f"{type(model).__name__} accepts at most {limit}: shorten it or capture it in pieces")
+        cut *= 2
+
+
+def segment_warning(model, tokenizer, text) -> str | None:
+    """A warning for one text that writes a separator token (``"A [SEP] B"``) on a model with two segment
+    types: the tokenizer gives all of it segment 0, so B is not encoded as a second segment (the weights
+    differ from those of the pair). None otherwise (a pair, no separator, one segment type)."""
+    sep = getattr(tokenizer, "sep_token", None)
+    if not isinstance(text, str) or not isinstance(sep, str) or not sep or sep not in text:
+        return None
+    if (getattr(model.config, "type_vocab_size", 0) or 0) < 2:
+        return None
+    return (f"the text writes {sep} but is encoded as one segment (token type 0 throughout), not as a pair: pass the "
+            f"second part with --text-pair (or text=(A, B) in Python) to encode it as {type(model).__name__} encodes a pair")
+
+
+def _count_tokens(tokenizer, text: str) -> int:
+    """Tokens of ``text`` (no special tokens), without transformers' "sequence length is longer" warning:
+    inspector's own refusal is the one line (the tokenizer's warning state is left as it was)."""
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    flag = "sequence-length-is-longer-than-the-specified-maximum"
+    had = warned.get(flag) if isinstance(warned, dict) else None
+    if isinstance(warned, dict):
+        warned[flag] = True
+    try:
+        return len(tokenizer(text, add_special_tokens=False, return_attention_mask=False,
+                             return_token_type_ids=False)["input_ids"])
+    finally:
+        if isinstance(warned, dict):
+            if had is None:
+                warned.pop(flag, None)
+            else:
+                warned[flag] = had
+
+
+def _check_text_lengths(model, tokenizer, limit: int | None, texts, seconds, targets) -> None:
+    """Refuse a far too long text before it is tokenized whole (:func:`check_length`)."""
+    for what, group in (("text", texts), ("text", seconds), ("target", targets)):
+        for t in group or ():
+            check_length(model, tokenizer, t, what, limit)
+
+
 PAIR_JOIN = "\n"  # a sentence pair's record text is A + PAIR_JOIN + B; B's offsets are shifted accordingly
 
 
@@ -286,6 +347,8 @@ def encode(
     layout = model_layout(model)
     _check_request(model, layout, texts, seconds, targets, target_ids)
 
+    limit = max_positions(model, tokenizer)
+    _check_text_lengths(model, tokenizer, limit, texts, seconds, targets)  # far too long: refused before tokenized whole
     device = _input_device(model)
     decoder_left_pad = layout == "decoder" and len(texts) > 1
     src = _tokenize(tokenizer, texts, add_special=True, padding_side="left" if decoder_left_pad else None, pairs=seconds)

@@ -23,6 +23,7 @@ from inspector.cli.common import (
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
+    check_word_in,
     cmd_app,
     format_table,
     int_list,
@@ -56,6 +57,10 @@ def cmd_capture(args) -> int:
     if isinstance(text, tuple) and not text[1].strip():
         raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
     loaded = load_from_args(args)
+    from inspector.capture.inputs import segment_warning
+
+    if (warning := segment_warning(loaded.model, loaded.tokenizer, text)) is not None:
+        status(f"inspector: warning: {warning}")
     target_ids = None
     if getattr(args, "generate", None):
         from inspector.capture.generation import generate_target
@@ -213,14 +218,19 @@ def cmd_plot(args) -> int:
     from inspector.ui import show
 
     out = Path(args.output)
-    if out.suffix.lower() not in (".png", ".svg"):
-        raise InspectorError(f"figures are saved as .png or .svg; got {out.name!r}: use -o head.png or -o head.svg")
-    cap = load(args.file)
-    site = cap.site(args.site)
-    if not 0 <= args.head < site.num_heads:
-        raise InspectorError(f"head {args.head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
+    fmt = _figure_format(args.output, args.format)
     query = args.query_index if args.query_index is not None else args.query
     kind = args.kind or ("query" if query is not None else "heatmap")
+    if kind != "grid" and (args.site is None or args.head is None):
+        raise InspectorError(f"--kind {kind} draws one head: give --site S and --head H (--kind grid needs neither)")
+    cap = load(args.file)
+    if kind == "grid":
+        if args.site is not None or args.head is not None:
+            status("--kind grid draws every head: --site and --head are not used")
+    else:
+        site = cap.site(args.site)
+        if not 0 <= args.head < site.num_heads:
+            raise InspectorError(f"head {args.head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
     if kind == "query":
         if query is None:
             raise InspectorError("--kind query needs --query WORD or --query-index N")
@@ -231,9 +241,25 @@ def cmd_plot(args) -> int:
     else:
         chart = show.head_heatmap(cap, site, args.head, query=query, occurrence=args.occurrence, window=args.window,
                                   batch=args.batch, weighting=args.weighting)
-    show.save(chart, out)
-    status(f"wrote {out}")
+    show.save(chart, args.output, format=fmt)
+    if args.output != "-":
+        status(f"wrote {out}")
     return 0
+
+
+def _figure_format(output: str, given: str | None) -> str:
+    """``png`` or ``svg``: ``--format``, else -o's suffix; ``-`` and devices (``/dev/null``) default to png."""
+    from inspector.store.files import is_special, is_stdout
+
+    if given:
+        return given
+    suffix = Path(output).suffix.lower()
+    if suffix in (".png", ".svg"):
+        return suffix[1:]
+    if is_stdout(output) or is_special(Path(output)):
+        return "png"
+    raise InspectorError(f"figures are saved as .png or .svg; got {Path(output).name!r}: use -o head.png or -o head.svg "
+                         "(or --format png|svg)")
 
 
 # ---- ablate / effects: does a head matter? ------------------------------------------------------
@@ -264,6 +290,8 @@ def cmd_ablate(args) -> int:
         parse_contrast(args.contrast)  # a malformed contrast is reported before the model loads
     source = read_text(args.source, args.source_file, "source")
     variant = read_text(None, args.patch_from, "--patch-from") if args.patch_from else None
+    if variant is not None:
+        check_word_in(args.query, variant, f"the --patch-from file {args.patch_from}")
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
     if args.csv:
@@ -362,20 +390,19 @@ def cmd_scan(args) -> int:
             raise InspectorError("--demo scans the generated lease corpus: drop DATA, or drop --demo to scan DATA")
         if args.demo < 10:
             raise InspectorError(f"--demo makes at least 10 lease clauses, got {args.demo}: e.g. --demo 300")
-        from inspector.corpus.leases import lease_rows, write_jsonl
+        from inspector.corpus.leases import iter_lease_rows, write_jsonl
 
         data = out / DEMO_CORPUS
-        rows = lease_rows(args.demo)
         if data.is_file():  # resuming: the same demo corpus, or a refusal (never silently another size)
-            with open(data, encoding="utf-8") as f:
+            with open(data, "rb") as f:
                 have = sum(1 for line in f if line.strip())
-            if have != len(rows):
+            if have != args.demo:
                 raise InspectorError(f"{out} holds a demo scan of {have} lease clauses, not {args.demo}: resume it with "
                                      f"--demo {have}, or scan --demo {args.demo} into a new folder")
         else:
             if out.is_dir() and any(out.iterdir()):
                 raise InspectorError(f"{out} is not empty: give a new folder for the demo scan")
-            write_jsonl(data, rows)
+            write_jsonl(data, iter_lease_rows(args.demo))  # streamed: --demo 2000000 holds one row at a time
             status(f"wrote the demo corpus ({args.demo} lease clauses) to {data}")
         fields = Fields(text="text", query="query", referents="referents", id="id")
     elif data is None:
@@ -423,8 +450,7 @@ def cmd_corpus(args) -> int:
 
 
 def _run_corpus_page(args) -> int:
-    import subprocess
-
+    from inspector.cli.common import supervise
     from inspector.corpus import queries as corpus
 
     corpus.scan_info(args.out)  # one line if OUT holds no scan
@@ -434,10 +460,7 @@ def _run_corpus_page(args) -> int:
     cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.headless", "true", "--server.port", str(args.port),
            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--", str(Path(args.out).resolve())]
     status(f"starting the Corpus page on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 0
+    return supervise(cmd)  # SIGTERM, Ctrl-C and SIGHUP stop the Streamlit child too, as `inspector app`
 
 
 def add_corpus_commands(sub) -> None:
@@ -553,8 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plot", help="save a figure of one head (heatmap or a query's weights) as PNG or SVG")
     p.add_argument("file")
-    p.add_argument("--site", required=True)
-    p.add_argument("--head", type=int, required=True)
+    p.add_argument("--site", help="the head's site (not with --kind grid)")
+    p.add_argument("--head", type=int, help="the head (not with --kind grid)")
     q = p.add_mutually_exclusive_group()
     q.add_argument("--query", help="a word of the text: the heatmap follows it; --kind query plots its aggregate row "
                                    "(the mean of its tokens' rows, as split and explain)")
@@ -565,7 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=positive_int, default=64, help="query rows and keys of the heatmap (default 64)")
     p.add_argument("--batch", type=int, default=0)
     add_weighting_option(p, "the figure's weights")
-    p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg")
+    p.add_argument("-o", "--output", required=True, help="figure file: .png or .svg; - for standard output, or a device")
+    p.add_argument("--format", choices=["png", "svg"], help="the figure's format (default: -o's suffix; png for - or a device)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("app", help="browse captures in the Streamlit app")

@@ -14,15 +14,32 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+def read_utf8(file: str, what: str) -> str:
+    """The text of ``file``; InspectorError (one line naming the file and the fix) for a folder, a missing
+    file, or bytes that are not UTF-8."""
+    path = Path(file)
+    if path.is_dir():
+        raise InspectorError(f"{what} file {file!r} is a folder: give the text file itself")
+    if not path.exists():
+        raise InspectorError(f"{what} file {file!r} does not exist: check the path")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InspectorError(f"{what} file {file!r} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}): "
+                             "save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    except OSError as exc:
+        raise InspectorError(f"cannot read {what} file {file!r} ({exc.strerror or exc}): check the path") from None
+
+
 def read_text(value: str | None, file: str | None, what: str) -> str | None:
-    if file is not None:
-        path = Path(file)
-        if path.is_dir():
-            raise InspectorError(f"{what} file {file!r} is a folder: give the text file itself")
-        if not path.is_file():
-            raise InspectorError(f"{what} file {file!r} does not exist: check the path")
-        return path.read_text(encoding="utf-8")
-    return value
+    return read_utf8(file, what) if file is not None else value
+
+
+def check_word_in(word: str | None, text: str, where: str) -> None:
+    """Refuse (before a model loads) a query word that is not in ``text`` at all, naming ``where`` the text is
+    from. Case-blind: a necessary condition only; the analysis decides on tokens."""
+    if word is not None and word.strip() and word.strip().casefold() not in text.casefold():
+        raise InspectorError(f"the word {word.strip()!r} is not in {where}: pick a word every text holds, or fix the file")
 
 
 class Parser(argparse.ArgumentParser):
@@ -132,24 +149,14 @@ def app_command(args) -> list[str]:
     return cmd + (["--", *extra] if extra else [])
 
 
-def cmd_app(args) -> int:
-    """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too."""
+def supervise(cmd: list[str]) -> int:
+    """Run ``cmd`` (a Streamlit server) as a child until it ends; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop
+    the child too (SIGTERM, then SIGKILL after 10 s). Returns 0 when stopped by a signal, else the child's
+    exit status. Used by ``inspector app`` and ``inspector corpus --app``."""
     import signal
     import subprocess
     import time
 
-    from inspector.store.capture_file import load
-
-    for what in ("file", "variant"):
-        if getattr(args, what, None):
-            load(getattr(args, what))  # refuses a missing or unreadable capture before anything starts
-    cmd = app_command(args)
-    host = getattr(args, "host", None) or "127.0.0.1"
-    if host not in LOOPBACK:
-        status(f"inspector: warning: the app listens on {host}: anyone who can reach port {args.port} can open any capture "
-                "on this machine by path, upload files and run local models, with no login")
-    shown = f"[{host}]" if ":" in host else host
-    status(f"starting the app on http://{shown if host not in ('0.0.0.0', '::') else 'localhost'}:{args.port} (Ctrl-C stops it)")
     proc = subprocess.Popen(cmd)
     stopping: list[float] = []
 
@@ -175,6 +182,23 @@ def cmd_app(args) -> int:
             proc.kill()
             proc.wait()
     return 0 if stopping else rc
+
+
+def cmd_app(args) -> int:
+    """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too (:func:`supervise`)."""
+    from inspector.store.capture_file import load
+
+    for what in ("file", "variant"):
+        if getattr(args, what, None):
+            load(getattr(args, what))  # refuses a missing or unreadable capture before anything starts
+    cmd = app_command(args)
+    host = getattr(args, "host", None) or "127.0.0.1"
+    if host not in LOOPBACK:
+        status(f"inspector: warning: the app listens on {host}: anyone who can reach port {args.port} can open any capture "
+                "on this machine by path, upload files and run local models, with no login")
+    shown = f"[{host}]" if ":" in host else host
+    status(f"starting the app on http://{shown if host not in ('0.0.0.0', '::') else 'localhost'}:{args.port} (Ctrl-C stops it)")
+    return supervise(cmd)
 
 
 def add_source_output_options(p: argparse.ArgumentParser, generated: str) -> None:

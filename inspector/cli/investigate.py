@@ -14,11 +14,13 @@ from inspector.cli.common import (
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
+    check_word_in,
     cmd_app,
     format_table,
     load_from_args,
     positive_int,
     read_text,
+    read_utf8,
 )
 from inspector.errors import InspectorError
 
@@ -63,7 +65,9 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
     print(f"\nWrote {len(written)} files to {inv.out_dir}: {', '.join(written)}")
 
 
-def _parse_variants(items: list[str] | None) -> dict[str, str]:
+def _parse_variants(items: list[str] | None, query: str | None = None) -> dict[str, str]:
+    """``NAME=FILE`` items as ``{name: text}``; refuses (before the model loads) a bad name, a file that is
+    missing or not UTF-8, and a file without the query word."""
     out = {}
     for item in items or []:
         name, sep, file = item.partition("=")
@@ -71,9 +75,8 @@ def _parse_variants(items: list[str] | None) -> dict[str, str]:
             raise InspectorError(f"--variant takes NAME=FILE, got {item!r}")
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
             raise InspectorError(f"variant name {name!r} must be letters, digits, '_', '-' or '.', e.g. --variant quoted=FILE")
-        if not Path(file).is_file():
-            raise InspectorError(f"variant file {file!r} does not exist: check the path")
-        out[name] = Path(file).read_text(encoding="utf-8")
+        out[name] = read_utf8(file, "variant")
+        check_word_in(query, out[name], f"the variant file {file} (--variant {name}=...)")
     return out
 
 
@@ -87,7 +90,9 @@ def cmd_debug(args) -> int:
     check_before_loading(query=args.query, referents=args.referents)
     source = read_text(args.source, args.source_file, "source")
     output = read_text(args.output, args.output_file, "output")
-    variants = _parse_variants(args.variant)
+    # the query is looked up in the output first: only a word the output cannot hold must be in each variant
+    in_output = args.generate or (output is not None and args.query.strip().casefold() in output.casefold())
+    variants = _parse_variants(args.variant, None if in_output else args.query)
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
     check_folder_target(Path(args.out), MARKER)  # before the model loads

@@ -11,6 +11,7 @@ the scan records it and goes on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -112,37 +113,34 @@ class Corpus:
         rows were read (lines that are not JSON objects are skipped: they become bad documents)."""
         seen: dict[str, None] = {}
         n = 0
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    seen.update(dict.fromkeys(row))
-                    n += 1
-                    if n >= _JSONL_CHECKED_ROWS:
-                        break
+        for row in self._jsonl_values():
+            if isinstance(row, dict):
+                seen.update(dict.fromkeys(row))
+                n += 1
+                if n >= _JSONL_CHECKED_ROWS:
+                    break
         return list(seen), n
+
+    def _jsonl_values(self) -> Iterator[Any]:
+        """Each non-blank line's JSON value in file order, or a string naming the line's problem (not UTF-8,
+        not JSON). Read as bytes, so one bad line never stops the file."""
+        with open(self.path, "rb") as f:
+            n = 0
+            for raw in f:
+                if not raw.strip():
+                    continue
+                n += 1
+                yield _json_line(raw, n)
 
     # ---- the file's shape ----------------------------------------------------------------------
     def _columns(self) -> list[str]:
         if self.kind == "jsonl":
-            with open(self.path, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        try:
-                            first = json.loads(line)
-                        except json.JSONDecodeError:
-                            return []
-                        return list(first) if isinstance(first, dict) else []
+            for first in self._jsonl_values():
+                return list(first) if isinstance(first, dict) else []
             raise InspectorError(f"{self.path.name} holds no rows: give a JSONL file with one JSON object per line")
         if self.kind == "csv":
-            import pandas as pd
-
-            return list(pd.read_csv(self.path, nrows=0, sep="\t" if self.path.suffix.lower() == ".tsv" else ",").columns)
+            with self._reading_csv(0):
+                return list(self._read_csv(nrows=0).columns)
         if self.kind in ("parquet", "parquet-folder"):
             return list(self._parquet().schema.names)
         return list(self._dataset().column_names)
@@ -160,7 +158,11 @@ class Corpus:
             import datasets
         except ImportError:
             raise InspectorError("reading a `datasets` folder needs the datasets package: pip install datasets") from None
-        ds = datasets.load_from_disk(str(self.path))
+        try:
+            ds = datasets.load_from_disk(str(self.path))
+        except Exception as exc:  # a damaged or hand-edited datasets folder
+            raise InspectorError(f"{self.path.name} is not a readable datasets folder ({_first_line(exc)}): save it again "
+                                 "with save_to_disk, or export it to .parquet") from None
         if isinstance(ds, datasets.DatasetDict):
             raise InspectorError(f"{self.path.name} holds the splits {', '.join(ds)}: pass one of them, e.g. {self.path / next(iter(ds))}")
         return ds
@@ -168,42 +170,68 @@ class Corpus:
     def __len__(self) -> int:
         """Number of rows (JSONL: non-blank lines, counted in one streaming pass)."""
         if self.kind == "jsonl":
-            with open(self.path, encoding="utf-8") as f:
+            with open(self.path, "rb") as f:
                 return sum(1 for line in f if line.strip())
         if self.kind == "csv":
             return sum(len(c) for c in self._csv_chunks())
         if self.kind in ("parquet", "parquet-folder"):
-            return self._parquet().count_rows()
+            try:
+                return self._parquet().count_rows()
+            except Exception as exc:  # a damaged part of a Parquet folder
+                raise InspectorError(f"{self.path.name} is not a readable Parquet corpus ({_first_line(exc)}): "
+                                     "write it again") from None
         return len(self._dataset())
 
     # ---- rows ----------------------------------------------------------------------------------
-    def _csv_chunks(self):
+    def _read_csv(self, **kwargs):
         import pandas as pd
 
-        return pd.read_csv(self.path, dtype=str, keep_default_na=False, chunksize=CHUNK,
-                           sep="\t" if self.path.suffix.lower() == ".tsv" else ",")
+        return pd.read_csv(self.path, dtype=str, keep_default_na=False, encoding="utf-8",
+                           sep="\t" if self.path.suffix.lower() == ".tsv" else ",", **kwargs)
+
+    @contextlib.contextmanager
+    def _reading_csv(self, row: int):
+        """CSV errors (not UTF-8, a broken quote, no header) as one line naming the row reached."""
+        import pandas as pd
+
+        try:
+            yield
+        except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+            where = f" after row {row}" if row else ""
+            raise InspectorError(f"{self.path.name} cannot be read as UTF-8 CSV{where} ({_first_line(exc)}): fix that row, "
+                                 "or convert the file to JSONL, where a bad line is recorded and skipped") from None
+
+    def _csv_chunks(self) -> Iterator[Any]:
+        rows = 0
+        with self._reading_csv(rows):
+            chunks = self._read_csv(chunksize=CHUNK)
+        while True:
+            with self._reading_csv(rows):
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            rows += len(chunk)
+            yield chunk
 
     def _rows(self) -> Iterator[dict[str, Any] | str]:
         """Row dicts in file order (a string instead of a dict: the row's problem)."""
         cols = [c for c in self.fields.used() if c in self.columns]
         if self.kind == "jsonl":
-            with open(self.path, encoding="utf-8") as f:
-                n = 0
-                for line in f:
-                    if not line.strip():
-                        continue
-                    n += 1
-                    try:
-                        value = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        yield f"line {n} is not valid JSON ({exc.msg})"
-                        continue
-                    yield value if isinstance(value, dict) else f"line {n} is not a JSON object"
+            for n, value in enumerate(self._jsonl_values(), start=1):
+                yield value if isinstance(value, (dict, str)) else f"line {n} is not a JSON object"
         elif self.kind == "csv":
             for chunk in self._csv_chunks():
                 yield from chunk[cols].to_dict("records")
         elif self.kind in ("parquet", "parquet-folder"):
-            for batch in self._parquet().to_batches(columns=cols, batch_size=CHUNK):
+            batches = self._parquet().to_batches(columns=cols, batch_size=CHUNK)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except Exception as exc:  # a damaged page or part
+                    raise InspectorError(f"{self.path.name} is not a readable Parquet corpus ({_first_line(exc)}): "
+                                         "write it again") from None
+                if batch is None:
+                    return
                 yield from batch.to_pylist()
         else:
             ds = self._dataset().select_columns(cols)
@@ -224,41 +252,87 @@ def _option(fields: Fields, column: str) -> str:
     return "text-field"
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+
+
+def _json_line(raw: bytes, n: int) -> Any:
+    """Line ``n`` (1-based among non-blank lines) as its JSON value, or a string naming its problem."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"line {n} is not valid UTF-8 (byte {exc.start} of the line): re-encode the file as UTF-8"
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"line {n} is not valid JSON ({exc.msg})"
+    except (ValueError, RecursionError) as exc:  # nesting or a number beyond what Python's reader takes
+        return f"line {n} is not valid JSON ({type(exc).__name__}: {_first_line(exc)[:80]})"
+    return value if not isinstance(value, str) else f"line {n} is not a JSON object"
+
+
 def to_document(i: int, row: dict[str, Any] | str, fields: Fields) -> Document:
     """A :class:`Document` from one row (``row`` a string: the problem found reading it)."""
     if isinstance(row, str):
         return Document(row=i, id=str(i), problem=row)
     doc = Document(row=i, id=str(i))
-    if fields.id:
-        value = row.get(fields.id)
-        if value is None or str(value) == "":
-            doc.problem = f"no id in column {fields.id!r}"
-        else:
-            doc.id = str(value)
-    if fields.text not in row:
-        doc.problem = doc.problem or f"no {fields.text!r} field: pick the text column with --text-field"
+    steps = (_read_id, _read_text, _read_target, _read_query, _read_referents, _read_occurrence)
+    for step in steps:
+        problem = step(doc, row, fields)
+        doc.problem = doc.problem or problem
+    return doc
+
+
+def _read_id(doc: Document, row: dict[str, Any], fields: Fields) -> str | None:
+    if not fields.id:
+        return None
+    value = row.get(fields.id)
+    if value is None or str(value) == "":
+        return f"no id in column {fields.id!r}"
+    doc.id = str(value)
+    return None
+
+
+def _read_text(doc: Document, row: dict[str, Any], fields: Fields) -> str | None:
     doc.text = row.get(fields.text)
+    return None if fields.text in row else f"no {fields.text!r} field: pick the text column with --text-field"
+
+
+def _read_target(doc: Document, row: dict[str, Any], fields: Fields) -> str | None:
     if fields.target:
         doc.target = row.get(fields.target)
+    return None
+
+
+def _read_query(doc: Document, row: dict[str, Any], fields: Fields) -> str | None:
     if fields.query:
         q = row.get(fields.query)
         doc.query = None if q is None or str(q).strip() == "" else str(q)
-    if fields.referents:
-        try:
-            doc.referents = parse_referents(row.get(fields.referents))
-        except ValueError as exc:
-            doc.problem = doc.problem or str(exc)
-    if fields.occurrence:
-        value = row.get(fields.occurrence)
-        if value is not None and str(value).strip() != "":
-            try:
-                number = float(value) if not isinstance(value, bool) else float("nan")
-                if not number.is_integer():
-                    raise ValueError
-                doc.occurrence = int(number)
-            except (TypeError, ValueError, OverflowError):
-                doc.problem = doc.problem or f"occurrence {value!r} is not a whole number: check --occurrence-field"
-    return doc
+    return None
+
+
+def _read_referents(doc: Document, row: dict[str, Any], fields: Fields) -> str | None:
+    if not fields.referents:
+        return None
+    try:
+        doc.referents = parse_referents(row.get(fields.referents))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _read_occurrence(doc: Document, row: dict[str, Any], fields: Fields) -> str | None:
+    value = row.get(fields.occurrence) if fields.occurrence else None
+    if value is None or str(value).strip() == "":
+        return None
+    try:
+        number = float(value) if not isinstance(value, bool) else float("nan")
+        if not number.is_integer():
+            raise ValueError
+        doc.occurrence = int(number)
+    except (TypeError, ValueError, OverflowError):
+        return f"occurrence {value!r} is not a whole number: check --occurrence-field"
+    return None
 
 
 def parse_referents(value: Any) -> list[str] | None:

@@ -14,10 +14,17 @@ two steps) is in-flight work, deleted on resume and ignored by readers (:func:`c
 scan's time) and when a scan ends or stops, so after a hard kill it lags the parts by the last few seconds -- readers
 that must be exact read ``_documents/`` (:func:`committed_documents`), which ``inspector corpus`` does.
 A restart skips every committed document id and continues; at most the batches in flight are lost.
+
+A folder is read only after it is checked (:func:`read_info`, :func:`check_parts`): a ``scan.json`` that is
+not what a scan writes, or a committed part that is not readable Parquet with the columns and types a scan
+writes, is one :class:`~inspector.errors.InspectorError` line naming the file, field or column and the fix.
+``scan.json`` records the corpus's content hash (``corpus_sha256``); a resume refuses a corpus that changed.
+A write the system refuses (read-only folder, full disk) is one line; committed parts are never touched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from inspector.errors import InspectorError
-from inspector.store.files import temp_beside, write_text
+from inspector.store.files import temp_beside, write_error, write_text
 
 FORMAT = 1
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
@@ -36,20 +43,152 @@ _FLUSH_SECONDS = 5.0
 
 
 def write_parquet(path: Path, df: pd.DataFrame) -> None:
-    """Write ``df`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed)."""
+    """Write ``df`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed). A write the
+    system refuses (``OSError``: read-only folder, full disk) raises InspectorError naming ``path``; no
+    temporary file is left and an existing ``path`` is unchanged."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tmp = temp_beside(path)
+    existed = path.exists()
+    tmp = None
     try:
+        tmp = temp_beside(path)
         table = pa.Table.from_pandas(df, preserve_index=False)
         pq.write_table(table, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_error(path, exc, existed) from None
         raise
+
+
+# ---- checking a folder before reading it --------------------------------------------------------
+FIELD_NAMES = ("text", "target", "query", "referents", "id", "occurrence")  # documents.Fields, as scan.json stores it
+_DOC_TYPES = {"id": "string", "row": "int", "tokens": "int", "status": "string", "error": "string"}
+_HEAD_TYPES = {"id": "string", "site": "string", "stack": "string", "kind": "string", "layer": "int", "head": "int",
+               "entropy": "float", "normalized_entropy": "float"}  # required in every heads part
+_HEAD_OPTIONAL = {"flagged": "bool", "split_score": "float", "lift": "float", "referent_mass": "float", "query": "string",
+                  "referents": "list", "referent_weights": "list"}  # read by the summary and the Corpus page
+
+
+def _damaged(path: Path, what: str) -> InspectorError:
+    return InspectorError(f"{path} {what}: restore it, or scan into a new folder")
+
+
+def _check_info_field(path: Path, info: dict, key: str, kind: type, required: bool) -> None:
+    if key not in info:
+        if required:
+            raise _damaged(path, f"has no field {key!r} (it was edited or damaged)")
+        return
+    value = info[key]
+    if not isinstance(value, kind) or isinstance(value, bool) or (kind is str and not value.strip()):
+        raise _damaged(path, f"field {key!r} must be {'a number' if kind is int else 'a text' if kind is str else 'an object'}, "
+                             f"not {json.dumps(value)[:60]}")
+
+
+def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]:
+    """``OUT/scan.json`` checked: a JSON object with ``format`` (this FORMAT), ``corpus``, ``fields`` (the
+    column names, text or null), ``model``, ``options`` and -- required to resume -- ``corpus_sha256``.
+    Raises InspectorError (one line naming the field) for anything else, or when there is no scan.json."""
+    path = Path(out).expanduser() / "scan.json"
+    if not path.is_file():
+        raise InspectorError(f"{Path(out)} holds no scan (no scan.json): give the folder written by `inspector scan ... -o OUT`")
+    try:
+        info = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError, OSError) as exc:
+        raise _damaged(path, f"is not readable JSON ({str(exc).splitlines()[0][:80]})") from None
+    if not isinstance(info, dict):
+        raise _damaged(path, "is not a JSON object")
+    for key, kind in (("format", int), ("corpus", str), ("fields", dict), ("model", str), ("options", dict)):
+        _check_info_field(path, info, key, kind, True)
+    if info["format"] != FORMAT:
+        raise InspectorError(f"{Path(out)} holds a scan of another format ({info['format']}): scan into a new folder")
+    if resume and "corpus_sha256" not in info:
+        raise _damaged(path, "has no field 'corpus_sha256' (the corpus's content hash; an older inspector wrote this scan), "
+                             "so a changed corpus could not be told apart")
+    _check_info_field(path, info, "corpus_sha256", str, resume)
+    if not all(isinstance(v, (str, int, float, bool)) or v is None for v in info["options"].values()):
+        raise _damaged(path, "field 'options' must map each option to a number, a text or true/false")
+    fields = info["fields"]
+    for name in fields:
+        if name not in FIELD_NAMES:
+            raise _damaged(path, f"field 'fields' names {name[:40]!r}, which is none of {', '.join(FIELD_NAMES)}")
+    for name in FIELD_NAMES:
+        value = fields.get(name, ...)
+        if value is ... or not (value is None and name != "text" or isinstance(value, str) and value):
+            raise _damaged(path, f"field 'fields' must give {name!r} a column name{'' if name == 'text' else ' or null'}")
+    return info
+
+
+def _kind(tp) -> str:
+    import pyarrow as pa
+
+    for kind, test in (("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
+                       ("int", pa.types.is_integer), ("float", pa.types.is_floating), ("bool", pa.types.is_boolean),
+                       ("list", lambda t: pa.types.is_list(t) or pa.types.is_large_list(t)), ("null", pa.types.is_null)):
+        if test(tp):
+            return kind
+    return str(tp)
+
+
+def _head_column_names() -> set[str]:
+    from inspector.analysis.heads import RANK_COLUMNS, SPLIT_COLUMNS, SPLIT_VERDICT_COLUMNS
+
+    return {"id", "referents", "referent_weights", *RANK_COLUMNS, *SPLIT_COLUMNS, *SPLIT_VERDICT_COLUMNS}
+
+
+def _check_part(path: Path, required: dict[str, str], optional: dict[str, str], known: set[str] | None) -> None:
+    """One committed part: readable Parquet (its footer), the ``required`` columns, each column of the kind
+    given, no column a scan does not write (``known``; None: exactly ``required``)."""
+    import pyarrow.parquet as pq
+
+    fix = f"delete it and {path.parent.parent.name}/{'heads' if path.parent.name == '_documents' else '_documents'}/{path.name}, "           "then resume the scan to redo its documents, or scan into a new folder"
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid / OSError for a truncated or foreign file
+        raise InspectorError(f"{path} is not readable Parquet ({str(exc).splitlines()[0][:100]}): {fix}") from None
+    names = schema.names
+    for name in required:
+        if name not in names:
+            raise InspectorError(f"{path} has no column {name!r}: {fix}")
+    for name, tp in zip(names, schema.types, strict=True):
+        want = required.get(name) or optional.get(name)
+        got = _kind(tp)
+        if want is None and not (known is not None and (name in known or name.startswith("referent_"))):
+            raise InspectorError(f"{path} has a column {name[:60]!r} that no scan writes: {fix}")
+        if want is not None and got != want and not (got == "null" and name not in required):
+            raise InspectorError(f"{path}: column {name!r} holds {tp}, not {want}: {fix}")
+
+
+def check_parts(out: str | os.PathLike) -> None:
+    """Every committed part of the scan in ``out`` readable, with the columns and types a scan writes
+    (``_documents``: exactly id, row, tokens, status, error; ``heads``: the key and entropy columns, and only
+    columns of the rank and split analyses). Raises InspectorError naming the part, column and fix."""
+    out = Path(out)
+    for p in _parts(out / "_documents").values():
+        _check_part(p, _DOC_TYPES, {}, None)
+    known = _head_column_names()
+    for p in committed_heads(out):
+        _check_part(p, _HEAD_TYPES, _HEAD_OPTIONAL, known)
+
+
+def corpus_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a corpus: of the file's bytes, or for a folder, of each file's relative path and bytes
+    in sorted order. Read in blocks (bounded memory)."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode("utf-8", "surrogateescape") + b"\0")
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
 
 
 def _parts(folder: Path) -> dict[int, Path]:
@@ -59,10 +198,15 @@ def _parts(folder: Path) -> dict[int, Path]:
 
 
 def committed_documents(out: str | os.PathLike) -> pd.DataFrame:
-    """Every committed document row (read from ``_documents/``), with its ``part`` number."""
+    """Every committed document row (read from ``_documents/``), with its ``part`` number. Raises
+    InspectorError naming a part that cannot be read."""
     frames = []
     for n, p in sorted(_parts(Path(out) / "_documents").items()):
-        df = pd.read_parquet(p)
+        try:
+            df = pd.read_parquet(p)
+        except Exception as exc:  # a part damaged in its data pages (its footer is checked by check_parts)
+            raise InspectorError(f"{p} is not readable Parquet ({str(exc).splitlines()[0][:100]}): delete it and its heads "
+                                 "part, then resume the scan to redo its documents, or scan into a new folder") from None
         df["part"] = n
         frames.append(df)
     if not frames:
@@ -92,32 +236,41 @@ class ScanFolder:
             raise InspectorError(f"{self.out} is a file: give a folder for the scan to write into, e.g. -o scan-out")
         info = self.out / "scan.json"
         if info.is_file():
-            old = json.loads(info.read_text(encoding="utf-8"))
-            if old.get("format") != FORMAT:
-                raise InspectorError(f"{self.out} holds a scan of another format ({old.get('format')}): scan into a new folder")
+            old = read_info(self.out, resume="corpus_sha256" in meta)
             for key in ("corpus", "fields", "model", "options"):
                 if old.get(key) != meta.get(key):
                     raise InspectorError(
                         f"{self.out} holds a scan with {_OTHER[key]} ({json.dumps(old.get(key))[:120]}): "
                         "resume with the same options, or scan into a new folder")
+            if "corpus_sha256" in meta and old["corpus_sha256"] != meta["corpus_sha256"]:
+                raise InspectorError(f"{old['corpus']} changed since this scan in {self.out} began (its content hash differs "
+                                     "from scan.json's 'corpus_sha256'), so old and new results would mix: restore the file, "
+                                     "or scan it into a new folder")
+            check_parts(self.out)
         elif self.out.is_dir() and any(p.name not in allow for p in self.out.iterdir()):
             raise InspectorError(f"{self.out} is not empty and holds no scan: scan into a new or empty folder")
+        where = next(p for p in (self.out, *self.out.parents) if p.exists())
+        if not os.access(where, os.W_OK | os.X_OK):  # before any model loads (root passes; its writes are checked as they go)
+            raise InspectorError(f"cannot write into {where} (no permission): fix the folder's permissions or scan elsewhere")
 
     def open(self) -> ScanFolder:
         """Create the folder (or drop a stopped scan's in-flight work) and read what is committed."""
         info = self.out / "scan.json"
         meta = self.meta
-        (self.out / "heads").mkdir(parents=True, exist_ok=True)
-        (self.out / "_documents").mkdir(exist_ok=True)
-        if not info.is_file():
-            write_text(info, json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
-        # in-flight work of a stopped scan: a heads part without its documents part
-        done = _parts(self.out / "_documents")
-        for n, p in _parts(self.out / "heads").items():
-            if n not in done:
+        try:
+            if not info.is_file():  # first, so a folder whose first write fails is still a new folder
+                write_text(info, json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
+            (self.out / "heads").mkdir(exist_ok=True)
+            (self.out / "_documents").mkdir(exist_ok=True)
+            # in-flight work of a stopped scan: a heads part without its documents part
+            done = _parts(self.out / "_documents")
+            for n, p in _parts(self.out / "heads").items():
+                if n not in done:
+                    p.unlink()
+            for p in list((self.out / "heads").glob(".*.tmp")) + list((self.out / "_documents").glob(".*.tmp")):
                 p.unlink()
-        for p in list((self.out / "heads").glob(".*.tmp")) + list((self.out / "_documents").glob(".*.tmp")):
-            p.unlink()
+        except OSError as exc:
+            raise write_error(self.out, exc) from None
         docs = committed_documents(self.out)
         self.done: set[str] = set(docs["id"].astype(str))
         self.committed = len(docs)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from inspector.store.files import write_text
+from inspector.store.files import write_atomic
 
 _FIRST = ["Acme", "Northwind", "Globex", "Initech", "Umbrella", "Stark", "Wayne", "Hooli", "Vandelay", "Soylent",
           "Tyrell", "Cyberdyne", "Gringotts", "Wonka", "Oscorp", "Aperture", "Monarch", "Dunder", "Pied Piper", "Prestige"]
@@ -41,12 +43,11 @@ def _company(rng: random.Random, taken: set[str]) -> str:
             return name
 
 
-def lease_rows(n: int = 300, seed: int = 13) -> list[dict]:
-    """``n`` rows (``n >= 10``); rows 7 (empty text) and 8 (a referent not in the text) are bad on purpose."""
+def iter_lease_rows(n: int = 300, seed: int = 13) -> Iterator[dict]:
+    """The rows of :func:`lease_rows` one at a time (a corpus of millions of rows never held in memory)."""
     if n < 10:
         raise ValueError("make at least 10 rows")
     rng = random.Random(seed)
-    rows = []
     for i in range(n):
         if i % 2 == 0:
             a, b = "the Lessee", "the Lessor"
@@ -57,12 +58,29 @@ def lease_rows(n: int = 300, seed: int = 13) -> list[dict]:
             refs = [a, b]
         text = rng.choice(_TEMPLATES).format(a=a, b=b, p=rng.choice(_PREMISES))
         text = text[0].upper() + text[1:]
-        rows.append({"id": f"lease-{i:04d}", "text": text, "query": "indemnity", "referents": refs})
-    rows[7]["text"] = ""
-    rows[8]["referents"] = [rows[8]["referents"][0], "Guarantor"]
-    return rows
+        if i == 7:
+            text = ""
+        if i == 8:
+            refs = [refs[0], "Guarantor"]
+        yield {"id": f"lease-{i:04d}", "text": text, "query": "indemnity", "referents": refs}
 
 
-def write_jsonl(path: str | os.PathLike, rows: list[dict]) -> Path:
-    """Write rows as JSONL, atomically."""
-    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+def lease_rows(n: int = 300, seed: int = 13) -> list[dict]:
+    """``n`` rows (``n >= 10``); rows 7 (empty text) and 8 (a referent not in the text) are bad on purpose."""
+    return list(iter_lease_rows(n, seed))
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
+    """Write rows as JSONL, atomically, one row at a time (``rows`` may be a generator)."""
+
+    def lines(f: BinaryIO) -> None:
+        for r in rows:
+            f.write((json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    def fill(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            lines(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return write_atomic(path, fill, lines)

@@ -29,26 +29,32 @@ from pathlib import Path
 
 import pandas as pd
 
-from inspector.corpus.folder import committed_heads
+from inspector.corpus.folder import check_parts, committed_heads, read_info
 from inspector.errors import InspectorError
 
 KEYS = ["site", "stack", "kind", "layer", "head"]
 
 
+_GLOB = str.maketrans({c: f"[{c}]" for c in "[*?"})  # DuckDB reads each path as a glob: its wildcards as literals
+
+
 def _quote_paths(paths: list[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+    """A DuckDB list literal naming exactly these files (quotes doubled, glob characters bracketed)."""
+    return "[" + ", ".join("'" + str(p).translate(_GLOB).replace("'", "''") + "'" for p in paths) + "]"
 
 
 def connect(out: str | os.PathLike):
-    """An in-memory DuckDB connection with the views ``heads`` and ``documents`` over the scan in ``out``."""
+    """An in-memory DuckDB connection with the views ``heads`` and ``documents`` over the scan in ``out``.
+    Raises InspectorError (one line) for a folder without a scan, a damaged ``scan.json`` or a damaged part
+    (:func:`~inspector.corpus.folder.read_info`, :func:`~inspector.corpus.folder.check_parts`)."""
     import duckdb
 
     out = Path(out).expanduser()
-    if not (out / "scan.json").is_file():
-        raise InspectorError(f"{out} holds no scan (no scan.json): give the folder written by `inspector scan ... -o OUT`")
+    read_info(out)
+    check_parts(out)
     con = duckdb.connect(":memory:")
     heads = committed_heads(out)
-    docs = sorted((out / "_documents").glob("part-*.parquet"))
+    docs = sorted(p for p in (out / "_documents").glob("part-*.parquet") if p.name.startswith("part-"))
     if heads:
         con.execute(f"CREATE VIEW heads AS SELECT * FROM read_parquet({_quote_paths(heads)}, union_by_name = true)")
     else:
@@ -91,7 +97,18 @@ def summary_sql(cols: list[str]) -> str:
 def summary(out_or_con) -> pd.DataFrame:
     """Per site and head over the corpus (columns and order in the module docstring)."""
     con = connect(out_or_con) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
-    return con.execute(summary_sql(columns(con))).df()
+    return _run(con, summary_sql(columns(con)))
+
+
+def _run(con, sql: str, params: list | None = None) -> pd.DataFrame:
+    """``sql``'s result; a DuckDB error (a part damaged past its footer, parts whose columns disagree) as one line."""
+    import duckdb
+
+    try:
+        return con.execute(sql, params).df() if params is not None else con.execute(sql).df()
+    except duckdb.Error as exc:
+        raise InspectorError(f"the scan's parts cannot be read together ({str(exc).strip().splitlines()[0][:200]}): "
+                             "scan into a new folder") from None
 
 
 _ASKING = {"SELECT", "EXPLAIN", "PRAGMA", "CALL"}  # DuckDB statement types that return rows (DESCRIBE, SHOW are SELECTs)
@@ -147,21 +164,16 @@ def head_documents(out_or_con, site: str, head: int, limit: int = 20) -> pd.Data
     if "split_score" not in cols:
         return pd.DataFrame(columns=["id", "row", "tokens", "query", "referents", "referent_weights", "split_score", "flagged"])
     extra = ", h.lift" if "lift" in cols else ""
-    return con.execute(
+    return _run(con,
         "SELECT h.id, d.row, d.tokens, h.query, h.referents, h.referent_weights, h.referent_mass, h.split_score, "
         f"h.flagged{extra} FROM heads h JOIN documents d USING (id) "
         "WHERE h.site = ? AND h.head = ? AND h.split_score IS NOT NULL "
-        "ORDER BY h.split_score DESC, d.row LIMIT ?", [site, int(head), int(limit)]).df()
+        "ORDER BY h.split_score DESC, d.row LIMIT ?", [site, int(head), int(limit)])
 
 
 def scan_info(out: str | os.PathLike) -> dict:
     """The scan's ``scan.json``: corpus path, fields, model and options."""
-    import json
-
-    path = Path(out).expanduser() / "scan.json"
-    if not path.is_file():
-        raise InspectorError(f"{Path(out)} holds no scan (no scan.json): give the folder written by `inspector scan ... -o OUT`")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_info(out)
 
 
 def find_document(out: str | os.PathLike, row: int):

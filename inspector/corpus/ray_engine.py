@@ -21,6 +21,7 @@ module.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -112,7 +113,7 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
 
     rest = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port):  # not str.isdigit: '²' passes it
         return  # "auto", "local", or a form Ray resolves itself
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inspector.corpus.documents import Corpus, Document, Fields
-from inspector.corpus.folder import ScanFolder
+from inspector.corpus.folder import ScanFolder, corpus_sha256
 from inspector.corpus.reduce import Options, local_batches
 from inspector.errors import InspectorError
 
@@ -50,13 +50,69 @@ def _pending(corpus: Corpus, done: set[str]) -> Iterator[Document]:
 
 
 def scan_meta(corpus: Corpus, model_name: str, options: Options) -> dict[str, Any]:
-    """What a resumed scan must share with the scan it continues."""
+    """What a resumed scan must share with the scan it continues (``corpus_sha256``: the corpus's content,
+    so a file changed under the same path is refused)."""
     return {
         "corpus": str(corpus.path.resolve()),
         "fields": corpus.fields.to_dict(),
         "model": model_name,
         "options": options.to_dict(),
+        "corpus_sha256": corpus_sha256(corpus.path),
     }
+
+
+def _check_arguments(batch_size: int, engine: str, ray_address: str | None) -> None:
+    if batch_size < 1:
+        raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
+    if engine not in ("local", "ray"):
+        raise InspectorError(f"unknown engine {engine!r}: use local or ray")
+    if ray_address and engine != "ray":
+        raise InspectorError("--ray-address needs --engine ray")
+
+
+def _model_path(model: str | None) -> str | None:
+    """A local model folder as an absolute path: the same from any directory or Ray worker."""
+    if model is not None and Path(model).expanduser().exists():
+        return str(Path(model).expanduser().resolve())
+    return model
+
+
+def _first_pending(corpus: Corpus, folder: ScanFolder) -> Document | None:
+    """The first document the scan in ``folder`` has not committed (None: nothing left), read without
+    the model and without writing."""
+    from inspector.corpus.folder import committed_documents
+
+    done = set(committed_documents(folder.out)["id"].astype(str)) if (folder.out / "scan.json").is_file() else set()
+    return next(_pending(corpus, done), None)
+
+
+def _commit_all(folder: ScanFolder, results, bar) -> tuple[int, int]:
+    """Commit each batch as it comes; (documents, of them with an error). The folder's documents.parquet is
+    rewritten at the end even after a failure (whose error is then the one raised)."""
+    scanned = errors = 0
+    failed = True
+    try:
+        for result in results:
+            folder.commit(result.documents, result.heads)
+            n = len(result.documents)
+            scanned += n
+            errors += int((result.documents["status"] != "ok").sum())
+            if bar is not None:
+                bar.update(n)
+                bar.set_postfix(errors=errors, refresh=False)
+        failed = False
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+        if bar is not None:
+            bar.close()
+        try:
+            folder.flush()
+        except InspectorError:
+            if not failed:
+                raise  # a failure already on its way is the error to report
+    return scanned, errors
 
 
 def scan(
@@ -86,24 +142,22 @@ def scan(
     torch threads; ``prefetch`` makes the local engine capture the next batch while it analyses this one
     (True; at most two batches' captures in memory) or capture and analyse in turn (False); by default
     (None) it is on for a model on a GPU and off on the CPU (:func:`~inspector.corpus.reduce.local_batches`); ``status`` (a function of one line) is told
-    when the model starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder, before any model
-    loads; bad documents are recorded in ``documents.parquet`` and never stop the scan.
+    when the model starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder (a
+    damaged ``scan.json`` or part, a corpus changed since the scan began), before any model loads, and for a
+    write the system refuses (read-only folder, full disk; what was committed stays, and a resume continues
+    from it); bad documents are recorded in ``documents.parquet`` and never stop the scan. A resumed scan with
+    nothing left loads no model.
     """
-    if batch_size < 1:
-        raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
-    if engine not in ("local", "ray"):
-        raise InspectorError(f"unknown engine {engine!r}: use local or ray")
-    if ray_address and engine != "ray":
-        raise InspectorError("--ray-address needs --engine ray")
+    _check_arguments(batch_size, engine, ray_address)
     corpus = Corpus(data, fields)
     total = len(corpus)
     from inspector.capture.models import DEFAULT_MODEL
 
-    if model is not None and Path(model).expanduser().exists():  # a local folder: the same from any directory or Ray worker
-        model = str(Path(model).expanduser().resolve())
+    model = _model_path(model)
     name = loaded.name if loaded is not None else (model or DEFAULT_MODEL)
     folder = ScanFolder(out, scan_meta(corpus, name, options), allow=allow)
-    if engine == "local" and loaded is None:
+    first = _first_pending(corpus, folder)
+    if engine == "local" and loaded is None and first is not None:
         from inspector.capture.models import load_model
 
         if status is not None:
@@ -115,36 +169,22 @@ def scan(
     folder.open()
     skipped = folder.committed
     errors_before = folder.errors
-    pending = _pending(corpus, folder.done)
-    if engine == "local":
-        results = local_batches(loaded.model, loaded.tokenizer, pending, batch_size=batch_size, options=options,
-                                prefetch=prefetch)
+    if first is None:
+        results: Any = iter(())
+    elif engine == "local":
+        results = local_batches(loaded.model, loaded.tokenizer, _pending(corpus, folder.done), batch_size=batch_size,
+                                options=options, prefetch=prefetch)
     else:
         from inspector.corpus.ray_engine import ray_batches
 
-        results = ray_batches(model, pending, batch_size=batch_size, options=options, address=ray_address,
-                              workers=workers, device=device, trust_remote_code=trust_remote_code, num_cpus=num_cpus)
+        results = ray_batches(model, _pending(corpus, folder.done), batch_size=batch_size, options=options,
+                              address=ray_address, workers=workers, device=device, trust_remote_code=trust_remote_code,
+                              num_cpus=num_cpus)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, initial=skipped, desc="scanning", unit="doc", file=sys.stderr, dynamic_ncols=True)
-    scanned = errors = 0
-    try:
-        for result in results:
-            folder.commit(result.documents, result.heads)
-            n = len(result.documents)
-            scanned += n
-            errors += int((result.documents["status"] != "ok").sum())
-            if bar is not None:
-                bar.update(n)
-                bar.set_postfix(errors=errors, refresh=False)
-    finally:
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()
-        if bar is not None:
-            bar.close()
-        folder.flush()
+    scanned, errors = _commit_all(folder, results, bar)
     return ScanSummary(out=folder.out, total=total, skipped=skipped, scanned=scanned, errors=errors,
                        errors_before=errors_before)

@@ -22,6 +22,7 @@ Everything changed on the model is restored on every exit path, exceptions inclu
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,7 +219,7 @@ def parse_heads(spec: str) -> list[tuple[str, int]]:
         if not item:
             continue
         site, sep, head = item.rpartition(":")
-        if not sep or not site or not head.strip().isdigit():
+        if not sep or not site or not re.fullmatch(r"[0-9]{1,9}", head.strip()):  # not str.isdigit: '²' passes it
             raise InspectorError(f"--heads takes SITE:HEAD[,SITE:HEAD...], e.g. encoder.layer.5.attention.self:9; got {item!r}")
         out.append((site.strip(), int(head)))
     if not out:

@@ -54,3 +54,17 @@ def explanation_html(exp) -> str:
     t["contribution"] = ["[" + ", ".join(f"{x:.4f}" for x in c[:4]) + (", …]" if len(c) > 4 else "]") for c in t["contribution"]]
     out = ", ".join(f"{x:.4f}" for x in exp.output[:8]) + (", …" if len(exp.output) > 8 else "")
     return str(_templates().explanation(exp, _table(t), len(exp.table) - ROWS_SHOWN, out))
+
+
+def word_explanation_html(exp) -> str:
+    """A word's explanation: the query, the aggregate row split judges (its heaviest keys), the verdict when
+    referents were given, and each query row's step-by-step table folded (``<details>``)."""
+    from markupsafe import Markup
+
+    agg = exp.aggregate.sort_values("weight", ascending=False, kind="stable").head(ROWS_SHOWN)
+    verdict = None
+    if exp.verdict:
+        verdict = _table(pd.DataFrame([{k: v for k, v in exp.verdict.items() if not isinstance(v, (list, dict))}]))
+    rows = [(e, Markup(explanation_html(e))) for e in exp.rows]
+    positions = ", ".join(str(p) for p in exp.query_positions)
+    return str(_templates().word_explanation(exp, positions, _table(agg), len(exp.aggregate) - len(agg), verdict, rows))

@@ -296,8 +296,8 @@ def check_explained(where: str, site, head: int, query_index: int, weight: torch
 
 
 def finite_positive(x: Any) -> bool:
-    """Whether ``x`` is a finite number greater than 0 (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    """Whether ``x`` is a finite number greater than 0 and below 2**63 (not a bool; torch takes int64)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x < 2**63  # torch takes int64
 
 
 # ---- the whole capture ----------------------------------------------------------------------
@@ -528,6 +528,16 @@ def _check_dense_mask(path, m, users, batch, dtypes, shapes) -> None:
                                   f"{users[0]['key_len']}]")
 
 
+_POSITION_BOUND = 2**31  # a mask's offset and window are token positions: far below this on any model
+
+
+def _check_positions(path, where, spec) -> None:
+    """A mask's ``offset`` and ``window`` within :data:`_POSITION_BOUND` (beyond 64 bits torch cannot hold them)."""
+    for f, low in (("offset", -_POSITION_BOUND), ("window", 1)):
+        if spec[f] is not None and not low <= spec[f] <= _POSITION_BOUND:
+            raise refuse(path, where, f"field {f!r} must be an integer from {low} to {_POSITION_BOUND}, got {_short(spec[f])}")
+
+
 def _check_spec(path, where, spec, users, batch, dtypes, shapes) -> None:
     """A schema-2 mask spec: its dtype, shape, visibility rule and fill (:func:`_check_rule`), and the small
     tensors it names (:func:`_check_spec_tensors`)."""
@@ -559,6 +569,7 @@ def _check_rule(path, where, spec) -> None:
         raise refuse(path, where, "has neither a visibility rule (field 'visible') nor a 'bias' tensor")
     if vis == "sliding" and (spec["window"] is None or spec["window"] < 1):
         raise refuse(path, where, "field 'window' must be a positive integer for a sliding rule")
+    _check_positions(path, where, spec)
     if vis == "packed" and not spec["packed"]:
         raise refuse(path, where, "field 'packed' must name a tensor for a packed rule")
     if vis == "band" and (spec["window"] is None or spec["window"] < 1 or not isinstance(spec.get("globals"), str)):

@@ -19,6 +19,7 @@ imported here only (the ``notebook`` extra).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -162,17 +163,44 @@ def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.
     return alt.vconcat(*panels) if len(panels) > 1 else panels[0]
 
 
-def save(chart, path: str | os.PathLike, *, scale: float = 2.0) -> Path:
-    """Write ``chart`` as PNG (``scale`` x its size) or SVG, by the file's suffix, with vl-convert
-    (no browser, nothing fetched), atomically. Raises InspectorError for another suffix."""
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+class ScriptSafeJSON(json.JSONEncoder):
+    """JSON that may sit inside an inline ``<script>``: ``<``, ``>``, ``&`` (and the JavaScript line
+    separators) written as ``\\u003c`` ... . JSON has these characters only inside strings, where the escape
+    reads back as the same character, so a token ``</script>`` stays the text it is and ends no script."""
+
+    def encode(self, o) -> str:
+        return super().encode(o).translate(_SCRIPT_SAFE)
+
+    def iterencode(self, o, _one_shot: bool = False):
+        for chunk in super().iterencode(o, _one_shot):
+            yield chunk.translate(_SCRIPT_SAFE)
+
+
+def to_html(chart) -> str:
+    """``chart`` as one self-contained HTML page: the Vega scripts inlined (vl-convert's bundle, no CDN, no
+    request), the spec and its data (tokens from the capture) escaped for the inline script
+    (:class:`ScriptSafeJSON`)."""
+    return chart.to_html(json_kwds={"cls": ScriptSafeJSON}, inline=True)
+
+
+def save(chart, path: str | os.PathLike, *, scale: float = 2.0, format: str | None = None) -> Path:
+    """Write ``chart`` as PNG (``scale`` x its size) or SVG with vl-convert (no browser, nothing fetched),
+    atomically; ``-`` is standard output and a device or FIFO is written to (see :mod:`inspector.store.files`).
+    ``format`` (``png`` or ``svg``) defaults to the file's suffix. Raises InspectorError for another suffix
+    without a ``format``."""
     import vl_convert as vlc
 
     from inspector.store.files import write_bytes
 
     path = Path(path)
-    suffix = path.suffix.lower()
+    suffix = f".{format.lower()}" if format else path.suffix.lower()
+    if suffix == ".html":
+        return write_bytes(path, to_html(chart).encode("utf-8"))
     if suffix not in (".png", ".svg"):
-        raise InspectorError(f"figures are saved as .png or .svg; got {path.name!r}: use e.g. -o head.png")
+        raise InspectorError(f"figures are saved as .png, .svg or .html; got {path.name!r}: use e.g. -o head.png, or --format svg")
     spec = chart.to_json()
     data = vlc.vegalite_to_png(spec, scale=scale) if suffix == ".png" else vlc.vegalite_to_svg(spec).encode("utf-8")
     return write_bytes(path, data)
@@ -185,24 +213,38 @@ def to_svg(chart) -> str:
     return vlc.vegalite_to_svg(chart.to_json())
 
 
+def _bertviz(view: str, html_action: str, **kwargs):
+    """bertviz's ``head_view``/``model_view`` page with the JSON it pastes into its inline script escaped
+    (:func:`~inspector.ui.views.script_safe_json`): shown in the notebook (``view``) or returned (``return``)."""
+    import bertviz
+    from IPython.display import HTML, display
+
+    if html_action not in ("view", "return"):
+        raise InspectorError(f"html_action must be 'view' or 'return', not {html_action!r}")
+    draw = bertviz.head_view if view == "head" else bertviz.model_view
+    page = draw(**kwargs, html_action="return").data
+    template = (Path(bertviz.__file__).parent / f"{view}_view.js").read_text(encoding="utf-8")
+    out = HTML(views.script_safe_json(page, template))
+    if html_action == "return":
+        return out
+    display(out)
+    return None
+
+
 def head_view(capture: Capture, *, start: int = 0, size: int = 32, layer: int | None = None,
               heads: list[int] | None = None, batch: int = 0, html_action: str = "view"):
     """bertviz's ``head_view`` of a token window ``[start, start + size)`` of the capture (at most
-    :data:`~inspector.ui.views.BERTVIZ_MAX_TOKENS` tokens); ``html_action="return"`` returns its HTML."""
-    import bertviz
-
+    :data:`~inspector.ui.views.BERTVIZ_MAX_TOKENS` tokens); ``html_action="return"`` returns its HTML.
+    Tokens are escaped for bertviz's inline script (a token ``</script>`` is shown, never run)."""
     kwargs = views.bertviz_kwargs(capture, start, size, batch=batch)
-    return bertviz.head_view(**kwargs, layer=layer, heads=heads, html_action=html_action)
+    return _bertviz("head", html_action, **kwargs, layer=layer, heads=heads)
 
 
 def model_view(capture: Capture, *, start: int = 0, size: int = 32, batch: int = 0, html_action: str = "view"):
-    """bertviz's ``model_view`` (every layer and head) of a token window of the capture."""
-    import bertviz
-
+    """bertviz's ``model_view`` of a token window of the capture (every layer x head); tokens escaped as in
+    :func:`head_view`."""
     kwargs = views.bertviz_kwargs(capture, start, size, batch=batch)
-    return bertviz.model_view(**kwargs, html_action=html_action)
-
-
+    return _bertviz("model", html_action, **kwargs)
 
 
 def routes(edges: pd.DataFrame, *, width: int = 640, height: int = 480):
