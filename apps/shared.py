@@ -161,7 +161,7 @@ def open_pending() -> None:
             ss.sel_site = cap.site(args.site).name
         except InspectorError as exc:
             ss.problems.append(views.app_error(exc))
-    if args.weighting:
+    if getattr(args, "weighting", None):
         ss.weighting = args.weighting
     if args.head is not None and 0 <= args.head < cap.site(ss.sel_site).num_heads:
         ss.sel_head = args.head
