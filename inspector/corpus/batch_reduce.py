@@ -453,6 +453,13 @@ class _GroupSplit:
         self.driving = self.row_split.masked_fill(~row_ok[:, None], float("-inf")).argmax(-1)  # [doc, head]
         self.rows_flagged = rule.passes_all(self.row_split, row_mass, row_lift) & row_ok[:, None]
         self.by_piece = torch.matmul(per_key, piece_keys)  # [doc, head, piece]
+        # per document, each number as Python lists over heads (one conversion per tensor for the whole batch)
+        names = {"agg": self.agg, "referent_mass": self.mass, "chance_mass": self.chance, "lift": self.lift,
+                 "split_score": self.split, "flagged": self.flagged, "shared_share": self.shared_share,
+                 "split_unshared": self.split_unshared, "mostly_shared": self.mostly_shared, "driving": self.driving,
+                 "rows_flagged": self.rows_flagged, "row_split": self.row_split, "by_piece": self.by_piece}
+        as_lists = {c: t.tolist() for c, t in names.items()}
+        self.lists = [{c: v[d] for c, v in as_lists.items()} for d in range(len(docs))]
 
 
 class _DocLayout:
@@ -569,7 +576,7 @@ def _site_offsets(sites, key: tuple) -> dict[int, int]:
 
 def _doc_split_columns(axes: Axes, b: int, query: _Query, sites, reach: dict[tuple, list[int]], found: dict) -> dict:
     """One batch row's split columns over every site and head in order (None where a site has no split row),
-    read from the axis pairs' :class:`_GroupSplit` tensors."""
+    read from the axis pairs' :class:`_GroupSplit` numbers."""
     out: dict[str, list] = {c: [] for c in (*_SPLIT_TEXT, *_SPLIT_REST)}
     refs = query.refs
     per_key: dict[tuple, tuple] = {}
@@ -578,36 +585,34 @@ def _doc_split_columns(axes: Axes, b: int, query: _Query, sites, reach: dict[tup
         d = g.docs.index(b)
         occ, _ = query.groups[key]
         shift = axes.leading_padding(key[0], b)
-        per_key[key] = (g, d, layouts[d], occ, shift, _site_offsets(sites, key), set(reach[key]))
+        per_key[key] = (g.lists[d], layouts[d], occ, shift, _site_offsets(sites, key), set(reach[key]))
     for i, site in enumerate(sites):
         h = site.num_heads
         key = (tuple(site.query_input), tuple(site.key_input))
-        if key not in per_key or i not in per_key[key][6]:  # a site the query cannot reach: missing
+        if key not in per_key or i not in per_key[key][5]:  # a site the query cannot reach: missing
             for c in out:
                 out[c] += [None] * h
             continue
-        g, d, lay, occ, shift, offsets, _ = per_key[key]
-        _site_columns(out, g, d, lay, occ, shift, slice(offsets[i], offsets[i] + h), refs)
+        nums, lay, occ, shift, offsets, _ = per_key[key]
+        _site_columns(out, nums, lay, occ, shift, slice(offsets[i], offsets[i] + h), refs)
     return out
 
 
-def _site_columns(out: dict, g: _GroupSplit, d: int, lay: _DocLayout, occ, shift: int, hs: slice, refs) -> None:
-    """Append one site's heads (``hs`` among the stacked heads of document ``d``) to the split columns ``out``."""
+def _site_columns(out: dict, nums: dict, lay: _DocLayout, occ, shift: int, hs: slice, refs) -> None:
+    """Append one site's heads (``hs`` among the stacked heads of the document whose numbers ``nums`` are,
+    Python lists over heads as :attr:`_GroupSplit.lists` gives them) to the split columns ``out``."""
     h = hs.stop - hs.start
     q_pos = list(occ.positions)
     n = len(q_pos)
     out["query"] += [occ.phrase] * h
     out["query_positions"] += [" ".join(str(p - shift) for p in q_pos)] * h
-    out["driving_row"] += [q_pos[j] - shift for j in g.driving[d, hs].tolist()]
-    flagged_rows = g.rows_flagged[d, hs, :n].tolist()
-    out["rows_flagged"] += [" ".join(str(q_pos[j] - shift) for j, f in enumerate(fs) if f) for fs in flagged_rows]
+    out["driving_row"] += [q_pos[j] - shift for j in nums["driving"][hs]]
+    out["rows_flagged"] += [" ".join(str(q_pos[j] - shift) for j, f in enumerate(fs[:n]) if f) for fs in nums["rows_flagged"][hs]]
     out["referents"] += [list(refs)] * h
-    out["referent_weights"] += g.agg[d, hs, :len(refs)].tolist()
-    by_piece = g.by_piece[d, hs].tolist()
-    out["referent_pieces"] += [[line(*bp[o:o + k]) for line, o, k in lay.piece_lines] for bp in by_piece]
-    for c, t in (("referent_mass", g.mass), ("chance_mass", g.chance), ("lift", g.lift), ("split_score", g.split),
-                 ("flagged", g.flagged), ("shared_share", g.shared_share), ("split_unshared", g.split_unshared),
-                 ("mostly_shared", g.mostly_shared)):
-        out[c] += t[d, hs].tolist()
-    out["row_split_scores"] += [" ".join(map(_FOUR.format, rs)) for rs in g.row_split[d, hs, :n].tolist()]
+    out["referent_weights"] += [a[:len(refs)] for a in nums["agg"][hs]]
+    out["referent_pieces"] += [[line(*bp[o:o + k]) for line, o, k in lay.piece_lines] for bp in nums["by_piece"][hs]]
+    for c in ("referent_mass", "chance_mass", "lift", "split_score", "flagged", "shared_share", "split_unshared",
+              "mostly_shared"):
+        out[c] += nums[c][hs]
+    out["row_split_scores"] += [" ".join(map(_FOUR.format, rs[:n])) for rs in nums["row_split"][hs]]
     out["shared_pieces"] += [" ".join(sorted(lay.shared))] * h
