@@ -46,48 +46,47 @@ def scan_tables(kind: str, n: int, out: Path):
     return heads.sort_values(key).reset_index(drop=True), documents.sort_values("id").reset_index(drop=True)
 
 
-def compare(a, b, what: str) -> list[str]:
+def _column(x, y, name: str) -> tuple[list[str], float]:
+    """The differences of one column (at most one line) and its largest float difference."""
     import numpy as np
     import pandas as pd
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from test_scan import same_text
 
-    bad = []
+    if pd.api.types.is_float_dtype(x):
+        u, v = x.to_numpy(float), y.to_numpy(float)
+        if not np.array_equal(np.isnan(u), np.isnan(v)):
+            return [f"{name}: NaN in different rows"], 0.0
+        d = float(np.nanmax(np.abs(u - v), initial=0.0))
+        return ([f"{name}: max difference {d:.3g}"] if d > TOL else []), d
+    if name.endswith("referent_weights"):
+        worst = 0.0
+        for p, q in zip(x, y, strict=True):
+            if (p is None) != (q is None):
+                return [f"{name}: missing in different rows"], worst
+            if p is not None:
+                worst = max(worst, float(np.max(np.abs(np.asarray(p, float) - np.asarray(q, float)), initial=0.0)))
+        return ([f"{name}: max difference {worst:.3g}"] if worst > TOL else []), worst
+    for p, q in zip(x.astype(str), y.astype(str), strict=True):
+        if not same_text(p, q):
+            return [f"{name}: {p!r} vs {q!r}"], 0.0
+    return [], 0.0
+
+
+def compare(a, b, what: str) -> list[str]:
+    """Every difference between two tables beyond :data:`TOL` (floats) or a last printed digit (texts)."""
     if list(a.columns) != list(b.columns):
         return [f"{what}: columns differ: {list(a.columns)} vs {list(b.columns)}"]
     if len(a) != len(b):
         return [f"{what}: {len(a)} rows vs {len(b)}"]
-    worst = 0.0
+    bad, worst = [], 0.0
     for col in a.columns:
-        x, y = a[col], b[col]
-        if pd.api.types.is_float_dtype(x):
-            u, v = x.to_numpy(float), y.to_numpy(float)
-            if not np.array_equal(np.isnan(u), np.isnan(v)):
-                bad.append(f"{what}.{col}: NaN in different rows")
-                continue
-            d = float(np.nanmax(np.abs(u - v), initial=0.0))
-            worst = max(worst, d)
-            if d > TOL:
-                bad.append(f"{what}.{col}: max difference {d:.3g}")
-        elif col == "referent_weights":
-            for p, q in zip(x, y, strict=True):
-                if (p is None) != (q is None):
-                    bad.append(f"{what}.{col}: missing in different rows")
-                    break
-                if p is not None:
-                    d = float(np.max(np.abs(np.asarray(p, float) - np.asarray(q, float)), initial=0.0))
-                    worst = max(worst, d)
-                    if d > TOL:
-                        bad.append(f"{what}.{col}: max difference {d:.3g}")
-                        break
-        else:
-            for p, q in zip(x.astype(str), y.astype(str), strict=True):
-                if not same_text(p, q):
-                    bad.append(f"{what}.{col}: {p!r} vs {q!r}")
-                    break
-        if str(x.dtype) != str(y.dtype):
-            bad.append(f"{what}.{col}: dtype {x.dtype} vs {y.dtype}")
+        lines, d = _column(a[col], b[col], f"{what}.{col}")
+        bad += lines
+        worst = max(worst, d)
+        if str(a[col].dtype) != str(b[col].dtype):
+            bad.append(f"{what}.{col}: dtype {a[col].dtype} vs {b[col].dtype}")
     print(f"  {what}: {len(a)} rows, {len(a.columns)} columns, largest float difference {worst:.2g}")
     return bad
 
