@@ -309,6 +309,9 @@ def throughput(script: str, n: int, rounds: int, th: dict, lines: list, models: 
             fw, lp, sc = median(r["forward"]), median(r["loop"]), median(r["scan"])
             s_l, s_f = median(r["scan_loop"]), median(r["scan_forward"])
             rows.append([model, kind, f"{r['tokens']:.0f}", f"{fw:.1f}", f"{lp:.1f}", f"{sc:.1f}", f"{s_l:.2f}", f"{s_f:.2f}"])
+            print(f"   {model}, {kind}: forward {fw:.1f}, loop {lp:.1f}, scan {sc:.1f} docs/s; scan / loop {s_l:.2f}, "
+                  f"scan / forward {s_f:.2f} (rounds: {', '.join(f'{x:.2f}' for x in r['scan_loop'])} / "
+                  f"{', '.join(f'{x:.2f}' for x in r['scan_forward'])})")
             lines.append((f"scan / user's loop, {model}, {kind}", s_l, LOOP_TARGET, ">="))
             lines.append((f"scan / sdpa forward, {model}, {kind}", s_f, THROUGHPUT_TARGET, ">="))
     print(table(["model", "corpus", "tokens/doc", "forward docs/s", "loop docs/s", "scan docs/s", "scan / loop",
