@@ -266,6 +266,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads in every measured process (default: torch's)")
     ap.add_argument("--model", choices=("minilm", "bert-base", "both"), default="both",
                     help="section 1's model: the embedded MiniLM, BERT-base's shape with random weights, or both")
+    ap.add_argument("--docs", type=int, help="section 1's documents per corpus (default 64, 32 with --quick)")
+    ap.add_argument("--rounds", type=int, help="section 1's rounds (default 3, 2 with --quick)")
     ap.add_argument("--worker")
     args = ap.parse_args()
     if args.worker:
@@ -277,6 +279,7 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     script = str(Path(__file__).resolve())
     n, rounds = (32, 2) if args.quick else (64, 3)
+    n, rounds = args.docs or n, args.rounds or rounds
     print(f"inspector scan benchmark: {machine_line()}")
     model = ("embedded all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, hidden 384)" if args.model == "minilm" else
              "section 1: BERT-base's shape (12 layers x 12 heads, hidden 768), random weights"
