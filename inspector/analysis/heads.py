@@ -251,10 +251,9 @@ class RankSums:
         # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
         logw = None
         if logits is not None and not any_special:
-            top, arg = logits.max(-1, keepdim=True)  # one pass: the row maximum and where it is
-            gap = torch.sub(top, logits, out=logits)  # s_max - s_k >= 0, in place (one pass)
-            # p_max is the weight at the largest logit (softmax is monotonic): read, not a pass over the block
-            row_ent = (torch.linalg.vecdot(w, gap) - w.gather(-1, arg).squeeze(-1).log()).double()
+            # s_max - s_k >= 0, in place, in one pass (amax, not max: torch's max with indices is ~9x slower)
+            gap = torch.sub(logits.amax(-1, keepdim=True), logits, out=logits)
+            row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double()
             if not bool((torch.isfinite(row_ent) | ~rows[:, None, :]).all()):
                 logits = None  # the log p path below decides
         if logits is None or any_special:
