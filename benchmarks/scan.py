@@ -268,6 +268,7 @@ def main() -> None:
                     help="section 1's model: the embedded MiniLM, BERT-base's shape with random weights, or both")
     ap.add_argument("--docs", type=int, help="section 1's documents per corpus (default 64, 32 with --quick)")
     ap.add_argument("--rounds", type=int, help="section 1's rounds (default 3, 2 with --quick)")
+    ap.add_argument("--corpora", default="clauses,contracts", help="section 1's corpora")
     ap.add_argument("--worker")
     args = ap.parse_args()
     if args.worker:
@@ -290,7 +291,8 @@ def main() -> None:
 
     sections = {int(x) for x in args.sections.split(",")}
     if 1 in sections:
-        throughput(script, n, rounds, th, lines, ("minilm", "bert-base") if args.model == "both" else (args.model,))
+        throughput(script, n, rounds, th, lines, ("minilm", "bert-base") if args.model == "both" else (args.model,),
+                   tuple(args.corpora.split(",")))
     if 2 in sections:
         memory(script, args.quick, th, lines)
     if 3 in sections:
@@ -301,13 +303,14 @@ def main() -> None:
         print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.2f} (target {sign} {target:.2f})")
 
 
-def throughput(script: str, n: int, rounds: int, th: dict, lines: list, models: tuple[str, ...]) -> None:
+def throughput(script: str, n: int, rounds: int, th: dict, lines: list, models: tuple[str, ...],
+               corpora: tuple[str, ...] = ("clauses", "contracts")) -> None:
     print(f"1. documents per second, {n} documents, {rounds} rounds (medians), sdpa forward, the user's loop (eager "
           "output_attentions=True, per-head mean row entropy, pandas, Parquet) and scan alternating; ratios are medians "
           "of each round's own ratio")
     rows = []
     for model in models:
-        for kind in ("clauses", "contracts"):
+        for kind in corpora:
             r = run_once(script, {"job": "throughput", "kind": kind, "n": n, "rounds": rounds, **th, "model": model})
             fw, lp, sc = median(r["forward"]), median(r["loop"]), median(r["scan"])
             s_l, s_f = median(r["scan_loop"]), median(r["scan_forward"])
