@@ -5,12 +5,15 @@ and :func:`~inspector.analysis.split_heads` costs one pass of Python and small t
 document and site, which on short documents costs as much as the model's forward pass. Here each
 site's rank sums are the ones the capture took while the model ran (:mod:`inspector.corpus.forward_sums`), or
 where it took none, its weights are recomputed for the whole batch in blocks ``[batch, head, query rows,
-key]`` and fed to the same :class:`~inspector.analysis.RankSums`; the query rows a document's split reads
-are recomputed (or kept from the same blocks) and go through the same :func:`~inspector.analysis.referent_rows` and
-:class:`~inspector.analysis.ReferentSplit` (the heads of the sites that share the query and key axes
-stacked, so each document costs a handful of operations). The statistics are therefore the same
-definitions, computed over the document's own rows and keys; padding is excluded as in the per-document
-path, and positions are shifted back by the padding in front of the document.
+key]`` and fed to the same :class:`~inspector.analysis.RankSums`. The split of every document of the
+batch is then computed at once per axis pair (:class:`_GroupSplit`): the query rows a document's split
+reads (recomputed, or kept from the same blocks) for the heads of every site sharing the query and key
+axes, stacked ``[doc, head, row, key]``, each document's rows and referents padded to the batch's most
+and the padding masked out of every sum, mean and maximum; the numbers are those of
+:class:`~inspector.analysis.ReferentSplit` (same definitions, tests/test_batch_reduce.py checks them
+against the per-document path and against the rows of the code before, fixtures/scan_rows.json). The
+statistics are computed over the document's own rows and keys; padding is excluded as in the
+per-document path, and positions are shifted back by the padding in front of the document.
 
 Where the fast path does not apply, :func:`batch_rows` says so and the caller uses the per-document
 path: a capture with stored weights or sites that cannot be recomputed, a non-finite weight in a real
