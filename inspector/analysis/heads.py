@@ -297,7 +297,8 @@ class RankSums:
         # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
         logw = None
         if logits is not None and not any_special:
-            gap = logits.sub_(logits.amax(-1, keepdim=True)).neg_()  # s_max - s_k >= 0, in place
+            # s_max - s_k >= 0, in place, in one pass (amax, not max: torch's max with indices is ~9x slower)
+            gap = torch.sub(logits.amax(-1, keepdim=True), logits, out=logits)
             row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double()
             if not bool((torch.isfinite(row_ent) | ~rows[:, None, :]).all()):
                 logits = None  # the log p path below decides

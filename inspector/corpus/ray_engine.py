@@ -3,8 +3,8 @@
 The pending documents become a Ray Dataset; one ``map_batches`` stage runs :class:`Reducer` actors,
 each holding the model once (one actor per GPU, or per worker), and each calling
 :func:`inspector.corpus.reduce.reduce_batch` -- the function the local engine calls -- on ``batch_size``
-documents at a time. Each output row is one document's ``documents`` row plus its ``heads`` rows as
-Arrow IPC bytes (exact floats); the driver commits them to the scan folder as they stream back, so
+documents at a time. Each output row is one reduced batch: its ``documents`` and ``heads`` tables as Arrow
+IPC bytes (exact floats, the local engine's column types); the driver commits them to the scan folder as they stream back, so
 resuming works as with the local engine.
 
 ``address`` joins an existing cluster (``ray://head:10001``, ``auto``); without it a Ray instance
@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from inspector.corpus.documents import Document
-from inspector.corpus.reduce import DOC_COLUMNS, BatchResult, Options, check_document
+from inspector.corpus.reduce import BatchResult, Options, check_document
 from inspector.errors import InspectorError
 
 WINDOW = 20_000  # documents per Ray Dataset: the most the driver lists at once (each window loads the model anew)
@@ -86,14 +86,14 @@ class Reducer:
         self.options = Options(**options)
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        """One row for the whole batch: its ``documents`` and ``heads`` tables as Arrow IPC bytes (exact floats,
+        the local engine's types), so neither the actor nor the driver does any work per document."""
         from inspector.corpus.reduce import reduce_batch
 
         docs = [_document(r) for r in batch.to_dict("records")]
         result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options)
-        out = result.documents.copy()
-        groups = dict(iter(result.heads.groupby("id", sort=False))) if len(result.heads) else {}
-        out["heads"] = [to_ipc(groups[i]) if i in groups else b"" for i in out["id"]]
-        return out
+        return pd.DataFrame({"documents": [to_ipc(result.documents)],
+                             "heads": [to_ipc(result.heads) if len(result.heads) else b""]})
 
 
 def _workers(ray, workers: int | None) -> tuple[int, int]:
@@ -185,12 +185,11 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
             )
             del items  # Ray holds the window now
             for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
-                heads = [from_ipc(b) for b in out["heads"] if len(b)]
-                # Ray hands back Arrow-backed columns; give them the local engine's dtypes so the Parquet parts match
-                documents = out[DOC_COLUMNS].reset_index(drop=True).astype(
-                    {"id": str, "row": "int64", "tokens": "int64", "status": str, "error": str})
-                yield BatchResult(documents=documents,
-                                  heads=pd.concat(heads, ignore_index=True) if heads else pd.DataFrame())
+                for documents, heads in zip(out["documents"], out["heads"], strict=True):  # one row per reduced batch
+                    # the local engine's dtypes, so that the Parquet parts match
+                    docs_df = from_ipc(documents).astype({"id": str, "row": "int64", "tokens": "int64", "status": str,
+                                                          "error": str})
+                    yield BatchResult(documents=docs_df, heads=from_ipc(heads) if len(heads) else pd.DataFrame())
             del ds
             items = [_item(d) for d in islice(docs, WINDOW)]
     finally:
