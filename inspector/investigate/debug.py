@@ -256,9 +256,10 @@ def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence
     model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
     texts = f" --source-file {q(str(out / 'source.txt'))}" + (f" --output-file {q(str(out / 'output.txt'))}" if has_output else "")
     tail = f" --contrast {q(contrast)}" + ("" if lm else f" --query {q(query)}" + (f" --occurrence {occurrence}" if occurrence else ""))
-    from inspector.investigate.wherefrom import STEPS
+    from inspector.investigate.wherefrom import IG_BATCH, STEPS
 
     return [f"inspector attribute{model_arg}{texts}{tail} --methods input_x_gradient,integrated_gradients --steps {STEPS} "
+            f"--batch-size {IG_BATCH} "
             f"--csv {q(str(out / 'attribution.csv'))}",
             f"inspector routes{model_arg}{texts}{tail} --csv {q(str(out / 'route.csv'))}"]
 

@@ -133,17 +133,17 @@ class WhereSection:
 SHADE_METHOD = "integrated_gradients"
 
 
-def _attribution_weights(capture: Capture, site: Site, attribution: pd.DataFrame, batch: int) -> tuple[list[float], float]:
-    """The attribution over ``site``'s key axis, as shares of the largest positive one (so opacity 1 is the
-    top token; negative values 0), and that largest value."""
+def _attribution_weights(capture: Capture, site: Site, attribution: pd.DataFrame, batch: int
+                         ) -> tuple[list[float], list[float], float]:
+    """The attribution over ``site``'s key axis: as shares of the largest positive one (so opacity 1 is the top
+    token; negative values 0), as it is (0 for tokens that cannot affect the metric), and that largest value."""
     value = {(r, int(i)): float(v) for r, i, v in zip(attribution["role"], attribution["index"], attribution[SHADE_METHOD],
                                                        strict=True)}
     scale = max([v for v in value.values() if v > 0], default=0.0)
-    w: list[float] = []
+    raw: list[float] = []
     for role in site.key_input:
-        n = len(capture.records(role, batch).ids)
-        w += [max(0.0, value.get((role, i), 0.0)) / scale if scale > 0 else 0.0 for i in range(n)]
-    return w, scale
+        raw += [value.get((role, i), 0.0) for i in range(len(capture.records(role, batch).ids))]
+    return [max(0.0, v) / scale if scale > 0 else 0.0 for v in raw], raw, scale
 
 
 def _where_data(capture: Capture, w: WhereSection, batch: int = 0) -> dict:
@@ -153,13 +153,14 @@ def _where_data(capture: Capture, w: WhereSection, batch: int = 0) -> dict:
 
     # the site whose keys cover the most of the input (a decoder-only model's: prompt and continuation)
     site = max((s for s in capture.sites if "source" in s.key_input), key=lambda s: len(s.key_input))
-    weights, scale = _attribution_weights(capture, site, w.attribution, batch)
+    weights, raw, scale = _attribution_weights(capture, site, w.attribution, batch)
     texts = []
     for role, text, pieces, chips in views.shade_pieces(capture, site, weights, batch):
         rec = _shade_record(pieces, chips, text, role, set(), set())
-        for g, sh in zip(rec["segments"], pieces, strict=True):  # the exact attribution, not its share
-            g["w"] = repr(sh.weight * scale)
-            g["title"] = f"#{g['k']} {' '.join(sh.tokens)}: {sh.weight * scale:+.4g}"
+        for g, sh in zip(rec["segments"], pieces, strict=True):  # the exact attribution (summed over folded tokens)
+            exact = sum(raw[p] for p in sh.positions)
+            g["w"] = repr(exact)
+            g["title"] = f"#{g['k']} {' '.join(sh.tokens)}: {exact:+.4g}"
         texts.append(rec)
     svg, plot_error = None, None
     try:
