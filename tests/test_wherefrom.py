@@ -10,6 +10,7 @@ import shlex
 
 import pandas as pd
 import pytest
+from test_planted_routes import OUT, TEXT, planted_copy_gpt2
 
 from inspector.capture.models import LoadedModel
 from inspector.capture.recorder import capture
@@ -20,7 +21,6 @@ from inspector.ui.report import WhereSection, render_where_section
 
 import tiny
 from conftest import LEGAL
-from test_planted_routes import OUT, TEXT, planted_copy_gpt2
 
 COPY, IDLE = ("transformer.h.1.attn", 0), ("transformer.h.0.attn", 0)
 
@@ -115,3 +115,23 @@ def test_debug_prints_and_writes_the_part(tokenizer, tmp_path, capsys):
     assert main(argv) == 0, capsys.readouterr().err
     again, first = pd.read_csv(tmp_path.parent / "again.csv"), pd.read_csv(tmp_path / "attribution.csv")
     assert again["integrated_gradients"].tolist() == pytest.approx(first["integrated_gradients"].tolist(), abs=1e-6)
+
+
+def test_a_click_on_the_copying_edge_opens_the_copying_head(planted, tokenizer):
+    """The Routes page's click: an edge (its end node and key) or a node stands for the head whose own share is the
+    largest there (inspector.ui.routes_figure.head_at); an MLP's node or the embeddings stand for none."""
+    from inspector.ui.routes_figure import edge_data, head_at, node_data
+
+    w, _, bob, row = planted
+    model = planted_copy_gpt2(tokenizer)[0]
+    g = record(model, tokenizer, TEXT, OUT)
+    data = edge_data(w.route)
+    edge = data[(data["kind"] == "attention") & (data["x"] == bob) & (data["x2"] == row)].iloc[0]
+    got = head_at(g, edge["stack"], int(edge["to_level"]), int(edge["x2"]), int(edge["x"]))
+    assert (got["site"], got["head"], got["key"], got["query"]) == (COPY[0], COPY[1], bob, row)
+    assert got["importance"] == pytest.approx(w.heads.set_index(["site", "head"]).loc[COPY, "best_share"], abs=1e-7)
+    nodes = node_data(data)
+    top = nodes[(nodes["x"] == row) & (nodes["level"] == int(edge["to_level"]))].iloc[0]
+    assert head_at(g, top["stack"], int(top["level"]), int(top["x"]))["site"] == COPY[0]
+    mlp_level = g.level_count("none") - 1  # the last level is the last block's MLP
+    assert head_at(g, "none", mlp_level, row) is None and head_at(g, "none", 0, row) is None
