@@ -135,3 +135,18 @@ def test_a_click_on_the_copying_edge_opens_the_copying_head(planted, tokenizer):
     assert head_at(g, top["stack"], int(top["level"]), int(top["x"]))["site"] == COPY[0]
     mlp_level = g.level_count("none") - 1  # the last level is the last block's MLP
     assert head_at(g, "none", mlp_level, row) is None and head_at(g, "none", 0, row) is None
+
+
+def test_debug_on_a_family_routes_do_not_decompose_says_so(tokenizer, tmp_path, capsys):
+    """OPT's blocks are not among the layouts routes know: "Does it matter?" stands, the part is refused by name,
+    and the printout says why (no CSVs, no section)."""
+    from inspector.cli.investigate import _print_findings
+    from inspector.investigate.debug import investigate
+
+    opt = LoadedModel(tiny.build("opt"), tokenizer, "tiny-opt")
+    inv = investigate(opt, LEGAL, output="The Lessor shall indemnify the Lessee.", query="indemnify",
+                      referents=["Lessee", "Lessor"], out_dir=tmp_path, contrast="Lessee,Lessor", top=1)
+    assert inv.matter is not None and inv.where is None and "'opt' is not among them" in inv.where_note
+    assert not (tmp_path / "route.csv").exists() and "Where did the word come from?" not in (tmp_path / "report.html").read_text()
+    _print_findings(inv)
+    assert "Where did the word come from? not shown: routes decompose the residual of" in capsys.readouterr().out

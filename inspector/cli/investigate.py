@@ -63,8 +63,7 @@ def _print_findings(inv: Investigation, top: int = 10, focus: tuple[int, int] | 
             print(wherefrom.summary_text(inv.where, format_table))
             print(wherefrom.sentence(inv.where, *focus) if focus else wherefrom.headline(inv.where))
         else:
-            print("\nWhere did the word come from? not shown: routes do not decompose this model's residual "
-                  "(see `inspector routes`)")
+            print(f"\nWhere did the word come from? not shown: {inv.where_note}")
     else:
         print("\nDoes it matter? add --contrast RIGHT,WRONG (e.g. Lessee,Lessor) to measure each head's effect on the output")
     written = sorted(p.name for p in inv.out_dir.iterdir() if p.is_file())
@@ -170,7 +169,8 @@ def add_commands(sub) -> None:
     p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
     p.add_argument("--contrast", metavar="RIGHT,WRONG",
                    help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
-                        "(no LM head: on the query word's final representation)")
+                        "(no LM head: on the query word's final representation), and \"Where did the word come from?\": "
+                        "attribution of that metric to the source and the route of the row it reads")
     p.add_argument("--top", type=int, default=10, help="with --contrast: confirm the top K heads by exact ablation (default 10)")
     p.set_defaults(func=cmd_debug)
 

@@ -39,7 +39,9 @@ MARKER = "report.html"  # every investigation folder has one; a folder without i
 class Investigation:
     """What :func:`investigate` wrote and computed: the folder, the capture (and its file), ``rank`` and
     ``split`` tables, the report's path, the commands that reproduce the run, the variants' files and
-    comparisons, the "Does it matter?" result (``matter``, with a contrast) and the per-head ``moves``."""
+    comparisons, the "Does it matter?" result (``matter``, with a contrast) and the per-head ``moves``;
+    with a contrast too, the "Where did the word come from?" result (``where``,
+    :class:`inspector.investigate.wherefrom.WhereFrom`), or ``where_note`` saying why there is none."""
 
     out_dir: Path
     capture: Capture
@@ -53,6 +55,7 @@ class Investigation:
     matter: Any = None  # inspector.investigate.matter.Matter when a contrast was given
     moves: pd.DataFrame | None = None  # variant_moves(): the flagged heads in every variant, first
     where: Any = None  # inspector.investigate.wherefrom.WhereFrom when a contrast was given (and routes apply)
+    where_note: str | None = None  # why there is no "Where did the word come from?" (a contrast was given)
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -188,14 +191,14 @@ def investigate(
     moves = variant_moves(split, comparisons) if comparisons else None
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
                          roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"))
-    matter = where = where_section = None
+    matter = where = where_section = where_note = None
     if contrast:
         from inspector.investigate import matter as _matter
 
         matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
                                         variants=variants, top=top)
         commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
-        where, where_section = _where(loaded, cap, source, split, matter, contrast, query, occurrence)
+        where, where_section, where_note = _where(loaded, cap, source, split, matter, contrast, query, occurrence)
         if where is not None:
             commands += _where_commands(loaded.name, out, contrast, query, occurrence, said is not None,
                                         model_has_lm_head(loaded.model))
@@ -232,22 +235,27 @@ def investigate(
     variant_paths = {name: out / p.name for name, p in variant_paths.items()}
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
                          commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter,
-                         moves=moves, where=where)
+                         moves=moves, where=where, where_note=where_note)
 
 
 def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contrast: str, query: str,
            occurrence: int | None):
-    """The "Where did the word come from?" part and its report section; ``(None, None)`` for a model whose
-    residual routes cannot decompose (the printout then says why, via the section's absence)."""
+    """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
+    model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
     from inspector.intervene.routes import FAMILIES
     from inspector.investigate import wherefrom
     from inspector.ui.report import WhereSection
 
-    if getattr(loaded.model.config, "model_type", "") not in FAMILIES:
-        return None, None
-    w = wherefrom.where_from(loaded, cap, source, split, matter, contrast=contrast, query=query, occurrence=occurrence)
+    mt = getattr(loaded.model.config, "model_type", "")
+    if mt not in FAMILIES:
+        return None, None, (f"routes decompose the residual of {', '.join(sorted(FAMILIES))} models; {mt!r} is not "
+                            "among them")
+    try:
+        w = wherefrom.where_from(loaded, cap, source, split, matter, contrast=contrast, query=query, occurrence=occurrence)
+    except InspectorError as exc:  # e.g. blocks that do not add up as the family's layout says
+        return None, None, str(exc)
     return w, WhereSection(attribution=w.attribution, route=w.route, heads=w.heads, sentence=wherefrom.headline(w),
-                           threshold=w.threshold)
+                           threshold=w.threshold), None
 
 
 def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence: int | None, has_output: bool,
