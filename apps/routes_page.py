@@ -60,10 +60,11 @@ model_name = c.cap.meta.get("model", {}).get("name", "")
 try:
     with st.spinner(f"one forward pass of {model_name} over the capture's text …"):
         g = graph(key, c.cap, model_name)
-except InspectorError as exc:
-    shared.show_error(views.app_error(exc))
+except InspectorError as exc:  # the model is not on this machine, or routes do not decompose its residual
+    st.info(f"No route for this capture: {views.app_error(exc)}. Routes run the capture's model again (one forward "
+            "pass): open the capture where its model is, of a family routes support.")
     st.stop()
-except Exception as exc:  # the model is not on this machine, or cannot run
+except Exception as exc:  # a model that loads but cannot run
     shared.show_error(f"routes need the capture's model ({views.app_error(exc)}): open the capture where its model is")
     st.stop()
 ss.routes_graph = g

@@ -519,3 +519,9 @@ def _params(spec: dict) -> list[dict]:
     for layer in spec.get("layer", []):
         out += layer.get("params", [])
     return out
+
+
+def test_routes_page_without_the_model_says_so(app):
+    """The seed's worked example names no model on this machine: the Routes page says why there is no route."""
+    at = show(app(FIXTURE), "Routes")
+    assert not errors(at) and any("No route for this capture" in i.value for i in at.info), [i.value for i in at.info]
