@@ -35,6 +35,7 @@ PAGES = {
     "steps": st.Page("steps.py", title="Step by step"),
     "split": st.Page("split.py", title="Split finder"),
     "compare": st.Page("compare.py", title="Compare"),
+    "routes": st.Page("routes_page.py", title="Routes"),
     "bertviz": st.Page("bertviz_view.py", title="bertviz"),
     "corpus": st.Page("corpus_page.py", title="Corpus"),
 }

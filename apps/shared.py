@@ -308,6 +308,8 @@ def welcome() -> None:
         "* **Step by step**: dot products, scaling, mask, softmax and weighted values for one query.\n"
         "* **Split finder**: heads whose weight is split between competing referents.\n"
         "* **Compare**: one head's heatmap in two captures (variants of a text) side by side.\n"
+        "* **Routes**: the information-flow route of one output token through the capture's model; click an edge or "
+        "a node to open the head that carries most of it.\n"
         "* **bertviz**: head and model views of a token window."
     )
 

@@ -85,7 +85,7 @@ def run(at: AppTest) -> AppTest:
 
 
 PAGES = {"Overview": "overview.py", "Head": "head.py", "Step by step": "steps.py", "Split finder": "split.py",
-         "Compare": "compare.py", "bertviz": "bertviz_view.py"}
+         "Compare": "compare.py", "bertviz": "bertviz_view.py", "Routes": "routes_page.py"}
 
 
 def show(at: AppTest, view: str) -> AppTest:
@@ -481,3 +481,47 @@ def test_query_position_is_kept_per_query_axis(app, tmp_path, tokenizer):
     at.selectbox(key="sel_site").set_value(cross.name)
     run(at)
     assert not errors(at) and at.number_input(key="hm_q0").value == cross.query_len - 1
+
+
+# ---- Routes ------------------------------------------------------------------------------------------
+def test_routes_page_graph_position_and_open_a_head(app, legal_cli):
+    """The Routes page traces the chosen output token through the capture's model (the embedded MiniLM): the
+    edges are those of inspector.routes at that position; the chart's edge and node selections are named for the
+    click handler; a head on the route opens in the Head view. The click itself (a Vega event) is driven in the
+    browser; the head it stands for is inspector.ui.routes_figure.head_at, tested in tests/test_wherefrom.py."""
+    from inspector.capture.models import load_model
+    from inspector.intervene.routes import routes
+
+    cap_path, _, _ = legal_cli
+    at = show(app(cap_path), "Routes")
+    assert not errors(at)
+    n = len(load(cap_path).records("source").ids)
+    assert at.selectbox(key="routes_pos").value == n - 1
+    at.selectbox(key="routes_pos").set_value(26)  # ##nity
+    at.number_input(key="routes_tau").set_value(0.02)
+    run(at)
+    lm = load_model(None)
+    want = routes(lm.model, lm.tokenizer, LEGAL, position=26, threshold=0.02)
+    got = at.dataframe[0].value
+    assert len(got) == len(want) and got["importance"].tolist() == pytest.approx(want["importance"].tolist(), abs=1e-6)
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert {"edgepick", "nodepick"} <= {p["name"] for p in _params(spec)}
+    listed = at.selectbox(key="routes_head").options
+    assert listed, "at threshold 0.02 some head's own share is on the route"
+    site, head = at.selectbox(key="routes_head").value.rsplit(":", 1)
+    next(b for b in at.button if b.key == "routes_open").click()
+    run(at)
+    assert (at.session_state["sel_site"], at.session_state["sel_head"]) == (site, int(head))
+
+
+def _params(spec: dict) -> list[dict]:
+    out = list(spec.get("params", []))
+    for layer in spec.get("layer", []):
+        out += layer.get("params", [])
+    return out
+
+
+def test_routes_page_without_the_model_says_so(app):
+    """The seed's worked example names no model on this machine: the Routes page says why there is no route."""
+    at = show(app(FIXTURE), "Routes")
+    assert not errors(at) and any("No route for this capture" in i.value for i in at.info), [i.value for i in at.info]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from inspector.investigate.debug import Investigation
 
 
-def _print_findings(inv: Investigation, top: int = 10) -> None:
+def _print_findings(inv: Investigation, top: int = 10, focus: tuple[int, int] | None = None) -> None:
     from inspector.analysis import heads as analysis
     from inspector.analysis.moves import move_sentence
     from inspector.investigate.debug import (
@@ -59,6 +59,13 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
         from inspector.investigate.matter import summary_text
 
         print(summary_text(inv.matter, format_table))
+        if inv.where is not None:
+            from inspector.investigate import wherefrom
+
+            print(wherefrom.summary_text(inv.where, format_table))
+            print(wherefrom.sentence(inv.where, *focus) if focus else wherefrom.headline(inv.where))
+        else:
+            print(f"\nWhere did the word come from? not shown: {inv.where_note}")
     else:
         print("\nDoes it matter? add --contrast RIGHT,WRONG (e.g. Lessee,Lessor) to measure each head's effect on the output")
     written = sorted(p.name for p in inv.out_dir.iterdir() if p.is_file())
@@ -141,7 +148,7 @@ def cmd_demo(args) -> int:
     inv = investigate(loaded, LEGAL_SOURCE, query="indemnity", referents=["Lessee", "Lessor"], out_dir=args.out,
                       variants={"quoted": LEGAL_QUOTED}, progress=True, contrast="Lessee,Lessor",
                       weighting=args.weighting)
-    _print_findings(inv)
+    _print_findings(inv, focus=(5, 9))  # the head the demo's README discusses
     if args.no_app:
         return 0
     args.file = str(inv.capture_path)
@@ -167,7 +174,8 @@ def add_commands(sub) -> None:
     p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
     p.add_argument("--contrast", metavar="RIGHT,WRONG",
                    help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
-                        "(no LM head: on the query word's final representation)")
+                        "(no LM head: on the query word's final representation), and \"Where did the word come from?\": "
+                        "attribution of that metric to the source and the route of the row it reads")
     p.add_argument("--top", type=int, default=10, help="with --contrast: confirm the top K heads by exact ablation (default 10)")
     p.set_defaults(func=cmd_debug)
 

@@ -39,7 +39,9 @@ MARKER = "report.html"  # every investigation folder has one; a folder without i
 class Investigation:
     """What :func:`investigate` wrote and computed: the folder, the capture (and its file), ``rank`` and
     ``split`` tables, the report's path, the commands that reproduce the run, the variants' files and
-    comparisons, the "Does it matter?" result (``matter``, with a contrast) and the per-head ``moves``."""
+    comparisons, the "Does it matter?" result (``matter``, with a contrast) and the per-head ``moves``;
+    with a contrast too, the "Where did the word come from?" result (``where``,
+    :class:`inspector.investigate.wherefrom.WhereFrom`), or ``where_note`` saying why there is none."""
 
     out_dir: Path
     capture: Capture
@@ -52,6 +54,8 @@ class Investigation:
     comparisons: dict[str, pd.DataFrame] = field(default_factory=dict)
     matter: Any = None  # inspector.investigate.matter.Matter when a contrast was given
     moves: pd.DataFrame | None = None  # variant_moves(): the flagged heads in every variant, first
+    where: Any = None  # inspector.investigate.wherefrom.WhereFrom when a contrast was given (and routes apply)
+    where_note: str | None = None  # why there is no "Where did the word come from?" (a contrast was given)
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -162,6 +166,7 @@ def investigate(
     ``rank.csv`` / ``split.csv`` (their ``weighting`` column), the printout and the report.
     """
     from inspector.capture.inputs import model_layout
+    from inspector.intervene.contrast import model_has_lm_head
     from inspector.ui.report import render_report
 
     if output is not None and generate:
@@ -186,18 +191,22 @@ def investigate(
     moves = variant_moves(split, comparisons) if comparisons else None
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
                          roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"))
-    matter = None
+    matter = where = where_section = where_note = None
     if contrast:
         from inspector.investigate import matter as _matter
 
         matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
                                         variants=variants, top=top)
         commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
+        where, where_section, where_note = _where(loaded, cap, source, split, matter, contrast, query, occurrence)
+        if where is not None:
+            commands += _where_commands(loaded.name, out, contrast, query, occurrence, said is not None,
+                                        model_has_lm_head(loaded.model))
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
                          variants=variant_caps or None, weighting=weighting, moves=moves,
                          rank_note=rank_note(rank.attrs.get("weighting", "attention")),
-                         matter=_matter.section(matter) if matter is not None else None)
+                         matter=_matter.section(matter) if matter is not None else None, where=where_section)
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
     # leaves the old folder as it was
@@ -216,13 +225,51 @@ def investigate(
             write_csv(out / f"compare-{name}.csv", comparisons[name])
         if matter is not None:
             _matter.write(out, matter)
+        if where is not None:
+            from inspector.investigate import wherefrom
+
+            wherefrom.write(out, where)
         report = write_text(out / MARKER, html)
     out = final
     cap_path, report = out / cap_path.name, out / report.name
     variant_paths = {name: out / p.name for name, p in variant_paths.items()}
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
                          commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter,
-                         moves=moves)
+                         moves=moves, where=where, where_note=where_note)
+
+
+def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contrast: str, query: str,
+           occurrence: int | None):
+    """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
+    model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
+    from inspector.intervene.routes import FAMILIES
+    from inspector.investigate import wherefrom
+    from inspector.ui.report import WhereSection
+
+    mt = getattr(loaded.model.config, "model_type", "")
+    if mt not in FAMILIES:
+        return None, None, (f"routes decompose the residual of {', '.join(sorted(FAMILIES))} models; {mt!r} is not "
+                            "among them")
+    try:
+        w = wherefrom.where_from(loaded, cap, source, split, matter, contrast=contrast, query=query, occurrence=occurrence)
+    except InspectorError as exc:  # e.g. blocks that do not add up as the family's layout says
+        return None, None, str(exc)
+    return w, WhereSection(attribution=w.attribution, route=w.route, heads=w.heads, sentence=wherefrom.headline(w),
+                           threshold=w.threshold), None
+
+
+def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence: int | None, has_output: bool,
+                    lm: bool) -> list[str]:
+    q = shlex.quote
+    model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
+    texts = f" --source-file {q(str(out / 'source.txt'))}" + (f" --output-file {q(str(out / 'output.txt'))}" if has_output else "")
+    tail = f" --contrast {q(contrast)}" + ("" if lm else f" --query {q(query)}" + (f" --occurrence {occurrence}" if occurrence else ""))
+    from inspector.investigate.wherefrom import IG_BATCH, STEPS
+
+    return [f"inspector attribute{model_arg}{texts}{tail} --methods input_x_gradient,integrated_gradients --steps {STEPS} "
+            f"--batch-size {IG_BATCH} "
+            f"--csv {q(str(out / 'attribution.csv'))}",
+            f"inspector routes{model_arg}{texts}{tail} --csv {q(str(out / 'route.csv'))}"]
 
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,

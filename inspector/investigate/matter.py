@@ -48,7 +48,7 @@ class Matter:
     notes: list[str] = field(default_factory=list)
 
 
-def _output(model, tokenizer, cap: Capture, source: str) -> dict:
+def said_kwargs(model, tokenizer, cap: Capture, source: str) -> dict:
     """The output exactly as the capture fed it: its text when that tokenizes to the same ids (so words are
     found with the text's own casing), else its ids (e.g. generated tokens)."""
     if "target" not in cap.roles():
@@ -66,7 +66,7 @@ def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, co
                    top: int = 10) -> Matter:
     """Effects of the flagged and top heads on the contrast, and of patching them from each variant."""
     model, tokenizer = loaded.model, loaded.tokenizer
-    said = _output(model, tokenizer, cap, source)
+    said = said_kwargs(model, tokenizer, cap, source)
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
     # without an LM head the contrast reads the investigation's query occurrence; with one, WRONG's first occurrence

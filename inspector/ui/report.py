@@ -33,7 +33,7 @@ from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 from inspector.ui import views
 
-__all__ = ["MatterSection", "render_matter_section", "render_report", "table_data"]
+__all__ = ["MatterSection", "WhereSection", "render_matter_section", "render_report", "render_where_section", "table_data"]
 
 LIMIT = 64  # heatmap rows and columns at most
 SPLIT_ROWS = 40  # split table rows shown (flagged rows always)
@@ -112,6 +112,75 @@ def _matter_data(m: MatterSection) -> dict:
             "disagreement_note": m.disagreement_note,
             "disagreements": table_data(m.disagreements, cls="data disagree") if len(m.disagreements) else None,
             "notes": list(m.notes)}
+
+
+@dataclass
+class WhereSection:
+    """The "Where did the word come from?" section's content (:mod:`inspector.investigate.wherefrom` builds it):
+    ``attribution`` (:func:`inspector.intervene.attribution.attribute`'s table, its ``attrs`` holding the metric,
+    its definition and integrated gradients' completeness gap), ``route`` (the route's edges,
+    :data:`inspector.intervene.routes.EDGE_COLUMNS`, ``attrs["position"]``), ``heads`` (the flagged and
+    top-effect heads with ``on_route`` and ``best_share``), ``sentence`` (the finding in words) and the route's
+    ``threshold``."""
+
+    attribution: pd.DataFrame
+    route: pd.DataFrame
+    heads: pd.DataFrame
+    sentence: str
+    threshold: float
+
+
+SHADE_METHOD = "integrated_gradients"
+
+
+def _attribution_weights(capture: Capture, site: Site, attribution: pd.DataFrame, batch: int
+                         ) -> tuple[list[float], list[float], float]:
+    """The attribution over ``site``'s key axis: as shares of the largest positive one (so opacity 1 is the top
+    token; negative values 0), as it is (0 for tokens that cannot affect the metric), and that largest value."""
+    value = {(r, int(i)): float(v) for r, i, v in zip(attribution["role"], attribution["index"], attribution[SHADE_METHOD],
+                                                       strict=True)}
+    scale = max([v for v in value.values() if v > 0], default=0.0)
+    raw: list[float] = []
+    for role in site.key_input:
+        raw += [value.get((role, i), 0.0) for i in range(len(capture.records(role, batch).ids))]
+    return [max(0.0, v) / scale if scale > 0 else 0.0 for v in raw], raw, scale
+
+
+def _where_data(capture: Capture, w: WhereSection, batch: int = 0) -> dict:
+    from markupsafe import Markup
+
+    from inspector.ui.report_plots import route_svg
+
+    # the site whose keys cover the most of the input (a decoder-only model's: prompt and continuation)
+    site = max((s for s in capture.sites if "source" in s.key_input), key=lambda s: len(s.key_input))
+    weights, raw, scale = _attribution_weights(capture, site, w.attribution, batch)
+    texts = []
+    for role, text, pieces, chips in views.shade_pieces(capture, site, weights, batch):
+        rec = _shade_record(pieces, chips, text, role, set(), set())
+        for g, sh in zip(rec["segments"], pieces, strict=True):  # the exact attribution (summed over folded tokens)
+            exact = sum(raw[p] for p in sh.positions)
+            g["w"] = repr(exact)
+            g["title"] = f"#{g['k']} {' '.join(sh.tokens)}: {exact:+.4g}"
+        texts.append(rec)
+    svg, plot_error = None, None
+    try:
+        svg = route_svg(w.route)
+    except InspectorError as exc:
+        plot_error = str(exc)
+    a = w.attribution.attrs
+    ig = (f"Integrated gradients ({a['ig_steps']} steps from a zero embedding): M(x) - M(0) = {a['ig_difference']:.6f}, "
+          f"completeness gap {a['ig_delta']:+.3g}." if "ig_delta" in a else "")
+    return {"sentence": w.sentence, "definition": a.get("definition", ""), "metric": f"{a.get('metric', float('nan')):.6f}",
+            "ig": ig, "scale": f"{scale:.4g}", "shaded": {"texts": texts}, "position": w.route.attrs.get("position"),
+            "n_edges": len(w.route), "threshold": w.threshold, "svg": Markup(svg) if svg else None, "plot_error": plot_error,
+            "heads": table_data(w.heads, row_class=lambda _i, r: "flag" if getattr(r, "on_route", False) else "", cls="data route-heads")}
+
+
+def render_where_section(capture: Capture, section: WhereSection, batch: int = 0) -> str:
+    """The "Where did the word come from?" section alone, as an HTML fragment (the block the report includes):
+    the source shaded by attribution (:func:`inspector.ui.views.shade_pieces`), the route graph as inline SVG
+    and the heads table. Every string is escaped by the template engine."""
+    return _env().get_template("wherefrom.html.j2").render(where=_where_data(capture, section, batch))
 
 
 @functools.cache
@@ -525,6 +594,7 @@ def render_report(
     moves: pd.DataFrame | None = None,
     rank_note: str | None = None,
     matter: MatterSection | None = None,
+    where: WhereSection | None = None,
 ) -> str:
     """One self-contained HTML document for a split-head investigation (see the module docstring), rendered
     from the Jinja2 template ``templates/report.html.j2`` with autoescaping (every token text, name and
@@ -535,7 +605,7 @@ def render_report(
     card. ``weighting`` is the heatmaps' and shadings' (``attention`` or ``value-norm``, as the split's);
     ``moves`` (:func:`~inspector.investigate.variant_moves`) puts one sentence per flagged head and variant
     first in the summary and the variants section; ``rank_note`` says how heads were ranked; ``matter``
-    adds the "Does it matter?" section before "Reproduce". A head that cannot be shown gets a card saying
+    adds the "Does it matter?" section before "Reproduce", and ``where`` the "Where did the word come from?" section after it. A head that cannot be shown gets a card saying
     why (never an exception); weights are float32 as captured, shown to 4 decimals, exact in ``data-w``."""
     referents = [r.strip() for r in referents if r.strip()]
     title = title or f"Attention report: {query!r} between {_and(referents) if referents else '—'}"
@@ -566,6 +636,7 @@ def render_report(
         **_tables(split, rank), "rank_note": rank_note or "",
         "variants": _variants_section(capture, first, query, referents, batch, comparison, variants, moves),
         "matter": _matter_data(matter) if matter is not None else None,
+        "where": _where_data(capture, where, batch) if where is not None else None,
         "commands": "\n".join(commands),
     }
     return _env().get_template("report.html.j2").render(**context)

@@ -113,3 +113,15 @@ def _grouped_bars(alt, df: pd.DataFrame, *, group: str, group_order: list[str], 
         encoding["opacity"] = opacity
     chart = alt.Chart(df).mark_bar().encode(**encoding).properties(width=max(300, 48 * len(order)), height=220)
     return _svg(chart)
+
+
+def route_svg(edges: pd.DataFrame, *, width: int = 560, height: int = 360) -> str | None:
+    """SVG of a route's edge table (:func:`inspector.ui.routes_figure.route_chart`, the figure ``show.routes``
+    draws); None without Altair/vl-convert. Raises :class:`~inspector.errors.InspectorError` for an empty route."""
+    try:
+        import altair  # noqa: F401
+    except ImportError:
+        return None
+    from inspector.ui.routes_figure import route_chart
+
+    return _svg(route_chart(edges, width=width, height=height))
