@@ -74,7 +74,7 @@ def cmd_capture(args) -> int:
 
 # ---- analysis -------------------------------------------------------------------------------
 def cmd_rank(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.store.capture_file import load
     from inspector.store.files import write_csv
 
@@ -94,7 +94,7 @@ def cmd_rank(args) -> int:
 
 
 def cmd_split(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.store.capture_file import load
     from inspector.store.files import write_csv
 
@@ -149,7 +149,7 @@ def cmd_explain(args) -> int:
 
 def _explain_word(cap, site, args) -> int:
     """Every query row of the word, then the aggregate row split judges (with --referents, its verdict)."""
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.analysis.explain import explain
     from inspector.store.files import write_json
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def _print_findings(inv: Investigation, top: int = 10) -> None:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.analysis.moves import move_sentence
     from inspector.investigate.debug import (
         KEYS,
@@ -78,7 +78,7 @@ def _parse_variants(items: list[str] | None) -> dict[str, str]:
 
 
 def cmd_debug(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.investigate.debug import (
         MARKER,
         investigate,
@@ -101,7 +101,7 @@ def cmd_debug(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.investigate.debug import (
         compare_captures,
     )

@@ -25,16 +25,9 @@ import pandas as pd
 import torch
 
 from inspector.analysis import spans
-from inspector.analysis.heads import (
-    LabelRule,
-    RankSums,
-    ReferentSplit,
-    SplitRule,
-    clean_referents,
-    find_referents,
-    referent_rows,
-    visible,
-)
+from inspector.analysis.keys import visible
+from inspector.analysis.rank import LabelRule, RankSums
+from inspector.analysis.split import ReferentSplit, SplitRule, clean_referents, find_referents, referent_rows
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
 

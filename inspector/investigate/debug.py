@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from inspector.analysis import heads as analysis
+from inspector import analysis
 from inspector.analysis.moves import variant_moves
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError

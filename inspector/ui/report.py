@@ -27,8 +27,9 @@ import pandas as pd
 
 from inspector.analysis import spans
 from inspector.analysis.explain import explain
-from inspector.analysis.heads import head_weights, referent_split
+from inspector.analysis.keys import head_weights
 from inspector.analysis.moves import move_sentence
+from inspector.analysis.split import referent_split
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 from inspector.ui import views

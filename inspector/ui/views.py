@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from inspector.analysis.explain import Explanation
-from inspector.analysis.heads import MASKED, head_weights, word_row
+from inspector.analysis.keys import MASKED, head_weights
+from inspector.analysis.split import word_row
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 
@@ -269,7 +270,7 @@ def split_bars(split: pd.DataFrame, top: int = 10, referents: list[str] | None =
 def query_weights(capture: Capture, site: Site, head: int, positions: list[int], batch: int = 0,
                   weighting: str = "attention") -> torch.Tensor:
     """A query word's aggregate row over the key axis, float64 ``[key]``: the mean of its rows, the row
-    :func:`~inspector.analysis.split_heads` judges (:func:`inspector.analysis.heads.word_row`)."""
+    :func:`~inspector.analysis.split_heads` judges (:func:`inspector.analysis.split.word_row`)."""
     return word_row(capture, site, head, positions, batch=batch, weighting=weighting)
 
 
@@ -571,7 +572,7 @@ def causal_keys(site: Site, queries: slice, size: int) -> slice:
 def visible_frame(capture: Capture, site: Site, frame: pd.DataFrame, batch: int = 0) -> pd.Series:
     """For each row of a :func:`heatmap_frame`, whether its query may see its key (the capture's own
     mask; padding keys and, for maskless causal captures, future keys are not visible)."""
-    from inspector.analysis.heads import visible_keys
+    from inspector.analysis.keys import visible_keys
 
     if not len(frame):
         return pd.Series([], dtype=bool)
