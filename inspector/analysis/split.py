@@ -430,3 +430,4 @@ def split_notes(df: pd.DataFrame) -> list[str]:
             lines.append(f"{where}: {r['shared_share']:.0%} of its referent weight sits on pieces both referents share "
                          f"({r['shared_pieces']}); without them its split_score is {r['split_unshared']:.4f}, not "
                          f"{r['split_score']:.4f}: " + "; ".join(f"{c[7:]} = {r[c]}" for c in refs))
+    return lines
