@@ -18,7 +18,6 @@ its split down, up or not at all, the comparison of variants, and the commands t
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -115,13 +114,9 @@ def _matter_data(m: MatterSection) -> dict:
             "notes": list(m.notes)}
 
 
-@functools.cache
 def _env():
-    """The templates under ``inspector/ui/templates`` (package data), autoescaping every value."""
-    import jinja2
-
-    return jinja2.Environment(loader=jinja2.PackageLoader("inspector.ui", "templates"), autoescape=True,
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    """The templates under ``inspector/ui/templates``, autoescaping every value (:func:`inspector.ui.views.templates`)."""
+    return views.templates()
 
 
 def render_matter_section(section: MatterSection) -> str:
@@ -268,16 +263,16 @@ def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
 def _shade_record(pieces: list, chips: list, text: str, role: str, qset: set[int], rset: set[int]) -> dict:
     """One key role's text as template data: each piece (:func:`inspector.ui.views.shade_pieces`, the app's
     too) with background opacity = its alpha."""
-    out, cursor = [], 0
-    for sh in pieces:
+    out = []
+    segments, tail = views.shade_segments(text, pieces)
+    for before, sh in segments:
         cls = "t" + (" q" if qset & set(sh.positions) else "") + (" r" if rset & set(sh.positions) else "")
         ks = " ".join(map(str, sh.positions))
-        out.append({"before": text[cursor:sh.start], "cls": cls, "a": f"{sh.alpha:.3f}", "k": ks, "w": repr(sh.weight),
+        out.append({"before": before, "cls": cls, "a": f"{sh.alpha:.3f}", "k": ks, "w": repr(sh.weight),
                     "text": text[sh.start:sh.end], "title": f"#{ks} {' '.join(sh.tokens)}: {sh.weight:.4f}"})
-        cursor = sh.end
     chip_data = [{"a": f"{c.alpha:.3f}", "k": c.positions[0], "w": repr(c.weight),
                   "label": f"{c.tokens[0]} {c.weight:.3f}"} for c in chips]
-    return {"role": role, "segments": out, "tail": text[cursor:], "chips": chip_data}
+    return {"role": role, "segments": out, "tail": tail, "chips": chip_data}
 
 
 def _shaded(capture: Capture, h: _Head, batch: int, note: bool = True) -> dict:

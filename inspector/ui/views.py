@@ -8,7 +8,7 @@ matrix of a long input.
 
 from __future__ import annotations
 
-import html
+import functools
 import json
 import math
 import re
@@ -330,48 +330,52 @@ def shade_pieces(capture: Capture, site: Site, weights, batch: int = 0) -> list[
     return out
 
 
+def shade_segments(text: str, pieces: list[Shade]) -> tuple[list[tuple[str, Shade]], str]:
+    """A key role's text cut at its shaded pieces (:func:`shade_pieces`, in text order): ``(before, piece)``
+    pairs, ``before`` the unshaded text since the previous piece, and the text after the last piece. The
+    report and the app both lay their shaded text out from this."""
+    out, cursor = [], 0
+    for piece in pieces:
+        out.append((text[cursor:piece.start], piece))
+        cursor = piece.end
+    return out, text[cursor:]
+
+
+@functools.cache
+def templates():
+    """The Jinja2 templates under ``inspector/ui/templates`` (package data), autoescaping every value: the
+    app's HTML here and the report's (:mod:`inspector.ui.report`). Undefined names raise."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("inspector.ui", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
 def shaded_html(
     capture: Capture, site: Site, weights: torch.Tensor | list[float], *, batch: int = 0,
     query_positions: list[int] | tuple[int, ...] = (), referent_positions: list[int] | tuple[int, ...] = (),
 ) -> str:
     """The key-side text with each piece shaded by its weight (:func:`shade_pieces`: opacity = weight,
     the report's shading too). Special tokens, which have no span, are shown as small chips. The
-    query's tokens are outlined, the referents' underlined. Every piece of text is HTML-escaped; each
-    piece carries its key positions (``data-k``) and weight (``data-w``)."""
+    query's tokens are outlined, the referents' underlined. Every piece of text is HTML-escaped (template
+    ``shaded_text.html.j2``, autoescaped); each piece carries its key positions (``data-k``) and weight
+    (``data-w``, the float's repr)."""
     qset, rset = set(query_positions), set(referent_positions)
-    parts: list[str] = []
-    multi = len(site.key_input) > 1
 
-    def span(piece: Shade, body: str, chip: bool) -> str:
+    def data(piece: Shade, chip: bool, **extra) -> dict:
         cls = (["chip"] if chip else []) + (["q"] if qset & set(piece.positions) else []) + \
             (["r"] if rset & set(piece.positions) else [])
-        attrs = f' class="{" ".join(cls)}"' if cls else ""
-        title = f"key {' '.join(map(str, piece.positions))} {' '.join(piece.tokens)}: weight {piece.weight:.4f}"
-        return (f'<span{attrs} style="background: rgba(214, 39, 40, {piece.alpha:.3f});" '
-                f'data-k="{" ".join(map(str, piece.positions))}" data-w="{piece.weight!r}" '
-                f'title="{html.escape(title, quote=True)}">{body}</span>')
+        ks = " ".join(map(str, piece.positions))
+        return {"cls": " ".join(cls), "alpha": f"{piece.alpha:.3f}", "k": ks, "w": repr(piece.weight),
+                "title": f"key {ks} {' '.join(piece.tokens)}: weight {piece.weight:.4f}", **extra}
 
+    texts = []
     for role, text, pieces, chips in shade_pieces(capture, site, weights, batch):
-        body: list[str] = []
-        cursor = 0
-        for piece in pieces:
-            body.append(html.escape(text[cursor:piece.start]))
-            body.append(span(piece, html.escape(text[piece.start:piece.end]), False))
-            cursor = piece.end
-        body.append(html.escape(text[cursor:]))
-        chip_html = "".join(span(c, f"{html.escape(c.tokens[0])} {c.weight:.2f}", True) for c in chips)
-        if multi:
-            parts.append(f'<div class="role">{html.escape(role)}</div>')
-        parts.append("<p>" + chip_html + " " + "".join(body) + "</p>")
-    style = (
-        "<style>.shade{font-size:1.05rem;line-height:2.1;}"
-        ".shade span{border-radius:3px;padding:1px 0;}"
-        ".shade .chip{font-size:0.75rem;color:#444;border:1px solid #bbb;padding:0 4px;margin:0 3px;}"
-        ".shade .q{outline:2px solid #1f77b4;}"
-        ".shade .r{text-decoration:underline 2px #2ca02c;text-underline-offset:4px;}"
-        ".shade .role{font-size:0.8rem;color:#666;text-transform:uppercase;}</style>"
-    )
-    return style + '<div class="shade">' + "".join(parts) + "</div>"
+        segments, tail = shade_segments(text, pieces)
+        texts.append({"role": role, "tail": tail,
+                      "segments": [data(p, False, before=before, text=text[p.start:p.end]) for before, p in segments],
+                      "chips": [data(c, True, label=f"{c.tokens[0]} {c.weight:.2f}") for c in chips]})
+    return templates().get_template("shaded_text.html.j2").render(texts=texts, multi=len(site.key_input) > 1)
 
 
 # ---- bertviz -----------------------------------------------------------------------------------
@@ -461,15 +465,7 @@ def offline_bertviz(page: str, scripts: dict[str, str]) -> str:
     """
     if not _CDN_SCRIPT.search(page) or not _REQUIRE_CONFIG.search(page):
         raise InspectorError("this bertviz version's HTML has an unexpected layout: the app cannot serve its scripts offline")
-    head = (
-        f"<script>{scripts['requirejs']}</script>\n"
-        "<script>window.__inspectorDefine = window.define; window.define = undefined;</script>\n"
-        f"<script>{scripts['d3']}</script>\n"
-        f"<script>{scripts['jquery']}</script>\n"
-        "<script>window.define = window.__inspectorDefine;"
-        "define('d3', [], function () { return window.d3; });"
-        "define('jquery', [], function () { return window.jQuery; });</script>\n"
-    )
+    head = templates().get_template("bertviz_scripts.html.j2").render(scripts=scripts)
     page = _CDN_SCRIPT.sub(lambda _: head, page, count=1)
     page = _REQUIRE_CONFIG.sub("/* d3 and jquery are defined inline above */", page)
     if re.search(r"https?://cdn", page):
@@ -610,5 +606,4 @@ def script_safe_json(page: str, template: str) -> str:
 def sandboxed(page: str, height: int) -> str:
     """``page`` inside an ``<iframe sandbox="allow-scripts">``: its scripts run in an opaque origin,
     with no access to the app's page, cookies or Streamlit's connection."""
-    return (f'<iframe sandbox="allow-scripts" title="bertviz" style="width:100%;height:{int(height)}px;border:0" '
-            f'srcdoc="{html.escape(page, quote=True)}"></iframe>')
+    return templates().get_template("sandboxed.html.j2").render(page=page, height=int(height))
