@@ -28,7 +28,7 @@ from inspector.analysis import spans
 from inspector.analysis.explain import explain
 from inspector.analysis.keys import head_weights
 from inspector.analysis.moves import move_sentence
-from inspector.analysis.split import referent_split
+from inspector.analysis.split import NothingVisible, referent_split
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 from inspector.ui import views
@@ -316,7 +316,7 @@ def _row_table(capture: Capture, h: _Head, batch: int) -> dict | None:
         return None
     try:
         found = referent_split(capture, h.site, h.positions, refs, batch=batch, weighting=h.weighting)
-    except Exception:  # noqa: BLE001 - nothing visible: no table
+    except (NothingVisible, InspectorError):  # nothing visible, or no value norms: no table
         return None
     qtok = capture.tokens(h.site, "query", batch)
     rows = []
