@@ -189,3 +189,41 @@ def test_plot_takes_the_occurrence_of_a_repeated_word(minilm, tmp_path):
     second = show.query_data(cap, site, 9, "Lessee", occurrence=2)
     assert second.attrs["query_positions"][0] > show.query_data(cap, site, 9, "Lessee", occurrence=1).attrs["query_positions"][-1]
 
+
+
+HEAD_CARD = re.compile(r'<div class="card head" data-site="([^"]+)" data-head="(\d+)">(.*?)(?=<div class="card head"|\Z)', re.S)
+BAR = re.compile(r'<tr><td class="mono">([^<]+)</td><td><span class="bar"><i style="width:[^"]+"></i></span></td>'
+                 r'<td class="num">([^<]+)</td></tr>')
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_report_window_and_bars_are_the_apps(arch, tokenizer):
+    """The report's heatmap window is :func:`views.heatmap_positions` (the app's :func:`views.heatmap_windows`
+    for one query), and its referent bars are :func:`views.split_bars` of the head's split row."""
+    from inspector.ui.report import LIMIT, render_report
+
+    filler = " ".join(f"Clause {i} covers the rent and the repairs of unit {i}." for i in range(7))
+    text = f"The Lessee shall indemnify the Lessor. {filler} Such indemnity survives."
+    cap = capture(tiny.build(arch), tokenizer, text)
+    split = analysis.split_heads(cap, QUERY, REFS)
+    page = render_report(cap, split, analysis.rank_heads(cap), query=QUERY, referents=REFS, commands=[])
+    cards = HEAD_CARD.findall(page)
+    assert cards
+    for site_name, head, card in cards:
+        site, row = cap.site(site_name), split[(split["site"] == site_name) & (split["head"] == int(head))].iloc[0]
+        q_pos = list(row["query_positions"])
+        rows = [int(q) for q in re.findall(r'<tr data-q="(\d+)"', card)]
+        keys = [int(k) for k in re.findall(r'<th data-k="(\d+)"', card)]
+        assert site.key_len > LIMIT and len(keys) <= LIMIT and set(q_pos) <= set(rows)
+        # the app's window of the word's last token: the same rows on a causal site, the keys ending where
+        # the app's end; centred on the query otherwise
+        qs, ks = views.heatmap_windows(site, q_pos[-1], LIMIT)
+        if site.kind == "causal":
+            assert rows == list(range(qs.start, qs.stop)) and keys[-1] == ks.stop - 1
+        refs = analysis.find_referents(cap, site, REFS)
+        near = sorted({p for ps in refs.values() for p in ps}, key=lambda p: min(abs(p - q) for q in q_pos))
+        assert (rows, keys) == views.heatmap_positions(site, q_pos, LIMIT, key_focus=near)  # no padding here
+        bars = views.split_bars(split[(split["site"] == site_name) & (split["head"] == int(head))], 1, REFS)
+        assert BAR.findall(card) == [(b.referent, f"{b.weight:.4f}") for b in bars.itertuples()]
+        for b in bars.itertuples():
+            assert abs(b.weight - float(row[f"weight:{b.referent}"])) < TOL

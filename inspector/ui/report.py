@@ -130,32 +130,6 @@ def _and(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def _window(cands: list[int], focus: list[int], limit: int = LIMIT) -> list[int]:
-    """At most ``limit`` of the candidate positions, around the focus positions (earlier ones first)."""
-    where = {p: i for i, p in enumerate(cands)}
-    return [cands[i] for i in _span(len(cands), [where[p] for p in focus if p in where], limit)]
-
-
-def _span(n: int, focus: list[int], limit: int) -> list[int]:
-    if n <= limit:
-        return list(range(n))
-    focus = [p for p in dict.fromkeys(focus) if 0 <= p < n][:limit] or [0]
-    lo, hi = min(focus), max(focus)
-    if hi - lo < limit:
-        start = min(max(0, (lo + hi) // 2 - limit // 2), n - limit, lo)
-        start = max(start, hi - limit + 1)
-        return list(range(start, start + limit))
-    chosen, r = set(focus), 0
-    while True:
-        r += 1
-        grown = set(chosen)
-        for p in focus:
-            grown.update(range(max(0, p - r), min(n, p + r + 1)))
-        if len(grown) > limit:
-            return sorted(chosen)
-        chosen = grown
-
-
 def _real(capture: Capture, site: Site, which: str, batch: int) -> list[int]:
     """Positions of an axis that are not padding."""
     return [i for i, pad in enumerate(capture.flags(site, which, batch)[1].tolist()) if not pad]
@@ -195,12 +169,9 @@ def _query_weights(capture: Capture, h: _Head, batch: int) -> np.ndarray:
 
 def _bars(h: _Head, referents: list[str]) -> dict:
     """The referents' weights as bars (width = weight, clipped to [0, 1]), the row's masses and its notes."""
-    rows = []
-    for ref in referents:
-        v = h.row.get(f"weight:{ref}")
-        if v is None:
-            continue
-        rows.append({"ref": ref, "width": f"{max(0.0, min(1.0, float(v))) * 100:.1f}", "value": f"{float(v):.4f}"})
+    bars = views.split_bars(pd.DataFrame([h.row]), 1, referents)  # the app's referent bars, one definition
+    rows = [{"ref": b.referent, "width": f"{max(0.0, min(1.0, b.weight)) * 100:.1f}", "value": f"{b.weight:.4f}"}
+            for b in bars.itertuples()]
     extra = " · ".join(f"{k} {float(h.row[k]):.4f}" for k in ("referent_mass", "chance_mass", "lift", "split_score") if k in h.row)
     return {"rows": rows, "extra": extra, "notes": _verdict_notes(h, referents)}
 
@@ -232,15 +203,26 @@ def _gap(pos: list[int], j: int) -> bool:
     return bool(j) and pos[j] != pos[j - 1] + 1
 
 
-def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
-    """The query x key weights of a window (:data:`LIMIT` x :data:`LIMIT` at most) around the query and
-    referents: per cell the exact float32 weight and its opacity (weight / largest weight shown)."""
+def _window(capture: Capture, h: _Head, batch: int) -> tuple[list[int], list[int], list[int]]:
+    """The heatmap's rows and keys (:func:`inspector.ui.views.heatmap_positions`, the app's window, over the
+    non-padding positions, keeping the referents nearest the query in view) and the referents' key positions."""
     site = h.site
     same = site.query_input == site.key_input
     ref_pos = sorted({p for ps in h.refs.values() for p in ps},
                      key=lambda p: min(abs(p - q) for q in h.positions) if same else p)
+    rows, keys = views.heatmap_positions(site, h.positions, LIMIT, key_focus=ref_pos,
+                                         rows_from=_real(capture, site, "query", batch),
+                                         keys_from=_real(capture, site, "key", batch))
+    return rows, keys, ref_pos
+
+
+def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
+    """The query x key weights of a window (:data:`LIMIT` x :data:`LIMIT` at most, :func:`_window`) around the
+    query and referents: per cell the exact float32 weight and its opacity (weight / largest weight shown)."""
+    site = h.site
+    same = site.query_input == site.key_input
+    rows, keys, ref_pos = _window(capture, h, batch)
     kc, qc = _real(capture, site, "key", batch), _real(capture, site, "query", batch)
-    keys, rows = _window(kc, (h.positions if same else []) + ref_pos), _window(qc, h.positions)
     w = head_weights(capture, site, batch, heads=[h.head], queries=slice(rows[0], rows[-1] + 1), weighting=h.weighting)[0]
     w = w[[r - rows[0] for r in rows]][:, keys].numpy()
     vmax = float(w.max()) if w.size and w.max() > 0 else 1.0
@@ -343,9 +325,8 @@ def _steps(capture: Capture, h: _Head, batch: int) -> dict:
     except InspectorError as exc:
         return {**out, "error": str(exc), "rows": None}
     site = h.site
-    same = site.query_input == site.key_input
     rset = {p for ps in h.refs.values() for p in ps}
-    keys = _window(_real(capture, site, "key", batch), (h.positions if same else []) + sorted(rset))
+    _, keys, _ = _window(capture, h, batch)  # the heatmap's keys
     t = exp.table.iloc[keys][["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"]]
     t = t.reset_index(drop=True)
     best = int(exp.table["weight"].idxmax())
