@@ -5,7 +5,7 @@ For the demo's capture (the embedded MiniLM on the seed's legal text, query «in
 Lessee, Lessor) and a tiny causal LM (GPT-2 from tests/tiny.py), under both weightings: ``split --csv``,
 ``explain --json``, ``plot``'s data (``show.query_data`` / the chart's data), ``show.query_weights``,
 the report's shaded text, the app (AppTest: the split table and its shaded text) and a scan's heads row
-agree within TOL with the word's aggregate row as :func:`inspector.analysis.heads.word_row` defines it.
+agree within TOL with the word's aggregate row as :func:`inspector.analysis.split.word_row` defines it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from inspector import cli
-from inspector.analysis import heads
+from inspector import analysis, cli
 from inspector.capture.models import LoadedModel
 from inspector.capture.recorder import capture
 from inspector.investigate.debug import LEGAL_SOURCE
@@ -63,8 +62,8 @@ def test_every_view_tells_the_same_row(case, weighting, tmp_path, monkeypatch):
     cap = load(path)
     from inspector.ui.report import render_report
 
-    split = heads.split_heads(cap, QUERY, REFS, weighting=weighting)
-    rank = heads.rank_heads(cap, weighting=weighting)
+    split = analysis.split_heads(cap, QUERY, REFS, weighting=weighting)
+    rank = analysis.rank_heads(cap, weighting=weighting)
     page = render_report(cap, split, rank, query=QUERY, referents=REFS, commands=[], weighting=weighting)
     # the head every view is asked about: the report's first head card with shaded text
     shown = re.findall(r'<div class="card head" data-site="([^"]+)" data-head="(\d+)">', page)
@@ -73,8 +72,8 @@ def test_every_view_tells_the_same_row(case, weighting, tmp_path, monkeypatch):
     top = split[(split["site"] == site) & (split["head"] == head)].iloc[0]
     q_pos = list(top["query_positions"])
     assert isinstance(top["query_positions"], list)  # positions travel as lists
-    row = heads.word_row(cap, site, head, q_pos, weighting=weighting)  # the one definition
-    refs = heads.find_referents(cap, cap.site(site), REFS)
+    row = analysis.word_row(cap, site, head, q_pos, weighting=weighting)  # the one definition
+    refs = analysis.find_referents(cap, cap.site(site), REFS)
     expected = {r: float(row[pos].sum()) for r, pos in refs.items()}
     for r in REFS:
         assert top[f"weight:{r}"] == pytest.approx(expected[r], abs=TOL)
@@ -172,7 +171,7 @@ def test_plot_and_show_draw_the_word_mean_row_pinned(minilm, tmp_path):
     data = show.query_data(cap, site, 9, "indemnify")
     lessee = float(data.loc[data["key_token"].isin(["less", "##ee"]) & (data["key_index"] < 4), "weight"].sum())
     assert lessee == pytest.approx(0.3241, abs=5e-5)
-    split = heads.split_heads(cap, "indemnify", ["Lessee", "Lessor"])
+    split = analysis.split_heads(cap, "indemnify", ["Lessee", "Lessor"])
     top = split[(split["site"] == site) & (split["head"] == 9)].iloc[0]
     assert top["weight:Lessee"] == pytest.approx(lessee, abs=TOL)
     last = show.query_data(cap, site, 9, data.attrs["query_positions"][-1])  # one position: that row alone
@@ -190,3 +189,41 @@ def test_plot_takes_the_occurrence_of_a_repeated_word(minilm, tmp_path):
     second = show.query_data(cap, site, 9, "Lessee", occurrence=2)
     assert second.attrs["query_positions"][0] > show.query_data(cap, site, 9, "Lessee", occurrence=1).attrs["query_positions"][-1]
 
+
+
+HEAD_CARD = re.compile(r'<div class="card head" data-site="([^"]+)" data-head="(\d+)">(.*?)(?=<div class="card head"|\Z)', re.S)
+BAR = re.compile(r'<tr><td class="mono">([^<]+)</td><td><span class="bar"><i style="width:[^"]+"></i></span></td>'
+                 r'<td class="num">([^<]+)</td></tr>')
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_report_window_and_bars_are_the_apps(arch, tokenizer):
+    """The report's heatmap window is :func:`views.heatmap_positions` (the app's :func:`views.heatmap_windows`
+    for one query), and its referent bars are :func:`views.split_bars` of the head's split row."""
+    from inspector.ui.report import LIMIT, render_report
+
+    filler = " ".join(f"Clause {i} covers the rent and the repairs of unit {i}." for i in range(7))
+    text = f"The Lessee shall indemnify the Lessor. {filler} Such indemnity survives."
+    cap = capture(tiny.build(arch), tokenizer, text)
+    split = analysis.split_heads(cap, QUERY, REFS)
+    page = render_report(cap, split, analysis.rank_heads(cap), query=QUERY, referents=REFS, commands=[])
+    cards = HEAD_CARD.findall(page)
+    assert cards
+    for site_name, head, card in cards:
+        site, row = cap.site(site_name), split[(split["site"] == site_name) & (split["head"] == int(head))].iloc[0]
+        q_pos = list(row["query_positions"])
+        rows = [int(q) for q in re.findall(r'<tr data-q="(\d+)"', card)]
+        keys = [int(k) for k in re.findall(r'<th data-k="(\d+)"', card)]
+        assert site.key_len > LIMIT and len(keys) <= LIMIT and set(q_pos) <= set(rows)
+        # the app's window of the word's last token: the same rows on a causal site, the keys ending where
+        # the app's end; centred on the query otherwise
+        qs, ks = views.heatmap_windows(site, q_pos[-1], LIMIT)
+        if site.kind == "causal":
+            assert rows == list(range(qs.start, qs.stop)) and keys[-1] == ks.stop - 1
+        refs = analysis.find_referents(cap, site, REFS)
+        near = sorted({p for ps in refs.values() for p in ps}, key=lambda p: min(abs(p - q) for q in q_pos))
+        assert (rows, keys) == views.heatmap_positions(site, q_pos, LIMIT, key_focus=near)  # no padding here
+        bars = views.split_bars(split[(split["site"] == site_name) & (split["head"] == int(head))], 1, REFS)
+        assert BAR.findall(card) == [(b.referent, f"{b.weight:.4f}") for b in bars.itertuples()]
+        for b in bars.itertuples():
+            assert abs(b.weight - float(row[f"weight:{b.referent}"])) < TOL

@@ -152,3 +152,25 @@ def test_variant_names_stay_inside_the_output_folder(tmp_path):
     assert _parse_variants([f"quoted={f}"]) == {"quoted": "text"}
     with pytest.raises(InspectorError, match="variant name"):
         _parse_variants([f"../x={f}"])
+
+
+def test_debug_computes_the_originals_split_once(bart, tmp_path, monkeypatch):
+    """The original's split table is computed once and handed to every comparison and the report."""
+    from inspector import analysis
+    from inspector.analysis import split as split_module
+
+    calls: list[int] = []
+    real = split_module.split_heads
+
+    def counted(cap, *args, **kwargs):
+        calls.append(id(cap))
+        return real(cap, *args, **kwargs)
+
+    monkeypatch.setattr(analysis, "split_heads", counted)
+    monkeypatch.setattr(split_module, "split_heads", counted)
+    inv = investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"],
+                      variants={"quoted": QUOTED, "again": LEGAL}, out_dir=tmp_path)
+    assert calls.count(id(inv.capture)) == 1
+    assert len(calls) == 3  # the original, then each variant once
+    again = inv.comparisons["again"]  # the same text: the comparison reads the original's table, unchanged
+    assert (again["split_change"].abs() < 1e-9).all() and len(again) == len(inv.split)

@@ -5,6 +5,7 @@ torch, transformers or pandas."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,38 @@ def test_import_inspector_is_light_until_a_function_is_used():
     assert "torch" in loaded  # the function itself needs torch: it was loaded when first named
     loaded, _ = _heavy_after("import inspector\nimport inspector.cli\n")
     assert loaded == []
+
+
+_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9-]*[\s>/]")
+
+
+def _html_built_in_code(tree: ast.AST) -> list[ast.AST]:
+    """f-strings with an HTML tag in their literal text, and string literals with a tag joined by ``+``,
+    ``%`` or ``.format`` (HTML belongs in the autoescaping Jinja2 templates under inspector/*/templates)."""
+    def tagged(node) -> bool:
+        if isinstance(node, ast.JoinedStr):
+            return bool(_TAG.search("".join(v.value for v in node.values if isinstance(v, ast.Constant))))
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(_TAG.search(node.value))
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and tagged(node):
+            found.append(node)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)) and (tagged(node.left) or tagged(node.right)):
+            found.append(node)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format"
+              and tagged(node.func.value)):
+            found.append(node)
+    return found
+
+
+def test_the_check_for_html_in_code_finds_it():
+    src = 'a = f"<span>{x}</span>"\nb = "<p>" + body\nc = "<div %s>" % x\nd = "<b>{}</b>".format(x)\n' \
+          'ok = "a < b"\nre_ok = r"<script\\s+src"\nalso_ok = f"{a} <= {b}"\n'
+    assert [n.lineno for n in _html_built_in_code(ast.parse(src))] == [1, 2, 3, 4]
+
+
+def test_no_html_in_f_strings_or_string_joins():
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in _modules()
+             for node in _html_built_in_code(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, f"HTML built in code (move it to a Jinja2 template): {found}"

@@ -1,7 +1,8 @@
 """Analysis: pure functions from a capture to tables (no model, no I/O).
 
-* :mod:`~inspector.analysis.heads`: the keys a query sees, weighting (raw or value-weighted), the entropy
-  ranking and the split detector (chance, lift, query rows, shared pieces);
+* :mod:`~inspector.analysis.keys`: the keys a query sees and the weighting (raw or value-weighted);
+* :mod:`~inspector.analysis.rank`: the entropy ranking of heads and their labels;
+* :mod:`~inspector.analysis.split`: a query word's rows and the split detector (chance, lift, shared pieces);
 * :mod:`~inspector.analysis.spans`: words and phrases to token positions through the tokenizer's offsets;
 * :mod:`~inspector.analysis.explain`: one query's weights step by step;
 * :mod:`~inspector.analysis.moves`: what a variant did to the flagged heads, in words.
@@ -9,36 +10,37 @@
 Imports :mod:`inspector.store` only.
 """
 
-from inspector.analysis.heads import (
+from inspector.analysis.keys import (
     MASKED,
-    RANK_COLUMNS,
-    SPLIT_COLUMNS,
-    SPLIT_VERDICT_COLUMNS,
     WEIGHTINGS,
-    LabelRule,
-    RankSums,
-    ReferentSplit,
-    SplitRule,
-    clean_referents,
-    find_referents,
     head_weights,
-    piece,
-    rank_heads,
-    rank_heads_both,
-    referent_rows,
-    referent_split,
     reweight_,
-    split_heads,
-    split_notes,
     value_norms_of,
     visible,
     visible_keys,
     weighted_sites,
 )
+from inspector.analysis.rank import RANK_COLUMNS, LabelRule, RankSums, rank_heads, rank_heads_both
+from inspector.analysis.split import (
+    SPLIT_COLUMNS,
+    SPLIT_VERDICT_COLUMNS,
+    NothingVisible,
+    ReferentSplit,
+    SplitRule,
+    clean_referents,
+    find_referents,
+    piece,
+    query_rows,
+    referent_rows,
+    referent_split,
+    split_heads,
+    split_notes,
+    word_row,
+)
 
 __all__ = [
-    "MASKED", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
-    "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "piece", "rank_heads",
+    "MASKED", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
+    "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "piece", "query_rows", "rank_heads",
     "rank_heads_both", "referent_rows", "referent_split", "reweight_", "split_heads", "split_notes",
-    "value_norms_of", "visible", "visible_keys", "weighted_sites",
+    "value_norms_of", "visible", "visible_keys", "weighted_sites", "word_row",
 ]

@@ -66,7 +66,7 @@ class WordExplanation:
 
     ``rows``: one :class:`Explanation` per token of the word, in ``query_positions`` order;
     ``aggregate``: ``key_index, key_token, weight`` with ``weight`` the word's aggregate row, the mean of
-    its rows under ``weighting`` (:func:`inspector.analysis.heads.word_row`, split's row);
+    its rows under ``weighting`` (:func:`inspector.analysis.split.word_row`, split's row);
     ``verdict``: with referents, the head's row of the split table (same code, same numbers);
     ``row_verdicts``: per query row, the referents' weights, ``referent_mass``, ``chance_mass``,
     ``lift``, ``split_score`` and ``flagged`` of that row alone."""
@@ -132,8 +132,8 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int | st
 
 def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurrence, referents, batch, case_sensitive,
                   query_role, referent_role, rule, weighting) -> WordExplanation:
-    from inspector.analysis import heads as analysis
     from inspector.analysis import spans
+    from inspector.analysis import split as analysis
 
     occ = spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch, case_sensitive=case_sensitive,
                               role=query_role)
@@ -148,7 +148,7 @@ def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurr
         try:
             found = analysis.referent_split(capture, site, positions, refs, batch=batch,
                                             rule=rule or analysis.SplitRule(), weighting=weighting)
-        except analysis._NothingVisible:
+        except analysis.NothingVisible:
             raise InspectorError(f"at {site.name} the query cannot see any referent (causal mask)") from None
         verdict = found.row(head)
         row_verdicts = [found.row_of(head, i) for i in range(len(positions))]

@@ -8,7 +8,7 @@ rollout traces to input token j. Rows sum to 1.
 
 The value-weighted form first multiplies each head's weights by ``||v_j W_O^h||`` (the capture's
 ``<site>/value_norm``, Kobayashi et al. 2020) and renormalizes each row
-(:func:`inspector.analysis.heads.head_weights` with ``weighting="value-norm"``).
+(:func:`inspector.analysis.keys.head_weights` with ``weighting="value-norm"``).
 
 Encoder-decoders: the encoder's rollout ``R_enc [source, source]`` is computed first; the decoder
 state ``M [target, source + target]`` starts as ``[0 | I]``, each decoder self-attention layer maps
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inspector.analysis.heads import head_weights
+from inspector.analysis.keys import head_weights
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 

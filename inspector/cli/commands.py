@@ -79,7 +79,7 @@ def cmd_capture(args) -> int:
 
 # ---- analysis -------------------------------------------------------------------------------
 def cmd_rank(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.store.capture_file import load
     from inspector.store.files import write_csv
 
@@ -99,7 +99,7 @@ def cmd_rank(args) -> int:
 
 
 def cmd_split(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.store.capture_file import load
     from inspector.store.files import write_csv
 
@@ -154,7 +154,7 @@ def cmd_explain(args) -> int:
 
 def _explain_word(cap, site, args) -> int:
     """Every query row of the word, then the aggregate row split judges (with --referents, its verdict)."""
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.analysis.explain import explain
     from inspector.store.files import write_json
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def _print_findings(inv: Investigation, top: int = 10, focus: tuple[int, int] | None = None) -> None:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.analysis.moves import move_sentence
     from inspector.investigate.debug import (
         KEYS,
@@ -88,7 +88,7 @@ def _parse_variants(items: list[str] | None, query: str | None = None) -> dict[s
 
 
 def cmd_debug(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.investigate.debug import (
         MARKER,
         investigate,
@@ -113,7 +113,7 @@ def cmd_debug(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from inspector.analysis import heads as analysis
+    from inspector import analysis
     from inspector.investigate.debug import (
         compare_captures,
     )

@@ -28,14 +28,9 @@ import pandas as pd
 import torch
 
 from inspector.analysis import spans
-from inspector.analysis.heads import (
-    LabelRule,
-    RankSums,
-    SplitRule,
-    clean_referents,
-    find_referents,
-    visible,
-)
+from inspector.analysis.keys import visible
+from inspector.analysis.rank import LabelRule, RankSums
+from inspector.analysis.split import SplitRule, clean_referents, find_referents
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
 
@@ -409,7 +404,7 @@ def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: l
     return cols
 
 
-_FOUR = "{:.4f}"  # weights in the split table's text columns (as analysis.heads prints them)
+_FOUR = "{:.4f}"  # weights in the split table's text columns (as analysis.split prints them)
 _SPLIT_TEXT = ("query", "query_positions", "driving_row", "rows_flagged", "referents", "referent_weights", "referent_pieces")
 _SPLIT_REST = ("referent_mass", "chance_mass", "lift", "split_score", "flagged", "row_split_scores", "shared_pieces",
                "shared_share", "split_unshared", "mostly_shared")
@@ -476,7 +471,7 @@ class _DocLayout:
     referents share."""
 
     def __init__(self, ref_pos: dict[str, list[int]], key_tokens: list[str]):
-        from inspector.analysis.heads import piece
+        from inspector.analysis.split import piece
 
         self.ref_pos = ref_pos
         toks = {r: [key_tokens[p] for p in pos] for r, pos in ref_pos.items()}

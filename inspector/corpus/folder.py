@@ -136,7 +136,7 @@ def _kind(tp) -> str:
 
 
 def _head_column_names() -> set[str]:
-    from inspector.analysis.heads import RANK_COLUMNS, SPLIT_COLUMNS, SPLIT_VERDICT_COLUMNS
+    from inspector.analysis import RANK_COLUMNS, SPLIT_COLUMNS, SPLIT_VERDICT_COLUMNS
 
     return {"id", "referents", "referent_weights", *RANK_COLUMNS, *SPLIT_COLUMNS, *SPLIT_VERDICT_COLUMNS}
 

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import torch
 
-from inspector.analysis.heads import RankSums
+from inspector.analysis.rank import RankSums
 from inspector.store import attention
 
 BLOCK_VALUES = 1 << 21  # weights per block (8 MB float32): few blocks (each a few dozen small operations), read from the last-level cache

@@ -102,7 +102,8 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     on that batch row. Raises :class:`InspectorError` when the split analysis cannot run (e.g. a referent
     is not in the document).
     """
-    from inspector.analysis.heads import SplitRule, clean_referents, rank_heads, split_heads
+    from inspector.analysis.rank import rank_heads
+    from inspector.analysis.split import SplitRule, clean_referents, split_heads
 
     order = {s.name: i for i, s in enumerate(capture.sites)}
     rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from inspector.analysis import heads as analysis
+from inspector import analysis
 from inspector.analysis.moves import variant_moves
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
@@ -90,10 +90,11 @@ def rank_note(weighting: str) -> str:
 
 def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *, names: tuple[str, str] = ("a", "b"),
                      occurrence: int | None = None, rule: analysis.SplitRule = analysis.SplitRule(),
-                     weighting: str = "attention") -> pd.DataFrame:
+                     weighting: str = "attention", split_a: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per head: split score and referent weights in each capture and their change (b - a), sorted by
     the size of the change. Heads are matched by site name and head; captures of different models are
-    refused."""
+    refused. ``split_a``: ``a``'s split table (:func:`split_for` with the same arguments) when the caller
+    has it already, so an investigation computes the original's split once."""
     ma, mb = a.meta.get("model", {}), b.meta.get("model", {})
     if (ma.get("class"), ma.get("config_hash")) != (mb.get("class"), mb.get("config_hash")):
         raise InspectorError(
@@ -103,7 +104,7 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     na, nb = names
     if na == nb:
         na, nb = f"{na}:a", f"{nb}:b"
-    sa = split_for(a, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    sa = split_a if split_a is not None else split_for(a, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     sb = split_for(b, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     refs = [c for c in sa.columns if c.startswith("weight:")]
     cols = ["split_score", "referent_mass", "lift", "flagged"] + refs
@@ -186,7 +187,7 @@ def investigate(
     for name, text in (variants or {}).items():
         vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress)
         comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence,
-                                             rule=rule, weighting=weighting)
+                                             rule=rule, weighting=weighting, split_a=split)
         variant_caps[name] = vcap
     moves = variant_moves(split, comparisons) if comparisons else None
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),

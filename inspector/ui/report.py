@@ -18,7 +18,6 @@ its split down, up or not at all, the comparison of variants, and the commands t
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -27,8 +26,9 @@ import pandas as pd
 
 from inspector.analysis import spans
 from inspector.analysis.explain import explain
-from inspector.analysis.heads import head_weights, referent_split
+from inspector.analysis.keys import head_weights
 from inspector.analysis.moves import move_sentence
+from inspector.analysis.split import NothingVisible, referent_split
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 from inspector.ui import views
@@ -183,13 +183,9 @@ def render_where_section(capture: Capture, section: WhereSection, batch: int = 0
     return _env().get_template("wherefrom.html.j2").render(where=_where_data(capture, section, batch))
 
 
-@functools.cache
 def _env():
-    """The templates under ``inspector/ui/templates`` (package data), autoescaping every value."""
-    import jinja2
-
-    return jinja2.Environment(loader=jinja2.PackageLoader("inspector.ui", "templates"), autoescape=True,
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    """The templates under ``inspector/ui/templates``, autoescaping every value (:func:`inspector.ui.views.templates`)."""
+    return views.templates()
 
 
 def render_matter_section(section: MatterSection) -> str:
@@ -201,32 +197,6 @@ def render_matter_section(section: MatterSection) -> str:
 
 def _and(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-def _window(cands: list[int], focus: list[int], limit: int = LIMIT) -> list[int]:
-    """At most ``limit`` of the candidate positions, around the focus positions (earlier ones first)."""
-    where = {p: i for i, p in enumerate(cands)}
-    return [cands[i] for i in _span(len(cands), [where[p] for p in focus if p in where], limit)]
-
-
-def _span(n: int, focus: list[int], limit: int) -> list[int]:
-    if n <= limit:
-        return list(range(n))
-    focus = [p for p in dict.fromkeys(focus) if 0 <= p < n][:limit] or [0]
-    lo, hi = min(focus), max(focus)
-    if hi - lo < limit:
-        start = min(max(0, (lo + hi) // 2 - limit // 2), n - limit, lo)
-        start = max(start, hi - limit + 1)
-        return list(range(start, start + limit))
-    chosen, r = set(focus), 0
-    while True:
-        r += 1
-        grown = set(chosen)
-        for p in focus:
-            grown.update(range(max(0, p - r), min(n, p + r + 1)))
-        if len(grown) > limit:
-            return sorted(chosen)
-        chosen = grown
 
 
 def _real(capture: Capture, site: Site, which: str, batch: int) -> list[int]:
@@ -268,12 +238,9 @@ def _query_weights(capture: Capture, h: _Head, batch: int) -> np.ndarray:
 
 def _bars(h: _Head, referents: list[str]) -> dict:
     """The referents' weights as bars (width = weight, clipped to [0, 1]), the row's masses and its notes."""
-    rows = []
-    for ref in referents:
-        v = h.row.get(f"weight:{ref}")
-        if v is None:
-            continue
-        rows.append({"ref": ref, "width": f"{max(0.0, min(1.0, float(v))) * 100:.1f}", "value": f"{float(v):.4f}"})
+    bars = views.split_bars(pd.DataFrame([h.row]), 1, referents)  # the app's referent bars, one definition
+    rows = [{"ref": b.referent, "width": f"{max(0.0, min(1.0, b.weight)) * 100:.1f}", "value": f"{b.weight:.4f}"}
+            for b in bars.itertuples()]
     extra = " · ".join(f"{k} {float(h.row[k]):.4f}" for k in ("referent_mass", "chance_mass", "lift", "split_score") if k in h.row)
     return {"rows": rows, "extra": extra, "notes": _verdict_notes(h, referents)}
 
@@ -305,15 +272,26 @@ def _gap(pos: list[int], j: int) -> bool:
     return bool(j) and pos[j] != pos[j - 1] + 1
 
 
-def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
-    """The query x key weights of a window (:data:`LIMIT` x :data:`LIMIT` at most) around the query and
-    referents: per cell the exact float32 weight and its opacity (weight / largest weight shown)."""
+def _window(capture: Capture, h: _Head, batch: int) -> tuple[list[int], list[int], list[int]]:
+    """The heatmap's rows and keys (:func:`inspector.ui.views.heatmap_positions`, the app's window, over the
+    non-padding positions, keeping the referents nearest the query in view) and the referents' key positions."""
     site = h.site
     same = site.query_input == site.key_input
     ref_pos = sorted({p for ps in h.refs.values() for p in ps},
                      key=lambda p: min(abs(p - q) for q in h.positions) if same else p)
+    rows, keys = views.heatmap_positions(site, h.positions, LIMIT, key_focus=ref_pos,
+                                         rows_from=_real(capture, site, "query", batch),
+                                         keys_from=_real(capture, site, "key", batch))
+    return rows, keys, ref_pos
+
+
+def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
+    """The query x key weights of a window (:data:`LIMIT` x :data:`LIMIT` at most, :func:`_window`) around the
+    query and referents: per cell the exact float32 weight and its opacity (weight / largest weight shown)."""
+    site = h.site
+    same = site.query_input == site.key_input
+    rows, keys, ref_pos = _window(capture, h, batch)
     kc, qc = _real(capture, site, "key", batch), _real(capture, site, "query", batch)
-    keys, rows = _window(kc, (h.positions if same else []) + ref_pos), _window(qc, h.positions)
     w = head_weights(capture, site, batch, heads=[h.head], queries=slice(rows[0], rows[-1] + 1), weighting=h.weighting)[0]
     w = w[[r - rows[0] for r in rows]][:, keys].numpy()
     vmax = float(w.max()) if w.size and w.max() > 0 else 1.0
@@ -336,16 +314,16 @@ def _heatmap(capture: Capture, h: _Head, batch: int) -> dict:
 def _shade_record(pieces: list, chips: list, text: str, role: str, qset: set[int], rset: set[int]) -> dict:
     """One key role's text as template data: each piece (:func:`inspector.ui.views.shade_pieces`, the app's
     too) with background opacity = its alpha."""
-    out, cursor = [], 0
-    for sh in pieces:
+    out = []
+    segments, tail = views.shade_segments(text, pieces)
+    for before, sh in segments:
         cls = "t" + (" q" if qset & set(sh.positions) else "") + (" r" if rset & set(sh.positions) else "")
         ks = " ".join(map(str, sh.positions))
-        out.append({"before": text[cursor:sh.start], "cls": cls, "a": f"{sh.alpha:.3f}", "k": ks, "w": repr(sh.weight),
+        out.append({"before": before, "cls": cls, "a": f"{sh.alpha:.3f}", "k": ks, "w": repr(sh.weight),
                     "text": text[sh.start:sh.end], "title": f"#{ks} {' '.join(sh.tokens)}: {sh.weight:.4f}"})
-        cursor = sh.end
     chip_data = [{"a": f"{c.alpha:.3f}", "k": c.positions[0], "w": repr(c.weight),
                   "label": f"{c.tokens[0]} {c.weight:.3f}"} for c in chips]
-    return {"role": role, "segments": out, "tail": text[cursor:], "chips": chip_data}
+    return {"role": role, "segments": out, "tail": tail, "chips": chip_data}
 
 
 def _shaded(capture: Capture, h: _Head, batch: int, note: bool = True) -> dict:
@@ -389,7 +367,7 @@ def _row_table(capture: Capture, h: _Head, batch: int) -> dict | None:
         return None
     try:
         found = referent_split(capture, h.site, h.positions, refs, batch=batch, weighting=h.weighting)
-    except Exception:  # noqa: BLE001 - nothing visible: no table
+    except (NothingVisible, InspectorError):  # nothing visible, or no value norms: no table
         return None
     qtok = capture.tokens(h.site, "query", batch)
     rows = []
@@ -416,9 +394,8 @@ def _steps(capture: Capture, h: _Head, batch: int) -> dict:
     except InspectorError as exc:
         return {**out, "error": str(exc), "rows": None}
     site = h.site
-    same = site.query_input == site.key_input
     rset = {p for ps in h.refs.values() for p in ps}
-    keys = _window(_real(capture, site, "key", batch), (h.positions if same else []) + sorted(rset))
+    _, keys, _ = _window(capture, h, batch)  # the heatmap's keys
     t = exp.table.iloc[keys][["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"]]
     t = t.reset_index(drop=True)
     best = int(exp.table["weight"].idxmax())

@@ -11,7 +11,7 @@
 
 Every value drawn is the capture's own float32 weight (``Capture.weights``), or with
 ``weighting="value-norm"`` the value-weighted weight (:func:`inspector.analysis.head_weights`); a
-word's row is the mean of its tokens' rows (:func:`inspector.analysis.heads.word_row`).
+word's row is the mean of its tokens' rows (:func:`inspector.analysis.split.word_row`).
 Charts are ``altair.Chart`` objects: in Jupyter they display inline (``alt.renderers.enable("svg")``
 keeps them offline); their data is a tidy DataFrame (``chart.data``). Altair and vl-convert are
 imported here only (the ``notebook`` extra).
@@ -97,7 +97,7 @@ def query_data(capture: Capture, site: Site | str, head: int, query: int | str, 
                batch: int = 0, weighting: str = "attention") -> pd.DataFrame:
     """A query's weights over every key: ``key_index, key_token, weight, special, padding, key_label``.
     For a word, ``weight`` is its aggregate row, the mean of its tokens' rows: the row ``split`` and
-    ``explain`` judge (:func:`inspector.analysis.heads.word_row`); for a position, that row.
+    ``explain`` judge (:func:`inspector.analysis.split.word_row`); for a position, that row.
     ``df.attrs``: ``query_positions``, ``weighting``."""
     site = _site(capture, site)
     pos = query_positions(capture, site, query, occurrence=occurrence, batch=batch)
@@ -139,7 +139,7 @@ def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.
     (ranked with ``weighting`` unless a ``rank`` table is given)."""
     import altair as alt
 
-    from inspector.analysis.heads import rank_heads
+    from inspector.analysis.rank import rank_heads
 
     if metric not in views.GRID_METRICS or metric == "split_score":
         raise InspectorError(f"cannot draw {metric!r}: choose one of {', '.join(m for m in views.GRID_METRICS if m != 'split_score')}")

@@ -8,7 +8,7 @@ matrix of a long input.
 
 from __future__ import annotations
 
-import html
+import functools
 import json
 import math
 import re
@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from inspector.analysis.explain import Explanation
-from inspector.analysis.heads import MASKED, head_weights, word_row
+from inspector.analysis.keys import MASKED, head_weights
+from inspector.analysis.split import word_row
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 
@@ -115,19 +116,56 @@ def groups(capture: Capture) -> list[tuple[str, str, list[Site]]]:
     return [(stack, kind, sorted(sites, key=lambda s: (s.layer, s.name))) for (stack, kind), sites in out.items()]
 
 
+def focus_window(candidates, focus, size: int, anchor: str = "centre") -> list[int]:
+    """At most ``size`` of the ``candidates`` (positions in increasing order, e.g. an axis's non-padding
+    positions) around the ``focus`` positions, in order: the one definition of a heatmap's window in the app
+    (:func:`heatmap_windows`), :func:`inspector.ui.show.head_heatmap` and the report.
+
+    When the focus positions fit in ``size`` candidates, a contiguous run holding them all: centred on them
+    (``anchor="centre"``) or ending at the last where it can (``anchor="end"``, a causal site's rows up to its
+    query); clipped to the ends. Otherwise each focus position with the same number of neighbours on each
+    side, grown until one more would pass ``size`` (earlier focus positions first; the result has gaps).
+    Focus positions that are not candidates are ignored; without any, the run starts at the first
+    candidate (``"centre"``) or ends at the last (``"end"``)."""
+    cands = list(candidates)
+    n = len(cands)
+    size = max(1, size)
+    if n <= size:
+        return cands
+    where = {p: i for i, p in enumerate(cands)}
+    idx = [where[p] for p in dict.fromkeys(focus) if p in where][:size] or [0 if anchor == "centre" else n - 1]
+    lo, hi = min(idx), max(idx)
+    if hi - lo < size:
+        if anchor == "end":
+            start = min(max(0, hi - size + 1), n - size)
+        else:
+            start = max(min(max(0, (lo + hi) // 2 - size // 2), n - size, lo), hi - size + 1)
+        return cands[start:start + size]
+    chosen, r = set(idx), 0
+    while True:
+        r += 1
+        grown = set(chosen)
+        for i in idx:
+            grown.update(range(max(0, i - r), min(n, i + r + 1)))
+        if len(grown) > size:
+            return [cands[i] for i in sorted(chosen)]
+        chosen = grown
+
+
+def _run(positions: list[int]) -> slice:
+    return slice(positions[0], positions[-1] + 1) if positions else slice(0, 0)
+
+
 def window(center: int, size: int, n: int) -> slice:
-    """A ``size``-long slice of ``range(n)`` around ``center`` (clipped to the ends)."""
-    size = max(1, min(size, n))
-    start = min(max(0, center - size // 2), n - size)
-    return slice(start, start + size)
+    """A ``size``-long slice of ``range(n)`` around ``center`` (clipped to the ends): :func:`focus_window`."""
+    return _run(focus_window(range(n), [center], size))
 
 
 def window_to(last: int, size: int, n: int) -> slice:
     """A ``size``-long slice of ``range(n)`` whose last position is ``last`` where it can be (clipped to the
-    ends): a causal site's query rows up to the selected query, which then sees every key of the window."""
-    size = max(1, min(size, n))
-    start = min(max(0, last - size + 1), n - size)
-    return slice(start, start + size)
+    ends): a causal site's query rows up to the selected query, which then sees every key of the window
+    (:func:`focus_window` with ``anchor="end"``)."""
+    return _run(focus_window(range(n), [last], size, anchor="end"))
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:
@@ -269,7 +307,7 @@ def split_bars(split: pd.DataFrame, top: int = 10, referents: list[str] | None =
 def query_weights(capture: Capture, site: Site, head: int, positions: list[int], batch: int = 0,
                   weighting: str = "attention") -> torch.Tensor:
     """A query word's aggregate row over the key axis, float64 ``[key]``: the mean of its rows, the row
-    :func:`~inspector.analysis.split_heads` judges (:func:`inspector.analysis.heads.word_row`)."""
+    :func:`~inspector.analysis.split_heads` judges (:func:`inspector.analysis.split.word_row`)."""
     return word_row(capture, site, head, positions, batch=batch, weighting=weighting)
 
 
@@ -329,48 +367,52 @@ def shade_pieces(capture: Capture, site: Site, weights, batch: int = 0) -> list[
     return out
 
 
+def shade_segments(text: str, pieces: list[Shade]) -> tuple[list[tuple[str, Shade]], str]:
+    """A key role's text cut at its shaded pieces (:func:`shade_pieces`, in text order): ``(before, piece)``
+    pairs, ``before`` the unshaded text since the previous piece, and the text after the last piece. The
+    report and the app both lay their shaded text out from this."""
+    out, cursor = [], 0
+    for piece in pieces:
+        out.append((text[cursor:piece.start], piece))
+        cursor = piece.end
+    return out, text[cursor:]
+
+
+@functools.cache
+def templates():
+    """The Jinja2 templates under ``inspector/ui/templates`` (package data), autoescaping every value: the
+    app's HTML here and the report's (:mod:`inspector.ui.report`). Undefined names raise."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("inspector.ui", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
 def shaded_html(
     capture: Capture, site: Site, weights: torch.Tensor | list[float], *, batch: int = 0,
     query_positions: list[int] | tuple[int, ...] = (), referent_positions: list[int] | tuple[int, ...] = (),
 ) -> str:
     """The key-side text with each piece shaded by its weight (:func:`shade_pieces`: opacity = weight,
     the report's shading too). Special tokens, which have no span, are shown as small chips. The
-    query's tokens are outlined, the referents' underlined. Every piece of text is HTML-escaped; each
-    piece carries its key positions (``data-k``) and weight (``data-w``)."""
+    query's tokens are outlined, the referents' underlined. Every piece of text is HTML-escaped (template
+    ``shaded_text.html.j2``, autoescaped); each piece carries its key positions (``data-k``) and weight
+    (``data-w``, the float's repr)."""
     qset, rset = set(query_positions), set(referent_positions)
-    parts: list[str] = []
-    multi = len(site.key_input) > 1
 
-    def span(piece: Shade, body: str, chip: bool) -> str:
+    def data(piece: Shade, chip: bool, **extra) -> dict:
         cls = (["chip"] if chip else []) + (["q"] if qset & set(piece.positions) else []) + \
             (["r"] if rset & set(piece.positions) else [])
-        attrs = f' class="{" ".join(cls)}"' if cls else ""
-        title = f"key {' '.join(map(str, piece.positions))} {' '.join(piece.tokens)}: weight {piece.weight:.4f}"
-        return (f'<span{attrs} style="background: rgba(214, 39, 40, {piece.alpha:.3f});" '
-                f'data-k="{" ".join(map(str, piece.positions))}" data-w="{piece.weight!r}" '
-                f'title="{html.escape(title, quote=True)}">{body}</span>')
+        ks = " ".join(map(str, piece.positions))
+        return {"cls": " ".join(cls), "alpha": f"{piece.alpha:.3f}", "k": ks, "w": repr(piece.weight),
+                "title": f"key {ks} {' '.join(piece.tokens)}: weight {piece.weight:.4f}", **extra}
 
+    texts = []
     for role, text, pieces, chips in shade_pieces(capture, site, weights, batch):
-        body: list[str] = []
-        cursor = 0
-        for piece in pieces:
-            body.append(html.escape(text[cursor:piece.start]))
-            body.append(span(piece, html.escape(text[piece.start:piece.end]), False))
-            cursor = piece.end
-        body.append(html.escape(text[cursor:]))
-        chip_html = "".join(span(c, f"{html.escape(c.tokens[0])} {c.weight:.2f}", True) for c in chips)
-        if multi:
-            parts.append(f'<div class="role">{html.escape(role)}</div>')
-        parts.append("<p>" + chip_html + " " + "".join(body) + "</p>")
-    style = (
-        "<style>.shade{font-size:1.05rem;line-height:2.1;}"
-        ".shade span{border-radius:3px;padding:1px 0;}"
-        ".shade .chip{font-size:0.75rem;color:#444;border:1px solid #bbb;padding:0 4px;margin:0 3px;}"
-        ".shade .q{outline:2px solid #1f77b4;}"
-        ".shade .r{text-decoration:underline 2px #2ca02c;text-underline-offset:4px;}"
-        ".shade .role{font-size:0.8rem;color:#666;text-transform:uppercase;}</style>"
-    )
-    return style + '<div class="shade">' + "".join(parts) + "</div>"
+        segments, tail = shade_segments(text, pieces)
+        texts.append({"role": role, "tail": tail,
+                      "segments": [data(p, False, before=before, text=text[p.start:p.end]) for before, p in segments],
+                      "chips": [data(c, True, label=f"{c.tokens[0]} {c.weight:.2f}") for c in chips]})
+    return templates().get_template("shaded_text.html.j2").render(texts=texts, multi=len(site.key_input) > 1)
 
 
 # ---- bertviz -----------------------------------------------------------------------------------
@@ -460,15 +502,7 @@ def offline_bertviz(page: str, scripts: dict[str, str]) -> str:
     """
     if not _CDN_SCRIPT.search(page) or not _REQUIRE_CONFIG.search(page):
         raise InspectorError("this bertviz version's HTML has an unexpected layout: the app cannot serve its scripts offline")
-    head = (
-        f"<script>{scripts['requirejs']}</script>\n"
-        "<script>window.__inspectorDefine = window.define; window.define = undefined;</script>\n"
-        f"<script>{scripts['d3']}</script>\n"
-        f"<script>{scripts['jquery']}</script>\n"
-        "<script>window.define = window.__inspectorDefine;"
-        "define('d3', [], function () { return window.d3; });"
-        "define('jquery', [], function () { return window.jQuery; });</script>\n"
-    )
+    head = templates().get_template("bertviz_scripts.html.j2").render(scripts=scripts)
     page = _CDN_SCRIPT.sub(lambda _: head, page, count=1)
     page = _REQUIRE_CONFIG.sub("/* d3 and jquery are defined inline above */", page)
     if re.search(r"https?://cdn", page):
@@ -540,24 +574,42 @@ def metric_domain(metric: str, max_keys: int) -> tuple[float, float]:
     return 0.0, 1.0
 
 
+def heatmap_positions(site: Site, query_positions, size: int, *, key_focus=(), rows_from=None,
+                      keys_from=None) -> tuple[list[int], list[int]]:
+    """The query rows and keys (position lists, at most ``size`` each) of a heatmap of ``site`` around a
+    query word's ``query_positions``: the one definition behind the app's Head page (:func:`heatmap_windows`),
+    :func:`inspector.ui.show.head_heatmap` and the report's heatmap and step table. ``rows_from`` /
+    ``keys_from``: the candidate positions of each axis (default all; the report passes the non-padding ones).
+
+    On a causal site (queries and keys one text): the rows up to the last query position and the keys they
+    could see, ending at the last row's own key (:func:`focus_window` with ``anchor="end"``, keeping
+    ``key_focus``, e.g. the referents, in view). Else rows centred on the query, and keys centred on the
+    query and ``key_focus`` (same text) or on ``key_focus`` alone (different texts). Without query
+    positions: the first ``size`` rows and the keys they see (causal) or the first ``size`` keys."""
+    rows_c = list(range(site.query_len) if rows_from is None else rows_from)
+    keys_c = list(range(site.key_len) if keys_from is None else keys_from)
+    q = [int(p) for p in query_positions]
+    same = site.query_input == site.key_input
+    if site.kind == "causal" and same:
+        rows = focus_window(rows_c, q, size, anchor="end") if q else rows_c[:max(1, size)]
+        offset = site.key_len - site.query_len  # a decoder continuing a cached prefix sees that prefix too
+        stop = min(site.key_len, (rows[-1] if rows else -1) + 1 + offset)
+        seen = [k for k in keys_c if k < stop]
+        return rows, focus_window(seen, [stop - 1, *[p + offset for p in q], *key_focus], size, anchor="end")
+    if not q:
+        return rows_c[:max(1, size)], keys_c[:max(1, size)]
+    return focus_window(rows_c, q, size), focus_window(keys_c, [*(q if same else []), *key_focus], size)
+
+
 def heatmap_windows(site: Site, query_index: int | None, size: int, centre_key: int | None = None) -> tuple[slice, slice]:
     """The query rows and keys of a heatmap window of at most ``size`` x ``size`` that follows the query
-    ``query_index`` (the app's Head page and :func:`inspector.ui.show.head_heatmap` alike): on a causal
-    site the rows up to the query and the keys they could see (:func:`window_to`, :func:`causal_keys`);
-    else rows and keys centred on the query, keys on ``centre_key`` (e.g. the query's strongest key) when
-    queries and keys are different texts. Without a query: the first ``size`` rows and keys."""
-    n_q, n_k = site.query_len, site.key_len
+    ``query_index`` (the app's Head page and :func:`inspector.ui.show.head_heatmap` alike), as slices:
+    :func:`heatmap_positions` of that one query (contiguous), keys on ``centre_key`` (e.g. the query's
+    strongest key) when queries and keys are different texts."""
     same = site.query_input == site.key_input
-    if query_index is None:
-        qs = slice(0, min(size, n_q))
-        return qs, (causal_keys(site, qs, size) if site.kind == "causal" and same else slice(0, min(size, n_k)))
-    if site.kind == "causal" and same:
-        qs = window_to(query_index, size, n_q)
-        return qs, causal_keys(site, qs, size)
-    qs = window(query_index, size, n_q)
-    if same:
-        return qs, window(query_index, size, n_k)
-    return qs, (window(centre_key, size, n_k) if centre_key is not None else slice(0, min(size, n_k)))
+    focus = [centre_key] if centre_key is not None and not same else []
+    rows, keys = heatmap_positions(site, [] if query_index is None else [query_index], size, key_focus=focus)
+    return _run(rows), _run(keys)
 
 
 def causal_keys(site: Site, queries: slice, size: int) -> slice:
@@ -565,13 +617,13 @@ def causal_keys(site: Site, queries: slice, size: int) -> slice:
     last row's own position (keys after it are masked for every row of the window)."""
     offset = site.key_len - site.query_len  # a decoder continuing a cached prefix sees that prefix too
     stop = min(site.key_len, queries.stop + offset)
-    return slice(max(0, stop - max(1, size)), stop)
+    return _run(focus_window(range(stop), [stop - 1], size, anchor="end"))
 
 
 def visible_frame(capture: Capture, site: Site, frame: pd.DataFrame, batch: int = 0) -> pd.Series:
     """For each row of a :func:`heatmap_frame`, whether its query may see its key (the capture's own
     mask; padding keys and, for maskless causal captures, future keys are not visible)."""
-    from inspector.analysis.heads import visible_keys
+    from inspector.analysis.keys import visible_keys
 
     if not len(frame):
         return pd.Series([], dtype=bool)
@@ -609,5 +661,4 @@ def script_safe_json(page: str, template: str) -> str:
 def sandboxed(page: str, height: int) -> str:
     """``page`` inside an ``<iframe sandbox="allow-scripts">``: its scripts run in an opaque origin,
     with no access to the app's page, cookies or Streamlit's connection."""
-    return (f'<iframe sandbox="allow-scripts" title="bertviz" style="width:100%;height:{int(height)}px;border:0" '
-            f'srcdoc="{html.escape(page, quote=True)}"></iframe>')
+    return templates().get_template("sandboxed.html.j2").render(page=page, height=int(height))

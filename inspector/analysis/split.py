@@ -1,32 +1,6 @@
-"""Head-level analysis of a capture: entropy ranking and competing-referent (split) detection.
+"""Competing-referent (split) detection: how a query word's weight divides among referents.
 
-Pure functions: a :class:`~inspector.store.Capture` in, a tidy pandas DataFrame out (one row per site
-and head), no I/O and no model. Full captures read weights from the file; lazy captures recompute
-only the query rows needed, ``chunk`` rows at a time, so no head's full query x key matrix is held
-at once.
-
-Metrics (nats; "real" query rows exclude padding; a row's visible keys are those its mask does not
-hide and that are not padding):
-
-* ``entropy``: mean over real query rows of ``-sum_k p log p`` over the visible keys.
-* ``normalized_entropy``: each row's entropy divided by ``log(number of visible keys)``, averaged
-  over rows with at least two visible keys (0 = one-hot, 1 = uniform), so causal heads compare
-  with bidirectional ones.
-* ``sink_mass``: mean weight on special-token keys ([CLS], [SEP], BOS, ...); heads that park most of
-  their weight there are the "sink" / no-op heads of Clark et al. 2019, "What Does BERT Look At? An
-  Analysis of BERT's Attention".
-* ``self_mass`` / ``prev_mass``: mean weight on the query's own / the previous position (NaN for
-  cross-attention, where queries and keys are different texts).
-* ``top_key``: the key token with the highest mean weight; ``top_key_index`` its position.
-* ``label``: the first rule that holds, in this order (thresholds in :class:`LabelRule`):
-  ``sink`` (sink_mass >= 0.5), ``previous-token`` (prev_mass >= 0.5), ``self`` (self_mass >= 0.5),
-  ``focused`` (normalized_entropy <= 0.3), ``broad`` (normalized_entropy >= 0.85), else empty.
-
-With ``exclude_special=True`` special-token keys are removed and each row renormalized before the
-entropies are computed (sink heads otherwise dominate a ranking); ``sink_mass`` still reports the
-weight they had.
-
-Split detection: for a query span and two or more referent spans, ``weight:<referent>`` is the
+For a query span and two or more referent spans, ``weight:<referent>`` is the
 weight the query puts on the referent's tokens (subword tokens summed, every occurrence summed).
 A multi-token query has one row per token; the *aggregate row* is the mean of those rows, and every
 verdict below is taken on it (the per-row numbers are reported beside it: ``row_split_scores``,
@@ -47,9 +21,9 @@ the part of ``referent_mass`` on them, ``split_unshared`` the split score with t
 ``mostly_shared`` is true when more than half the split score comes from them
 (``split_unshared < split_score / 2``).
 
-Weighting (``weighting="value-norm"``, Kobayashi et al. 2020, "Attention is Not Only a Weight"):
-each weight times the norm of what its key sends through the head, ``||v_j W_O^h||`` (the capture's
-``<site>/value_norm``), renormalized per query row; ``"attention"`` (default) uses the raw weights.
+The rows of a query word (:func:`query_rows`) and their aggregate (:func:`word_row`) are defined here
+once, for split, explain, plot, show, report, app and scan; ``weighting`` as in :mod:`inspector.analysis.keys`.
+Pure functions: a capture in, a pandas DataFrame out; no I/O, no model.
 """
 
 from __future__ import annotations
@@ -57,24 +31,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import torch
 
 from inspector.analysis import spans
+from inspector.analysis.keys import (
+    check_batch,
+    check_weighting,
+    reweight_,
+    value_norms_of,
+    visible_keys,
+    weighted_sites,
+)
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-from inspector.store.masks import MASKED  # noqa: F401  (the one definition; re-exported)
-from inspector.store.masks import visible_keys as visible
 
-_BLOCK_VALUES = 1 << 21  # rank_heads works on [head, query, key] blocks of at most this many values (8 MB float32)
-RANK_COLUMNS = ["site", "stack", "kind", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "self_mass",
-                "prev_mass", "top_key", "top_key_index", "top_key_weight", "label"]
 SPLIT_COLUMNS = ["site", "stack", "kind", "layer", "head", "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
 # after the weights: the aggregate verdict, the per-row rule, the shared pieces (then pieces:<ref>...)
 SPLIT_VERDICT_COLUMNS = ["referent_mass", "chance_mass", "lift", "split_score", "flagged", "driving_row", "row_split_scores",
                          "rows_flagged", "shared_pieces", "shared_share", "split_unshared", "mostly_shared"]
-WEIGHTINGS = ("attention", "value-norm")
 _FOUR = "{:.4f}"  # weights in the split table's text columns
 
 
@@ -83,33 +58,6 @@ def join(values) -> str:
     text: space-separated, floats to 4 places. Lists travel as lists; only text output joins them."""
     return " ".join(_FOUR.format(v) if isinstance(v, float) else str(v) for v in values)
 
-
-@dataclass(frozen=True)
-class LabelRule:
-    """Thresholds that name a head's pattern from its :func:`rank_heads` columns: ``sink`` when ``sink_mass`` >=
-    ``sink`` (weight on [CLS]/[SEP]/BOS, the "no-op" heads of Clark et al. 2019, "What Does BERT Look At?"),
-    ``previous-token`` / ``self`` likewise from ``prev_mass`` / ``self_mass``, ``focused`` when
-    ``normalized_entropy`` <= ``focused``, else ``broad``. Masses are fractions of a row's weight in [0, 1]."""
-
-    sink: float = 0.5
-    previous: float = 0.5
-    self_: float = 0.5
-    focused: float = 0.3
-    broad: float = 0.85
-
-    def label(self, row: dict) -> str:
-        """The label of one rank row (a dict with the rank columns)."""
-        return self.labels(row["sink_mass"], row["prev_mass"], row["self_mass"], row["normalized_entropy"])[0]
-
-    def labels(self, sink_mass, prev_mass, self_mass, normalized_entropy) -> list[str]:
-        """The labels of many heads at once (array-likes of equal length, or scalars); the first rule that
-        holds, NaN failing every test."""
-        cols = [np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (sink_mass, prev_mass, self_mass, normalized_entropy)]
-        sink, prev, self_, norm = np.broadcast_arrays(*cols)
-        with np.errstate(invalid="ignore"):
-            picked = np.select([sink >= self.sink, prev >= self.previous, self_ >= self.self_, norm <= self.focused,
-                                norm >= self.broad], ["sink", "previous-token", "self", "focused", "broad"], default="")
-        return picked.tolist()
 
 
 @dataclass(frozen=True)
@@ -152,48 +100,6 @@ class SplitRule:
         return (split_score >= self.min_split) & (referent_mass >= self.min_mass) & (lift >= self.min_lift)
 
 
-def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k: torch.Tensor) -> torch.Tensor:
-    """Boolean ``[1 or head, query, key]``: keys each query row can see."""
-    n = len(range(*queries.indices(site.query_len)))
-    return visible(site, (~pad_k).expand(1, n, -1), capture.mask_rows(site, batch, queries),
-                   torch.arange(*queries.indices(site.query_len)))
-
-
-def _check_weighting(weighting: str) -> None:
-    if weighting not in WEIGHTINGS:
-        raise InspectorError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
-
-
-def value_norms_of(capture: Capture, site: Site, batch: int = 0) -> torch.Tensor:
-    """``[head, key]`` value norms ``||v_j W_O^h||`` of a site (float32); InspectorError naming the reason
-    when the capture has none for it."""
-    vn = capture.value_norms(site, batch)
-    if vn is None:
-        why = site.value_norm_note or "the capture was made before value norms were recorded"
-        raise InspectorError(f"site {site.name} has no value norms ({why}): use --weighting attention, or capture again "
-                             "with this inspector")
-    return vn
-
-
-def reweight_(w: torch.Tensor, value_norm: torch.Tensor) -> torch.Tensor:
-    """Value-weighted attention in place: ``w [head, query, key] * value_norm [head, key]``, each row
-    renormalized to sum 1 (Kobayashi et al. 2020). Rows with no weight left stay 0."""
-    w.mul_(value_norm[:, None, :])
-    return w.div_(w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny))
-
-
-def head_weights(capture: Capture, site: Site | str, batch: int = 0, heads: list[int] | None = None,
-                 queries: slice | None = None, weighting: str = "attention") -> torch.Tensor:
-    """Weights ``[head, query, key]`` (float32) as :meth:`Capture.weights` gives them, or value-weighted
-    (``weighting="value-norm"``: times ``||v_j W_O^h||``, renormalized per row)."""
-    _check_weighting(weighting)
-    site = capture.site(site) if isinstance(site, str) else site
-    w = capture.weights(site, batch, heads=heads, queries=queries)
-    if weighting == "value-norm":
-        vn = value_norms_of(capture, site, batch)
-        reweight_(w, vn if heads is None else vn[list(heads)])
-    return w
-
 
 def query_rows(capture: Capture, site: Site | str, positions: list[int], *, batch: int = 0,
                heads: list[int] | None = None, weighting: str = "attention",
@@ -204,7 +110,7 @@ def query_rows(capture: Capture, site: Site | str, positions: list[int], *, batc
     the site's value norms. The one definition behind split, explain, plot, show, report, app and scan.
 
     Raises InspectorError for no positions, a position outside the query axis, or an unknown weighting."""
-    _check_weighting(weighting)
+    check_weighting(weighting)
     site = capture.site(site) if isinstance(site, str) else site
     q_pos = [int(p) for p in positions]
     if not q_pos or not all(0 <= p < site.query_len for p in q_pos):
@@ -228,250 +134,8 @@ def word_row(capture: Capture, site: Site | str, head: int, positions: list[int]
         raise InspectorError(f"head {head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
     return query_rows(capture, site, positions, batch=batch, heads=[head], weighting=weighting)[0].double().mean(0)
 
-
-def weighted_sites(capture: Capture, sites: list[Site], weighting: str) -> tuple[list[Site], dict[str, str]]:
-    """The sites that can be read with ``weighting`` and, for the others, why not (site name -> reason)."""
-    _check_weighting(weighting)
-    if weighting == "attention":
-        return list(sites), {}
-    ok = [s for s in sites if "value_norm" in s.parts]
-    left = {s.name: s.value_norm_note or "no value norms in this capture" for s in sites if "value_norm" not in s.parts}
-    if not ok and sites:
-        name, why = next(iter(left.items()))
-        raise InspectorError(f"no site of this capture has value norms (e.g. {name}: {why}): use --weighting attention, "
-                             "or capture again with this inspector")
-    return ok, left
-
-
-def _site_stats(capture: Capture, site: Site, batch: int, exclude_special: bool, chunk: int,
-                weighting: str = "attention") -> list[dict]:
-    return _site_stats_both(capture, site, batch, chunk, weighting, want=(bool(exclude_special),))[bool(exclude_special)]
-
-
-class RankSums:
-    """Running sums of the rank metrics over query rows, for ``batch`` documents and every head at once.
-
-    Shapes: ``ent``, ``ent_n``, ``norm``, ``norm_n`` ``[batch, 2, head]`` (setting 0 keeps special-token
-    keys, 1 excludes them); ``sink``, ``self_m``, ``prev_m`` ``[batch, head]``; ``prev_n``, ``n_rows``
-    ``[batch]``; ``cols`` ``[batch, head, key]`` (the weights summed over real query rows). All float64.
-    :func:`rank_heads` feeds one capture's batch row through it, block by block; the corpus scan
-    (:mod:`inspector.corpus.batch_reduce`) feeds every document of a padded batch at once. Same sums, one definition.
-    """
-
-    def __init__(self, batch: int, heads: int, keys: int, same_axis: bool, want: tuple[bool, ...] = (False, True)):
-        f64 = torch.float64
-        self.same_axis, self.want = same_axis, want
-        self.ent, self.ent_n, self.norm, self.norm_n = (torch.zeros(batch, 2, heads, dtype=f64) for _ in range(4))
-        self.sink, self.self_m, self.prev_m = (torch.zeros(batch, heads, dtype=f64) for _ in range(3))
-        self.prev_n = torch.zeros(batch, dtype=f64)
-        self.n_rows = torch.zeros(batch, dtype=f64)
-        self.cols = torch.zeros(batch, heads, keys, dtype=f64)
-
-    def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
-            pad_k: torch.Tensor, at: slice = slice(None), logits: torch.Tensor | None = None) -> bool:
-        """Add one block of query rows: ``w [batch, head, c, key]`` weights (float32, not modified),
-        ``vis [batch, 1|head, c, key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding)
-        query rows, ``q_idx [c]`` the block's positions on the query axis, ``special_k`` and ``pad_k``
-        ``[batch, key]`` the special-token and padding keys; ``at`` the documents of the sums the block's
-        batch rows are (default: all of them).
-
-        Excluding special keys renormalizes each row over its other keys; its entropy follows from the same
-        ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its ``-sum p log p``
-        over them, the renormalized row's entropy is ``H_ns / S + log S`` (0 when ``S`` is 0), so no second
-        softmax-sized pass is needed. Only the entropies differ between the two settings.
-
-        ``logits`` (optional, ``[batch, head, c, key]``: the masked scores ``w`` is the softmax of; overwritten)
-        spare the logarithm of the block where special keys are kept: ``log p_k = s_k - lse`` and
-        ``lse = s_max - log p_max``, so a row's entropy is ``sum_k p_k (s_max - s_k) - log p_max``, read from
-        the block without a ``log`` of every weight. Both terms are sums of non-negative numbers (no
-        cancellation between large logits: as precise as ``-sum p log p`` on sharp heads, never negative); a
-        row this leaves non-finite (an infinite mask entry) takes ``-sum p log p``.
-
-        Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
-        ``sum p log p`` non-finite), so callers need no pass of their own to check."""
-        b, h, c, _ = w.shape
-        want = self.want
-        spec = special_k[:, None, None, :]  # [batch, 1, 1, key]
-        any_special = bool(special_k.any()) and True in want
-        # log p with log 0 clamped to the dtype's minimum, so that p log p is 0 where p is 0; each row's
-        # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
-        logw = None
-        if logits is not None and not any_special:
-            # s_max - s_k >= 0, in place, in one pass (amax, not max: torch's max with indices is ~9x slower)
-            gap = torch.sub(logits.amax(-1, keepdim=True), logits, out=logits)
-            row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double()
-            if not bool((torch.isfinite(row_ent) | ~rows[:, None, :]).all()):
-                logits = None  # the log p path below decides
-        if logits is None or any_special:
-            logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
-            row_ent = -torch.linalg.vecdot(w, logw).double()  # [batch, head, c]
-        row_ents = [row_ent]
-        finite = bool((torch.isfinite(row_ents[0]) | ~rows[:, None, :]).all())
-        vis_sets = [vis]
-        n_special = special_k.sum(-1)  # [batch]
-        width = int(n_special.max()) if b else 0
-        if width:
-            where = torch.argsort((~special_k).to(torch.uint8), dim=-1, stable=True)[:, :width]  # special keys first
-            valid = (torch.arange(width)[None, :] < n_special[:, None]).to(w.dtype)  # [batch, width]
-            picked = w.gather(-1, where[:, None, None, :].expand(b, h, c, width))
-            on_special = torch.einsum("bhqs,bs->bhq", picked, valid)  # [batch, head, c]
-        else:
-            on_special = w.new_zeros(b, h, c)
-        if any_special:  # the renormalized rows without special keys, from the same block
-            plain = (~special_k).to(w.dtype)[:, None, :, None]
-            h_ns = -torch.matmul(w * logw, plain).squeeze(-1).double()
-            mass = torch.matmul(w, plain).squeeze(-1).double()  # S: weight left on non-special keys
-            safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
-            row_ents.append(torch.where(mass > 0, h_ns / safe + torch.log(safe), 0.0))
-            vis_sets.append(vis & ~spec)
-        else:
-            row_ents.append(row_ents[0])
-            vis_sets.append(vis)
-        real = rows[:, None, :]  # [batch, 1, c]
-        for i in (0, 1):
-            if (i == 1) not in want:
-                continue
-            n_vis = vis_sets[i].sum(-1).expand(b, h, c)
-            ok = real & (n_vis >= 2)
-            counted = real & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
-            self.ent[at, i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
-            self.ent_n[at, i] += counted.sum(-1)
-            self.norm[at, i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
-            self.norm_n[at, i] += ok.sum(-1)
-        self.sink[at] += torch.where(real, on_special, 0.0).double().sum(-1)
-        self.cols[at] += torch.matmul(rows.to(w.dtype)[:, None, None, :], w).squeeze(2).double()  # [batch, head, key]
-        self.n_rows[at] += rows.sum(-1)
-        if self.same_axis:
-            diag = q_idx[None, None, :, None].expand(b, h, c, 1)
-            self.self_m[at] += torch.where(real, w.gather(-1, diag).squeeze(-1), 0.0).double().sum(-1)
-            # the previous position must be a real token (left padding puts padding before the first one)
-            prev = (q_idx - 1).clamp(min=0)
-            has_prev = rows & (q_idx >= 1)[None, :] & ~pad_k[:, prev]  # [batch, c]
-            got = w.gather(-1, prev[None, None, :, None].expand(b, h, c, 1)).squeeze(-1)
-            self.prev_m[at] += torch.where(has_prev[:, None, :], got, 0.0).double().sum(-1)
-            self.prev_n[at] += has_prev.sum(-1)
-        return finite
-
-    def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:
-        """``[batch, head]`` float64 tensors of the rank metrics (NaN where undefined) and ``top_key_index``
-        (int64), with special-token keys kept or excluded from the entropies."""
-        i = int(excluded)
-        nan = torch.tensor(float("nan"), dtype=torch.float64)
-        n = self.n_rows.clamp_min(1)[:, None]
-        mean_cols = self.cols / n[..., None]
-        top = mean_cols.argmax(-1)
-        return {
-            "entropy": torch.where(self.ent_n[:, i] > 0, self.ent[:, i] / self.ent_n[:, i].clamp_min(1), nan),
-            "normalized_entropy": torch.where(self.norm_n[:, i] > 0, self.norm[:, i] / self.norm_n[:, i].clamp_min(1), nan),
-            "sink_mass": self.sink / n,
-            "self_mass": self.self_m / n if self.same_axis else torch.full_like(self.sink, float("nan")),
-            "prev_mass": (torch.where(self.prev_n[:, None] > 0, self.prev_m / self.prev_n.clamp_min(1)[:, None], nan)
-                          if self.same_axis else torch.full_like(self.sink, float("nan"))),
-            "top_key_index": top,
-            "top_key_weight": mean_cols.gather(-1, top[..., None]).squeeze(-1),
-        }
-
-
-def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weighting: str = "attention",
-                     want: tuple[bool, ...] = (False, True)) -> dict[bool, list[dict]]:
-    """The rank rows of one site with special-token keys kept (``False``) and excluded (``True``), from
-    one pass over the weights (:class:`RankSums`). ``want`` names the settings to compute (each costs
-    one pass of sums over the block; the logarithms are shared)."""
-    h = site.num_heads
-    special_k, pad_k = capture.flags(site, "key", batch)
-    _, pad_q = capture.flags(site, "query", batch)
-    sums = RankSums(1, h, site.key_len, site.query_input == site.key_input, want)
-    # at most `chunk` query rows at a time, fewer for long key axes: blocks of at most _BLOCK_VALUES values are
-    # reused from the allocator's heap, where larger ones are mapped (and page-faulted in) anew for every chunk
-    step = max(1, min(chunk, _BLOCK_VALUES // max(1, h * site.key_len)))
-    vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
-    for q0 in range(0, site.query_len, step):
-        qs = slice(q0, min(site.query_len, q0 + step))
-        rows = ~pad_q[qs]
-        if not bool(rows.any()):
-            continue
-        w = capture.weights(site, batch, queries=qs)  # [head, c, key]
-        if vn is not None:
-            reweight_(w, vn)
-        vis = visible_keys(capture, site, batch, qs, pad_k)
-        sums.add(w[None], vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None])
-    key_tokens = capture.tokens(site, "key", batch)
-    out: dict[bool, list[dict]] = {}
-    for excluded in want:
-        m = {k: v[0].tolist() for k, v in sums.metrics(excluded).items()}
-        out[excluded] = [{
-            "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
-            **{k: m[k][head] for k in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass")},
-            "top_key": key_tokens[m["top_key_index"][head]], "top_key_index": m["top_key_index"][head],
-            "top_key_weight": m["top_key_weight"][head],
-        } for head in range(h)]
-    return out
-
-
-def rank_heads(
-    capture: Capture,
-    *,
-    exclude_special: bool = False,
-    batch: int = 0,
-    sites: list[Site] | None = None,
-    rule: LabelRule = LabelRule(),
-    sort_by: str = "normalized_entropy",
-    ascending: bool = True,
-    chunk: int = 256,
-    weighting: str = "attention",
-) -> pd.DataFrame:
-    """One row per site and head with the entropy metrics and a label, sorted (focused heads first).
-
-    Weights are read (or recomputed) ``chunk`` query rows at a time at most, fewer where the key axis is
-    long (a block of all heads x rows x keys stays within 8 MB), so memory stays bounded at any length.
-    ``weighting="value-norm"`` computes every metric on value-weighted attention; sites without value
-    norms are left out and named in ``df.attrs["left_out"]`` (site -> reason).
-    """
-    return rank_heads_both(capture, batch=batch, sites=sites, rule=rule, sort_by=sort_by, ascending=ascending,
-                           chunk=chunk, weighting=weighting, want=(bool(exclude_special),))[bool(exclude_special)]
-
-
-def rank_heads_both(
-    capture: Capture,
-    *,
-    batch: int = 0,
-    sites: list[Site] | None = None,
-    rule: LabelRule = LabelRule(),
-    sort_by: str = "normalized_entropy",
-    ascending: bool = True,
-    chunk: int = 256,
-    weighting: str = "attention",
-    want: tuple[bool, ...] = (False, True),
-) -> dict[bool, pd.DataFrame]:
-    """:func:`rank_heads` with special-token keys kept (key ``False``) and excluded (``True``), both
-    from one pass over the weights (the app shows either at the flip of a toggle)."""
-    _check_batch(capture, batch)
-    chosen, left_out = weighted_sites(capture, list(sites if sites is not None else capture.sites), weighting)
-    rows: dict[bool, list[dict]] = {excluded: [] for excluded in want}
-    for site in chosen:
-        for excluded, site_rows in _site_stats_both(capture, site, batch, chunk, weighting, want).items():
-            rows[excluded] += site_rows
-    return {excluded: _rank_frame(rows[excluded], rule, sort_by, ascending, weighting, dict(left_out))
-            for excluded in want}
-
-
-def _rank_frame(rows: list[dict], rule: LabelRule, sort_by: str, ascending: bool, weighting: str,
-                left_out: dict) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=[c for c in RANK_COLUMNS if c != "label"])
-    df["label"] = rule.labels(df["sink_mass"], df["prev_mass"], df["self_mass"], df["normalized_entropy"]) if len(df) else []
-    if sort_by not in df.columns:
-        raise InspectorError(f"cannot sort by {sort_by!r}: choose one of {', '.join(RANK_COLUMNS)}")
-    df = df.sort_values([sort_by, "site", "head"], ascending=[ascending, True, True], kind="stable").reset_index(drop=True)
-    df.attrs.update(weighting=weighting, left_out=left_out)
-    return df
-
-
-def _check_batch(capture: Capture, batch: int) -> None:
-    if not 0 <= batch < capture.batch_size:
-        raise InspectorError(f"batch row {batch} does not exist: this capture has rows 0..{capture.batch_size - 1}")
-
-
-def _site_filter(capture: Capture, which: str) -> list[Site]:
+def site_filter(capture: Capture, which: str) -> list[Site]:
+    """The sites of ``which`` ("cross", "self" or "all"); InspectorError for any other name."""
     if which == "all":
         return list(capture.sites)
     if which == "cross":
@@ -479,6 +143,8 @@ def _site_filter(capture: Capture, which: str) -> list[Site]:
     if which == "self":
         return capture.select(["self", "causal"])
     raise InspectorError(f"unknown site filter {which!r}: use cross, self or all")
+
+
 
 
 def split_heads(
@@ -513,9 +179,9 @@ def split_heads(
     Sorted by split score, highest first (cross-attention first on ties, or always with
     ``cross_first``).
     """
-    _check_batch(capture, batch)
+    check_batch(capture, batch)
     refs = clean_referents(referents)
-    candidates = _site_filter(capture, sites) if isinstance(sites, str) else sites
+    candidates = site_filter(capture, sites) if isinstance(sites, str) else sites
     candidates, left_out = weighted_sites(capture, list(candidates), weighting)
     rows: list[dict] = []
     problems: list[str] = []
@@ -537,7 +203,7 @@ def split_heads(
         q_pos = list(occ.positions)
         try:
             found = referent_split(capture, site, q_pos, ref_pos, batch=batch, rule=rule, weighting=weighting)
-        except _NothingVisible:
+        except NothingVisible:
             problems.append(f"at {site.name} the query cannot see any referent (causal mask)")
             continue
         for head in range(site.num_heads):
@@ -586,8 +252,8 @@ def find_referents(capture: Capture, site: Site, referents: list[str], *, batch:
     return out
 
 
-class _NothingVisible(Exception):
-    pass
+class NothingVisible(Exception):
+    """No referent key is visible to any of the query's rows (a causal mask hides them all)."""
 
 
 def piece(token: str) -> str:
@@ -712,10 +378,10 @@ def referent_rows(w: torch.Tensor, vis: torch.Tensor, referents: dict[str, list[
                   value_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(per_row, chance, per_key)`` of :class:`ReferentSplit` from the query rows' weights
     ``w [head, row, key]`` (float32, value-weighted already when ``value_norm [head, key]`` is given) and
-    the keys they see, ``vis [1|head, row, key]``. Raises ``_NothingVisible`` when no referent key is
+    the keys they see, ``vis [1|head, row, key]``. Raises ``NothingVisible`` when no referent key is
     visible to any of the rows."""
     if not any(bool(vis[..., pos].any()) for pos in referents.values()):
-        raise _NothingVisible
+        raise NothingVisible
     w = w.double()
     base = vis.double()
     if value_norm is not None:  # uniform attention seen through the same weighting
@@ -729,12 +395,12 @@ def referent_rows(w: torch.Tensor, vis: torch.Tensor, referents: dict[str, list[
 def referent_split(capture: Capture, site: Site, query_positions: list[int], referents: dict[str, list[int]], *,
                    batch: int = 0, rule: SplitRule = SplitRule(), weighting: str = "attention") -> ReferentSplit:
     """Each of the query's rows over the referents at ``site``, with each row's chance (one read of the
-    rows ``min..max`` of the query positions). Raises ``_NothingVisible`` when no referent key is
+    rows ``min..max`` of the query positions). Raises ``NothingVisible`` when no referent key is
     visible to any of the rows."""
     q_pos = list(query_positions)
     lo, hi = min(q_pos), max(q_pos) + 1
     idx = [p - lo for p in q_pos]
-    _check_weighting(weighting)
+    check_weighting(weighting)
     vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
     w = query_rows(capture, site, q_pos, batch=batch, weighting=weighting, value_norm=vn)  # [head, row, key]
     vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
