@@ -13,6 +13,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from test_planted_routes import TEXT, planted_copy_gpt2
+from test_scan import FIELDS, assert_same_rows, bert_folder, read_heads  # noqa: F401 - bert_folder: a fixture
 
 from inspector import cli
 from inspector.capture.models import LoadedModel
@@ -23,8 +25,6 @@ from inspector.corpus.scan import scan
 from inspector.intervene.routes import THRESHOLD, routes
 
 import tiny
-from test_planted_routes import TEXT, planted_copy_gpt2
-from test_scan import FIELDS, assert_same_rows, bert_folder, read_heads  # noqa: F401 - bert_folder: a fixture
 
 COPY, IDLE = ("transformer.h.1.attn", 0), ("transformer.h.0.attn", 0)
 # same tokens per document, bob at the same position, the query word last: the planted head copies bob into it
