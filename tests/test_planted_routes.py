@@ -15,14 +15,16 @@ TEXT, OUT = "alice met bob and carol near the river", "carol"
 P, D = 16, 32  # positions (one-hot in dims 0..15), hidden size (token content in dims 16..31)
 
 
-def planted_copy_gpt2(tokenizer):
+def planted_copy_gpt2(tokenizer, row: int | None = None):
+    """``row``: the position whose query the head copies bob into (default: the last, [SEP])."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=D, n_layer=2, n_head=1, n_positions=P)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(cfg).eval()
     ids = tokenizer(TEXT)["input_ids"]
-    bob, row = ids.index(tokenizer.convert_tokens_to_ids("bob")), len(ids) - 1  # [SEP] predicts the output
+    bob = ids.index(tokenizer.convert_tokens_to_ids("bob"))
+    row = len(ids) - 1 if row is None else row  # [SEP] predicts the output
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()

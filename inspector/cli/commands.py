@@ -408,7 +408,7 @@ def cmd_scan(args) -> int:
     elif data is None:
         raise InspectorError("give the corpus to scan (a .jsonl, .csv or .parquet file, or a datasets folder), or --demo")
     options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass,
-                      min_lift=args.min_lift)
+                      min_lift=args.min_lift, routes=args.routes)
     t0 = time.perf_counter()
     result = scan(data, out, model=args.model, fields=fields, batch_size=args.batch_size, options=options,
                   engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
@@ -484,6 +484,9 @@ def add_corpus_commands(sub) -> None:
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
     add_lift_option(p)
+    p.add_argument("--routes", action="store_true",
+                   help="per document with a query: which heads lie on the route of its query token (on_route, route_share; "
+                        "one more forward pass per such document)")
     p.add_argument("--demo", type=int, nargs="?", const=300, metavar="N",
                    help="scan N generated lease clauses (default 300), written to OUT/demo-corpus.jsonl")
     p.add_argument("--top", type=positive_int, default=10, help="heads shown at the end (default 10)")

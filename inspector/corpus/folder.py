@@ -72,7 +72,8 @@ _DOC_TYPES = {"id": "string", "row": "int", "tokens": "int", "status": "string",
 _HEAD_TYPES = {"id": "string", "site": "string", "stack": "string", "kind": "string", "layer": "int", "head": "int",
                "entropy": "float", "normalized_entropy": "float"}  # required in every heads part
 _HEAD_OPTIONAL = {"flagged": "bool", "split_score": "float", "lift": "float", "referent_mass": "float", "query": "string",
-                  "referents": "list", "referent_weights": "list"}  # read by the summary and the Corpus page
+                  "referents": "list", "referent_weights": "list",
+                  "on_route": "bool", "route_share": "float"}  # read by the summary and the Corpus page
 
 
 def _damaged(path: Path, what: str) -> InspectorError:
@@ -138,7 +139,8 @@ def _kind(tp) -> str:
 def _head_column_names() -> set[str]:
     from inspector.analysis import RANK_COLUMNS, SPLIT_COLUMNS, SPLIT_VERDICT_COLUMNS
 
-    return {"id", "referents", "referent_weights", *RANK_COLUMNS, *SPLIT_COLUMNS, *SPLIT_VERDICT_COLUMNS}
+    return {"id", "referents", "referent_weights", "on_route", "route_share", *RANK_COLUMNS, *SPLIT_COLUMNS,
+            *SPLIT_VERDICT_COLUMNS}
 
 
 def _check_part(path: Path, required: dict[str, str], optional: dict[str, str], known: set[str] | None) -> None:
@@ -167,7 +169,7 @@ def _check_part(path: Path, required: dict[str, str], optional: dict[str, str], 
 def check_parts(out: str | os.PathLike) -> None:
     """Every committed part of the scan in ``out`` readable, with the columns and types a scan writes
     (``_documents``: exactly id, row, tokens, status, error; ``heads``: the key and entropy columns, and only
-    columns of the rank and split analyses). Raises InspectorError naming the part, column and fix."""
+    columns of the rank and split analyses and of ``--routes``). Raises InspectorError naming the part, column and fix."""
     out = Path(out)
     for p in _parts(out / "_documents").values():
         _check_part(p, _DOC_TYPES, {}, None)

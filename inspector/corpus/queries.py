@@ -16,7 +16,11 @@ tokens, status, error``). Nothing is copied; DuckDB reads the files.
   given, and visible to the query at that site); ``flagged_documents``: of those, how many flagged it;
   ``share_flagged = flagged_documents / split_documents``;
 * ``lift_mean``: mean ``lift`` over the split documents, only when the scan's split rows have a
-  ``lift`` column.
+  ``lift`` column;
+* only for a scan with ``--routes`` (:mod:`inspector.corpus.route_rows`): ``route_documents``, documents
+  whose query token's route was traced (those with a query); ``on_route_documents``, of those, how many
+  have the head on the route; ``routes = on_route_documents / route_documents``, how often the head
+  carries the query token; ``route_share_mean``, the mean of its ``route_share``.
 
 Sorted so the heads that split most often come first (``flagged_documents``, then ``share_flagged``,
 both descending), then by site and head.
@@ -89,6 +93,10 @@ def summary_sql(cols: list[str]) -> str:
         parts += ["0::BIGINT AS split_documents", "0::BIGINT AS flagged_documents", "NULL::DOUBLE AS share_flagged"]
     if "lift" in cols:
         parts.append("avg(CASE WHEN flagged IS NOT NULL THEN lift END) AS lift_mean")
+    if "on_route" in cols:
+        parts += ["count(on_route) AS route_documents", "count(*) FILTER (WHERE on_route) AS on_route_documents",
+                  "CAST(count(*) FILTER (WHERE on_route) AS DOUBLE) / nullif(count(on_route), 0) AS routes",
+                  "avg(route_share) AS route_share_mean"]
     keys = ", ".join(KEYS)
     return (f"SELECT {keys}, {', '.join(parts)} FROM heads GROUP BY {keys} "
             "ORDER BY flagged_documents DESC, share_flagged DESC NULLS LAST, site, head")

@@ -32,6 +32,7 @@ import pandas as pd
 
 from inspector.corpus.documents import Document, error_line
 from inspector.corpus.forward_sums import ForwardSums
+from inspector.intervene.routes import THRESHOLD
 
 DOC_COLUMNS = ["id", "row", "tokens", "status", "error"]
 _POSITION_COLUMNS = {"top_key_index": "key"}  # rank columns holding a position on a site's key axis
@@ -46,11 +47,17 @@ class Options:
     min_mass: float = 0.25
     min_lift: float = 2.0
     dtype: str = "float32"
+    routes: bool = False  # per document with a query: the heads on the route of its query token (route_rows)
+    routes_threshold: float = THRESHOLD  # the route's importance threshold
 
     def to_dict(self) -> dict:
-        """The options as the scan's manifest stores them (a resumed scan must use the same ones)."""
-        return {"exclude_special": self.exclude_special, "min_split": self.min_split, "min_mass": self.min_mass,
-                "min_lift": self.min_lift, "dtype": self.dtype}
+        """The options as the scan's manifest stores them (a resumed scan must use the same ones). The route
+        options appear only with ``routes`` on, so scans made before them resume unchanged."""
+        out = {"exclude_special": self.exclude_special, "min_split": self.min_split, "min_mass": self.min_mass,
+               "min_lift": self.min_lift, "dtype": self.dtype}
+        if self.routes:
+            out.update(routes=True, routes_threshold=self.routes_threshold)
+        return out
 
 
 @dataclass
@@ -194,6 +201,7 @@ class Captured:
     options: Options
     captures: list[tuple[object, list[tuple[int, Document]]]]
     doc_rows: dict[int, dict]
+    routes: dict[int, pd.DataFrame | str] | None = None  # with options.routes: per document with a query, rows or error
 
 
 def capture_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> Captured:
@@ -223,7 +231,24 @@ def capture_batch(model, tokenizer, docs: list[Document], options: Options = Opt
             captures.append((_capture(model, tokenizer, [doc], options), group))
         except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
             doc_rows[i] = _doc_row(doc, 0, error_line(exc))
-    return Captured(docs=docs, options=options, captures=captures, doc_rows=doc_rows)
+    found = _routes(model, tokenizer, [(i, d) for _, g in captures for i, d in g], options) if options.routes else None
+    return Captured(docs=docs, options=options, captures=captures, doc_rows=doc_rows, routes=found)
+
+
+def _routes(model, tokenizer, docs: list[tuple[int, Document]], options: Options) -> dict[int, pd.DataFrame | str]:
+    """:func:`~inspector.corpus.route_rows.document_route` of every captured document with a query (its error
+    line where it fails); one forward pass each."""
+    from inspector.corpus.route_rows import document_route
+
+    out: dict[int, pd.DataFrame | str] = {}
+    for i, doc in docs:
+        if doc.query is None:
+            continue
+        try:
+            out[i] = document_route(model, tokenizer, doc, options.routes_threshold)
+        except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
+            out[i] = error_line(exc)
+    return out
 
 
 def analyse(captured: Captured) -> BatchResult:
@@ -232,11 +257,39 @@ def analyse(captured: Captured) -> BatchResult:
     frames: list[pd.DataFrame] = []
     for cap, group in captured.captures:
         _reduce(cap, group, captured.options, doc_rows, frames)
-    documents = pd.DataFrame([doc_rows[i] for i in range(len(captured.docs))], columns=DOC_COLUMNS)
     heads = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if captured.routes is not None:
+        heads = _with_routes(heads, captured, doc_rows)
+    documents = pd.DataFrame([doc_rows[i] for i in range(len(captured.docs))], columns=DOC_COLUMNS)
     if "driving_row" in heads:  # a position, missing where the split did not reach a site (or a document has no query)
         heads["driving_row"] = heads["driving_row"].astype("Int64")
     return BatchResult(documents=documents, heads=heads)
+
+
+def _with_routes(heads: pd.DataFrame, captured: Captured, doc_rows: dict) -> pd.DataFrame:
+    """``heads`` with ``on_route`` (nullable bool) and ``route_share`` (float) per row: missing for documents
+    without a query; a document whose route failed gets its error and loses its rows."""
+    failed = set()
+    for i, found in captured.routes.items():
+        if isinstance(found, str) and doc_rows[i]["status"] == "ok":
+            doc_rows[i] = {**doc_rows[i], "status": "error", "error": found}
+            failed.add(captured.docs[i].id)
+    if not len(heads):
+        return heads
+    if failed:
+        heads = heads[~heads["id"].isin(failed)].reset_index(drop=True)
+    tables = [t.assign(id=captured.docs[i].id) for i, t in captured.routes.items() if not isinstance(t, str)]
+    keys = ["id", "site", "head"]
+    if tables:
+        found = pd.concat(tables, ignore_index=True).set_index(keys)
+        where = pd.MultiIndex.from_frame(heads[keys].astype({"head": "int64"}))
+        on = found["on_route"].reindex(where)
+        share = found["route_share"].reindex(where)
+    else:
+        on = share = pd.Series([None] * len(heads))
+    heads["on_route"] = pd.array(on.tolist(), dtype="boolean")
+    heads["route_share"] = pd.to_numeric(pd.Series(share.tolist(), dtype="float64")).to_numpy()
+    return heads
 
 
 def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: dict, frames: list) -> None:

@@ -163,6 +163,13 @@ def scan(
         if status is not None:
             status(f"loading model {model or 'embedded all-MiniLM-L6-v2'} ...")
         loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+    if options.routes and first is not None:  # before any document is scanned
+        from inspector.corpus.route_rows import check_config, check_loaded
+
+        if loaded is not None:
+            check_loaded(loaded.model, name)
+        else:
+            check_config(model, name, trust_remote_code)
     if loaded is not None and batch_size > 1 and getattr(loaded.tokenizer, "pad_token", None) is None and progress:
         print("inspector: this tokenizer has no padding token, so documents are captured one at a time "
               "(--batch-size has no effect)", file=sys.stderr)

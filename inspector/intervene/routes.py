@@ -51,7 +51,7 @@ KEY_BLOCK = 128  # key positions per block when forming head contributions (memo
 EDGE_COLUMNS = ["stack", "layer", "sublayer", "from_stack", "from_level", "from_position", "from_token", "to_level",
                 "to_position", "to_token", "kind", "site", "head", "importance"]
 
-__all__ = ["EDGE_COLUMNS", "FAMILIES", "THRESHOLD", "Graph", "Step", "record", "routes"]
+__all__ = ["EDGE_COLUMNS", "FAMILIES", "THRESHOLD", "Graph", "Step", "check_model", "heads_on_route", "record", "routes"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,13 @@ def _resolve_stacks(model) -> dict[str, _Stack]:
                                  "cannot find its layers")
         out[stack] = _Stack(stack, prefix, steps, len(names[prefix]))
     return out
+
+
+def check_model(model) -> None:
+    """Raise :class:`InspectorError` naming ``model`` (its class and ``model_type``) when routes cannot decompose
+    its residual: a family inspector does not know, or no block list where the family keeps it. Loads
+    nothing and runs nothing (:func:`record` also checks, on the recorded states, that the blocks add up)."""
+    _resolve_stacks(model)
 
 
 def _hooks(model, stacks: dict[str, _Stack]):
@@ -329,21 +336,24 @@ def _normalise(node: dict, keep_vectors: bool) -> None:
 
 def routes(model, tokenizer, text: str, target: str | None = None, *, position: int | None = None,
            contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-           threshold: float = THRESHOLD, target_ids: list[list[int]] | None = None, graph: Graph | None = None
-           ) -> pd.DataFrame:
+           threshold: float = THRESHOLD, target_ids: list[list[int]] | None = None, graph: Graph | None = None,
+           stack: str | None = None) -> pd.DataFrame:
     """The route of one position's top residual state: every edge with importance above ``threshold``,
     found top-down (module docstring). Columns :data:`EDGE_COLUMNS`; ``attrs``: ``position``, ``threshold``,
     ``forward_calls`` (1), ``memory_bytes`` (capture and states held).
 
     ``position``: on the top stack's axis (the decoder input of an encoder-decoder; prompt and
-    continuation of a decoder-only model); default the row a contrast reads (``contrast``), else the last
+    continuation of a decoder-only model), or on ``stack``'s (``"encoder"``: a route that stays in an
+    encoder-decoder's encoder); default the row a contrast reads (``contrast``), else the last
     position. Raises :class:`InspectorError` for an unsupported model (by name), a position off the axis,
     or a threshold outside [0, 1).
     """
     if not 0 <= threshold < 1:
         raise InspectorError(f"--threshold must be in [0, 1), got {threshold}")
     g = graph or record(model, tokenizer, text, target, target_ids=target_ids)
-    top = "decoder" if "decoder" in g.stacks else next(iter(g.stacks))
+    top = stack or ("decoder" if "decoder" in g.stacks else next(iter(g.stacks)))
+    if top not in g.stacks:
+        raise InspectorError(f"stack {top!r} is not one of this model's ({', '.join(g.stacks)})")
     n = len(g.tokens[top])
     if position is None and contrast is not None:
         from inspector.intervene.attribution import metric_for
@@ -387,3 +397,52 @@ def _kept(g: Graph, stack: str, level: int, positions: list[int], threshold: flo
                 frontier.setdefault((att["from_stack"], att["from_level"]), set()).add(j)
     return out
 
+
+
+def _reached(route: pd.DataFrame) -> set[tuple[str, int, int]]:
+    """Nodes whose incoming edges the route examined: every edge's end, and every start above level 0."""
+    ends = set(zip(route["stack"], route["to_level"].astype(int), route["to_position"].astype(int), strict=True))
+    starts = {(s, int(lv), int(p)) for s, lv, p in zip(route["from_stack"], route["from_level"], route["from_position"],
+                                                          strict=True) if lv > 0}
+    return ends | starts
+
+
+def heads_on_route(graph: Graph, route: pd.DataFrame, heads: list[tuple[str, int]], *,
+                   threshold: float = THRESHOLD) -> pd.DataFrame:
+    """Whether each head lies on the route (the definition ``inspector debug`` and ``inspector scan --routes``
+    share): a head is **on the route** when, at some attention node the route reaches (a residual state at
+    that head's site whose incoming edges the route examined), the head's own contribution from one key
+    position, ``A[h, i, j] v_j W_O^h``, has importance above ``threshold`` -- the same proximity and
+    denominator as the route's token-to-token edges, so exactly when the route table lists a row
+    ``head = h`` for that site.
+
+    Per ``(site, head)`` of ``heads``: ``site, head, best_share`` (its largest per-head importance over
+    the attention nodes the route reaches, in [0, 1]; 0 where the route never reaches its site),
+    ``from_token``, ``to_token`` (where that best share sits), ``on_route`` (``best_share > threshold``).
+    ``graph`` is the :func:`record` of the pass ``route`` was drawn from. The reached nodes of one level
+    are decomposed together (no forward pass)."""
+    wanted: dict[str, set[int]] = {}
+    for site, h in heads:
+        wanted.setdefault(site, set()).add(int(h))
+    by_level: dict[tuple[str, int], list[int]] = {}
+    for stack, level, pos in sorted(_reached(route)):
+        by_level.setdefault((stack, level), []).append(pos)
+    best: dict[tuple[str, int], tuple[float, str, str]] = {}
+    for (stack, level), positions in by_level.items():
+        block, step = graph.stacks[stack].step(level)
+        site = graph.sites.get((stack, block, step.kind))
+        if step.kind == "mlp" or site not in wanted:
+            continue
+        for pos, node in zip(positions, _incoming(graph, stack, level, positions, False), strict=True):
+            att = node["attention"]
+            for h in wanted[site]:
+                j = int(att["heads"][h].argmax())
+                share = float(att["heads"][h, j])
+                if share > best.get((site, h), (-1.0,))[0]:
+                    best[(site, h)] = (share, graph.tokens[att["from_stack"]][j], graph.tokens[stack][pos])
+    rows = []
+    for site, h in heads:
+        share, frm, to = best.get((site, int(h)), (0.0, "", ""))
+        rows.append({"site": site, "head": int(h), "best_share": share, "from_token": frm, "to_token": to,
+                     "on_route": share > threshold})
+    return pd.DataFrame(rows, columns=["site", "head", "best_share", "from_token", "to_token", "on_route"])

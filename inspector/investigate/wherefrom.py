@@ -13,7 +13,8 @@ without an LM head, as :func:`inspector.intervene.attribution.attribute` uses), 
 * for every flagged head and the :data:`TOP_EFFECT` heads of largest exact effect, whether it lies on the
   route -> ``route_heads.csv``.
 
-**On the route** (definition): a head lies on the route when, at some attention node the route reaches
+**On the route** (definition, :func:`inspector.intervene.routes.heads_on_route`, shared with ``inspector scan
+--routes``): a head lies on the route when, at some attention node the route reaches
 (a residual state at that head's site whose incoming edges the route examined), the head's own
 contribution from one key position, ``A[h, i, j] v_j W_O^h``, has importance above the threshold: the
 same proximity and the same denominator as the route's token-to-token edges (Ferrando & Voita 2024),
@@ -31,7 +32,7 @@ import pandas as pd
 
 from inspector.intervene.attribution import attribute
 from inspector.intervene.contrast import model_has_lm_head
-from inspector.intervene.routes import THRESHOLD, record, routes
+from inspector.intervene.routes import THRESHOLD, heads_on_route, record, routes
 from inspector.investigate.matter import said_kwargs
 from inspector.store.capture_file import Capture
 
@@ -82,43 +83,6 @@ def _words(cap: Capture, attr: pd.DataFrame) -> list[str]:
         word = next((m.group() for m in re.finditer(r"\S+", rec.text) if off and m.start() <= off[0] < m.end()), "")
         out.append(word)
     return out
-
-
-def _reached(route: pd.DataFrame) -> set[tuple[str, int, int]]:
-    """Nodes whose incoming edges the route examined: every edge's end, and every start above level 0."""
-    ends = set(zip(route["stack"], route["to_level"].astype(int), route["to_position"].astype(int), strict=True))
-    starts = {(s, int(lv), int(p)) for s, lv, p in zip(route["from_stack"], route["from_level"], route["from_position"],
-                                                          strict=True) if lv > 0}
-    return ends | starts
-
-
-def heads_on_route(graph, route: pd.DataFrame, heads: list[tuple[str, int]], *,
-                   threshold: float = THRESHOLD) -> pd.DataFrame:
-    """Per ``(site, head)``: ``site, head, best_share`` (its largest per-head importance over the attention
-    nodes the route reaches, module docstring), ``from_token``, ``to_token`` (where), ``on_route``
-    (``best_share > threshold``). ``graph`` is the :func:`~inspector.intervene.routes.record` of the pass
-    ``route`` was drawn from. Sites the route never reaches get ``best_share`` 0."""
-    wanted = {}
-    for site, h in heads:
-        wanted.setdefault(site, set()).add(int(h))
-    best: dict[tuple[str, int], tuple[float, str, str]] = {}
-    for stack, level, pos in sorted(_reached(route)):
-        block, step = graph.stacks[stack].step(level)
-        site = graph.sites.get((stack, block, step.kind))
-        if step.kind == "mlp" or site not in wanted:
-            continue
-        att = graph.incoming(stack, level, pos)["attention"]
-        for h in wanted[site]:
-            j = int(att["heads"][h].argmax())
-            share = float(att["heads"][h, j])
-            if share > best.get((site, h), (-1.0,))[0]:
-                best[(site, h)] = (share, graph.tokens[att["from_stack"]][j], graph.tokens[stack][pos])
-    rows = []
-    for site, h in heads:
-        share, frm, to = best.get((site, int(h)), (0.0, "", ""))
-        rows.append({"site": site, "head": int(h), "best_share": share, "from_token": frm, "to_token": to,
-                     "on_route": share > threshold})
-    return pd.DataFrame(rows, columns=["site", "head", "best_share", "from_token", "to_token", "on_route"])
 
 
 def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, *, contrast: str | tuple[str, str],
