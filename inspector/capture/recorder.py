@@ -228,6 +228,7 @@ class Recorder:
         self.projections = None  # a value_norm.OutputProjections while recording
         self._kinds: dict[tuple, tuple] = {}  # (mask id, bias id, query len, key len) -> (mask, bias, kind)
         self.forward_sums = None  # a forward_sums.ForwardSums: reduce recomputable calls as they run
+        self.pseudo: dict[str, int] = {}  # pseudo-inputs a site's axes name (Pegasus-X's "global"): role -> tokens
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
@@ -350,6 +351,37 @@ class Recorder:
         ))
         self.tensors[f"{name}/weights"] = self._keep(band.weights)
         self.tensors[f"{name}/global_rows"] = self._keep(band.global_rows)
+
+    def global_local_site(self, module, name: str, base: str, gl: banded.GlobalLocal, call: int) -> None:
+        """A Pegasus-X encoder site (:func:`inspector.capture.banded.global_local_of`): queries and keys are the
+        learned global tokens (the pseudo-input ``global``, tokens ``<global 0>`` ...) followed by the source;
+        the weights are stored dense, the mask says which keys each query could see (its block and the
+        global tokens; every token for a global query)."""
+        layer = site_depth(None, base, call)
+        if (self.layers is not None and layer not in self.layers) or (
+            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
+        ):
+            return
+        b, heads, n, _ = gl.weights.shape
+        roles = [banded.GLOBAL_ROLE, "source"]
+        if self.lengths and self.lengths.get("source", -1) + gl.slots != n:
+            raise InspectorError(f"{type(module).__name__} at {base} attends over {n - gl.slots} tokens, not the inputs' "
+                                 f"({self._lengths_text()}): capture the other sites with --sites '^(?!{re.escape(base)}$)'")
+        self.pseudo.setdefault(banded.GLOBAL_ROLE, gl.slots)
+        ident = ("global_local", gl.visible.cpu().numpy().tobytes(), n)
+        if ident not in self._masks:
+            spec, tensors = masks.encode(f"{name}/mask", gl.visible[:, None], None)
+            self.masks[f"{name}/mask"] = spec
+            self.tensors.update(tensors)
+            self._masks[ident] = f"{name}/mask"
+        self.sites.append(Site(
+            name=name, stack="encoder" if self.encoder_decoder else "none", layer=int(layer), kind="self",
+            num_heads=heads, num_kv_heads=heads, head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"),
+            query_input=roles, key_input=roles, query_len=n, key_len=n, parts=["weights"], recomputable=False,
+            extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
+            value_norm_note="captured through output_attentions, without values", mask=self._masks[ident],
+        ))
+        self.tensors[f"{name}/weights"] = self._keep(gl.weights)
 
     def _lazy(self, module, query, key, value, attention_mask, kwargs):
         """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
@@ -582,6 +614,7 @@ def record(
     padding: dict[str, list[list[bool]]] | None = None,
     value_norms: bool = True,
     forward_sums=None,
+    pseudo: dict[str, int] | None = None,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
@@ -590,7 +623,8 @@ def record(
     modules that make no call through the interface are captured weights-only from a second, eager
     pass with ``output_attentions`` (named after the module); any that return no probability map are
     appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
-    The mask specs the sites name are added to ``masks`` when given. ``value_norms=False`` skips the
+    The mask specs the sites name are added to ``masks`` when given, and the pseudo-inputs their axes
+    name (Pegasus-X's learned global tokens, role ``global``: role -> number of tokens) to ``pseudo``. ``value_norms=False`` skips the
     value norms (each site's ``value_norm_note`` then says so). ``forward_sums`` (a
     :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they run.
     """
@@ -629,6 +663,8 @@ def record(
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
     if masks is not None:
         masks.update(recorder.masks)
+    if pseudo is not None:
+        pseudo.update(recorder.pseudo)
     return recorder.sites, recorder.tensors, output
 
 
@@ -707,7 +743,11 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
     seen: dict[int, list] = {}
 
     def hook(module, args, kwargs, output):
-        found = banded.band_of(module, args, kwargs, output, recorder.lengths.get("source")) if banded.is_banded(module) else None
+        found = None
+        if banded.is_banded(module):
+            found = banded.band_of(module, args, kwargs, output, recorder.lengths.get("source"))
+        elif banded.is_global_local(module):
+            found = banded.global_local_of(module, args, kwargs, output, recorder.lengths.get("source"))
         seen.setdefault(id(module), []).append([found] if found is not None else probability_maps(output, batch)[:1])
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in missing]
@@ -731,6 +771,8 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                 continue
             if isinstance(maps[0], banded.Band):
                 recorder.band_site(module, site_name, name, maps[0], call)
+            elif isinstance(maps[0], banded.GlobalLocal):
+                recorder.global_local_site(module, site_name, name, maps[0], call)
             else:
                 recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:
@@ -838,15 +880,19 @@ def capture(
     lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
     notes: list[dict[str, str]] = []
     mask_specs: dict[str, dict] = {}
+    pseudo: dict[str, int] = {}
     taken = None
     if forward_sums is not None and not weights:
         taken = forward_sums(encoded.records)
     site_list, tensors, output = record(
         model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
         lengths=lengths, notes=notes, masks=mask_specs, value_norms=value_norms, forward_sums=taken,
-        padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
+        pseudo=pseudo, padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
                  for role in lengths},
     )
+    batch = 1 + max(r.batch for r in encoded.records)
+    for role, count in pseudo.items():  # learned tokens a site's axes name, one record per batch row
+        encoded.records.extend(banded.pseudo_records(role, count, batch))
     meta = {
         "model": _provenance(model, model_name),
         "layout": encoded.layout,
