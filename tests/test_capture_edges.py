@@ -136,10 +136,8 @@ def test_lazy_capture_of_a_model_without_sdpa_leaves_outputs_unchanged(tokenizer
 @pytest.mark.parametrize("family, message", [
     # fault 3: output_attentions that is not a probability map is refused, naming the model
     ("squeezebert", r"^SqueezeBertModel returns attentions\[0\] with output_attentions, which is not a probability map"),
-    # fault 2: weights over learned global tokens and local blocks (Pegasus-X) are no input's tokens (Longformer's
-    # windows are mapped to tokens since issue 20: tests/test_long_attention.py)
-    ("pegasus_x", r"^PegasusXGlobalLocalAttention at encoder\.layers\.0\.self_attn returns attention weights of shape "
-                  r"\(2, 4, \d+, \d+\), whose axes are not the tokens of the inputs"),
+    # (Longformer's windows and Pegasus-X's global tokens and blocks are mapped to tokens since issue 20:
+    # tests/test_long_attention.py, tests/test_global_local.py)
     # fault 2: queries over downsampled characters
     ("canine", r"^CanineSelfAttention at encoder\.layer\.0\.attention\.self returns attention weights of shape \(2, 4, 5, 5\)"),
 ])
