@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from inspector.capture import banded
-from inspector.capture.inputs import Encoded, encode
+from inspector.capture.inputs import Encoded, encode, global_attention_mask
 from inspector.errors import InspectorError
 from inspector.store import masks
 from inspector.store.capture_file import Capture, Site
@@ -857,6 +857,7 @@ def capture(
     value_norms: bool = True,
     forward_sums=None,
     extra_inputs: dict[str, Any] | None = None,
+    global_tokens: list[str] | None = None,
 ) -> Capture:
     """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
 
@@ -871,9 +872,14 @@ def capture(
     eagerly, for its output and its sums; it is kept on the capture as ``capture.forward_sums`` (not saved).
     The capture stage does not import the scan: the scan hands this in.
     ``extra_inputs`` are further model inputs, given as they are (LED's and Longformer's
-    ``global_attention_mask [batch, source]``, 1 = a global token).
+    ``global_attention_mask [batch, source]``, 1 = a global token). ``global_tokens`` builds that mask from
+    words or token indices of the source (``["@0", "Lessee"]``; :func:`inspector.capture.inputs.global_attention_mask`,
+    which raises :class:`InspectorError` for a model that takes none); the file records them under
+    ``options.global``.
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    if global_tokens:
+        encoded.model_kwargs["global_attention_mask"] = global_attention_mask(model, encoded, global_tokens)
     if extra_inputs:
         encoded.model_kwargs.update(extra_inputs)
     roles = roles_of(encoded)
@@ -896,7 +902,8 @@ def capture(
     meta = {
         "model": _provenance(model, model_name),
         "layout": encoded.layout,
-        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites, "value_norms": value_norms},
+        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites, "value_norms": value_norms,
+                    **({"global": list(global_tokens)} if global_tokens else {})},
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # the records' fields as InputRecord.to_dict gives them, without its deep copy (encode's lists are
         # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)
