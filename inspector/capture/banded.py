@@ -1,8 +1,18 @@
-"""Banded attention read from the model: what a sliding-window-plus-global-tokens module (Longformer,
-LED's encoder) returns with ``output_attentions`` is not ``[batch, head, query, key]`` over tokens but each
-query's window and the global keys. This module takes those weights as the model computed them, crops
-them to the input's tokens and names the global tokens, for the compact form of
-:mod:`inspector.store.band` (which maps them back to key tokens on reading).
+"""Long-document attention read from the model and moved to tokens. What these modules return with
+``output_attentions`` is not ``[batch, head, query, key]`` over tokens:
+
+* Longformer and LED's encoder: each query's window and the global keys (:class:`Band`, stored compactly by
+  :mod:`inspector.store.band`, which maps them back to key tokens on reading);
+* LongT5's local attention: each query's three blocks of keys, a band with no global token (:class:`Band`);
+* Pegasus-X's encoder: learned global tokens plus (staggered) local blocks, and LongT5's transient-global
+  attention: local keys plus one computed key per fixed block (:class:`Dense`: weights on token axes with
+  the global tokens named as the pseudo-input ``global``, ``<global 0>`` ..., and a mask of what each query
+  could see).
+
+Each function takes the weights as the model computed them and moves every value to its one token (exact);
+:func:`read` picks the reader for a module. The tests check each against a token-by-token reference.
+
+The Longformer details:
 
 Longformer's self-attention (``transformers.models.longformer.modeling_longformer.LongformerSelfAttention``,
 and LED's ``LEDEncoderSelfAttention``, the same code) runs on the input padded to a multiple of the window
@@ -71,14 +81,15 @@ GLOBAL_ROLE = "global"  # the pseudo-input naming the learned global tokens, "<g
 
 
 @dataclass
-class GlobalLocal:
-    """One call's global-plus-block-local weights moved to one axis ``[G global slots] + [n tokens]``, for
-    queries and keys alike: what every analysis reads as a dense site over the pseudo-input ``global``
-    followed by the source."""
+class Dense:
+    """One call's weights moved to token axes, stored dense: queries over ``query_roles``, keys over
+    ``key_roles`` (inputs and pseudo-inputs, concatenated), with the keys each query could see."""
 
-    weights: torch.Tensor  # [batch, head, G + n, G + n]
-    visible: torch.Tensor  # [batch, G + n, G + n] bool: the keys each query could see (padding hidden)
-    slots: int  # G
+    weights: torch.Tensor  # [batch, head, query, key]
+    visible: torch.Tensor  # [batch, query, key] bool
+    query_roles: list[str]
+    key_roles: list[str]
+    pseudo: dict[str, int]  # pseudo-input role -> its number of tokens (learned or computed tokens)
 
 
 def is_global_local(module) -> bool:
@@ -86,8 +97,8 @@ def is_global_local(module) -> bool:
     return type(module).__name__ in GLOBAL_LOCAL_CLASSES
 
 
-def global_local_of(module, args: tuple, kwargs: dict[str, Any], output, n: int | None) -> GlobalLocal | None:
-    """The :class:`GlobalLocal` of one call of ``PegasusXGlobalLocalAttention``
+def global_local_of(module, args: tuple, kwargs: dict[str, Any], output, n: int | None) -> Dense | None:
+    """The :class:`Dense` site of one call of ``PegasusXGlobalLocalAttention``
     (``transformers.models.pegasus_x.modeling_pegasus_x``), or None when it returned no probabilities.
 
     The module runs on the tokens padded to a multiple of ``block_size`` and, on staggered layers, shifted
@@ -123,7 +134,8 @@ def global_local_of(module, args: tuple, kwargs: dict[str, Any], output, n: int 
     vis = torch.ones(b, g + n, g + n, dtype=torch.bool, device=glob.device)
     vis[:, :, g:] &= keep[:, None, :]
     vis[:, g:, g:] &= same_block[None]
-    return GlobalLocal(weights=w.detach(), visible=vis, slots=g)
+    roles = [GLOBAL_ROLE, "source"]  # queries and keys alike: the G global tokens, then the tokens
+    return Dense(weights=w.detach(), visible=vis, query_roles=roles, key_roles=roles, pseudo={GLOBAL_ROLE: g})
 
 
 def pseudo_records(role: str, count: int, batch: int) -> list:
@@ -135,3 +147,81 @@ def pseudo_records(role: str, count: int, batch: int) -> list:
     return [InputRecord(role=role, batch=b, text="", ids=list(range(count)), tokens=[f"<{role} {i}>" for i in range(count)],
                         offsets=[None] * count, special=[False] * count, padding=[False] * count)
             for b in range(batch)]
+
+
+# -- LongT5: local (block-of-3) and transient-global attention ------------------------------------------------
+
+LONGT5_CLASSES = ("LongT5LocalAttention", "LongT5TransientGlobalAttention")
+
+
+def is_longt5(module) -> bool:
+    """True for LongT5's local or transient-global encoder attention (:func:`longt5_of` reads it)."""
+    return type(module).__name__ in LONGT5_CLASSES
+
+
+def _local_band(weights: torch.Tensor, n: int, bl: int) -> torch.Tensor:
+    """``[batch, head, n, 2w + 1]`` (``w = bl - 1``) from LongT5's blocked ``[batch, blocks, head, bl, 3 bl]``:
+    query ``i`` (block ``i // bl``, row ``i % bl``) on key ``i + r`` is slot ``i % bl + bl + r`` of its block's
+    three (the previous, its own, the next)."""
+    i = torch.arange(n, device=weights.device)
+    r = torch.arange(-(bl - 1), bl, device=weights.device)
+    blk, q = (i // bl)[:, None], (i % bl)[:, None]
+    return weights[:, blk, :, q, q + bl + r[None, :]].permute(2, 3, 0, 1)  # [n, 2w+1, b, h] -> [b, h, n, 2w+1]
+
+
+def longt5_of(module, args: tuple, kwargs: dict[str, Any], output, n: int | None, padding: torch.Tensor | None):
+    """A :class:`Band` (local attention) or a :class:`Dense` site (transient-global) for one call of LongT5's
+    encoder attention (``transformers.models.longt5.modeling_longt5``), or None when it returned no weights.
+
+    ``LongT5LocalAttention`` returns ``[batch, blocks, head, bl, 3 bl]`` (``bl = local_radius + 1``): each
+    query's softmax over the keys of its block and the two next to it, keys further than ``local_radius``
+    and padding hidden (bias -1e10: weight exactly 0): a band of ``local_radius`` keys either side with no
+    global token, stored compactly as :class:`Band`. ``LongT5TransientGlobalAttention`` adds ``G = n //
+    global_block_size`` keys: the transient global tokens, each the (layer-normed) sum of the hidden states
+    of one fixed block of ``global_block_size`` tokens; they are named as the pseudo-input ``global``
+    (``<global 0>`` ...), after the source on the key axis; a global token past a row's last real block is
+    hidden. ``padding [batch, n]`` (bool) marks padding tokens: the model hides every key from them (its
+    weights there are a softmax over hidden keys), so their rows are stored as 0."""
+    if not isinstance(output, (tuple, list)) or len(output) < 3 or not isinstance(output[2], torch.Tensor):
+        return None
+    weights = output[2]
+    b, _, h, bl, width = weights.shape
+    n = n if n is not None else int((args[0] if args else kwargs["hidden_states"]).shape[1])
+    pad = padding if padding is not None else torch.zeros(b, n, dtype=torch.bool)
+    pad = pad.to(weights.device)
+    band = _local_band(weights, n, bl).masked_fill(pad[:, None, :, None], 0.0)
+    if type(module).__name__ == "LongT5LocalAttention":
+        return Band(weights=band, global_rows=weights.new_zeros(b, h, 0, n), is_global=torch.zeros(b, n, dtype=torch.bool),
+                    padding=pad, window=bl - 1)
+    from transformers.models.longt5.modeling_longt5 import _make_global_fixed_block_ids
+
+    bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+    mask = bound.get("mask")
+    mask = mask if mask is not None else (~pad).to(weights.dtype)
+    _, segments = _make_global_fixed_block_ids(mask, module.global_block_size)  # [batch, G]: 1 = a real block
+    g = width - 3 * bl
+    i = torch.arange(n, device=weights.device)
+    w = weights.new_zeros(b, h, n, n + g)
+    keys = i[:, None] + torch.arange(-(bl - 1), bl, device=weights.device)[None, :]
+    inside = (keys >= 0) & (keys < n)
+    w[..., :n].scatter_add_(-1, keys.clamp(0, n - 1).expand(b, h, n, 2 * bl - 1), band * inside.to(band.dtype))
+    w[..., n:] = weights[:, (i // bl)[:, None], :, (i % bl)[:, None], 3 * bl + torch.arange(g)[None, :]].permute(2, 3, 0, 1)
+    w = w.masked_fill(pad[:, None, :, None], 0.0)
+    vis = torch.zeros(b, n, n + g, dtype=torch.bool, device=weights.device)
+    vis[:, :, :n] = ((i[:, None] - i[None, :]).abs() < bl)[None] & ~pad[:, None, :]
+    vis[:, :, n:] = segments.bool()[:, None, :]
+    vis &= ~pad[:, :, None]
+    return Dense(weights=w, visible=vis, query_roles=["source"], key_roles=["source", GLOBAL_ROLE], pseudo={GLOBAL_ROLE: g})
+
+
+def read(module, args: tuple, kwargs: dict[str, Any], output, n: int | None, padding: torch.Tensor | None):
+    """What a module this file knows returned with ``output_attentions``, moved to tokens: a :class:`Band`, a
+    :class:`Dense`, or None (a module it does not know, or a call that returned no weights). ``n`` is the
+    source length, ``padding [batch, n]`` (bool) its padding tokens."""
+    if is_banded(module):
+        return band_of(module, args, kwargs, output, n)
+    if is_global_local(module):
+        return global_local_of(module, args, kwargs, output, n)
+    if is_longt5(module):
+        return longt5_of(module, args, kwargs, output, n, padding)
+    return None

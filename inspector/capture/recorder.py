@@ -352,36 +352,46 @@ class Recorder:
         self.tensors[f"{name}/weights"] = self._keep(band.weights)
         self.tensors[f"{name}/global_rows"] = self._keep(band.global_rows)
 
-    def global_local_site(self, module, name: str, base: str, gl: banded.GlobalLocal, call: int) -> None:
-        """A Pegasus-X encoder site (:func:`inspector.capture.banded.global_local_of`): queries and keys are the
-        learned global tokens (the pseudo-input ``global``, tokens ``<global 0>`` ...) followed by the source;
-        the weights are stored dense, the mask says which keys each query could see (its block and the
-        global tokens; every token for a global query)."""
+    def mapped_site(self, module, name: str, base: str, found, call: int) -> None:
+        """The site of a :class:`~inspector.capture.banded.Band` or :class:`~inspector.capture.banded.Dense`."""
+        if isinstance(found, banded.Band):
+            self.band_site(module, name, base, found, call)
+        else:
+            self.dense_site(module, name, base, found, call)
+
+    def dense_site(self, module, name: str, base: str, d: banded.Dense, call: int) -> None:
+        """A site whose weights were moved to token axes (:class:`inspector.capture.banded.Dense`: Pegasus-X's
+        global-plus-block-local encoder, LongT5's transient-global one): stored dense, with a mask naming the
+        keys each query could see; the pseudo-inputs its axes name (``global``) are added to the file's inputs."""
         layer = site_depth(None, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
             return
-        b, heads, n, _ = gl.weights.shape
-        roles = [banded.GLOBAL_ROLE, "source"]
-        if self.lengths and self.lengths.get("source", -1) + gl.slots != n:
-            raise InspectorError(f"{type(module).__name__} at {base} attends over {n - gl.slots} tokens, not the inputs' "
+        b, heads, nq, nk = d.weights.shape
+        for role, count in d.pseudo.items():
+            if self.pseudo.setdefault(role, count) != count:
+                raise InspectorError(f"{type(module).__name__} at {base} has {count} {role} tokens, another site "
+                                     f"{self.pseudo[role]}: capture one of them with --sites")
+        known = {**self.lengths, **self.pseudo}
+        if self.lengths and (sum(known.get(r, -1) for r in d.query_roles) != nq or sum(known.get(r, -1) for r in d.key_roles) != nk):
+            raise InspectorError(f"{type(module).__name__} at {base} attends over {nq} x {nk} positions, not the inputs' "
                                  f"({self._lengths_text()}): capture the other sites with --sites '^(?!{re.escape(base)}$)'")
-        self.pseudo.setdefault(banded.GLOBAL_ROLE, gl.slots)
-        ident = ("global_local", gl.visible.cpu().numpy().tobytes(), n)
+        ident = ("dense", d.visible.cpu().numpy().tobytes(), nq, nk)
         if ident not in self._masks:
-            spec, tensors = masks.encode(f"{name}/mask", gl.visible[:, None], None)
+            spec, tensors = masks.encode(f"{name}/mask", d.visible[:, None], None)
             self.masks[f"{name}/mask"] = spec
             self.tensors.update(tensors)
             self._masks[ident] = f"{name}/mask"
         self.sites.append(Site(
             name=name, stack="encoder" if self.encoder_decoder else "none", layer=int(layer), kind="self",
             num_heads=heads, num_kv_heads=heads, head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"),
-            query_input=roles, key_input=roles, query_len=n, key_len=n, parts=["weights"], recomputable=False,
-            extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
-            value_norm_note="captured through output_attentions, without values", mask=self._masks[ident],
+            query_input=list(d.query_roles), key_input=list(d.key_roles), query_len=nq, key_len=nk, parts=["weights"],
+            recomputable=False, extra_kwargs=["output_attentions"], module_class=type(module).__name__,
+            eager_function="output_attentions", value_norm_note="captured through output_attentions, without values",
+            mask=self._masks[ident],
         ))
-        self.tensors[f"{name}/weights"] = self._keep(gl.weights)
+        self.tensors[f"{name}/weights"] = self._keep(d.weights)
 
     def _lazy(self, module, query, key, value, attention_mask, kwargs):
         """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
@@ -741,13 +751,10 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
 
     batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
     seen: dict[int, list] = {}
+    pad = torch.tensor(recorder.padding["source"], dtype=torch.bool) if recorder.padding.get("source") else None
 
     def hook(module, args, kwargs, output):
-        found = None
-        if banded.is_banded(module):
-            found = banded.band_of(module, args, kwargs, output, recorder.lengths.get("source"))
-        elif banded.is_global_local(module):
-            found = banded.global_local_of(module, args, kwargs, output, recorder.lengths.get("source"))
+        found = banded.read(module, args, kwargs, output, recorder.lengths.get("source"), pad)
         seen.setdefault(id(module), []).append([found] if found is not None else probability_maps(output, batch)[:1])
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in missing]
@@ -769,10 +776,8 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                                         "[batch, head, query, key] probability map with output_attentions (blocked, "
                                         "local or pooled attention)"})
                 continue
-            if isinstance(maps[0], banded.Band):
-                recorder.band_site(module, site_name, name, maps[0], call)
-            elif isinstance(maps[0], banded.GlobalLocal):
-                recorder.global_local_site(module, site_name, name, maps[0], call)
+            if isinstance(maps[0], (banded.Band, banded.Dense)):
+                recorder.mapped_site(module, site_name, name, maps[0], call)
             else:
                 recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:
