@@ -121,3 +121,89 @@ def test_longt5_weights_equal_the_models_own_attention(kind, tmp_path):
                 assert torch.equal(seen[real[b]], vis[b][real[b]])
                 assert float(torch.where(seen, 0.0, got)[:, real[b]].abs().max()) == 0
         assert len(rank_heads(cap)) == sum(s.num_heads for s in cap.sites)
+
+
+LONG = ["The Lessee shall indemnify the Lessor against every claim. Such indemnity survives the term of this lease and "
+        "any renewal of it.", "Such indemnity survives."]  # 33 tokens: past BigBird's block-sparse minimum (28)
+BLOCK, RANDOM = 4, 1
+
+
+def _bigbird():
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.for_model("bigbird_pegasus", d_model=32, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, block_size=BLOCK, num_random_blocks=RANDOM,
+                                  attention_type="block_sparse", max_position_embeddings=512, vocab_size=30522)
+    torch.manual_seed(tiny.SEED)
+    return AutoModelForSeq2SeqLM.from_config(config).eval()
+
+
+def _bigbird_reference(model, kwargs):
+    """Per encoder layer ``(weights [batch, head, n, n], visible [batch, n, n])``: each real query's softmax
+    over the keys BigBird's block rule lets it see (query blocks 0 and last: every key; others: key blocks 0
+    and last, its own and both neighbours, and ``RANDOM`` random blocks, which in eval mode are block 0, so
+    block 0's keys enter the softmax ``1 + RANDOM`` times and a token's weight sums its copies). Checked to be
+    what the model used: weights times values equal the module's own output on every real query."""
+    inputs, contexts = {}, {}
+    mods = [m for m in model.modules() if type(m).__name__ == "BigBirdPegasusBlockSparseAttention"]
+    handles = [m.register_forward_pre_hook(lambda mod, args, kw: inputs.update({mod: args[0] if args else kw["hidden_states"]}),
+                                           with_kwargs=True) for m in mods]
+    handles += [m.register_forward_hook(lambda mod, args, out: contexts.update({mod: out[0]})) for m in mods]
+    try:
+        with torch.no_grad():
+            out = model(**kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    n = kwargs["input_ids"].shape[1]
+    real = kwargs["attention_mask"].bool()
+    refs = []
+    with torch.no_grad():
+        for m in mods:
+            hs = inputs[m][:, :n]  # the padding to a multiple of the block is hidden from every query
+            b, d = hs.shape[0], m.attention_head_size
+
+            def heads(t, b=b, d=d):
+                return t.view(b, n, -1, d).transpose(1, 2)
+
+            scores = heads(m.query(hs)) @ heads(m.key(hs)).transpose(-1, -2) / d ** 0.5
+            blk = torch.arange(n) // BLOCK
+            last = -(-inputs[m].shape[1] // BLOCK) - 1  # the padded input's last block
+            middle = (blk > 0) & (blk < last)
+            vis = ((blk[:, None] - blk[None, :]).abs() <= 1) | (blk[None, :] == 0) | (blk[None, :] == last) | ~middle[:, None]
+            vis = vis[None] & real[:, None, :]
+            copies = torch.where(middle[:, None] & (blk[None, :] == 0), 1.0 + RANDOM, 1.0)  # [query, key]
+            e = torch.where(vis[:, None], copies * (scores - scores.amax(-1, keepdim=True)).exp(), 0.0)
+            w = e / e.sum(-1, keepdim=True)
+            # these are the weights the model used: they give its own attention output on every real query
+            context = (w @ heads(m.value(hs))).transpose(1, 2).reshape(b, n, -1)
+            torch.testing.assert_close(context[real], contexts[m][:, :n][real], atol=TOL, rtol=TOL)
+            refs.append((w, vis))
+    return refs, out
+
+
+def test_bigbird_block_sparse_weights_equal_the_models_own_attention(tmp_path):
+    model = _bigbird()
+    enc = encode(model, tiny.tokenizer(), LONG, TARGETS)
+    refs, plain = _bigbird_reference(model, enc.model_kwargs)
+    real = enc.model_kwargs["attention_mask"].bool()
+    for weights in (True, False):
+        cap = capture(model, tiny.tokenizer(), LONG, TARGETS, weights=weights)
+        assert model.model.encoder.attention_type == "block_sparse"  # the inputs are long enough for it
+        dec = enc.model_kwargs["decoder_attention_mask"].bool()
+        torch.testing.assert_close(cap.output.logits[dec], plain.logits[dec], atol=TOL, rtol=TOL)
+        assert not cap.meta.get("unrecorded")
+        cap = load(cap.save(tmp_path / f"bb{weights}.safetensors"))
+        sites = [s for s in cap.sites if s.module_class == "BigBirdPegasusBlockSparseAttention"]
+        assert len(sites) == len(refs) == 2
+        for site, (ref, vis) in zip(sites, refs, strict=True):
+            assert site.query_len == site.key_len == 33
+            for b in (0, 1):
+                got = cap.weights(site, batch=b)
+                torch.testing.assert_close(got[:, real[b]], ref[b][:, real[b]], atol=TOL, rtol=0)
+                seen = (cap.mask_rows(site, b) > -1e4)[0]
+                assert torch.equal(seen[real[b]], vis[b][real[b]])
+        # row 0, query 20 (block 5 of 0..8): key blocks 0, 4, 5, 6 and 8 (tokens 32; 33..35 pad the last block)
+        seen = (cap.mask_rows(sites[0], 0) > -1e4)[0, 20]
+        assert seen.nonzero().flatten().tolist() == [0, 1, 2, 3, *range(16, 28), 32]

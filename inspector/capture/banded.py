@@ -214,6 +214,60 @@ def longt5_of(module, args: tuple, kwargs: dict[str, Any], output, n: int | None
     return Dense(weights=w, visible=vis, query_roles=["source"], key_roles=["source", GLOBAL_ROLE], pseudo={GLOBAL_ROLE: g})
 
 
+
+# -- BigBird-Pegasus: block-sparse attention (global, sliding and random blocks) ---------------------------------
+
+BLOCK_SPARSE_CLASSES = ("BigBirdPegasusBlockSparseAttention", "BigBirdBlockSparseAttention")
+
+
+def is_block_sparse(module) -> bool:
+    """True for BigBird's block-sparse attention (:func:`block_sparse_of` reads it)."""
+    return type(module).__name__ in BLOCK_SPARSE_CLASSES
+
+
+def block_sparse_of(module, output, n: int | None, padding: torch.Tensor | None) -> Dense | None:
+    """A :class:`Dense` site over the source for one call of BigBird's block-sparse attention
+    (``transformers.models.bigbird_pegasus.modeling_bigbird_pegasus.BigBirdPegasusBlockSparseAttention``), or
+    None when it returned no weights.
+
+    With ``output_attentions`` it returns ``[batch, head, padded, padded]`` (the input padded to a multiple of
+    ``block_size``), each value of its per-block softmaxes assigned to its key. Query blocks 0 and last see
+    every key; every other query block ``i`` sees key blocks 0 and last (global), ``i - 1 .. i + 1`` (sliding)
+    and ``num_random_blocks`` random blocks, which in eval mode are all block 0 (``_bigbird_block_rand_mask``
+    returns zeros when not training): key block 0 enters that softmax ``1 + num_random_blocks`` times, each
+    copy with the same score, and the reassembly keeps one copy. A token's weight is the sum over its copies,
+    so key block 0's values of those rows are multiplied by ``1 + num_random_blocks`` (the rows then sum to 1,
+    which is checked). Cropped to the ``n`` source tokens (the pad positions' weights are 0); rows of padding
+    queries are stored as 0. Raises :class:`InspectorError` for a module in training mode (random blocks)."""
+    if not isinstance(output, (tuple, list)) or len(output) < 2 or not isinstance(output[1], torch.Tensor):
+        return None
+    from inspector.errors import InspectorError
+
+    name = type(module).__name__
+    if module.training:
+        raise InspectorError(f"{name} is in training mode: its random blocks change every call; call model.eval() first")
+    probs = output[1]
+    b, h, padded, _ = probs.shape
+    n = padded if n is None else n
+    bs, r = int(module.block_size), int(module.num_random_blocks)
+    nb = padded // bs
+    pad = (padding if padding is not None else torch.zeros(b, n, dtype=torch.bool)).to(probs.device)
+    w = probs[..., :n, :n].clone()
+    qb = torch.arange(n, device=probs.device) // bs
+    kb = qb
+    middle = (qb > 0) & (qb < nb - 1)  # query blocks with sliding, global and random keys
+    w[:, :, middle, :bs] *= 1 + r
+    w = w.masked_fill(pad[:, None, :, None], 0.0)
+    vis = ((qb[:, None] - kb[None, :]).abs() <= 1) | (kb[None, :] == 0) | (kb[None, :] == nb - 1) | ~middle[:, None]
+    vis = vis[None] & ~pad[:, None, :] & ~pad[:, :, None]
+    sums = w.sum(-1)[~pad[:, None, :].expand(b, h, n)]
+    if sums.numel() and float((sums - 1).abs().max()) > 1e-4:
+        raise InspectorError(f"{name}'s output_attentions rows sum to {float(sums.min()):.4g}..{float(sums.max()):.4g}, "
+                             "not 1, after its repeated key blocks are summed: this transformers version reassembles them "
+                             "another way; capture the other sites with --sites")
+    return Dense(weights=w, visible=vis, query_roles=["source"], key_roles=["source"], pseudo={})
+
+
 def read(module, args: tuple, kwargs: dict[str, Any], output, n: int | None, padding: torch.Tensor | None):
     """What a module this file knows returned with ``output_attentions``, moved to tokens: a :class:`Band`, a
     :class:`Dense`, or None (a module it does not know, or a call that returned no weights). ``n`` is the
@@ -224,4 +278,6 @@ def read(module, args: tuple, kwargs: dict[str, Any], output, n: int | None, pad
         return global_local_of(module, args, kwargs, output, n)
     if is_longt5(module):
         return longt5_of(module, args, kwargs, output, n, padding)
+    if is_block_sparse(module):
+        return block_sparse_of(module, output, n, padding)
     return None
