@@ -128,14 +128,19 @@ LONG = ["The Lessee shall indemnify the Lessor against every claim. Such indemni
 BLOCK, RANDOM = 4, 1
 
 
-def _bigbird():
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+def _bigbird(family):
+    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+    common = dict(block_size=BLOCK, num_random_blocks=RANDOM, attention_type="block_sparse", max_position_embeddings=512,
+                  vocab_size=30522)
+    torch.manual_seed(tiny.SEED)
+    if family == "big_bird":  # the encoder-only BigBird: the same block-sparse attention
+        config = AutoConfig.for_model("big_bird", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, **common)
+        return AutoModel.from_config(config).eval()
     config = AutoConfig.for_model("bigbird_pegasus", d_model=32, encoder_layers=2, decoder_layers=2,
                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                  decoder_ffn_dim=64, block_size=BLOCK, num_random_blocks=RANDOM,
-                                  attention_type="block_sparse", max_position_embeddings=512, vocab_size=30522)
-    torch.manual_seed(tiny.SEED)
+                                  decoder_ffn_dim=64, **common)
     return AutoModelForSeq2SeqLM.from_config(config).eval()
 
 
@@ -146,7 +151,7 @@ def _bigbird_reference(model, kwargs):
     block 0's keys enter the softmax ``1 + RANDOM`` times and a token's weight sums its copies). Checked to be
     what the model used: weights times values equal the module's own output on every real query."""
     inputs, contexts = {}, {}
-    mods = [m for m in model.modules() if type(m).__name__ == "BigBirdPegasusBlockSparseAttention"]
+    mods = [m for m in model.modules() if type(m).__name__.endswith("BlockSparseAttention")]
     handles = [m.register_forward_pre_hook(lambda mod, args, kw: inputs.update({mod: args[0] if args else kw["hidden_states"]}),
                                            with_kwargs=True) for m in mods]
     handles += [m.register_forward_hook(lambda mod, args, out: contexts.update({mod: out[0]})) for m in mods]
@@ -183,19 +188,24 @@ def _bigbird_reference(model, kwargs):
     return refs, out
 
 
-def test_bigbird_block_sparse_weights_equal_the_models_own_attention(tmp_path):
-    model = _bigbird()
-    enc = encode(model, tiny.tokenizer(), LONG, TARGETS)
+@pytest.mark.parametrize("family", ["bigbird_pegasus", "big_bird"])
+def test_bigbird_block_sparse_weights_equal_the_models_own_attention(family, tmp_path):
+    model = _bigbird(family)
+    targets = TARGETS if model.config.is_encoder_decoder else None
+    enc = encode(model, tiny.tokenizer(), LONG, targets)
     refs, plain = _bigbird_reference(model, enc.model_kwargs)
     real = enc.model_kwargs["attention_mask"].bool()
     for weights in (True, False):
-        cap = capture(model, tiny.tokenizer(), LONG, TARGETS, weights=weights)
-        assert model.model.encoder.attention_type == "block_sparse"  # the inputs are long enough for it
-        dec = enc.model_kwargs["decoder_attention_mask"].bool()
-        torch.testing.assert_close(cap.output.logits[dec], plain.logits[dec], atol=TOL, rtol=TOL)
+        cap = capture(model, tiny.tokenizer(), LONG, targets, weights=weights)
+        assert all(m.attention_type == "block_sparse" for m in model.modules() if hasattr(m, "set_attention_type"))
+        if targets:  # outputs unchanged
+            dec = enc.model_kwargs["decoder_attention_mask"].bool()
+            torch.testing.assert_close(cap.output.logits[dec], plain.logits[dec], atol=TOL, rtol=TOL)
+        else:
+            torch.testing.assert_close(cap.output.last_hidden_state[real], plain.last_hidden_state[real], atol=TOL, rtol=TOL)
         assert not cap.meta.get("unrecorded")
         cap = load(cap.save(tmp_path / f"bb{weights}.safetensors"))
-        sites = [s for s in cap.sites if s.module_class == "BigBirdPegasusBlockSparseAttention"]
+        sites = [s for s in cap.sites if s.module_class.endswith("BlockSparseAttention")]
         assert len(sites) == len(refs) == 2
         for site, (ref, vis) in zip(sites, refs, strict=True):
             assert site.query_len == site.key_len == 33
