@@ -237,7 +237,7 @@ def check_heads(sites: list[Site], heads: list[tuple[str, int]], model=None) -> 
     for name, h in heads:
         site = by_name.get(name)
         module = dict(model.named_modules()).get(name.split("@")[0]) if site is None and model is not None else None
-        if module is not None:
+        if module is not None and type(module).__name__.endswith(("Attention", "Attn")):
             raise InspectorError(f"{name} ({type(module).__name__}) computes attention outside transformers' attention "
                                  "interface: its weights are captured read-only (from output_attentions), and its heads "
                                  "cannot be ablated or patched; pick heads of the sites `inspector info` lists with Q/K/V")
