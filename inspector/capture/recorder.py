@@ -429,12 +429,29 @@ class Recorder:
                 refuse(f"has {q_len} queries, not the tokens of any input ({self._lengths_text()})")
         if not fits(k_roles, k_len):
             options = [c for c in candidates if fits(c, k_len)]
+            if len(options) == 2 and q_roles not in options:  # both orders of two inputs: the mask tells which
+                options = [o for o in options if self._own_first(mask, q_roles, o)] or options
             if len(options) != 1 and not (len(options) == 2 and q_roles in options):
                 refuse(f"has {k_len} keys, not the tokens of one input or of a known concatenation ({self._lengths_text()})")
             k_roles = q_roles if q_roles in options else options[0]
         if isinstance(mask, torch.Tensor) and (mask.dim() != 4 or mask.shape[-2] not in (1, q_len) or mask.shape[-1] < k_len):
             refuse(f"applies a mask of shape {tuple(mask.shape)} to {q_len} queries x {k_len} keys")
         return q_roles, k_roles
+
+    def _own_first(self, mask, q_roles: list[str], order: list[str]) -> bool:
+        """Whether a call whose keys are two inputs concatenated, in one order or the other, has them in
+        ``order`` (T5Gemma2's merged attention: the decoder's own tokens, then the source's), read from its
+        mask in batch row 0: the first query sees the first key of its own input but not the second (causal)
+        and the first key of the other input. False when the mask cannot tell (then the call is refused)."""
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or len(q_roles) != 1 or q_roles[0] not in order:
+            return False
+        own = order.index(q_roles[0])
+        start = 0 if own == 0 else self.lengths[order[0]]
+        other = self.lengths[order[0]] if own == 0 else 0
+        row = mask[0, 0, 0]
+        seen = row if row.dtype == torch.bool else row > masks.MASKED
+        n_own = self.lengths[q_roles[0]]
+        return n_own > 1 and bool(seen[start]) and not bool(seen[start + 1]) and bool(seen[other])
 
     def _lengths_text(self) -> str:
         return ", ".join(f"{r} {n} tokens" for r, n in self.lengths.items())
