@@ -94,22 +94,20 @@ def _eager_maps(model, kwargs):
     return out
 
 
-def test_longt5_local_encoder_attention_is_named_never_dropped(tokenizer, tmp_path):
-    """LongT5's encoder computes blocked local attention outside the interface and returns
-    [batch, head, block, block_len, 3 block_len] weights: no site can hold them, so each module is named in
-    a warning and in the file's metadata; the decoder's sites are exact."""
-    model, why = families.build("longt5")
+def test_lightning_attention_is_named_never_dropped(tokenizer, tmp_path):
+    """MiniMax's lightning attention (layer 1) is linear attention outside the interface and returns no
+    [batch, head, query, key] probability map: no site can hold it, so the module is named in a warning and in
+    the file's metadata; the softmax layer's site is exact. (LongT5's blocked local attention, the earlier
+    example, is captured mapped to tokens since issue 20: tests/test_block_local.py.)"""
+    model, why = families.build("minimax")
     assert why is None
-    with pytest.warns(UserWarning, match="LongT5LocalAttention at encoder.block.0.layer.0.LocalSelfAttention is not captured"):
-        cap = capture(model, tokenizer, TEXT, "The Lessor pays.")
-    named = [n["module"] for n in cap.meta["unrecorded"]]
-    assert named == ["encoder.block.0.layer.0.LocalSelfAttention", "encoder.block.1.layer.0.LocalSelfAttention"]
-    assert {s.stack for s in cap.sites} == {"decoder"}
-    ref = _eager_maps(model, encode(model, tokenizer, TEXT, "The Lessor pays.").model_kwargs)
-    for kind, maps in (("causal", ref.decoder_attentions), ("cross", ref.cross_attentions)):
-        for site, w in zip([s for s in cap.sites if s.kind == kind], maps, strict=True):
-            torch.testing.assert_close(cap.tensor(site, "weights"), w, atol=TOL, rtol=0)
-    assert load(cap.save(tmp_path / "lt5.safetensors")).meta["unrecorded"] == cap.meta["unrecorded"]
+    with pytest.warns(UserWarning, match="MiniMaxLightningAttention at layers.1.self_attn is not captured"):
+        cap = capture(model, tokenizer, TEXT)
+    assert [n["module"] for n in cap.meta["unrecorded"]] == ["layers.1.self_attn"]
+    assert [s.name for s in cap.sites] == ["layers.0.self_attn"]
+    ref = _eager_maps(model, encode(model, tokenizer, TEXT).model_kwargs)
+    torch.testing.assert_close(cap.tensor(cap.sites[0], "weights"), ref.attentions[0], atol=TOL, rtol=0)
+    assert load(cap.save(tmp_path / "mm.safetensors")).meta["unrecorded"] == cap.meta["unrecorded"]
 
 
 def test_openai_gpt_kind_comes_from_the_mask(tokenizer):
@@ -136,10 +134,8 @@ def test_lazy_capture_of_a_model_without_sdpa_leaves_outputs_unchanged(tokenizer
 @pytest.mark.parametrize("family, message", [
     # fault 3: output_attentions that is not a probability map is refused, naming the model
     ("squeezebert", r"^SqueezeBertModel returns attentions\[0\] with output_attentions, which is not a probability map"),
-    # fault 2: weights over learned global tokens and local blocks (Pegasus-X) are no input's tokens (Longformer's
-    # windows are mapped to tokens since issue 20: tests/test_long_attention.py)
-    ("pegasus_x", r"^PegasusXGlobalLocalAttention at encoder\.layers\.0\.self_attn returns attention weights of shape "
-                  r"\(2, 4, \d+, \d+\), whose axes are not the tokens of the inputs"),
+    # (Longformer's windows and Pegasus-X's global tokens and blocks are mapped to tokens since issue 20:
+    # tests/test_long_attention.py, tests/test_global_local.py)
     # fault 2: queries over downsampled characters
     ("canine", r"^CanineSelfAttention at encoder\.layer\.0\.attention\.self returns attention weights of shape \(2, 4, 5, 5\)"),
 ])

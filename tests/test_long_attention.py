@@ -178,15 +178,71 @@ def test_debug_end_to_end_on_a_tiny_led(tmp_path, capsys):
     tiny.tokenizer().save_pretrained(tmp_path / "model")
     out = tmp_path / "out"
     code = main(["debug", "--model", str(tmp_path / "model"), "--source", TEXTS[0], "--generate", "4", "--query", "@1",
-                 "--referents", "Lessee,Lessor", "-o", str(out)])
+                 "--referents", "Lessee,Lessor", "--global", "@0", "-o", str(out)])
     assert code == 0, capsys.readouterr().err
     cap = load(out / "capture.safetensors")
-    assert len(cap.records("target").ids) >= 2
+    assert len(cap.records("target").ids) >= 2 and cap.meta["options"]["global"] == ["@0"]
     enc = [s for s in cap.sites if s.band is not None]
+    seen = (cap.mask_rows(enc[0], 0) > -1e4)[0]
+    assert bool(seen[0].all()) and bool(seen[:, 0].all()) and not bool(seen[1].all())  # token 0 is global, 1 is not
     assert len(enc) == 2 and (out / "report.html").is_file()
     rank = rank_heads(cap).set_index(["site", "head"])
     heads = rank.loc[enc[0].name]
-    # the random tiny encoder spreads each row almost evenly over what it sees: at most 2w + 1 = 9 keys. Its
-    # entropy is at most log 9, and normalised by the visible keys it is near 1 (by all 28 keys: ~0.63)
-    assert float(heads["entropy"].max()) <= math.log(9) + 1e-6
+    # the random tiny encoder spreads each row almost evenly over what it sees: a local token, at most its
+    # 2w + 1 = 9 window keys and the global token 0; token 0, all 28. The mean row entropy is at most
+    # (log 28 + 27 log 10) / 28, and normalised by the visible keys it is near 1 (by all 28 keys: ~0.7)
+    assert float(heads["entropy"].max()) <= (math.log(28) + 27 * math.log(10)) / 28 + 1e-6
     assert float(heads["normalized_entropy"].min()) > 0.9
+
+
+def test_global_tokens_from_words_and_indices():
+    """``global_tokens`` marks what ``global_attention_mask`` would: token indices on the source axis and the
+    tokens of every whole-word occurrence of a phrase, in every batch row it occurs in, never padding."""
+    from inspector.capture.inputs import global_attention_mask
+    from inspector.errors import InspectorError
+
+    model = _led()
+    enc = encode(model, tiny.tokenizer(), TEXTS, TARGETS)
+    g = global_attention_mask(model, enc, ["@0", "indemnity", "@27"])
+    src = [r for r in enc.records if r.role == "source"]
+    marked = [g[b].nonzero().flatten().tolist() for b in (0, 1)]
+    def tokens_of(rec, word):  # the tokens inside the one whole-word occurrence of `word` ("indemnify" is another word)
+        start = rec.text.index(word + " ")
+        return [i for i, o in enumerate(rec.offsets) if o and start <= o[0] and o[1] <= start + len(word)]
+
+    word = [tokens_of(r, "indemnity") for r in src]
+    assert marked[0] == sorted({0, 27, *word[0]}) and marked[1] == sorted({0, *word[1]})  # row 1's token 27 is padding
+    assert word[0] and word[1]
+    cap = capture(model, tiny.tokenizer(), TEXTS, TARGETS, global_tokens=["@0", "indemnity", "@27"])
+    ref = capture(model, tiny.tokenizer(), TEXTS, TARGETS, extra_inputs={"global_attention_mask": g})
+    site = next(s for s in cap.sites if s.band is not None)
+    torch.testing.assert_close(cap.weights(site, batch=0), ref.weights(site, batch=0), atol=0, rtol=0)
+    assert cap.meta["options"]["global"] == ["@0", "indemnity", "@27"]
+    for bad, message in ((["@28"], r"--global @28 is outside the source's 28 tokens \(0\.\.27\)"),
+                         (["Lessees"], r"--global 'Lessees' is not in the source text"),
+                         ([""], r"--global has an empty entry")):
+        with pytest.raises(InspectorError, match=message):
+            global_attention_mask(model, enc, bad)
+    bart = tiny.build("bart")
+    with pytest.raises(InspectorError, match=r"takes none: leave --global out"):
+        capture(bart, tiny.tokenizer(), TEXTS, TARGETS, global_tokens=["@0"])
+
+
+def test_capture_cli_global_flag(tmp_path, capsys):
+    from inspector.cli.commands import main
+
+    model = _led()
+    model.save_pretrained(tmp_path / "model")
+    tiny.tokenizer().save_pretrained(tmp_path / "model")
+    out = tmp_path / "led.safetensors"
+    code = main(["capture", "--model", str(tmp_path / "model"), "--text", TEXTS[0], "--target", TARGETS[0],
+                 "--global", "@0,Lessor", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    cap = load(out)
+    site = next(s for s in cap.sites if s.band is not None)
+    rec = cap.records("source")
+    start = rec.text.index("Lessor")
+    lessor = [i for i, o in enumerate(rec.offsets) if o and start <= o[0] and o[1] <= start + 6]
+    assert lessor and cap.meta["options"]["global"] == ["@0", "Lessor"]
+    seen = (cap.mask_rows(site, 0) > -1e4)[0]  # a global token sees every key and is seen by every query
+    assert [i for i in range(site.query_len) if bool(seen[i].all()) and bool(seen[:, i].all())] == [0, *lessor]

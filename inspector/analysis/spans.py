@@ -47,7 +47,7 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
     for axis_role in site.query_input if which == "query" else site.key_input:
         rec = capture.records(axis_role, batch)
         no_offsets, token_spans, ends, ordered = _token_spans(rec)
-        if role in (None, rec.role) and no_offsets:
+        if role in (None, rec.role) and no_offsets and rec.text:  # a pseudo-input (Pegasus-X's globals) has no text
             raise InspectorError("this capture has no character offsets (slow tokenizer): give spans as token indices, e.g. @7")
         for match in pattern.finditer(rec.text if role in (None, rec.role) else ""):
             # tokens overlapping the match: from the first token ending after its start, while they start before its end

@@ -12,12 +12,17 @@ from typing import Any
 
 import torch
 
-from inspector.capture.inputs import Encoded, encode, max_positions, model_layout
+from inspector.capture.inputs import Encoded, encode, global_attention_mask, max_positions, model_layout
 from inspector.errors import InspectorError
 
 
-def generate_target(model, tokenizer, text: str | list[str], max_new_tokens: int, **generate_kwargs: Any) -> list[list[int]]:
+def generate_target(model, tokenizer, text: str | list[str], max_new_tokens: int, *, global_tokens: list[str] | None = None,
+                    **generate_kwargs: Any) -> list[list[int]]:
     """Generate up to ``max_new_tokens`` per text; return the output ids per row.
+
+    ``global_tokens`` marks global tokens of the source for LED and Longformer (see
+    :func:`inspector.capture.inputs.global_attention_mask`), so the summary is the one a capture with
+    the same tokens reads.
 
     Encoder-decoder: the decoder sequence including its start token (what the decoder reads).
     Decoder-only: the new tokens after the prompt. Padding after an end-of-sequence is dropped.
@@ -30,6 +35,8 @@ def generate_target(model, tokenizer, text: str | list[str], max_new_tokens: int
     enc = encode(model, tokenizer, text)
     check_room(model, tokenizer, enc, max_new_tokens)
     kwargs = {k: v for k, v in enc.model_kwargs.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    if global_tokens:
+        kwargs["global_attention_mask"] = global_attention_mask(model, enc, global_tokens)
     generate_kwargs.setdefault("do_sample", False)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(model.config, "pad_token_id", None)
     if pad is not None:

@@ -10,11 +10,15 @@ concatenation of the roles it lists (a decoder-only model given a target attends
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inspector.errors import InspectorError
 from inspector.store.schema import InputRecord
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -495,3 +499,54 @@ def _input_device(model):
         return model.get_input_embeddings().weight.device
     except Exception:
         return next(model.parameters()).device
+
+
+_TOKEN_INDEX = re.compile(r"^@(\d+)(?:-(\d+))?$")
+
+
+def global_attention_mask(model, encoded: Encoded, spans: list[str]) -> torch.Tensor:
+    """``global_attention_mask [batch, source]`` (int64, 1 = a global token) for a model that takes one
+    (LED, Longformer), marking in every batch row of the source: ``@i`` (token ``i``), ``@i-j`` (tokens ``i``
+    to ``j``), or a word or phrase (the tokens overlapping each whole-word, case-sensitive occurrence).
+
+    Token indices are positions on the source axis, as ``@7`` is everywhere else; padding is never marked.
+    Raises :class:`InspectorError` when the model takes no ``global_attention_mask`` (Pegasus-X's and LongT5's
+    global tokens are learned or computed, not chosen), a token index is outside a row's tokens, or a phrase
+    occurs in no row."""
+    import inspect
+
+    import torch
+
+    if "global_attention_mask" not in inspect.signature(model.forward).parameters:
+        raise InspectorError(f"--global marks tokens for models that take a global_attention_mask (LED, Longformer); "
+                             f"{type(model).__name__} takes none: leave --global out")
+    ids = encoded.model_kwargs["input_ids"]
+    mask = torch.zeros_like(ids)
+    for spec in (s.strip() for s in spans):
+        if not spec:
+            raise InspectorError("--global has an empty entry: give comma-separated words or token indices like @0,@5")
+        hit = False
+        for rec in (r for r in encoded.records if r.role == "source"):
+            for i in _span_positions(rec, spec):
+                mask[rec.batch, i] = 1
+                hit = True
+        if not hit:
+            raise InspectorError(f"--global {spec!r} is not in the source text (whole-word, case-sensitive): check the "
+                                 "spelling or give token indices like @0")
+    return mask
+
+
+def _span_positions(rec: InputRecord, spec: str) -> list[int]:
+    """The token positions of one ``--global`` entry in one source record (see :func:`global_attention_mask`)."""
+    m = _TOKEN_INDEX.match(spec)
+    if m:  # token positions as on the source axis (padding included; padding itself is never marked)
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if not lo <= hi < len(rec.ids):
+            raise InspectorError(f"--global {spec} is outside the source's {len(rec.ids)} tokens (0..{len(rec.ids) - 1})")
+        return [i for i in range(lo, hi + 1) if not rec.padding[i]]
+    pattern = re.compile(r"(?<!\w)" + re.escape(spec) + r"(?!\w)")
+    out = []
+    for match in pattern.finditer(rec.text):
+        out += [i for i, off in enumerate(rec.offsets)
+                if off is not None and not rec.padding[i] and off[0] < match.end() and off[1] > match.start()]
+    return out

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from inspector.capture import banded
-from inspector.capture.inputs import Encoded, encode
+from inspector.capture.inputs import Encoded, encode, global_attention_mask
 from inspector.errors import InspectorError
 from inspector.store import masks
 from inspector.store.capture_file import Capture, Site
@@ -228,6 +228,7 @@ class Recorder:
         self.projections = None  # a value_norm.OutputProjections while recording
         self._kinds: dict[tuple, tuple] = {}  # (mask id, bias id, query len, key len) -> (mask, bias, kind)
         self.forward_sums = None  # a forward_sums.ForwardSums: reduce recomputable calls as they run
+        self.pseudo: dict[str, int] = {}  # pseudo-inputs a site's axes name (Pegasus-X's "global"): role -> tokens
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
@@ -351,6 +352,47 @@ class Recorder:
         self.tensors[f"{name}/weights"] = self._keep(band.weights)
         self.tensors[f"{name}/global_rows"] = self._keep(band.global_rows)
 
+    def mapped_site(self, module, name: str, base: str, found, call: int) -> None:
+        """The site of a :class:`~inspector.capture.banded.Band` or :class:`~inspector.capture.banded.Dense`."""
+        if isinstance(found, banded.Band):
+            self.band_site(module, name, base, found, call)
+        else:
+            self.dense_site(module, name, base, found, call)
+
+    def dense_site(self, module, name: str, base: str, d: banded.Dense, call: int) -> None:
+        """A site whose weights were moved to token axes (:class:`inspector.capture.banded.Dense`: Pegasus-X's
+        global-plus-block-local encoder, LongT5's transient-global one): stored dense, with a mask naming the
+        keys each query could see; the pseudo-inputs its axes name (``global``) are added to the file's inputs."""
+        layer = site_depth(None, base, call)
+        if (self.layers is not None and layer not in self.layers) or (
+            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
+        ):
+            return
+        b, heads, nq, nk = d.weights.shape
+        for role, count in d.pseudo.items():
+            if self.pseudo.setdefault(role, count) != count:
+                raise InspectorError(f"{type(module).__name__} at {base} has {count} {role} tokens, another site "
+                                     f"{self.pseudo[role]}: capture one of them with --sites")
+        known = {**self.lengths, **self.pseudo}
+        if self.lengths and (sum(known.get(r, -1) for r in d.query_roles) != nq or sum(known.get(r, -1) for r in d.key_roles) != nk):
+            raise InspectorError(f"{type(module).__name__} at {base} attends over {nq} x {nk} positions, not the inputs' "
+                                 f"({self._lengths_text()}): capture the other sites with --sites '^(?!{re.escape(base)}$)'")
+        ident = ("dense", d.visible.cpu().numpy().tobytes(), nq, nk)
+        if ident not in self._masks:
+            spec, tensors = masks.encode(f"{name}/mask", d.visible[:, None], None)
+            self.masks[f"{name}/mask"] = spec
+            self.tensors.update(tensors)
+            self._masks[ident] = f"{name}/mask"
+        self.sites.append(Site(
+            name=name, stack="encoder" if self.encoder_decoder else "none", layer=int(layer), kind="self",
+            num_heads=heads, num_kv_heads=heads, head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"),
+            query_input=list(d.query_roles), key_input=list(d.key_roles), query_len=nq, key_len=nk, parts=["weights"],
+            recomputable=False, extra_kwargs=["output_attentions"], module_class=type(module).__name__,
+            eager_function="output_attentions", value_norm_note="captured through output_attentions, without values",
+            mask=self._masks[ident],
+        ))
+        self.tensors[f"{name}/weights"] = self._keep(d.weights)
+
     def _lazy(self, module, query, key, value, attention_mask, kwargs):
         """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
         model itself ran sdpa, else the module's own eager function, so the model's outputs stay as they were
@@ -387,12 +429,29 @@ class Recorder:
                 refuse(f"has {q_len} queries, not the tokens of any input ({self._lengths_text()})")
         if not fits(k_roles, k_len):
             options = [c for c in candidates if fits(c, k_len)]
+            if len(options) == 2 and q_roles not in options:  # both orders of two inputs: the mask tells which
+                options = [o for o in options if self._own_first(mask, q_roles, o)] or options
             if len(options) != 1 and not (len(options) == 2 and q_roles in options):
                 refuse(f"has {k_len} keys, not the tokens of one input or of a known concatenation ({self._lengths_text()})")
             k_roles = q_roles if q_roles in options else options[0]
         if isinstance(mask, torch.Tensor) and (mask.dim() != 4 or mask.shape[-2] not in (1, q_len) or mask.shape[-1] < k_len):
             refuse(f"applies a mask of shape {tuple(mask.shape)} to {q_len} queries x {k_len} keys")
         return q_roles, k_roles
+
+    def _own_first(self, mask, q_roles: list[str], order: list[str]) -> bool:
+        """Whether a call whose keys are two inputs concatenated, in one order or the other, has them in
+        ``order`` (T5Gemma2's merged attention: the decoder's own tokens, then the source's), read from its
+        mask in batch row 0: the first query sees the first key of its own input but not the second (causal)
+        and the first key of the other input. False when the mask cannot tell (then the call is refused)."""
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or len(q_roles) != 1 or q_roles[0] not in order:
+            return False
+        own = order.index(q_roles[0])
+        start = 0 if own == 0 else self.lengths[order[0]]
+        other = self.lengths[order[0]] if own == 0 else 0
+        row = mask[0, 0, 0]
+        seen = row if row.dtype == torch.bool else row > masks.MASKED
+        n_own = self.lengths[q_roles[0]]
+        return n_own > 1 and bool(seen[start]) and not bool(seen[start + 1]) and bool(seen[other])
 
     def _lengths_text(self) -> str:
         return ", ".join(f"{r} {n} tokens" for r, n in self.lengths.items())
@@ -582,6 +641,7 @@ def record(
     padding: dict[str, list[list[bool]]] | None = None,
     value_norms: bool = True,
     forward_sums=None,
+    pseudo: dict[str, int] | None = None,
 ) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
     """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
 
@@ -590,7 +650,8 @@ def record(
     modules that make no call through the interface are captured weights-only from a second, eager
     pass with ``output_attentions`` (named after the module); any that return no probability map are
     appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
-    The mask specs the sites name are added to ``masks`` when given. ``value_norms=False`` skips the
+    The mask specs the sites name are added to ``masks`` when given, and the pseudo-inputs their axes
+    name (Pegasus-X's learned global tokens, role ``global``: role -> number of tokens) to ``pseudo``. ``value_norms=False`` skips the
     value norms (each site's ``value_norm_note`` then says so). ``forward_sums`` (a
     :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they run.
     """
@@ -629,6 +690,8 @@ def record(
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
     if masks is not None:
         masks.update(recorder.masks)
+    if pseudo is not None:
+        pseudo.update(recorder.pseudo)
     return recorder.sites, recorder.tensors, output
 
 
@@ -705,9 +768,10 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
 
     batch = int(next(v for v in model_kwargs.values() if isinstance(v, torch.Tensor)).shape[0])
     seen: dict[int, list] = {}
+    pad = torch.tensor(recorder.padding["source"], dtype=torch.bool) if recorder.padding.get("source") else None
 
     def hook(module, args, kwargs, output):
-        found = banded.band_of(module, args, kwargs, output, recorder.lengths.get("source")) if banded.is_banded(module) else None
+        found = banded.read(module, args, kwargs, output, recorder.lengths.get("source"), pad)
         seen.setdefault(id(module), []).append([found] if found is not None else probability_maps(output, batch)[:1])
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in missing]
@@ -729,8 +793,8 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                                         "[batch, head, query, key] probability map with output_attentions (blocked, "
                                         "local or pooled attention)"})
                 continue
-            if isinstance(maps[0], banded.Band):
-                recorder.band_site(module, site_name, name, maps[0], call)
+            if isinstance(maps[0], (banded.Band, banded.Dense)):
+                recorder.mapped_site(module, site_name, name, maps[0], call)
             else:
                 recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:
@@ -815,6 +879,7 @@ def capture(
     value_norms: bool = True,
     forward_sums=None,
     extra_inputs: dict[str, Any] | None = None,
+    global_tokens: list[str] | None = None,
 ) -> Capture:
     """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
 
@@ -829,28 +894,38 @@ def capture(
     eagerly, for its output and its sums; it is kept on the capture as ``capture.forward_sums`` (not saved).
     The capture stage does not import the scan: the scan hands this in.
     ``extra_inputs`` are further model inputs, given as they are (LED's and Longformer's
-    ``global_attention_mask [batch, source]``, 1 = a global token).
+    ``global_attention_mask [batch, source]``, 1 = a global token). ``global_tokens`` builds that mask from
+    words or token indices of the source (``["@0", "Lessee"]``; :func:`inspector.capture.inputs.global_attention_mask`,
+    which raises :class:`InspectorError` for a model that takes none); the file records them under
+    ``options.global``.
     """
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    if global_tokens:
+        encoded.model_kwargs["global_attention_mask"] = global_attention_mask(model, encoded, global_tokens)
     if extra_inputs:
         encoded.model_kwargs.update(extra_inputs)
     roles = roles_of(encoded)
     lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
     notes: list[dict[str, str]] = []
     mask_specs: dict[str, dict] = {}
+    pseudo: dict[str, int] = {}
     taken = None
     if forward_sums is not None and not weights:
         taken = forward_sums(encoded.records)
     site_list, tensors, output = record(
         model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
         lengths=lengths, notes=notes, masks=mask_specs, value_norms=value_norms, forward_sums=taken,
-        padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
+        pseudo=pseudo, padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
                  for role in lengths},
     )
+    batch = 1 + max(r.batch for r in encoded.records)
+    for role, count in pseudo.items():  # learned tokens a site's axes name, one record per batch row
+        encoded.records.extend(banded.pseudo_records(role, count, batch))
     meta = {
         "model": _provenance(model, model_name),
         "layout": encoded.layout,
-        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites, "value_norms": value_norms},
+        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites, "value_norms": value_norms,
+                    **({"global": list(global_tokens)} if global_tokens else {})},
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # the records' fields as InputRecord.to_dict gives them, without its deep copy (encode's lists are
         # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)

@@ -56,6 +56,7 @@ def cmd_capture(args) -> int:
         raise InspectorError("the source text is empty: pass some text (--text or --text-file)")
     if isinstance(text, tuple) and not text[1].strip():
         raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
+    glob = args.global_tokens.split(",") if args.global_tokens is not None else None
     loaded = load_from_args(args)
     from inspector.capture.inputs import segment_warning
 
@@ -65,10 +66,11 @@ def cmd_capture(args) -> int:
     if getattr(args, "generate", None):
         from inspector.capture.generation import generate_target
 
-        target_ids, target = generate_target(loaded.model, loaded.tokenizer, text, args.generate), None
+        target_ids, target = generate_target(loaded.model, loaded.tokenizer, text, args.generate, global_tokens=glob), None
         status(f"generated {len(target_ids[0])} tokens")
     cap = capture(loaded.model, loaded.tokenizer, text, target, target_ids=target_ids, weights=not args.no_weights,
-                  dtype=args.dtype, layers=layers, sites=args.sites, model_name=loaded.name, progress=True)
+                  dtype=args.dtype, layers=layers, sites=args.sites, model_name=loaded.name, progress=True,
+                  global_tokens=glob)
     cap.save(args.output, force=args.force)
     kinds = pd.Series([f"{s.stack}/{s.kind}" for s in cap.sites]).value_counts().to_dict()
     size = f" ({out.stat().st_size / 1e6:.1f} MB)" if out.is_file() and not is_stdout(args.output) else ""
@@ -520,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sites", nargs="+", metavar="REGEX", help="record only sites whose name matches one of these")
     p.add_argument("--no-weights", action="store_true", help="lazy capture: store Q/K/V and mask; weights are recomputed on demand")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="storage dtype")
+    p.add_argument("--global", dest="global_tokens", metavar="SPANS",
+                   help="LED/Longformer: global tokens of the source, comma-separated words or token indices, e.g. @0 "
+                        "(the first token, as LED summarisers run) or @0,Lessee")
     p.add_argument("-o", "--output", required=True, help="capture file to write (.safetensors; - for standard output)")
     p.add_argument("--force", action="store_true", help="replace an existing .safetensors that is not a capture")
     p.set_defaults(func=cmd_capture)

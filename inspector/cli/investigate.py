@@ -107,7 +107,8 @@ def cmd_debug(args) -> int:
     inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
                       output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
                       rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), progress=True,
-                      contrast=args.contrast, top=args.top, weighting=args.weighting)
+                      contrast=args.contrast, top=args.top, weighting=args.weighting,
+                      global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None)
     _print_findings(inv)
     return 0
 
@@ -177,6 +178,9 @@ def add_commands(sub) -> None:
                         "(no LM head: on the query word's final representation), and \"Where did the word come from?\": "
                         "attribution of that metric to the source and the route of the row it reads")
     p.add_argument("--top", type=int, default=10, help="with --contrast: confirm the top K heads by exact ablation (default 10)")
+    p.add_argument("--global", dest="global_tokens", metavar="SPANS",
+                   help="LED/Longformer: global tokens of the source (and variants), comma-separated words or token "
+                        "indices, e.g. @0 (as in `inspector capture`)")
     p.set_defaults(func=cmd_debug)
 
     p = sub.add_parser("compare", help="compare split scores of two captures of the same model")

@@ -102,7 +102,7 @@ def ablate(model, tokenizer, text: str, target: str | None = None, *, heads: lis
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
     encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate)
     clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"))
-    grouped = intervene.check_heads(clean.capture.sites, heads)
+    grouped = intervene.check_heads(clean.capture.sites, heads, model)
     edited = intervene.run(model, encoded, intervene.ablation(clean.capture, grouped, method, clean.seam.outputs))
     out = Outcome(output=edited.output, before=clean.output, heads=list(heads), method=method, capture=clean.capture,
                   table=_contrast.logprob_table(clean.capture, clean.output, edited.output),
@@ -191,7 +191,7 @@ def patch(model, tokenizer, text: str, variant: str, target: str | None = None, 
     encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate)
     venc = encode(model, tokenizer, variant, target, target_ids=target_ids)
     clean = intervene.run(model, encoded)
-    grouped = intervene.check_heads(clean.capture.sites, heads)
+    grouped = intervene.check_heads(clean.capture.sites, heads, model)
     var = intervene.run(model, venc, intervene.Seam(record=set(grouped)))
     s = patch_seam(clean.capture, var.capture, var.seam.outputs, grouped, query=query, occurrence=occurrence)
     edited = intervene.run(model, encoded, s)
@@ -276,7 +276,7 @@ def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads
         before, outputs = float(c.value(clean.output, kept=bool(keep))), clean.seam.outputs
     out = []
     for name, h in heads:
-        grouped = intervene.check_heads(capture.sites, [(name, h)])
+        grouped = intervene.check_heads(capture.sites, [(name, h)], model)
         edited = intervene.run(model, encoded, intervene.ablation(capture, grouped, method, outputs), extra=keep)
         out.append(float(c.value(edited.output, kept=bool(keep))) - before)
     return out
@@ -295,7 +295,7 @@ def effects(model, tokenizer, text: str, target: str | None = None, *, contrast:
     table = res.table
     keys = list(zip(table["site"], table["head"], strict=True))
     extra = [(str(s), int(h)) for s, h in confirm or []]
-    intervene.check_heads(res.capture.sites, extra)
+    intervene.check_heads(res.capture.sites, extra, model)
     chosen = keys[:top] + [k for k in dict.fromkeys(extra) if k not in keys[:top]]
     exact = exact_effects(model, encoded, res.capture, res.contrast, chosen, method=method,
                           before=res.metric if method == "zero" else None)

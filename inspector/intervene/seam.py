@@ -227,12 +227,21 @@ def parse_heads(spec: str) -> list[tuple[str, int]]:
     return out
 
 
-def check_heads(sites: list[Site], heads: list[tuple[str, int]]) -> dict[str, list[int]]:
-    """Group ``heads`` by site after checking each exists; raises :class:`InspectorError` naming the fix."""
+def check_heads(sites: list[Site], heads: list[tuple[str, int]], model=None) -> dict[str, list[int]]:
+    """Group ``heads`` by site after checking each exists; raises :class:`InspectorError` naming the fix.
+
+    With ``model``, a module of it that is no seam site (it computes attention outside transformers'
+    interface: LED's and Longformer's banded encoders, Pegasus-X's, LongT5's, BigBird's block-sparse ones;
+    captured only read-only, from ``output_attentions``) is refused as such, by class."""
     by_name = {s.name: s for s in sites}
     grouped: dict[str, list[int]] = {}
     for name, h in heads:
         site = by_name.get(name)
+        module = dict(model.named_modules()).get(name.split("@")[0]) if site is None and model is not None else None
+        if module is not None and type(module).__name__.endswith(("Attention", "Attn")):
+            raise InspectorError(f"{name} ({type(module).__name__}) computes attention outside transformers' attention "
+                                 "interface: its weights are captured read-only (from output_attentions), and its heads "
+                                 "cannot be ablated or patched; pick heads of the sites `inspector info` lists with Q/K/V")
         if site is None:
             import difflib
 

@@ -127,14 +127,16 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     return out.loc[order].reset_index(drop=True)
 
 
-def _capture_one(loaded, source: str, output: str | None, generate: int | None, gen_kwargs: dict, progress: bool):
+def _capture_one(loaded, source: str, output: str | None, generate: int | None, gen_kwargs: dict, progress: bool,
+                 global_tokens: list[str] | None = None):
     target_ids = None
     if generate:
         from inspector.capture.generation import generate_target
 
-        target_ids = generate_target(loaded.model, loaded.tokenizer, source, generate, **gen_kwargs)
+        target_ids = generate_target(loaded.model, loaded.tokenizer, source, generate, global_tokens=global_tokens, **gen_kwargs)
         output = None
-    return capture(loaded.model, loaded.tokenizer, source, output, target_ids=target_ids, model_name=loaded.name, progress=progress)
+    return capture(loaded.model, loaded.tokenizer, source, output, target_ids=target_ids, model_name=loaded.name, progress=progress,
+                   global_tokens=global_tokens)
 
 
 def investigate(
@@ -154,6 +156,7 @@ def investigate(
     contrast: str | None = None,
     top: int = 10,
     weighting: str = "attention",
+    global_tokens: list[str] | None = None,
 ) -> Investigation:
     """Capture, rank, split, compare variants and write everything into ``out_dir``.
 
@@ -164,7 +167,10 @@ def investigate(
     "Does it matter?" part (:mod:`inspector.investigate.matter`): effects of the flagged and ``top`` heads, and of
     patching them from each variant (with the original's output). ``weighting`` is the split's and the
     heatmaps' (``attention`` or ``value-norm``) and the ranking's too: one weighting per run, written in
-    ``rank.csv`` / ``split.csv`` (their ``weighting`` column), the printout and the report.
+    ``rank.csv`` / ``split.csv`` (their ``weighting`` column), the printout and the report. ``global_tokens``
+    (LED, Longformer) marks global tokens of the source and of every variant (words or ``@i`` token indices,
+    :func:`inspector.capture.inputs.global_attention_mask`); it cannot go with ``contrast`` (the effects runs
+    would not mark them).
     """
     from inspector.capture.inputs import model_layout
     from inspector.intervene.contrast import model_has_lm_head
@@ -172,20 +178,23 @@ def investigate(
 
     if output is not None and generate:
         raise InspectorError("give either --output or --generate, not both")
+    if global_tokens and contrast:
+        raise InspectorError("--global cannot go with --contrast: the effects runs would not mark the global tokens; "
+                             "drop one of them")
     if model_layout(loaded.model) != "encoder" and output is None and not generate:
         raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
     out = Path(out_dir)
     check_folder_target(out, MARKER)  # a file, or a folder of other things, is refused before any work
     gen_kwargs = gen_kwargs or {}
     # everything is computed (and every mistake found) before anything is written into out_dir
-    cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress)
+    cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress, global_tokens)
     rank = analysis.rank_heads(cap, weighting=weighting)  # one weighting per run: rank and split alike
     split = split_for(cap, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
     said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
     comparisons: dict[str, pd.DataFrame] = {}
     variant_caps: dict[str, Capture] = {}
     for name, text in (variants or {}).items():
-        vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress)
+        vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress, global_tokens)
         comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence,
                                              rule=rule, weighting=weighting, split_a=split)
         variant_caps[name] = vcap

@@ -1,0 +1,175 @@
+"""Global-plus-block-local attention to tokens (issue 20): Pegasus-X's encoder attends over learned global
+tokens (no input's) and the tokens of each query's block, blocks staggered by half a block on odd layers.
+Captured, its sites' queries and keys are the pseudo-input ``global`` (tokens ``<global 0>`` ...) followed
+by the source; every analysis reads per-token weights with the keys outside the block masked.
+
+The reference is computed here independently of :mod:`inspector.capture.banded`: from each layer's own
+projections on the hidden states it received, every real query's softmax over the keys the Pegasus-X
+paper's rule lets it see (a token: the global tokens and the non-padding tokens of its block, blocks
+shifted by ``block_size // 2`` on a staggered layer; a global token: every global token and every
+non-padding token). On a padded batch of two, full and lazy captures equal it within 1e-5, the model's
+outputs are unchanged, and the file opens with a mask that shows exactly those keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from inspector.analysis import rank_heads
+from inspector.capture import capture
+from inspector.capture.inputs import encode
+from inspector.store import load
+
+import tiny
+
+TOL = 1e-5
+BLOCK, GLOBALS = 8, 3
+TEXTS = ["The Lessee shall indemnify the Lessor against every claim. Such indemnity survives the term of this lease.",
+         "Such indemnity survives."]  # 28 and 7 tokens: padded, and padded further to a multiple of the block
+TARGETS = ["The Lessor shall pay.", "It pays."]
+CLS = "PegasusXGlobalLocalAttention"
+
+
+def _pegasus_x():
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.for_model("pegasus_x", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, block_size=BLOCK,
+                                  num_global_tokens=GLOBALS, stagger_local_blocks=True, max_position_embeddings=512,
+                                  vocab_size=30522)
+    torch.manual_seed(tiny.SEED)
+    return AutoModelForSeq2SeqLM.from_config(config).eval()
+
+
+def _reference(model, kwargs):
+    """Per encoder layer ``(weights [batch, head, G + n, G + n], visible [batch, G + n, G + n])`` from the
+    layer's own projections, and the model's plain output."""
+    inputs = {}
+
+    def grab(module, args, kw):
+        inputs[module] = kw
+
+    layers = [m for m in model.modules() if type(m).__name__ == "PegasusXEncoderLayer"]
+    handles = [m.self_attn.register_forward_pre_hook(grab, with_kwargs=True) for m in layers]
+    try:
+        with torch.no_grad():
+            out = model(**kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    n = kwargs["input_ids"].shape[1]
+    real = kwargs["attention_mask"].bool()  # [batch, n]
+    refs = []
+    with torch.no_grad():
+        for layer in layers:
+            kw = inputs[layer.self_attn]
+            off = BLOCK // 2 if layer.stagger_blocks_this_layer else 0
+            hs = torch.cat([kw["global_hidden_states"], kw["token_hidden_states"][:, off:off + n]], dim=1)
+            refs.append(_layer_reference(layer.self_attn, hs, real, off))
+    return refs, out
+
+
+def _layer_reference(m, hs, real, off):
+    b, length, _ = hs.shape
+    n = length - GLOBALS
+
+    def heads(t):
+        return t.view(b, length, m.num_heads, m.head_dim).transpose(1, 2)
+
+    q, k = heads(m.q_proj(hs)) * m.head_dim ** -0.5, heads(m.k_proj(hs))
+    block = torch.cat([torch.full((GLOBALS,), -1), (torch.arange(n) + off) // BLOCK])  # -1: a global token
+    is_glob = block < 0
+    vis = (block[:, None] == block[None, :]) | is_glob[None, :] | is_glob[:, None]  # [query, key]
+    keep = torch.cat([torch.ones(b, GLOBALS, dtype=torch.bool), real], dim=1)  # [batch, key]
+    vis = vis[None] & keep[:, None, :]
+    scores = (q @ k.transpose(-1, -2)).masked_fill(~vis[:, None], float("-inf"))
+    return scores.softmax(-1), vis
+
+
+def test_global_local_weights_equal_the_models_own_attention(tmp_path):
+    model = _pegasus_x()
+    enc = encode(model, tiny.tokenizer(), TEXTS, TARGETS)
+    refs, plain = _reference(model, enc.model_kwargs)
+    real = torch.cat([torch.ones(2, GLOBALS, dtype=torch.bool), enc.model_kwargs["attention_mask"].bool()], dim=1)
+    for weights in (True, False):
+        cap = capture(model, tiny.tokenizer(), TEXTS, TARGETS, weights=weights)
+        dec = enc.model_kwargs["decoder_attention_mask"].bool()
+        torch.testing.assert_close(cap.output.logits[dec], plain.logits[dec], atol=TOL, rtol=TOL)  # outputs unchanged
+        cap = load(cap.save(tmp_path / f"px{weights}.safetensors"))
+        sites = [s for s in cap.sites if s.module_class == CLS]
+        assert len(sites) == len(refs) == 2
+        assert [cap.records("global", b).tokens for b in (0, 1)] == [["<global 0>", "<global 1>", "<global 2>"]] * 2
+        for site, (ref, vis) in zip(sites, refs, strict=True):
+            assert site.query_input == site.key_input == ["global", "source"]
+            assert site.query_len == site.key_len == GLOBALS + 28
+            for b in (0, 1):
+                got = cap.weights(site, batch=b)  # checked on read: rows sum to 1 over the visible keys
+                torch.testing.assert_close(got[:, real[b]], ref[b][:, real[b]], atol=TOL, rtol=0)
+                seen = (cap.mask_rows(site, b) > -1e4)[0]  # [query, key]: the keys each query could see
+                assert torch.equal(seen[real[b]], vis[b][real[b]])
+                assert float(torch.where(seen, 0.0, got)[:, real[b]].abs().max()) == 0
+        # token 10 of row 0 (query 3 + 10): layer 0's block is tokens 8..15, layer 1's (staggered) 4..11
+        for site, keys in zip(sites, (range(8, 16), range(4, 12)), strict=True):
+            row = (cap.mask_rows(site, 0) > -1e4)[0, GLOBALS + 10]
+            assert row.nonzero().flatten().tolist() == [0, 1, 2] + [GLOBALS + k for k in keys]
+        assert len(rank_heads(cap)) == sum(s.num_heads for s in cap.sites)
+
+
+def test_debug_end_to_end_on_a_tiny_pegasus_x(tmp_path, capsys):
+    """`inspector debug` on a tiny Pegasus-X summariser: generation, the encoder's global-local sites ranked
+    with their block and the global tokens as the visible keys, split, explain, report."""
+    from inspector.cli.commands import main
+
+    model = _pegasus_x()
+    model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101
+    model.config.eos_token_id = model.generation_config.eos_token_id = 102
+    model.save_pretrained(tmp_path / "model")
+    tiny.tokenizer().save_pretrained(tmp_path / "model")
+    out = tmp_path / "out"
+    code = main(["debug", "--model", str(tmp_path / "model"), "--source", TEXTS[0], "--generate", "4", "--query", "@1",
+                 "--referents", "Lessee,Lessor", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    cap = load(out / "capture.safetensors")
+    assert len(cap.records("target").ids) >= 2 and (out / "report.html").is_file()
+    enc = [s for s in cap.sites if s.module_class == CLS]
+    assert len(enc) == 2
+    rank = rank_heads(cap).set_index(["site", "head"])
+    heads = rank.loc[enc[0].name]
+    # the random tiny encoder spreads each row almost evenly over what it sees: a token, at most its block and
+    # the global tokens (8 + 3 keys); a global token, all 31. The mean row entropy is at most
+    # (3 log 31 + 28 log 11) / 31, and normalised by the visible keys it is near 1 (by all 31 keys: ~0.71)
+    assert float(heads["entropy"].max()) <= (3 * math.log(31) + 28 * math.log(11)) / 31 + 1e-6
+    assert float(heads["normalized_entropy"].min()) > 0.9
+
+
+@pytest.mark.parametrize("bad", ["ids", "tokens"])
+def test_pseudo_input_is_checked_on_load(bad, tmp_path):
+    from inspector.errors import InspectorError
+    from inspector.store.capture_file import Capture
+
+    cap = capture(_pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS)
+    meta = dict(cap.meta)
+    meta["inputs"] = [dict(r) for r in meta["inputs"]]
+    rec = next(r for r in meta["inputs"] if r["role"] == "global")
+    rec[bad] = rec[bad][:-1]  # one global token fewer: the sites' axes no longer add up
+    tensors = {k: cap.tensors[k] for k in cap.tensors.keys()}
+    Capture(meta, cap.sites, tensors).save(tmp_path / "bad.safetensors")
+    with pytest.raises(InspectorError, match="global"):
+        load(tmp_path / "bad.safetensors")
+
+
+def test_ablating_a_read_only_encoder_head_is_refused_by_class():
+    """Pegasus-X's encoder attention makes no call through transformers' attention interface: its heads are
+    captured (above) but cannot be ablated; the refusal names the module's class, not "no such site"."""
+    from inspector.errors import InspectorError
+    from inspector.intervene.effects import ablate
+
+    model = _pegasus_x()
+    with pytest.raises(InspectorError, match=r"^model\.encoder\.layers\.0\.self_attn \(PegasusXGlobalLocalAttention\) "
+                                             r"computes attention outside transformers' attention interface"):
+        ablate(model, tiny.tokenizer(), TEXTS[0], TARGETS[0], heads=[("model.encoder.layers.0.self_attn", 1)])
+    out = ablate(model, tiny.tokenizer(), TEXTS[0], TARGETS[0], heads=[("model.decoder.layers.0.encoder_attn", 1)])
+    assert not torch.equal(out.output.logits, out.before.logits)  # the decoder's heads still can be
