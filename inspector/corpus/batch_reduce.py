@@ -519,24 +519,35 @@ def _group_split(capture, axes: Axes, key: tuple, members: dict[int, list[int]],
     unshared_keys = torch.zeros_like(ref_keys)
     piece_keys = torch.zeros(len(docs), k_len, n_piece, dtype=torch.float64)
     ref_ok = torch.zeros(len(docs), n_ref, dtype=torch.bool)
+    ref_at: list[list[int]] = [[], [], []]  # (doc, key, referent) of every referent key: one scatter for the batch
+    unshared_at: list[list[int]] = [[], [], []]
+    piece_at: list[list[int]] = [[], [], []]
     for d, (b, lay) in enumerate(zip(docs, layouts, strict=True)):
         n = int(n_rows[d])
-        o = 0
-        for i in pair:
-            h = sites[i].num_heads
-            kept = rows[b][i]
-            if kept is not None:
-                w[d, o:o + h, :n] = kept[0]
-                vis[d, o:o + h, :n] = kept[1]
-            o += h
+        # the document's kept rows of every site of the pair, stacked over heads (zeros where a site has none)
+        kept = [rows[b][i] for i in pair]
+        w[d, :, :n] = torch.cat([k[0] if k is not None else w.new_zeros(sites[i].num_heads, n, k_len)
+                                 for i, k in zip(pair, kept, strict=True)])
+        vis[d, :, :n] = torch.cat([(k[1].expand(sites[i].num_heads, -1, -1) if k is not None
+                                    else vis.new_zeros(sites[i].num_heads, n, k_len)) for i, k in zip(pair, kept, strict=True)])
         for j, pos in enumerate(lay.ref_pos.values()):
-            ref_keys[d, pos, j] = 1.0
-            unshared_keys[d, lay.unshared[j], j] = 1.0
-            ref_ok[d, j] = True
+            _extend(ref_at, d, pos, j)
+            _extend(unshared_at, d, lay.unshared[j], j)
+        ref_ok[d, :len(lay.ref_pos)] = True
         for j, (_, pos) in enumerate(lay.pieces):
-            piece_keys[d, pos, j] = 1.0
+            _extend(piece_at, d, pos, j)
+    for target, at in ((ref_keys, ref_at), (unshared_keys, unshared_at), (piece_keys, piece_at)):
+        if at[0]:
+            target[at[0], at[1], at[2]] = 1.0
     has_shared = torch.tensor([bool(lay.shared) for lay in layouts])
     return _GroupSplit(docs, w, vis, n_rows, ref_keys, ref_ok, piece_keys, unshared_keys, has_shared, rule), layouts
+
+
+def _extend(at: list[list[int]], d: int, positions: list[int], j: int) -> None:
+    """Append the index triples ``(d, p, j)`` of ``positions`` to ``at`` (three lists: doc, key, column)."""
+    at[0] += [d] * len(positions)
+    at[1] += positions
+    at[2] += [j] * len(positions)
 
 
 def _reaches(query: _Query, sites, rows: list) -> dict[tuple, list[int]]:

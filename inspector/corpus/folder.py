@@ -11,7 +11,7 @@ A batch is committed in two atomic steps: its ``heads`` part, then its ``_docume
 ``_documents`` part is the commit record: a ``heads`` part without one (a scan stopped between the
 two steps) is in-flight work, deleted on resume and ignored by readers (:func:`committed_heads`).
 ``documents.parquet`` is rewritten from the committed parts every few seconds (at most 5% of the
-scan's time) and when a scan ends or stops, so after a hard kill it lags the parts by the last few seconds -- readers
+scan's time; in the background writer during a scan, :class:`Committer`) and when a scan ends or stops, so after a hard kill it lags the parts by the last few seconds -- readers
 that must be exact read ``_documents/`` (:func:`committed_documents`), which ``inspector corpus`` does.
 A restart skips every committed document id and continues; at most the batches in flight are lost.
 
@@ -27,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,17 +45,22 @@ _FLUSH_SECONDS = 5.0
 
 
 def write_parquet(path: Path, df: pd.DataFrame) -> None:
-    """Write ``df`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed). A write the
-    system refuses (``OSError``: read-only folder, full disk) raises InspectorError naming ``path``; no
-    temporary file is left and an existing ``path`` is unchanged."""
+    """Write ``df`` to ``path`` atomically (:func:`write_table` of its Arrow table, no index)."""
     import pyarrow as pa
+
+    write_table(path, pa.Table.from_pandas(df, preserve_index=False))
+
+
+def write_table(path: Path, table) -> None:
+    """Write the Arrow ``table`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed). A
+    write the system refuses (``OSError``: read-only folder, full disk) raises InspectorError naming ``path``;
+    no temporary file is left and an existing ``path`` is unchanged."""
     import pyarrow.parquet as pq
 
     existed = path.exists()
     tmp = None
     try:
         tmp = temp_beside(path)
-        table = pa.Table.from_pandas(df, preserve_index=False)
         pq.write_table(table, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -300,12 +307,94 @@ class ScanFolder:
 
     def flush(self) -> None:
         """Rewrite ``documents.parquet`` from the committed parts. It reads every part, so it runs at most
-        every 5 s and at most 5% of the time (the wait grows with the time a rewrite takes)."""
+        every 5 s and at most 5% of the time (the wait grows with the time a rewrite takes). Read and sorted
+        with pyarrow (no pandas); raises InspectorError naming a part that cannot be read, or for a refused write."""
         if not self._dirty:
             return
         t0 = time.monotonic()
-        docs = committed_documents(self.out).sort_values("row", kind="stable").drop(columns="part")
-        write_parquet(self.out / "documents.parquet", docs.reset_index(drop=True))
+        write_table(self.out / "documents.parquet", _documents_table(self.out))
         self._last_flush = time.monotonic()
         self._flush_every = max(_FLUSH_SECONDS, 20 * (self._last_flush - t0))
         self._dirty = False
+
+
+def _documents_table(out: Path):
+    """Every committed document row (``_documents/`` parts in part order), sorted by ``row`` (stable), as one
+    Arrow table without pandas metadata."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tables = []
+    for _, p in sorted(_parts(out / "_documents").items()):
+        try:
+            tables.append(pq.read_table(p).replace_schema_metadata(None))
+        except Exception as exc:  # a part damaged in its data pages (its footer is checked by check_parts)
+            raise InspectorError(f"{p} is not readable Parquet ({str(exc).splitlines()[0][:100]}): delete it and its heads "
+                                 "part, then resume the scan to redo its documents, or scan into a new folder") from None
+    if not tables:
+        return pa.table({"id": pa.array([], pa.string()), "row": pa.array([], pa.int64()),
+                         "tokens": pa.array([], pa.int64()), "status": pa.array([], pa.string()),
+                         "error": pa.array([], pa.string())})
+    table = pa.concat_tables(tables, promote_options="default")
+    return table.take(pc.sort_indices(table, [("row", "ascending")]))  # Arrow's sort is stable
+
+
+class Committer:
+    """A scan's commits off its critical path: :meth:`commit` hands a batch to a writer thread (Arrow
+    conversion, Parquet encoding and fsync release the GIL) and returns; the thread runs
+    :meth:`ScanFolder.commit` on the batches in order (heads part, then documents part: the same commit
+    protocol), and the periodic ``documents.parquet`` rewrite with them. At most ``depth`` batches wait
+    (:meth:`commit` blocks beyond that: memory stays bounded), and a hard kill loses only those, which are
+    not committed yet, so a resume redoes exactly them. The first failure of a write (an
+    InspectorError for a refused write, or anything else) stops the writer: no later batch is written, and
+    the failure is raised by the next :meth:`commit` or by :meth:`close`, which waits for every batch handed
+    over. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, folder: ScanFolder, depth: int = 2):
+        self.folder = folder
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="inspector-commit", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._error is None:  # after a failure, the batches still queued are dropped (not committed)
+                try:
+                    self.folder.commit(*item)
+                except BaseException as exc:  # noqa: BLE001 - raised in the scan's thread by commit / close
+                    self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def commit(self, documents: pd.DataFrame, heads: pd.DataFrame) -> None:
+        """Hand one batch to the writer (blocks while ``depth`` batches wait). Raises the writer's failure, if any."""
+        self._raise()
+        self._queue.put((documents, heads))
+
+    def close(self) -> None:
+        """Wait for every batch handed over to be committed, stop the thread, raise the writer's failure, if any."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+        self._raise()
+
+    def __enter__(self) -> Committer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+            return
+        try:  # already failing: wait for the writer, but the failure on its way is the one reported
+            self.close()
+        except BaseException:  # noqa: BLE001
+            pass

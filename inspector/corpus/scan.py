@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inspector.corpus.documents import Corpus, Document, Fields
-from inspector.corpus.folder import ScanFolder, corpus_sha256
+from inspector.corpus.folder import Committer, ScanFolder, corpus_sha256
 from inspector.corpus.reduce import Options, local_batches
 from inspector.errors import InspectorError
 
@@ -87,19 +87,22 @@ def _first_pending(corpus: Corpus, folder: ScanFolder) -> Document | None:
 
 
 def _commit_all(folder: ScanFolder, results, bar) -> tuple[int, int]:
-    """Commit each batch as it comes; (documents, of them with an error). The folder's documents.parquet is
-    rewritten at the end even after a failure (whose error is then the one raised)."""
+    """Commit each batch as it comes, in a background writer (:class:`~inspector.corpus.folder.Committer`:
+    the next batch is computed while this one is written); (documents, of them with an error). Every batch
+    handed over is committed before this returns or raises, and the folder's documents.parquet is rewritten
+    at the end even after a failure (whose error is then the one raised)."""
     scanned = errors = 0
     failed = True
     try:
-        for result in results:
-            folder.commit(result.documents, result.heads)
-            n = len(result.documents)
-            scanned += n
-            errors += int((result.documents["status"] != "ok").sum())
-            if bar is not None:
-                bar.update(n)
-                bar.set_postfix(errors=errors, refresh=False)
+        with Committer(folder) as committer:
+            for result in results:
+                committer.commit(result.documents, result.heads)
+                n = len(result.documents)
+                scanned += n
+                errors += int((result.documents["status"] != "ok").sum())
+                if bar is not None:
+                    bar.update(n)
+                    bar.set_postfix(errors=errors, refresh=False)
         failed = False
     finally:
         close = getattr(results, "close", None)
