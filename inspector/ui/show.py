@@ -172,9 +172,11 @@ class ScriptSafeJSON(json.JSONEncoder):
     reads back as the same character, so a token ``</script>`` stays the text it is and ends no script."""
 
     def encode(self, o) -> str:
+        """``o`` as one JSON string, script-safe (see the class)."""
         return super().encode(o).translate(_SCRIPT_SAFE)
 
     def iterencode(self, o, _one_shot: bool = False):
+        """``o`` as JSON chunks, each script-safe (``json.dump`` writes these)."""
         for chunk in super().iterencode(o, _one_shot):
             yield chunk.translate(_SCRIPT_SAFE)
 
