@@ -58,11 +58,11 @@ def open_listed() -> None:
 
 model_name = c.cap.meta.get("model", {}).get("name", "")
 try:
-    with st.spinner(f"one forward pass of {model_name} over the capture's text …"):
+    with st.spinner(f"one forward pass of {views.md_text(model_name)} over the capture's text …"):
         g = graph(key, c.cap, model_name)
 except InspectorError as exc:  # the model is not on this machine, or routes do not decompose its residual
-    st.info(f"No route for this capture: {views.app_error(exc)}. Routes run the capture's model again (one forward "
-            "pass): open the capture where its model is, of a family routes support.")
+    st.info(views.md_text(f"No route for this capture: {views.app_error(exc)}. Routes run the capture's model again "
+                          "(one forward pass): open the capture where its model is, of a family routes support."))
     st.stop()
 except Exception as exc:  # a model that loads but cannot run
     shared.show_error(f"routes need the capture's model ({views.app_error(exc)}): open the capture where its model is")
@@ -92,7 +92,7 @@ except InspectorError as exc:
 st.vega_lite_chart(spec=chart.to_dict(), key="routes_chart", on_select=lambda: open_pick("routes_chart"),
                    selection_mode=["edgepick", "nodepick"], width="content")
 if ss.get("routes_note"):
-    st.info(ss.pop("routes_note"))
+    st.info(views.md_text(ss.pop("routes_note")))
 heads = edges[(edges["head"] >= 0)].sort_values("importance", ascending=False)
 listed = list(dict.fromkeys(f"{s}:{h}" for s, h in zip(heads["site"], heads["head"], strict=True)))
 if listed:
