@@ -36,6 +36,9 @@ BERTVIZ_MAX_TOKENS = 64  # bertviz embeds every weight as JSON: a 64-token windo
 # bertviz's model view draws one SVG line per weight of every head (layers x heads x window^2): 6 x 12 heads
 # at 64 tokens are 295k lines, about 10 s in Chromium before anything shows; at 32 tokens 74k lines, 2.6 s
 MODEL_VIEW_MAX_TOKENS = 32
+# the app recomputes a lazy capture's weights (Overview ranks every head): a crafted file of 2 MB can declare
+# 2.4e9 of them and hold the server for minutes, so the app refuses more than this many before any work
+APP_MAX_RECOMPUTED = 1_000_000_000
 VENDOR_FILES = {  # what bertviz's HTML would fetch from cdnjs, as installed by `make assets`
     "requirejs": "requirejs/require.js",
     "d3": "d3/dist/d3.min.js",
@@ -547,6 +550,23 @@ def md_text(value: object) -> str:
 
 
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s'\"\\/:,;)]+)+[\\/]?")
+
+
+def recomputed_weights(capture: Capture) -> int:
+    """How many attention weights the views recompute for ``capture``: batch x heads x queries x keys summed over
+    the sites that store no weights (read from the header alone: nothing is computed)."""
+    return sum(capture.batch_size * s.num_heads * s.query_len * s.key_len for s in capture.sites
+               if "weights" not in s.parts)
+
+
+def check_app_work(capture: Capture, limit: int = APP_MAX_RECOMPUTED) -> None:
+    """Refuse, in one line naming the fix, a capture whose weights the app would recompute past ``limit``
+    (:func:`recomputed_weights`; default :data:`APP_MAX_RECOMPUTED`): before any work is done."""
+    n = recomputed_weights(capture)
+    if n > limit:
+        raise InspectorError(f"this capture has no stored weights and declares {n:,} of them to recompute (heads x "
+                             f"queries x keys over {len(capture.sites)} sites), more than the app's bound of {limit:,}: "
+                             "capture a shorter text (or with stored weights), or use the CLI (inspector rank FILE)")
 
 
 def app_error(exc: BaseException) -> str:
