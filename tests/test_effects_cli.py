@@ -171,3 +171,25 @@ def test_effects_matter_options_refused_before_the_model_loads(tmp_path, capsys)
         assert main(base + argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("inspector: error:") and words in err[0], err
+
+
+def test_reproduce_rebuilds_matter_files_without_an_lm_head(tokenizer, tmp_path):
+    """An encoder without an LM head: the contrast reads the query word (its occurrence too) and the patch
+    aligns the query's tokens; the report's command still rewrites the three files exactly."""
+    bert = LoadedModel(tiny.build("bert"), tokenizer, "tiny-bert")
+    quoted = 'It reads: "The Lessee shall indemnify the Lessor." The Lessee shall indemnify the Lessor again.'
+    source = LEGAL + " The Lessee shall indemnify the Lessor again."
+    out = tmp_path / "run"
+    inv = investigate(bert, source, query="indemnify", referents=["Lessee", "Lessor"], variants={"quoted": quoted},
+                      out_dir=out, contrast="Lessee,Lessor", top=2, rule=_loose(), occurrence=2)
+    cmd = next(c for c in inv.commands if c.startswith("inspector effects"))
+    assert "--query indemnify --occurrence 2" in cmd and "--confirm" in cmd and "--variant" in cmd
+    argv = shlex.split(cmd)[1:]
+    again = tmp_path / "again"
+    again.mkdir()
+    for opt, name in (("--csv", "effects.csv"), ("--matter-csv", "matter.csv"), ("--patch-csv", "patch.csv")):
+        argv[argv.index(opt) + 1] = str(again / name)
+    argv[argv.index("--model") + 1] = _saved(bert, tmp_path / "model")
+    assert main(argv) == 0
+    for name in ("effects.csv", "matter.csv", "patch.csv"):
+        assert (again / name).read_text() == (out / name).read_text(), name
