@@ -81,10 +81,17 @@ with st.sidebar:
                                        "large captures by path instead (Streamlit's server.maxUploadSize, 200 MB by default).")
             if up is not None and up.file_id != ss.upload_id:
                 ss.upload_id = up.file_id
-                dest = shared.tmp_path(f"upload-{Path(up.name).name}")
-                dest.write_bytes(up.getvalue())
-                if not shared.open_capture(str(dest), f"upload {up.name}"):
+                # the browser's name is the user's, not the file system's: too long (ENAMETOOLONG) or odd, it only
+                # labels the upload; the copy gets a short name of its own
+                dest = shared.tmp_path("upload.safetensors")
+                try:
+                    dest.write_bytes(up.getvalue())
+                except OSError as exc:  # the temporary folder full or gone
                     dest.unlink(missing_ok=True)
+                    ss.problems.append(f"the upload could not be stored ({views.app_error(exc)}): open the file by path")
+                else:
+                    if not shared.open_capture(str(dest), f"upload {up.name}"):
+                        dest.unlink(missing_ok=True)
         with t_new:
             with st.form("new_form", border=False):
                 st.text_input("Model (folder or Hub id)", key="new_model",

@@ -15,15 +15,21 @@ longest = max(max(s.query_len, s.key_len) for s in cap.sites)
 limit = views.BERTVIZ_MAX_TOKENS
 st.caption(
     f"bertviz draws the captured weights of every layer and head. It embeds every weight in the page as JSON "
-    f"(about 52 MB at 128 tokens for 6 × 12 heads), so the app offers it for windows of at most {limit} tokens; "
+    f"(about 52 MB at 128 tokens for 6 × 12 heads), so the app offers it for windows of at most {limit} tokens "
+    f"({views.MODEL_VIEW_MAX_TOKENS} in the model view, which draws one line per weight of every head); "
     "rows are not renormalized, so weight on tokens outside the window is not drawn. "
     "Its scripts (require.js, d3, jQuery) are served from apps/vendor, never from a CDN, and run in a sandboxed frame."
 )
 c1, c2, c3 = st.columns([1.2, 1, 1.5])
 c1.radio("View", ["head view", "model view"], key="bv_view", horizontal=True, persist_state=PERSIST)
+if ss.bv_view == "model view":
+    limit = views.MODEL_VIEW_MAX_TOKENS
 if longest > limit:
+    sizes = [n for n in (8, 16, 24, 32, 48, 64) if n <= limit]
+    if ss.get("bv_size") not in sizes:
+        ss.bv_size = max(n for n in sizes if n <= limit)
     c2.number_input(f"First token (0..{longest - 1})", 0, longest - 1, key="bv_start", persist_state=PERSIST)
-    c3.select_slider("Window (tokens)", [8, 16, 24, 32, 48, 64], key="bv_size", persist_state=PERSIST)
+    c3.select_slider("Window (tokens)", sizes, key="bv_size", persist_state=PERSIST)
     start, size = int(ss.bv_start), int(ss.bv_size)
 else:
     start, size = 0, longest

@@ -201,10 +201,13 @@ def _documents(out: Path, summary: pd.DataFrame, keys: list[str], site: str, hea
         # the capture views open on the chosen head, with the document's query and referents in the split finder
         ss.pending_open = SimpleNamespace(
             file=path, site=site, head=int(head), variant=None, query=doc.query,
-            referents=",".join(doc.referents) if doc.query and doc.referents else None, occurrence=doc.occurrence)
+            referents=",".join(doc.referents) if doc.query and doc.referents else None, occurrence=doc.occurrence,
+            source=f"Corpus page ({doc.id})")
         ss.cp_captured = path
         if ss.get("cp_standalone"):
             st.switch_page(st.session_state.cp_app_page)
+        # inside the app the sidebar was drawn before this page: run again, so that it opens and names the new capture
+        st.rerun()
     if ss.get("cp_captured"):
         st.success(f"Captured to {md_text(ss.cp_captured)}; it opens in the capture views "
                    f"(also: inspector app {md_text(ss.cp_captured)}).")

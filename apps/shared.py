@@ -113,6 +113,7 @@ def set_capture(cap: Capture, path: Path | str, source: str) -> None:
     that the app cannot show (no sites, no tokens) raises here and the open capture stays."""
     if not cap.sites:
         raise InspectorError("this capture has no attention sites, so there is nothing to show: capture it again")
+    views.check_app_work(cap)  # a lazy capture declaring billions of weights is refused before any recomputing
     first = cap.sites[0]
     query = first_query(cap, first)
     cap.tokens(first, "query")
@@ -153,7 +154,7 @@ def open_pending() -> None:
     args = ss.pop("pending_open", None)
     if isinstance(args, (str, Path)):  # a path alone (the Corpus page's "Capture" hands over the file it made)
         args = app_args([str(args)])
-    if args is None or not open_capture(args.file, "command line"):
+    if args is None or not open_capture(args.file, getattr(args, "source", None) or "command line"):
         return
     cap = ss.capture
     if args.site:
@@ -184,7 +185,9 @@ def open_pending() -> None:
 
 def open_variant(path: str) -> None:
     try:
-        ss.variant = load_capture(Path(path).expanduser())
+        variant = load_capture(Path(path).expanduser())
+        views.check_app_work(variant)
+        ss.variant = variant
         ss.variant_path = str(Path(path).expanduser().resolve())
     except Exception as exc:
         ss.problems.append(views.app_error(exc))

@@ -340,6 +340,31 @@ def test_bertviz_served_offline(app):
     assert "cdnjs" not in html.unescape(at.get("iframe")[0].proto.srcdoc)
 
 
+def test_bertviz_model_view_window_and_every_head(app, tmp_path, tokenizer):
+    """The model view draws one line per weight of every head: its window is at most 32 tokens (the slider
+    offers no more), and the page carries every layer's every head (none cut)."""
+    if not (ROOT / "apps" / "vendor" / "node_modules" / "d3").is_dir():
+        pytest.skip("bertviz's scripts are not installed: run `make assets`")
+    from inspector.capture import capture
+
+    import tiny
+
+    cap = capture(tiny.build("bert"), tokenizer, " ".join([LEGAL] * 2))  # 2 layers x 3 heads, > 32 tokens
+    assert cap.sites[0].query_len > views.MODEL_VIEW_MAX_TOKENS
+    at = app(cap.save(tmp_path / "long.safetensors"))
+    show(at, "bertviz")
+    at.radio(key="bv_view").set_value("model view")
+    run(at)
+    assert not errors(at)
+    assert max(at.select_slider(key="bv_size").options, key=int) == str(views.MODEL_VIEW_MAX_TOKENS)
+    body = html.unescape(html.unescape(at.get("iframe")[0].proto.srcdoc))
+    anchor = "const params = "
+    params, _ = json.JSONDecoder().raw_decode(body, body.index(anchor) + len(anchor))
+    attn = params["attention"][0]["attn"]
+    assert len(attn) == 2 and all(len(layer) == 3 for layer in attn)
+    assert len(params["attention"][0]["left_text"]) == views.MODEL_VIEW_MAX_TOKENS
+
+
 # ---- fragments: a widget inside a page's fragment reruns that fragment only -------------------------------
 def run_fragment(at: AppTest, key: str, monkeypatch) -> AppTest:
     """Rerun only the fragment ``key`` (``@st.fragment(key=...)``) with the widgets' new values, as the server

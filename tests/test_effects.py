@@ -343,12 +343,44 @@ def test_disagreements_are_reported():
     import pandas as pd
 
     t = pd.DataFrame({"site": ["a", "b", "c"], "stack": "none", "kind": "self", "layer": 0, "head": [0, 1, 2],
-                      "attribution": [0.5, -0.3, 0.1], "effect": [0.2, 0.4, float("nan")]})
+                      "attribution": [0.5, -0.3, 0.1], "effect": [0.2, -0.4, float("nan")]})
     d = E._disagreements(t)
-    assert set(d["site"]) == {"a", "b"}  # ranks swapped
+    assert d.empty and d.attrs["confirmed"] == 2  # a swap of neighbours is not a disagreement
     t.loc[0, "effect"] = -0.9
     d = E._disagreements(t)
-    assert not d.set_index("site").loc["a", "sign_agrees"]
+    assert list(d["site"]) == ["a"] and not d["sign_agrees"].iloc[0]
+
+
+def test_disagreements_planted_sign_and_large_gap_only():
+    """15 confirmed heads (as debug confirms): neighbours swapped throughout (rank gaps of 1 and 2), one head
+    moved by 9 places and one of the wrong sign; only those two are named, with Spearman's rho in one line."""
+    import numpy as np
+    import pandas as pd
+
+    stats = pytest.importorskip("scipy.stats")
+    attribution = np.linspace(1.5, 0.1, 15)  # ranks 1..15 by |attribution|
+    effect_rank = [2, 1, 4, 3, 6, 5, 7, 9, 8, 11, 10, 13, 12, 15, 14]  # every neighbour swapped: gaps of 1
+    effect_rank[2], effect_rank[4] = 5, 3  # a gap of 2
+    moved, flipped = 1, 6  # rows: head 1 falls from rank 2 to 11; head 6 keeps its place with the other sign
+    order = effect_rank[:]
+    order.remove(effect_rank[moved])
+    order.insert(10, effect_rank[moved])
+    effect_rank = [order.index(r) + 1 for r in effect_rank]
+    effect = np.array([0.2 * (16 - r) for r in effect_rank])
+    effect[flipped] *= -1
+    t = pd.DataFrame({"site": "s", "stack": "none", "kind": "self", "layer": 0, "head": range(15),
+                      "attribution": attribution, "effect": effect})
+    t.loc[15] = ["s", "none", "self", 0, 15, 0.05, float("nan")]  # not confirmed: left out
+    d = E._disagreements(t)
+    gaps = (d["attribution_rank"] - d["effect_rank"]).abs()
+    assert sorted(d["head"]) == sorted([moved, flipped]), d
+    assert gaps[d["head"] == moved].iloc[0] >= E.large_rank_gap(15) and not d.set_index("head").loc[flipped, "sign_agrees"]
+    done = t[t["effect"].notna()]
+    rho = stats.spearmanr(done["attribution"].abs(), done["effect"].abs()).statistic
+    assert d.attrs["spearman"] == pytest.approx(rho, abs=1e-12) and d.attrs["confirmed"] == 15
+    text = E.describe_disagreements(d).splitlines()
+    assert f"{rho:+.2f} over 15 confirmed heads" in text[0] and "1 in sign, 1 by" in text[0]
+    assert len(text) == 3 and text[1].startswith(f"  s:{moved}: rank (") and text[2].startswith(f"  s:{flipped}: sign (")
 
 
 def test_the_model_is_left_as_it_was(tokenizer):

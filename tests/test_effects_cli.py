@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from html import unescape
 
 import pandas as pd
 import pytest
@@ -105,14 +106,20 @@ def test_debug_does_it_matter(tokenizer, tmp_path):
         assert (tmp_path / name).is_file()
     html = (tmp_path / "report.html").read_text()
     assert html.index("Does it matter?") < html.index("<h2>Reproduce</h2>")
+    # the report's command rebuilds effects.csv, matter.csv and patch.csv exactly as debug wrote them: the same
+    # --top, the flagged heads confirmed too (more heads confirmed than --top), the variant patched in
+    assert (tmp_path / "effects.csv").exists() and pd.read_csv(tmp_path / "effects.csv")["effect"].notna().sum() > 4
     cmd = next(c for c in inv.commands if c.startswith("inspector effects"))
+    assert cmd in unescape(html)  # the report's "Reproduce" section shows it
     argv = shlex.split(cmd)[1:]
-    argv[argv.index("--csv") + 1] = str(tmp_path / "again.csv")
-    argv[argv.index("--model") + 1] = _saved(bart, tmp_path / "model")
+    again = tmp_path.parent / (tmp_path.name + "-again")
+    again.mkdir()
+    for opt, name in (("--csv", "effects.csv"), ("--matter-csv", "matter.csv"), ("--patch-csv", "patch.csv")):
+        argv[argv.index(opt) + 1] = str(again / name)
+    argv[argv.index("--model") + 1] = _saved(bart, tmp_path.parent / (tmp_path.name + "-model"))
     assert main(argv) == 0
-    a, b = pd.read_csv(tmp_path / "effects.csv"), pd.read_csv(tmp_path / "again.csv")
-    assert a[["site", "head"]].equals(b[["site", "head"]])
-    assert a["attribution"].tolist() == pytest.approx(b["attribution"].tolist(), abs=1e-7)
+    for name in ("effects.csv", "matter.csv", "patch.csv"):
+        assert (again / name).read_text() == (tmp_path / name).read_text(), name
 
 
 def _loose():
@@ -149,3 +156,40 @@ def test_a_wrong_word_only_in_the_prompt_is_named_so(tokenizer):
     model = tiny.build("gpt2")
     with pytest.raises(InspectorError, match="in the prompt but not in the output"):
         E.effects(model, tokenizer, "The Lessee shall indemnify the Lessor", "the tenant pays", contrast="Lessee,Lessor")
+
+
+def test_effects_matter_options_refused_before_the_model_loads(tmp_path, capsys):
+    base = ["effects", "--model", str(tmp_path / "no-such-model"), "--source", LEGAL, "--output", OUTPUT,
+            "--contrast", "Lessee,Lessor", "--csv", str(tmp_path / "e.csv")]
+    for argv, words in [
+        (["--confirm", "transformer.h.0.attn"], "--confirm takes SITE:HEAD"),
+        (["--confirm", "transformer.h.0.attn:²"], "--confirm takes SITE:HEAD"),
+        (["--patch-csv", str(tmp_path / "p.csv")], "give --variant NAME=FILE"),
+        (["--variant", "quoted"], "--variant takes NAME=FILE"),
+        (["--variant", f"q={tmp_path / 'missing.txt'}"], "missing.txt"),
+    ]:
+        assert main(base + argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("inspector: error:") and words in err[0], err
+
+
+def test_reproduce_rebuilds_matter_files_without_an_lm_head(tokenizer, tmp_path):
+    """An encoder without an LM head: the contrast reads the query word (its occurrence too) and the patch
+    aligns the query's tokens; the report's command still rewrites the three files exactly."""
+    bert = LoadedModel(tiny.build("bert"), tokenizer, "tiny-bert")
+    quoted = 'It reads: "The Lessee shall indemnify the Lessor." The Lessee shall indemnify the Lessor again.'
+    source = LEGAL + " The Lessee shall indemnify the Lessor again."
+    out = tmp_path / "run"
+    inv = investigate(bert, source, query="indemnify", referents=["Lessee", "Lessor"], variants={"quoted": quoted},
+                      out_dir=out, contrast="Lessee,Lessor", top=2, rule=_loose(), occurrence=2)
+    cmd = next(c for c in inv.commands if c.startswith("inspector effects"))
+    assert "--query indemnify --occurrence 2" in cmd and "--confirm" in cmd and "--variant" in cmd
+    argv = shlex.split(cmd)[1:]
+    again = tmp_path / "again"
+    again.mkdir()
+    for opt, name in (("--csv", "effects.csv"), ("--matter-csv", "matter.csv"), ("--patch-csv", "patch.csv")):
+        argv[argv.index(opt) + 1] = str(again / name)
+    argv[argv.index("--model") + 1] = _saved(bert, tmp_path / "model")
+    assert main(argv) == 0
+    for name in ("effects.csv", "matter.csv", "patch.csv"):
+        assert (again / name).read_text() == (out / name).read_text(), name

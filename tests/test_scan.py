@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -393,8 +394,9 @@ def test_the_local_engine_imports_nothing_from_ray(bert_folder, tmp_path):
     assert len(pd.read_parquet(tmp_path / "out" / "documents.parquet")) == 10
 
 
-def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path, monkeypatch):
-    """The documents handed to Ray in windows of 8 (three Datasets, the actors loading the model for each)."""
+def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path, monkeypatch, capfd):
+    """The documents handed to Ray in windows of 8 (three Datasets, the actors loading the model for each);
+    a successful run prints no error-tagged line (Ray's C++ log, ``[time E pid tid] core_worker...``)."""
     try:
         import ray
     except ImportError:
@@ -407,6 +409,7 @@ def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path, mo
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20))
     local = tmp_path / "local"
     scan(data, local, fields=FIELDS, batch_size=4, loaded=load_model(str(bert_folder)), progress=False)
+    capfd.readouterr()
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
     try:
         on_ray = tmp_path / "ray"
@@ -415,6 +418,9 @@ def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path, mo
         assert ray.is_initialized()  # a Ray instance the caller started is left running
     finally:
         ray.shutdown()
+    printed = capfd.readouterr()
+    tagged = [line for line in (printed.out + printed.err).splitlines() if re.match(r"\[[^\]]* [EF] \d+ \d+\]", line)]
+    assert not tagged, tagged
     assert (result.scanned, result.errors) == (20, 2)
     a = pd.read_parquet(local / "documents.parquet")
     b = pd.read_parquet(on_ray / "documents.parquet")

@@ -119,8 +119,22 @@ def test_notebook_runs_in_a_kernel(tmp_path):
     assert not any(p.name.endswith((".png", ".svg")) for p in ROOT.iterdir())
 
 
-def test_bertviz_views_from_a_capture(cap):
+def test_bertviz_views_from_a_capture(cap, tmp_path):
+    """The notebook views inline the vendored require.js, d3 and jQuery (the app's copies): they draw offline."""
+    import re
+
+    vendor = ROOT / "apps" / "vendor" / "node_modules"
+    if not (vendor / "d3").is_dir():
+        pytest.skip("bertviz's scripts are not installed: run `make assets`")
     page = show.head_view(cap, start=0, size=4, html_action="return").data
     assert '"blocked"' in page and "attention" in page
-    page = show.model_view(cap, start=1, size=2, html_action="return").data
-    assert '"card"' in page and '"was"' in page and '"blocked"' not in page
+    page2 = show.model_view(cap, start=1, size=2, html_action="return").data
+    assert '"card"' in page2 and '"was"' in page2 and '"blocked"' not in page2
+    for p in (page, page2):
+        assert not re.search(r"""<script[^>]*\ssrc\s*=\s*["']?(https?:)?//""", p, re.IGNORECASE)
+        assert not re.search(r"https?://cdn", p) and "define('d3'" in p
+        assert (vendor / "d3" / "dist" / "d3.min.js").read_text(encoding="utf-8")[-200:] in p
+    with pytest.raises(Exception, match="make assets"):
+        show.head_view(cap, size=4, html_action="return", vendor_dir=tmp_path)
+    with pytest.raises(Exception, match="at most 32 tokens"):
+        show.model_view(cap, size=33, html_action="return")

@@ -116,9 +116,40 @@ def test_offline_bertviz_inlines_scripts(bert, bart, tmp_path):
     for cap, view in ((bert, "head"), (bert, "model"), (bart, "head"), (bart, "model")):
         page = views.bertviz_html(cap, view, 0, 16, VENDOR)
         assert "cdnjs" not in page and not re.search(r"""src=["']https?:""", page)
-        assert page.count("</script>") == 6  # require.js, guard, d3, jQuery, names, bertviz
+        assert page.count("</script>") == 7  # require.js, guard, d3, jQuery, names, fit to width, bertviz
         assert "define('d3'" in page and "requirejs(['jquery', 'd3']" in page
     assert views.html_size("x" * 2000) == "2 kB"
+    with pytest.raises(InspectorError, match="at most 32 tokens"):  # one SVG line per weight of every head
+        views.bertviz_html(bert, "model", 0, views.MODEL_VIEW_MAX_TOKENS + 1, VENDOR)
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium: run `make chromium`")
+def test_model_view_shows_every_head_in_a_narrow_frame(tokenizer, tmp_path):
+    """bertviz draws the model view 970 px wide: in the app's 700 px frame the last heads were cut off. Every
+    head's thumbnail now lies inside the frame, and there is one per captured layer and head."""
+    pw = pytest.importorskip("playwright.sync_api")
+    if not (VENDOR / "d3").is_dir():
+        pytest.skip("bertviz's scripts are not installed: run `make assets`")
+    model = tiny.build("bert")  # 2 layers x 3 heads
+    cap = capture(model, tokenizer, "The Lessee shall indemnify the Lessor.")
+    page = tmp_path / "model.html"
+    page.write_text(views.bertviz_html(cap, "model", 0, 16, VENDOR), encoding="utf-8")
+    with pw.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            tab = browser.new_page(viewport={"width": 700, "height": 900})
+            tab.goto(page.as_uri())
+            tab.wait_for_function("document.querySelectorAll('rect.attn_background').length > 0", timeout=60_000)
+            rects = tab.evaluate("[...document.querySelectorAll('rect.attn_background')].map(r => "
+                                 "{const b = r.getBoundingClientRect(); return [r.id, b.left, b.right]})")
+            width = tab.evaluate("document.documentElement.clientWidth")
+        finally:
+            browser.close()
+    assert sorted(r[0] for r in rects) == sorted(f"attn_background_{i}_{j}" for i in range(2) for j in range(3))
+    assert all(0 <= left and right <= width for _, left, right in rects), (width, rects)
 
 
 def test_bertviz_tokens_cannot_close_the_script(tokenizer):

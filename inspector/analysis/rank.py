@@ -92,6 +92,7 @@ class RankSums:
         self.sink, self.self_m, self.prev_m = (torch.zeros(batch, heads, dtype=f64) for _ in range(3))
         self.prev_n = torch.zeros(batch, dtype=f64)
         self.n_rows = torch.zeros(batch, dtype=f64)
+        self.blind = torch.zeros(batch, dtype=f64)  # real query rows that see no key: left out of every sum
         self.cols = torch.zeros(batch, heads, keys, dtype=f64)
 
     def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
@@ -114,9 +115,15 @@ class RankSums:
         cancellation between large logits: as precise as ``-sum p log p`` on sharp heads, never negative); a
         row this leaves non-finite (an infinite mask entry) takes ``-sum p log p``.
 
+        A real row that sees no key (its mask hides every key) has no weights to measure: it is left out of
+        every sum and counted in ``blind``.
+
         Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
         ``sum p log p`` non-finite), so callers need no pass of their own to check."""
         b, h, c, _ = w.shape
+        sees = vis.any(-1).any(1)  # [batch|1, c|1]: the row sees at least one key under some head
+        self.blind[at] += (rows & ~sees).sum(-1)
+        rows = rows & sees
         want = self.want
         spec = special_k[:, None, None, :]  # [batch, 1, 1, key]
         any_special = bool(special_k.any()) and True in want
@@ -185,25 +192,27 @@ class RankSums:
         i = int(excluded)
         nan = torch.tensor(float("nan"), dtype=torch.float64)
         n = self.n_rows.clamp_min(1)[:, None]
+        none = (self.n_rows == 0)[:, None]  # no row to average: NaN, not 0
         mean_cols = self.cols / n[..., None]
         top = mean_cols.argmax(-1)
         return {
             "entropy": torch.where(self.ent_n[:, i] > 0, self.ent[:, i] / self.ent_n[:, i].clamp_min(1), nan),
             "normalized_entropy": torch.where(self.norm_n[:, i] > 0, self.norm[:, i] / self.norm_n[:, i].clamp_min(1), nan),
-            "sink_mass": self.sink / n,
-            "self_mass": self.self_m / n if self.same_axis else torch.full_like(self.sink, float("nan")),
+            "sink_mass": torch.where(none, nan, self.sink / n),
+            "self_mass": torch.where(none, nan, self.self_m / n) if self.same_axis else torch.full_like(self.sink, float("nan")),
             "prev_mass": (torch.where(self.prev_n[:, None] > 0, self.prev_m / self.prev_n.clamp_min(1)[:, None], nan)
                           if self.same_axis else torch.full_like(self.sink, float("nan"))),
             "top_key_index": top,
-            "top_key_weight": mean_cols.gather(-1, top[..., None]).squeeze(-1),
+            "top_key_weight": torch.where(none, nan, mean_cols.gather(-1, top[..., None]).squeeze(-1)),
         }
 
 
 def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weighting: str = "attention",
-                     want: tuple[bool, ...] = (False, True)) -> dict[bool, list[dict]]:
+                     want: tuple[bool, ...] = (False, True), notes: dict | None = None) -> dict[bool, list[dict]]:
     """The rank rows of one site with special-token keys kept (``False``) and excluded (``True``), from
     one pass over the weights (:class:`RankSums`). ``want`` names the settings to compute (each costs
-    one pass of sums over the block; the logarithms are shared)."""
+    one pass of sums over the block; the logarithms are shared). What was left out (query rows that see no
+    key, heads whose value norms are all zero: NaN metrics) is added to ``notes`` (name -> reason)."""
     h = site.num_heads
     special_k, pad_k = capture.flags(site, "key", batch)
     _, pad_q = capture.flags(site, "query", batch)
@@ -223,9 +232,19 @@ def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weigh
         vis = visible_keys(capture, site, batch, qs, pad_k)
         sums.add(w[None], vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None])
     key_tokens = capture.tokens(site, "key", batch)
+    # a head whose value norms are all zero leaves no value-weighted row: its metrics are NaN, not a sharp head
+    dead = (vn == 0).all(-1) if vn is not None else torch.zeros(h, dtype=torch.bool)
+    if notes is not None:
+        if int(sums.blind[0]):
+            notes[f"{int(sums.blind[0])} query row(s) of {site.name}"] = "they see no key (the mask hides every key)"
+        for head in dead.nonzero().flatten().tolist():
+            notes[f"{site.name} head {head}"] = "its value norms are all zero: value-weighted attention is undefined"
     out: dict[bool, list[dict]] = {}
     for excluded in want:
-        m = {k: v[0].tolist() for k, v in sums.metrics(excluded).items()}
+        met = sums.metrics(excluded)
+        for k in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight"):
+            met[k] = met[k].masked_fill(dead[None], float("nan"))
+        m = {k: v[0].tolist() for k, v in met.items()}
         out[excluded] = [{
             "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
             **{k: m[k][head] for k in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass")},
@@ -252,7 +271,8 @@ def rank_heads(
     Weights are read (or recomputed) ``chunk`` query rows at a time at most, fewer where the key axis is
     long (a block of all heads x rows x keys stays within 8 MB), so memory stays bounded at any length.
     ``weighting="value-norm"`` computes every metric on value-weighted attention; sites without value
-    norms are left out and named in ``df.attrs["left_out"]`` (site -> reason).
+    norms are left out and named in ``df.attrs["left_out"]`` (site -> reason), as are query rows that see no
+    key (left out of every metric) and heads whose value norms are all zero (NaN metrics).
     """
     return rank_heads_both(capture, batch=batch, sites=sites, rule=rule, sort_by=sort_by, ascending=ascending,
                            chunk=chunk, weighting=weighting, want=(bool(exclude_special),))[bool(exclude_special)]
@@ -276,7 +296,7 @@ def rank_heads_both(
     chosen, left_out = weighted_sites(capture, list(sites if sites is not None else capture.sites), weighting)
     rows: dict[bool, list[dict]] = {excluded: [] for excluded in want}
     for site in chosen:
-        for excluded, site_rows in _site_stats_both(capture, site, batch, chunk, weighting, want).items():
+        for excluded, site_rows in _site_stats_both(capture, site, batch, chunk, weighting, want, left_out).items():
             rows[excluded] += site_rows
     return {excluded: _rank_frame(rows[excluded], rule, sort_by, ascending, weighting, dict(left_out))
             for excluded in want}

@@ -28,6 +28,7 @@ from inspector.cli.common import (
     format_table,
     int_list,
     load_from_args,
+    parse_variants,
     positive_int,
     read_text,
     status,
@@ -320,17 +321,23 @@ def cmd_ablate(args) -> int:
 
 def cmd_effects(args) -> int:
     from inspector.intervene import effects
+    from inspector.intervene import seam as intervene
+    from inspector.intervene.contrast import parse as parse_contrast
     from inspector.store.files import check_target, write_csv
 
     source = read_text(args.source, args.source_file, "source")
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
-    from inspector.intervene.contrast import parse as parse_contrast
-
     parse_contrast(args.contrast)  # before the model loads
     if args.top < 0:
         raise InspectorError(f"--top must be 0 or more, got {args.top}")
-    check_target(Path(args.csv))
+    confirm = intervene.parse_heads(args.confirm, "--confirm") if args.confirm else []
+    variants = parse_variants(args.variant)
+    if args.patch_csv and not variants:
+        raise InspectorError("--patch-csv writes the heads patched from each variant: give --variant NAME=FILE too")
+    for target in (args.csv, args.matter_csv, args.patch_csv):
+        if target:
+            check_target(Path(target))
     loaded = load_from_args(args)
     output, generate = _output_or_generate(args, loaded)
     target_ids = None
@@ -338,14 +345,39 @@ def cmd_effects(args) -> int:
         from inspector.capture.generation import generate_target
 
         target_ids, output = generate_target(loaded.model, loaded.tokenizer, source, generate), None
+    if variants or args.matter_csv:
+        return _effects_with_matter(args, loaded, source, output, target_ids, confirm, variants)
     res = effects.effects(loaded.model, loaded.tokenizer, source, output, contrast=args.contrast, query=args.query,
-                          occurrence=args.occurrence, top=args.top, method=args.method, target_ids=target_ids)
+                          occurrence=args.occurrence, top=args.top, method=args.method, target_ids=target_ids,
+                          confirm=confirm)
     write_csv(args.csv, res.table)
     status(f"wrote {len(res.table)} rows to {args.csv}")
     print(f"metric: {res.definition} = {res.metric:.6f}")
     print(f"heads ranked by |attribution| (first {max(args.top, 10)}); effect = exact change under {args.method} ablation:")
     print(format_table(res.table.head(max(args.top, 10)), digits=5))
     print(effects.describe_disagreements(res.disagreements))
+    return 0
+
+
+def _effects_with_matter(args, loaded, source, output, target_ids, confirm, variants) -> int:
+    """``effects`` with ``--variant`` or ``--matter-csv``: what ``debug --contrast`` writes (its "Does it matter?")."""
+    from inspector.investigate import matter as _matter
+    from inspector.store.files import write_csv
+
+    if args.method != "zero":
+        raise InspectorError("--matter-csv and --variant measure zero ablation (as debug does): drop --method mean")
+    m = _matter.matter_of(loaded, source, flagged=confirm, contrast=args.contrast, query=args.query,
+                          contrast_occurrence=args.occurrence, occurrence=args.occurrence, variants=variants,
+                          top=args.top, target=output, target_ids=target_ids)
+    write_csv(args.csv, m.effects)
+    status(f"wrote {len(m.effects)} rows to {args.csv}")
+    if args.matter_csv:
+        write_csv(args.matter_csv, m.heads)
+        status(f"wrote {len(m.heads)} rows to {args.matter_csv}")
+    if args.patch_csv:
+        write_csv(args.patch_csv, m.patches)
+        status(f"wrote {len(m.patches)} rows to {args.patch_csv}")
+    print(_matter.summary_text(m, format_table))
     return 0
 
 
@@ -364,6 +396,15 @@ def add_effects_commands(sub) -> None:
             p.add_argument("--contrast", required=True, metavar="RIGHT,WRONG", help="the metric: logit(RIGHT) - logit(WRONG) where the output says WRONG")
             p.add_argument("--top", type=int, default=10, help="confirm the first K heads by exact ablation (default 10)")
             p.add_argument("--csv", required=True, help="CSV with one row per site and head")
+            p.add_argument("--confirm", metavar="SITE:HEAD[,SITE:HEAD...]",
+                           help="also confirm these heads by exact ablation (debug confirms its flagged heads); "
+                                "--matter-csv marks them flagged")
+            p.add_argument("--variant", action="append", metavar="NAME=FILE",
+                           help="patch each confirmed head (and all together) from this version of the source, as debug does")
+            p.add_argument("--matter-csv", metavar="FILE", help="the confirmed heads with their effects and patch effects "
+                                                                "(debug's matter.csv)")
+            p.add_argument("--patch-csv", metavar="FILE", help="per variant, the confirmed heads patched together "
+                                                               "(debug's patch.csv)")
         p.add_argument("--method", default="zero", choices=["zero", "mean"], help="ablate to zero or to the head's mean over positions")
         p.add_argument("--query", help="models without an LM head: the word whose final representation the contrast measures "
                                        "(and, for patching, whose tokens align)")

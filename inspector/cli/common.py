@@ -4,6 +4,7 @@ model loads, loading the model named by the arguments, printing a table, and sta
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -48,6 +49,21 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"inspector: error: {message} (see `{self.prog} --help`)\n")
         sys.exit(2)
+
+
+def parse_variants(items: list[str] | None, query: str | None = None) -> dict[str, str]:
+    """``NAME=FILE`` items as ``{name: text}``; refuses (before the model loads) a bad name, a file that is
+    missing or not UTF-8, and a file without the query word."""
+    out = {}
+    for item in items or []:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            raise InspectorError(f"--variant takes NAME=FILE, got {item!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
+            raise InspectorError(f"variant name {name!r} must be letters, digits, '_', '-' or '.', e.g. --variant quoted=FILE")
+        out[name] = read_utf8(file, "variant")
+        check_word_in(query, out[name], f"the variant file {file} (--variant {name}=...)")
+    return out
 
 
 def positive_int(value: str) -> int:

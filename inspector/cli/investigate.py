@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,13 +13,12 @@ from inspector.cli.common import (
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
-    check_word_in,
     cmd_app,
     format_table,
     load_from_args,
+    parse_variants,
     positive_int,
     read_text,
-    read_utf8,
 )
 from inspector.errors import InspectorError
 
@@ -72,21 +70,6 @@ def _print_findings(inv: Investigation, top: int = 10, focus: tuple[int, int] | 
     print(f"\nWrote {len(written)} files to {inv.out_dir}: {', '.join(written)}")
 
 
-def _parse_variants(items: list[str] | None, query: str | None = None) -> dict[str, str]:
-    """``NAME=FILE`` items as ``{name: text}``; refuses (before the model loads) a bad name, a file that is
-    missing or not UTF-8, and a file without the query word."""
-    out = {}
-    for item in items or []:
-        name, sep, file = item.partition("=")
-        if not sep or not name or not file:
-            raise InspectorError(f"--variant takes NAME=FILE, got {item!r}")
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
-            raise InspectorError(f"variant name {name!r} must be letters, digits, '_', '-' or '.', e.g. --variant quoted=FILE")
-        out[name] = read_utf8(file, "variant")
-        check_word_in(query, out[name], f"the variant file {file} (--variant {name}=...)")
-    return out
-
-
 def cmd_debug(args) -> int:
     from inspector import analysis
     from inspector.investigate.debug import (
@@ -99,7 +82,7 @@ def cmd_debug(args) -> int:
     output = read_text(args.output, args.output_file, "output")
     # the query is looked up in the output first: only a word the output cannot hold must be in each variant
     in_output = args.generate or (output is not None and args.query.strip().casefold() in output.casefold())
-    variants = _parse_variants(args.variant, None if in_output else args.query)
+    variants = parse_variants(args.variant, None if in_output else args.query)
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
     check_folder_target(Path(args.out), MARKER)  # before the model loads

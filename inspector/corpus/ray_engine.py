@@ -182,6 +182,10 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
                 fn_constructor_kwargs={"model": model, "options": options.to_dict(), "device": "cuda" if gpus else device,
                                        "trust_remote_code": trust_remote_code, "threads": threads},
                 num_gpus=gpus, num_cpus=threads or 1,
+                # Ray Data passes its actors' constructor arguments by reference and, with restarts on (its
+                # default), logs an error-tagged core_worker line for every run; an actor lost midway fails the
+                # scan instead, which resumes from its committed parts
+                max_restarts=0,
             )
             del items  # Ray holds the window now
             for out in ds.iter_batches(batch_size=None, batch_format="pandas"):

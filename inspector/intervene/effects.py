@@ -215,7 +215,8 @@ class Effects:
     attribution (largest first); ``effect`` is empty (NaN) where it was not computed.
     ``metric``: the contrast before any ablation; ``definition``: what it measures.
     ``disagreements``: the rows with an exact effect whose sign differs from the attribution's, or
-    whose rank by absolute effect differs from their rank by absolute attribution."""
+    whose rank by absolute effect is :func:`large_rank_gap` places or more from their rank by absolute
+    attribution; its ``attrs`` hold the Spearman rank correlation over every confirmed head."""
 
     table: pd.DataFrame
     metric: float
@@ -306,29 +307,50 @@ def effects(model, tokenizer, text: str, target: str | None = None, *, contrast:
     return res
 
 
+def large_rank_gap(n: int) -> int:
+    """The smallest rank gap reported among ``n`` confirmed heads: 3 places, and at least a quarter of them
+    (gaps of 1 or 2 are the noise of near-equal heads; the Spearman correlation sums them up)."""
+    return max(3, -(-n // 4))
+
+
 def _disagreements(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows with an exact effect where sign or rank (by absolute value, among those rows) differ."""
+    """Rows with an exact effect whose sign differs from the attribution's, or whose rank by absolute value
+    (among those rows) differs by :func:`large_rank_gap` places or more. ``attrs``: ``confirmed`` (how many
+    rows have an effect), ``spearman`` (the Spearman rank correlation of |attribution| and |effect| over them,
+    ties averaged; NaN under 2 rows or a constant column) and ``large_gap``."""
     done = table[table["effect"].notna()].copy()
     cols = ["site", "head", "attribution", "effect", "attribution_rank", "effect_rank", "sign_agrees"]
+    n = len(done)
+    rho = float("nan")
+    if n >= 2:  # Spearman: Pearson's correlation of the ranks (the definition; pandas has no scipy-free one)
+        rho = float(done["attribution"].abs().rank().corr(done["effect"].abs().rank()))
     if done.empty:
-        return pd.DataFrame(columns=cols)
-    done["attribution_rank"] = done["attribution"].abs().rank(ascending=False, method="first").astype(int)
-    done["effect_rank"] = done["effect"].abs().rank(ascending=False, method="first").astype(int)
-    done["sign_agrees"] = (done["attribution"] > 0) == (done["effect"] > 0)
-    bad = done[(~done["sign_agrees"]) | (done["attribution_rank"] != done["effect_rank"])]
-    return bad[cols].reset_index(drop=True)
+        bad = pd.DataFrame(columns=cols)
+    else:
+        done["attribution_rank"] = done["attribution"].abs().rank(ascending=False, method="first").astype(int)
+        done["effect_rank"] = done["effect"].abs().rank(ascending=False, method="first").astype(int)
+        done["sign_agrees"] = (done["attribution"] > 0) == (done["effect"] > 0)
+        gap = (done["attribution_rank"] - done["effect_rank"]).abs()
+        bad = done[(~done["sign_agrees"]) | (gap >= large_rank_gap(n))][cols].reset_index(drop=True)
+    bad.attrs.update(confirmed=n, spearman=rho, large_gap=large_rank_gap(n))
+    return bad
 
 
 def describe_disagreements(d: pd.DataFrame) -> str:
-    """Plain-text lines saying where attribution and the exact effect disagree (sign or rank)."""
+    """Plain-text lines on how far attribution ranks the confirmed heads as their exact effects do: the first
+    line gives the Spearman rank correlation over all of them (``d.attrs``, from :func:`_disagreements`) and
+    how many disagree in sign or by a large rank gap; then one line per such head."""
+    n, rho, gap = d.attrs.get("confirmed"), d.attrs.get("spearman"), d.attrs.get("large_gap", 3)
+    corr = "" if rho is None or rho != rho else f"rank correlation (Spearman) of |attribution| and |effect| {rho:+.2f} over {n} confirmed heads; "
     if d.empty:
-        return "attribution and exact effect agree in sign and rank on every confirmed head"
-    lines = [f"attribution and exact effect disagree on {len(d)} confirmed head(s):"]
+        return corr + f"no confirmed head differs in sign or by {gap}+ ranks"
+    signs = int((~d["sign_agrees"].astype(bool)).sum())
+    lines = [corr + f"{len(d)} confirmed head(s) disagree: {signs} in sign, {len(d) - signs} by {gap}+ ranks:"]
     for r in d.itertuples(index=False):
         what = []
         if not r.sign_agrees:
             what.append(f"sign (attribution {r.attribution:+.4g}, effect {r.effect:+.4g})")
-        if r.attribution_rank != r.effect_rank:
+        if abs(r.attribution_rank - r.effect_rank) >= gap:
             what.append(f"rank ({r.attribution_rank} by attribution, {r.effect_rank} by effect)")
         lines.append(f"  {r.site}:{r.head}: " + "; ".join(what))
     return "\n".join(lines)

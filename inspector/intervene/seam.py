@@ -212,18 +212,19 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
 
 
 # ---- heads -----------------------------------------------------------------------------------
-def parse_heads(spec: str) -> list[tuple[str, int]]:
-    """``SITE:HEAD[,SITE:HEAD...]`` (the head after the last colon) into ``[(site, head), ...]``."""
+def parse_heads(spec: str, option: str = "--heads") -> list[tuple[str, int]]:
+    """``SITE:HEAD[,SITE:HEAD...]`` (the head after the last colon) into ``[(site, head), ...]``; raises
+    :class:`InspectorError` naming ``option`` for a malformed or empty list."""
     out = []
     for item in (x.strip() for x in spec.split(",")):
         if not item:
             continue
         site, sep, head = item.rpartition(":")
         if not sep or not site or not re.fullmatch(r"[0-9]{1,9}", head.strip()):  # not str.isdigit: '²' passes it
-            raise InspectorError(f"--heads takes SITE:HEAD[,SITE:HEAD...], e.g. encoder.layer.5.attention.self:9; got {item!r}")
+            raise InspectorError(f"{option} takes SITE:HEAD[,SITE:HEAD...], e.g. encoder.layer.5.attention.self:9; got {item!r}")
         out.append((site.strip(), int(head)))
     if not out:
-        raise InspectorError("--heads is empty: name at least one head as SITE:HEAD")
+        raise InspectorError(f"{option} is empty: name at least one head as SITE:HEAD")
     return out
 
 

@@ -64,18 +64,35 @@ def said_kwargs(model, tokenizer, cap: Capture, source: str) -> dict:
 def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, contrast: str | tuple[str, str],
                    query: str | None = None, occurrence: int | None = None, variants: dict[str, str] | None = None,
                    top: int = 10) -> Matter:
-    """Effects of the flagged and top heads on the contrast, and of patching them from each variant."""
-    model, tokenizer = loaded.model, loaded.tokenizer
-    said = said_kwargs(model, tokenizer, cap, source)
+    """Effects of the flagged and top heads on the contrast, and of patching them from each variant (the
+    output exactly as ``cap`` fed it, :func:`said_kwargs`)."""
+    said = said_kwargs(loaded.model, loaded.tokenizer, cap, source)
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
     # without an LM head the contrast reads the investigation's query occurrence; with one, WRONG's first occurrence
-    lm = model_has_lm_head(model)
-    res = _effects.effects(model, tokenizer, source, contrast=contrast, query=query, occurrence=None if lm else occurrence,
-                           top=top, confirm=flagged_keys, **said)
+    lm = model_has_lm_head(loaded.model)
+    return matter_of(loaded, source, flagged=flagged_keys, contrast=contrast, query=query,
+                     contrast_occurrence=None if lm else occurrence, occurrence=occurrence, variants=variants, top=top,
+                     **said)
+
+
+def matter_of(loaded, source: str, *, flagged: list[tuple[str, int]], contrast: str | tuple[str, str],
+              query: str | None = None, contrast_occurrence: int | None = None, occurrence: int | None = None,
+              variants: dict[str, str] | None = None, top: int = 10, target: str | None = None,
+              target_ids: list[list[int]] | None = None) -> Matter:
+    """The part from texts alone (behind ``inspector effects --confirm/--variant/--matter-csv``, which rebuilds
+    what ``debug`` wrote): :func:`inspector.intervene.effects.effects` of the ``top`` heads by attribution and of
+    ``flagged`` (listed with ``flagged`` true), then, per variant, each listed head and all of them patched in.
+    ``contrast_occurrence`` is the contrast's (WRONG's with an LM head, else the query's); ``occurrence`` the
+    query's, for aligning an encoder's patch. Raises :class:`InspectorError` for an unknown head or contrast."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    said = {"target": target} if target is not None else ({"target_ids": target_ids} if target_ids is not None else {})
+    flagged = list(dict.fromkeys((str(s), int(h)) for s, h in flagged))
+    res = _effects.effects(model, tokenizer, source, contrast=contrast, query=query, occurrence=contrast_occurrence,
+                           top=top, confirm=flagged, **said)
     table = res.table
     listed = table[table["effect"].notna()].copy()
-    listed.insert(5, "flagged", [k in set(flagged_keys) for k in zip(listed["site"], listed["head"], strict=True)])
+    listed.insert(5, "flagged", [k in set(flagged) for k in zip(listed["site"], listed["head"], strict=True)])
     listed = listed.loc[listed["effect"].abs().sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
     keys = list(zip(listed["site"], listed["head"], strict=True))
 
@@ -158,7 +175,9 @@ def render_section(m: Matter) -> str:
 
 
 def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None, has_output: bool) -> list[str]:
-    """The ``inspector effects`` command that rewrites ``effects.csv`` from the saved texts."""
+    """The ``inspector effects`` command that rewrites ``effects.csv``, ``matter.csv`` and (with variants)
+    ``patch.csv`` from the saved texts: the same ``--top``, the flagged heads confirmed too (``--confirm``),
+    each variant's saved text (``--variant``)."""
     import shlex
     from pathlib import Path
 
@@ -167,6 +186,17 @@ def commands(model: str, out, m: Matter, query: str | None, occurrence: int | No
     cmd = (f"inspector effects{model_arg} --source-file {q(str(out / 'source.txt'))}"
            + (f" --output-file {q(str(out / 'output.txt'))}" if has_output else "")
            + f" --contrast {q(m.contrast)} --top {m.top}")
-    if m.definition.startswith("cos("):  # no LM head: the metric reads the query word
-        cmd += f" --query {q(query or '')}" + (f" --occurrence {occurrence}" if occurrence else "")
-    return [cmd + f" --csv {q(str(out / 'effects.csv'))}"]
+    flagged = m.heads[m.heads["flagged"].astype(bool)]
+    if len(flagged):
+        cmd += " --confirm " + q(",".join(f"{s}:{int(h)}" for s, h in zip(flagged["site"], flagged["head"], strict=True)))
+    if query:  # the contrast reads it without an LM head; an encoder's patch aligns its tokens
+        cmd += f" --query {q(query)}"
+    if occurrence and m.definition.startswith("cos("):  # with an LM head --occurrence would pick WRONG's occurrence
+        cmd += f" --occurrence {occurrence}"
+    names = [c[len("patch_effect["):-1] for c in m.heads.columns if c.startswith("patch_effect[")]
+    for name in names:
+        cmd += f" --variant {q(name + '=' + str(out / f'variant-{name}.txt'))}"
+    cmd += f" --csv {q(str(out / 'effects.csv'))} --matter-csv {q(str(out / 'matter.csv'))}"
+    if len(m.patches):
+        cmd += f" --patch-csv {q(str(out / 'patch.csv'))}"
+    return [cmd]

@@ -215,18 +215,21 @@ def to_svg(chart) -> str:
     return vlc.vegalite_to_svg(chart.to_json())
 
 
-def _bertviz(view: str, html_action: str, **kwargs):
+def _bertviz(view: str, html_action: str, vendor_dir, **kwargs):
     """bertviz's ``head_view``/``model_view`` page with the JSON it pastes into its inline script escaped
-    (:func:`~inspector.ui.views.script_safe_json`): shown in the notebook (``view``) or returned (``return``)."""
+    (:func:`~inspector.ui.views.script_safe_json`) and require.js, d3 and jQuery inlined from ``vendor_dir``
+    (:func:`~inspector.ui.views.offline_bertviz`: nothing is fetched, so it draws offline): shown in the notebook
+    (``view``) or returned (``return``)."""
     import bertviz
     from IPython.display import HTML, display
 
     if html_action not in ("view", "return"):
         raise InspectorError(f"html_action must be 'view' or 'return', not {html_action!r}")
+    scripts = views.vendor_scripts(vendor_dir if vendor_dir is not None else views.default_vendor_dir())
     draw = bertviz.head_view if view == "head" else bertviz.model_view
     page = draw(**kwargs, html_action="return").data
     template = (Path(bertviz.__file__).parent / f"{view}_view.js").read_text(encoding="utf-8")
-    out = HTML(views.script_safe_json(page, template))
+    out = HTML(views.offline_bertviz(views.script_safe_json(page, template), scripts))
     if html_action == "return":
         return out
     display(out)
@@ -234,19 +237,27 @@ def _bertviz(view: str, html_action: str, **kwargs):
 
 
 def head_view(capture: Capture, *, start: int = 0, size: int = 32, layer: int | None = None,
-              heads: list[int] | None = None, batch: int = 0, html_action: str = "view"):
+              heads: list[int] | None = None, batch: int = 0, html_action: str = "view", vendor_dir=None):
     """bertviz's ``head_view`` of a token window ``[start, start + size)`` of the capture (at most
     :data:`~inspector.ui.views.BERTVIZ_MAX_TOKENS` tokens); ``html_action="return"`` returns its HTML.
-    Tokens are escaped for bertviz's inline script (a token ``</script>`` is shown, never run)."""
+    Tokens are escaped for bertviz's inline script (a token ``</script>`` is shown, never run). Its scripts
+    are inlined from ``vendor_dir`` (default :func:`~inspector.ui.views.default_vendor_dir`, filled by
+    ``make assets``), never fetched from a CDN; raises :class:`InspectorError` naming ``make assets`` when
+    they are missing."""
     kwargs = views.bertviz_kwargs(capture, start, size, batch=batch)
-    return _bertviz("head", html_action, **kwargs, layer=layer, heads=heads)
+    return _bertviz("head", html_action, vendor_dir, **kwargs, layer=layer, heads=heads)
 
 
-def model_view(capture: Capture, *, start: int = 0, size: int = 32, batch: int = 0, html_action: str = "view"):
-    """bertviz's ``model_view`` of a token window of the capture (every layer x head); tokens escaped as in
-    :func:`head_view`."""
+def model_view(capture: Capture, *, start: int = 0, size: int = 32, batch: int = 0, html_action: str = "view",
+               vendor_dir=None):
+    """bertviz's ``model_view`` of a token window of the capture (every layer x head; at most
+    :data:`~inspector.ui.views.MODEL_VIEW_MAX_TOKENS` tokens, as it draws one line per weight); tokens
+    escaped and scripts inlined as in :func:`head_view`."""
+    if size > views.MODEL_VIEW_MAX_TOKENS:
+        raise InspectorError(f"bertviz's model view draws every weight of every head: size at most "
+                             f"{views.MODEL_VIEW_MAX_TOKENS} tokens, got {size}: pass a smaller size (or use head_view)")
     kwargs = views.bertviz_kwargs(capture, start, size, batch=batch)
-    return _bertviz("model", html_action, **kwargs)
+    return _bertviz("model", html_action, vendor_dir, **kwargs)
 
 
 def routes(edges: pd.DataFrame, *, width: int = 640, height: int = 480):

@@ -34,6 +34,12 @@ GRID_METRICS = {
     "split_score": "split score",
 }
 BERTVIZ_MAX_TOKENS = 64  # bertviz embeds every weight as JSON: a 64-token window of 12 x 12 heads is ~4 MB
+# bertviz's model view draws one SVG line per weight of every head (layers x heads x window^2): 6 x 12 heads
+# at 64 tokens are 295k lines, about 10 s in Chromium before anything shows; at 32 tokens 74k lines, 2.6 s
+MODEL_VIEW_MAX_TOKENS = 32
+# the app recomputes a lazy capture's weights (Overview ranks every head): a crafted file of 2 MB can declare
+# 2.4e9 of them and hold the server for minutes, so the app refuses more than this many before any work
+APP_MAX_RECOMPUTED = 1_000_000_000
 VENDOR_FILES = {  # what bertviz's HTML would fetch from cdnjs, as installed by `make assets`
     "requirejs": "requirejs/require.js",
     "d3": "d3/dist/d3.min.js",
@@ -473,6 +479,15 @@ def bertviz_kwargs(capture: Capture, start: int, size: int, *, batch: int = 0, d
     return {"attention": stack_of(same_len, ax, ax), "tokens": toks(sites[0], "query", ax)}
 
 
+def default_vendor_dir() -> Path:
+    """Where ``make assets`` puts bertviz's scripts: ``$INSPECTOR_VENDOR``, else ``apps/vendor/node_modules``
+    of the checkout this package runs from (what the app serves)."""
+    import os
+
+    given = os.environ.get("INSPECTOR_VENDOR")
+    return Path(given) if given else Path(__file__).resolve().parents[2] / "apps" / "vendor" / "node_modules"
+
+
 def vendor_scripts(vendor_dir: str | Path) -> dict[str, str]:
     """The three scripts bertviz needs, read from ``apps/vendor/node_modules`` (``make assets``)."""
     root = Path(vendor_dir)
@@ -488,12 +503,24 @@ def vendor_scripts(vendor_dir: str | Path) -> dict[str, str]:
     return out
 
 
+# bertviz draws at a fixed width (the model view 970 px): in a narrower frame or notebook cell its last heads
+# were cut off. Each bertviz SVG gets a viewBox from its own width and height, so CSS scales it to fit.
+FIT_WIDTH = (
+    '<style>[id^="bertviz-"] svg{max-width:100%;height:auto}</style>\n'
+    "<script>(function () {"
+    "function fit() { document.querySelectorAll('[id^=\"bertviz-\"] svg:not([viewBox])').forEach(function (s) {"
+    "var w = s.getAttribute('width'), h = s.getAttribute('height');"
+    "if (w && h) { s.setAttribute('viewBox', '0 0 ' + parseFloat(w) + ' ' + parseFloat(h)); } }); }"
+    "new MutationObserver(fit).observe(document.documentElement, {childList: true, subtree: true});"
+    "})();</script>\n"
+)
 _CDN_SCRIPT = re.compile(r'<script\s+src="https://[^"]*require[^"]*"\s*>\s*</script>', re.IGNORECASE)
 _REQUIRE_CONFIG = re.compile(r"require\.config\(\{\s*paths:\s*\{[^}]*\}\s*\}\);", re.DOTALL)
 
 
 def offline_bertviz(page: str, scripts: dict[str, str]) -> str:
-    """bertviz's returned HTML with require.js, d3 and jQuery inlined and its CDN URLs removed.
+    """bertviz's returned HTML with require.js, d3 and jQuery inlined and its CDN URLs removed, and its
+    drawing scaled to the width it is shown in (:data:`FIT_WIDTH`).
 
     require.js replaces the CDN ``<script src>``; d3 and jQuery run as plain scripts (with ``define``
     hidden, so they set globals instead of registering anonymous modules) and are then registered
@@ -503,7 +530,7 @@ def offline_bertviz(page: str, scripts: dict[str, str]) -> str:
     if not _CDN_SCRIPT.search(page) or not _REQUIRE_CONFIG.search(page):
         raise InspectorError("this bertviz version's HTML has an unexpected layout: the app cannot serve its scripts offline")
     head = templates().get_template("bertviz_scripts.html.j2").render(scripts=scripts)
-    page = _CDN_SCRIPT.sub(lambda _: head, page, count=1)
+    page = _CDN_SCRIPT.sub(lambda _: head + FIT_WIDTH, page, count=1)
     page = _REQUIRE_CONFIG.sub("/* d3 and jquery are defined inline above */", page)
     if re.search(r"https?://cdn", page):
         raise InspectorError("bertviz's HTML still names a CDN after rewriting: the app cannot show it offline")
@@ -513,8 +540,13 @@ def offline_bertviz(page: str, scripts: dict[str, str]) -> str:
 def bertviz_html(capture: Capture, view: str, start: int, size: int, vendor_dir: str | Path, *, batch: int = 0,
                  layer: int | None = None, heads: list[int] | None = None) -> str:
     """bertviz's head or model view of a token window, as self-contained HTML. For the head view,
-    ``layer`` (an index into the captured layers) and ``heads`` pick what is shown first."""
+    ``layer`` (an index into the captured layers) and ``heads`` pick what is shown first. The model view
+    takes windows of at most :data:`MODEL_VIEW_MAX_TOKENS` tokens (:class:`InspectorError` otherwise)."""
     import bertviz
+
+    if view == "model" and size > MODEL_VIEW_MAX_TOKENS:
+        raise InspectorError(f"bertviz's model view draws every weight of every head: windows of at most "
+                             f"{MODEL_VIEW_MAX_TOKENS} tokens, got {size}: choose a smaller window (or the head view)")
 
     scripts = vendor_scripts(vendor_dir)
     kwargs = bertviz_kwargs(capture, start, size, batch=batch)
@@ -552,6 +584,23 @@ def md_text(value: object) -> str:
 
 
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s'\"\\/:,;)]+)+[\\/]?")
+
+
+def recomputed_weights(capture: Capture) -> int:
+    """How many attention weights the views recompute for ``capture``: batch x heads x queries x keys summed over
+    the sites that store no weights (read from the header alone: nothing is computed)."""
+    return sum(capture.batch_size * s.num_heads * s.query_len * s.key_len for s in capture.sites
+               if "weights" not in s.parts)
+
+
+def check_app_work(capture: Capture, limit: int = APP_MAX_RECOMPUTED) -> None:
+    """Refuse, in one line naming the fix, a capture whose weights the app would recompute past ``limit``
+    (:func:`recomputed_weights`; default :data:`APP_MAX_RECOMPUTED`): before any work is done."""
+    n = recomputed_weights(capture)
+    if n > limit:
+        raise InspectorError(f"this capture has no stored weights and declares {n:,} of them to recompute (heads x "
+                             f"queries x keys over {len(capture.sites)} sites), more than the app's bound of {limit:,}: "
+                             "capture a shorter text (or with stored weights), or use the CLI (inspector rank FILE)")
 
 
 def app_error(exc: BaseException) -> str:
