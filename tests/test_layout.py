@@ -99,3 +99,15 @@ def test_no_html_in_f_strings_or_string_joins():
     found = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in _modules()
              for node in _html_built_in_code(ast.parse(path.read_text(encoding="utf-8")))]
     assert not found, f"HTML built in code (move it to a Jinja2 template): {found}"
+
+
+def test_the_corpus_api_is_named_as_readme_names_it():
+    import types
+
+    import inspector.corpus as corpus_api
+
+    for name in ("connect", "summary", "head_documents", "query"):
+        assert callable(getattr(corpus_api, name)), name
+    from inspector.corpus import queries
+
+    assert isinstance(queries, types.ModuleType) and callable(queries.queries)

@@ -93,9 +93,12 @@ def cmd_routes(args) -> int:
     output, target_ids = _output(args, loaded, source)
     df = routes(loaded.model, loaded.tokenizer, source, output, position=args.position, contrast=args.contrast,
                 query=args.query, occurrence=args.occurrence, threshold=args.threshold, target_ids=target_ids)
-    heads = df[df["kind"] == "attention"].groupby(["site", "head"])["importance"].max().sort_values(ascending=False)
+    attention = df[df["kind"] == "attention"]
+    # an attention edge is a row with head -1 (its heads summed, the paper's edge); a head's own share is a row
+    # with its head number, listed when above the threshold
+    heads = attention[attention["head"] >= 0].groupby(["site", "head"])["importance"].max().sort_values(ascending=False)
     print(f"route of position {df.attrs['position']}: {len(df)} edges above {args.threshold} "
-          f"({(df['kind'] == 'attention').sum()} through {len(heads)} heads)")
+          f"({int((attention['head'] < 0).sum())} attention edges; {len(heads)} heads with their own share above it)")
     for (site, head), imp in heads.head(10).items():
         print(f"  {site}:{head}  max importance {imp:.3f}")
     if args.csv:

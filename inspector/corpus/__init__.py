@@ -9,4 +9,20 @@
 * :mod:`~inspector.corpus.leases`: the generated demo corpus.
 
 Imports :mod:`inspector.analysis`, :mod:`inspector.capture` and :mod:`inspector.store`.
+
+The DuckDB functions of :mod:`~inspector.corpus.queries` are importable from here (``inspector.corpus.summary(OUT)``);
+duckdb and pandas are imported when one is first used.
 """
+
+from __future__ import annotations
+
+import importlib
+
+_QUERIES = ("connect", "summary", "head_documents", "query", "scan_info", "find_document", "columns")  # not `queries`: the module's name
+__all__ = list(_QUERIES)
+
+
+def __getattr__(name: str):
+    if name in _QUERIES:
+        return getattr(importlib.import_module("inspector.corpus.queries"), name)
+    raise AttributeError(f"module 'inspector.corpus' has no attribute {name!r}")
