@@ -232,6 +232,42 @@ def committed_heads(out: str | os.PathLike) -> list[Path]:
 
 
 _OTHER = {"corpus": "another corpus", "fields": "other fields", "model": "another model", "options": "other options"}
+# the command-line option that sets each entry of scan.json's "fields" and "options" (None: no option sets it)
+_FLAGS = {"fields": {f: f"--{f}-field" for f in FIELD_NAMES},
+          "options": {"exclude_special": "--exclude-special", "min_split": "--min-split", "min_mass": "--min-mass",
+                      "min_lift": "--min-lift", "routes": "--routes"}}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _fix(flag: str | None, was: Any) -> str:
+    if flag is None:
+        return ""
+    if isinstance(was, bool):
+        return f": {'add' if was else 'drop'} {flag}"
+    return f": drop {flag}" if was is None else f": give {flag} {was}"
+
+
+def differences(key: str, old: Any, new: Any) -> str:
+    """How scan.json's ``key`` (``corpus``, ``fields``, ``model`` or ``options``) differs between a folder
+    (``old``) and this run (``new``), one readable clause per entry that differs, each naming the
+    command-line option that brings it back where there is one, e.g. ``routes: true in the folder, false
+    now: add --routes``. Options absent from a scan.json (written before they existed) read as their defaults."""
+    if key in _FLAGS and isinstance(old, dict) and isinstance(new, dict):
+        if key == "options":
+            from dataclasses import asdict
+
+            from inspector.corpus.reduce import Options
+
+            defaults = asdict(Options())
+            old, new = {**defaults, **old}, {**defaults, **new}
+        parts = [f"{k}: {_shown(old.get(k))} in the folder, {_shown(new.get(k))} now{_fix(_FLAGS[key].get(k), old.get(k))}"
+                 for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return "; ".join(parts)
+    return f"{_shown(old)} in the folder, {_shown(new)} now"
 
 
 class ScanFolder:
@@ -246,11 +282,11 @@ class ScanFolder:
         info = self.out / "scan.json"
         if info.is_file():
             old = read_info(self.out, resume="corpus_sha256" in meta)
-            for key in ("corpus", "fields", "model", "options"):
-                if old.get(key) != meta.get(key):
-                    raise InspectorError(
-                        f"{self.out} holds a scan with {_OTHER[key]} ({json.dumps(old.get(key))[:120]}): "
-                        "resume with the same options, or scan into a new folder")
+            other = [f"{_OTHER[key]} ({differences(key, old.get(key), meta.get(key))})"
+                     for key in ("corpus", "fields", "model", "options") if old.get(key) != meta.get(key)]
+            if other:
+                raise InspectorError(f"{self.out} holds a scan with {' and '.join(other)}; "
+                                     "resume with the same options, or scan into a new folder")
             if "corpus_sha256" in meta and old["corpus_sha256"] != meta["corpus_sha256"]:
                 raise InspectorError(f"{old['corpus']} changed since this scan in {self.out} began (its content hash differs "
                                      "from scan.json's 'corpus_sha256'), so old and new results would mix: restore the file, "
