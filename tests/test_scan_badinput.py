@@ -182,6 +182,38 @@ def test_every_scan_json_field_removed_or_mistyped_is_one_line(base, tmp_path, c
     assert checked > 60
 
 
+def test_every_scan_json_option_of_the_wrong_type_is_one_line(base, tmp_path, capsys, bert_folder):
+    """scan.json's options are checked value by value (a text threshold, NaN or a negative one, a number for
+    true/false, an unknown dtype or option): `corpus` and a resumed `scan` refuse with one line naming the
+    option, exit 2, the folder untouched. Options a scan writes (and a routed scan's) read back."""
+    from inspector.capture.recorder import STORAGE_DTYPES as CAPTURE_DTYPES
+    from inspector.corpus.folder import STORAGE_DTYPES
+
+    assert STORAGE_DTYPES == tuple(CAPTURE_DTYPES)
+    data, out = base
+    info = json.loads((out / "scan.json").read_text())
+    numbers = ("min_split", "min_mass", "min_lift", "routes_threshold")
+    cases = [(n, bad) for n in numbers for bad in ("x", float("nan"), float("inf"), -0.5, True, None, [])]
+    cases += [(n, bad) for n in ("exclude_special", "routes") for bad in (1, 0, "true", None)]
+    cases += [("dtype", bad) for bad in ("float64", 32, "", None)] + [("bogus", 1)]
+    for name, bad in cases:
+        folder = copy(out, tmp_path)
+        edited = json.loads(json.dumps(info))
+        edited["options"][name] = bad
+        (folder / "scan.json").write_text(json.dumps(edited))  # NaN and Infinity as Python's json writes them
+        before = snapshot(folder)
+        for argv in (["corpus", folder], resume_argv(data, folder, bert_folder)):
+            line = one_line(capsys, argv)
+            assert line is not None and "scan.json" in line, (name, bad, argv[0])
+            assert f"'options.{name}'" in line or f"names {name!r}" in line, (name, bad, line)
+        assert snapshot(folder) == before
+    folder = copy(out, tmp_path)
+    edited = json.loads(json.dumps(info))
+    edited["options"].update(routes=True, routes_threshold=0.05, min_lift=3, dtype="bfloat16")  # well typed: read
+    (folder / "scan.json").write_text(json.dumps(edited))
+    assert one_line(capsys, ["corpus", folder]) is None
+
+
 # ---- damaged scan folders: Parquet parts -----------------------------------------------------------
 def _retyped(table: pa.Table, name: str) -> pa.Table:
     i = table.schema.get_field_index(name)

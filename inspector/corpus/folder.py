@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import queue
 import re
@@ -98,9 +99,36 @@ def _check_info_field(path: Path, info: dict, key: str, kind: type, required: bo
                              f"not {json.dumps(value)[:60]}")
 
 
+# scan.json's "options" (corpus.reduce.Options.to_dict): what each must be
+_OPTION_KINDS = {"exclude_special": "bool", "routes": "bool", "min_split": "number", "min_mass": "number",
+                 "min_lift": "number", "routes_threshold": "number", "dtype": "dtype"}
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")  # capture.recorder.STORAGE_DTYPES, named without importing torch
+
+
+def _option_ok(kind: str, value: Any) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "dtype":
+        return value in STORAGE_DTYPES
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _check_options(path: Path, options: dict) -> None:
+    """Each entry of scan.json's ``options`` is a known option of its type: true/false, a finite number
+    >= 0, or a storage dtype (an option left out reads as its default)."""
+    what = {"bool": "true or false", "number": "a finite number >= 0", "dtype": f"one of {', '.join(STORAGE_DTYPES)}"}
+    for name, value in options.items():
+        kind = _OPTION_KINDS.get(name)
+        if kind is None:
+            raise _damaged(path, f"field 'options' names {name[:40]!r}, which is none of {', '.join(_OPTION_KINDS)}")
+        if not _option_ok(kind, value):
+            raise _damaged(path, f"field 'options.{name}' must be {what[kind]}, not {json.dumps(value)[:60]}")
+
+
 def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]:
     """``OUT/scan.json`` checked: a JSON object with ``format`` (this FORMAT), ``corpus``, ``fields`` (the
-    column names, text or null), ``model``, ``options`` and -- required to resume -- ``corpus_sha256``.
+    column names, text or null), ``model``, ``options`` (each a known option of its type: :func:`_check_options`)
+    and -- required to resume -- ``corpus_sha256``.
     Raises InspectorError (one line naming the field) for anything else, or when there is no scan.json."""
     path = Path(out).expanduser() / "scan.json"
     if not path.is_file():
@@ -119,8 +147,7 @@ def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]
         raise _damaged(path, "has no field 'corpus_sha256' (the corpus's content hash; an older inspector wrote this scan), "
                              "so a changed corpus could not be told apart")
     _check_info_field(path, info, "corpus_sha256", str, resume)
-    if not all(isinstance(v, (str, int, float, bool)) or v is None for v in info["options"].values()):
-        raise _damaged(path, "field 'options' must map each option to a number, a text or true/false")
+    _check_options(path, info["options"])
     fields = info["fields"]
     for name in fields:
         if name not in FIELD_NAMES:
