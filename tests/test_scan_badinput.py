@@ -100,18 +100,22 @@ def test_bad_jsonl_lines_are_bad_documents_not_tracebacks(bert, tmp_path):
              b"[" * 100_000 + b"]" * 100_000,  # deeper than Python's JSON reader goes
              b'{"id": "big", "text": ' + b"9" * 5000 + b"}",  # beyond Python's int digits limit
              b'"just a string"',
-             json.dumps(good[1]).encode()]
+             json.dumps(good[1]).encode(),
+             b'{"id": "cut", "text": ']  # cut short: the reader names where
     data = tmp_path / "bad.jsonl"
     data.write_bytes(b"\n".join(lines) + b"\n")
     result = scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
-    assert (result.total, result.scanned) == (8, 8)
+    assert (result.total, result.scanned) == (9, 9)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet")
     errors = dict(zip(docs["row"], docs["error"], strict=True))
     assert docs.loc[docs["row"].isin([0, 7]), "status"].tolist() == ["ok", "ok"]
-    assert errors[1].startswith("line 2 is not valid UTF-8") and errors[1].endswith("re-encode the file as UTF-8")
-    assert errors[2].startswith("line 3 is not valid JSON") and errors[3].startswith("line 4 is not valid JSON")
-    assert errors[4].startswith("line 5 is not valid JSON (RecursionError")
-    assert errors[5].startswith("line 6 is not valid JSON (ValueError")
+    assert errors[1].startswith("line 2 is not valid UTF-8 (byte 30 of the line)") and errors[1].endswith("re-encode the file as UTF-8")
+    # whole messages: what the reader found, at which character of the line, and the character there
+    assert errors[2] == "line 3 is not valid JSON (Invalid control character at character 25 of the line: '\\x00' there)"
+    assert errors[3] == "line 4 is not valid JSON (Expecting value at character 1 of the line: '\\x00' there)"
+    assert errors[8] == "line 9 is not valid JSON (Expecting value at character 23 of the line: the line ends there)"
+    assert errors[4].startswith("line 5 is not valid JSON (RecursionError") and errors[4].endswith(")")
+    assert errors[5].startswith("line 6 is not valid JSON (ValueError") and errors[5].endswith("to increase the limit)")
     assert errors[6] == "line 7 is not a JSON object"
 
 
