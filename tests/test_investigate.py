@@ -136,6 +136,34 @@ def test_report_commands_reproduce_split_csv(bart, tmp_path):
     assert "--query indemnify" in explain_cmd and main(shlex.split(explain_cmd)[1:]) == 0
 
 
+def test_report_commands_reproduce_compare_csv_with_the_runs_thresholds(bart, tmp_path, capsys):
+    """The report's compare and split commands rewrite compare-quoted.csv and split.csv byte for byte: the
+    same column labels (--names), the same file (--csv) and the run's own flag thresholds."""
+    import shlex
+
+    from inspector import analysis
+
+    rule = analysis.SplitRule(min_split=0.15, min_mass=0.25, min_lift=1.5)
+    out = tmp_path / "run"
+    inv = investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"],
+                      variants={"quoted": QUOTED}, out_dir=out, rule=rule)
+    for kind, name in (("compare", "compare-quoted.csv"), ("split", "split.csv")):
+        cmd = next(c for c in inv.commands if c.startswith(f"inspector {kind}"))
+        assert "--min-split 0.15" in cmd and "--min-lift 1.5" in cmd and "--min-mass" not in cmd  # only what differs
+        argv = shlex.split(cmd)[1:]
+        argv[argv.index("--csv") + 1] = str(tmp_path / name)
+        assert main(argv) == 0, capsys.readouterr().err
+        assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
+    assert "split_score[original]" in (out / "compare-quoted.csv").read_text().splitlines()[0]
+    # --names is checked before any capture is read
+    capsys.readouterr()
+    for bad in ("original", "a,a", "a,", "a,b,c"):
+        assert main(["compare", str(tmp_path / "none-a"), str(tmp_path / "none-b"), "--query", "x", "--referents", "A,B",
+                     "--names", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--names takes two different labels" in err[0], err
+
+
 def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):
     investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from html.parser import HTMLParser
 
@@ -350,3 +351,19 @@ def test_hostile_token_text_is_escaped_everywhere(tokenizer):
     names = {name for node in root.all() for name in node.attrs}
     assert all(re.fullmatch(r"[a-z][a-z0-9:-]*", n) and not n.startswith("on") for n in names), names
     assert not any(node.tag in ("script", "iframe", "object", "embed") for node in root.all())
+
+
+def test_split_table_lists_print_as_the_csv_writes_them(legal):
+    """Integer lists (query positions, flagged rows) read as the CSV's space-separated integers, never as
+    floats; float lists keep 4 decimals."""
+    from inspector.store.files import csv_text
+    cols, rows, _ = table(legal["dom"], "split")
+    split = legal["split"]
+    csv = pd.read_csv(io.StringIO(csv_text(split)), dtype=str, keep_default_na=False)
+    for c in ("query_positions", "rows_flagged"):
+        got = [r[cols.index(c)] for r in rows]
+        assert got == csv[c].head(len(rows)).tolist()
+        assert not any("." in g for g in got)
+    assert rows[0][cols.index("query_positions")] == "24 25 26"
+    scores = rows[0][cols.index("row_split_scores")]
+    assert scores.strip("[]").split(", ") == [f"{x:.4f}" for x in split.iloc[0]["row_split_scores"]]

@@ -100,18 +100,22 @@ def test_bad_jsonl_lines_are_bad_documents_not_tracebacks(bert, tmp_path):
              b"[" * 100_000 + b"]" * 100_000,  # deeper than Python's JSON reader goes
              b'{"id": "big", "text": ' + b"9" * 5000 + b"}",  # beyond Python's int digits limit
              b'"just a string"',
-             json.dumps(good[1]).encode()]
+             json.dumps(good[1]).encode(),
+             b'{"id": "cut", "text": ']  # cut short: the reader names where
     data = tmp_path / "bad.jsonl"
     data.write_bytes(b"\n".join(lines) + b"\n")
     result = scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
-    assert (result.total, result.scanned) == (8, 8)
+    assert (result.total, result.scanned) == (9, 9)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet")
     errors = dict(zip(docs["row"], docs["error"], strict=True))
     assert docs.loc[docs["row"].isin([0, 7]), "status"].tolist() == ["ok", "ok"]
-    assert errors[1].startswith("line 2 is not valid UTF-8") and errors[1].endswith("re-encode the file as UTF-8")
-    assert errors[2].startswith("line 3 is not valid JSON") and errors[3].startswith("line 4 is not valid JSON")
-    assert errors[4].startswith("line 5 is not valid JSON (RecursionError")
-    assert errors[5].startswith("line 6 is not valid JSON (ValueError")
+    assert errors[1].startswith("line 2 is not valid UTF-8 (byte 30 of the line)") and errors[1].endswith("re-encode the file as UTF-8")
+    # whole messages: what the reader found, at which character of the line, and the character there
+    assert errors[2] == "line 3 is not valid JSON (Invalid control character at character 25 of the line: '\\x00' there)"
+    assert errors[3] == "line 4 is not valid JSON (Expecting value at character 1 of the line: '\\x00' there)"
+    assert errors[8] == "line 9 is not valid JSON (Expecting value at character 23 of the line: the line ends there)"
+    assert errors[4].startswith("line 5 is not valid JSON (RecursionError") and errors[4].endswith(")")
+    assert errors[5].startswith("line 6 is not valid JSON (ValueError") and errors[5].endswith("to increase the limit)")
     assert errors[6] == "line 7 is not a JSON object"
 
 
@@ -180,6 +184,38 @@ def test_every_scan_json_field_removed_or_mistyped_is_one_line(base, tmp_path, c
             line = one_line(capsys, argv)
             assert line is not None and "scan.json" in line, (text[:10], argv[0], line)
     assert checked > 60
+
+
+def test_every_scan_json_option_of_the_wrong_type_is_one_line(base, tmp_path, capsys, bert_folder):
+    """scan.json's options are checked value by value (a text threshold, NaN or a negative one, a number for
+    true/false, an unknown dtype or option): `corpus` and a resumed `scan` refuse with one line naming the
+    option, exit 2, the folder untouched. Options a scan writes (and a routed scan's) read back."""
+    from inspector.capture.recorder import STORAGE_DTYPES as CAPTURE_DTYPES
+    from inspector.corpus.folder import STORAGE_DTYPES
+
+    assert STORAGE_DTYPES == tuple(CAPTURE_DTYPES)
+    data, out = base
+    info = json.loads((out / "scan.json").read_text())
+    numbers = ("min_split", "min_mass", "min_lift", "routes_threshold")
+    cases = [(n, bad) for n in numbers for bad in ("x", float("nan"), float("inf"), -0.5, True, None, [])]
+    cases += [(n, bad) for n in ("exclude_special", "routes") for bad in (1, 0, "true", None)]
+    cases += [("dtype", bad) for bad in ("float64", 32, "", None)] + [("bogus", 1)]
+    for name, bad in cases:
+        folder = copy(out, tmp_path)
+        edited = json.loads(json.dumps(info))
+        edited["options"][name] = bad
+        (folder / "scan.json").write_text(json.dumps(edited))  # NaN and Infinity as Python's json writes them
+        before = snapshot(folder)
+        for argv in (["corpus", folder], resume_argv(data, folder, bert_folder)):
+            line = one_line(capsys, argv)
+            assert line is not None and "scan.json" in line, (name, bad, argv[0])
+            assert f"'options.{name}'" in line or f"names {name!r}" in line, (name, bad, line)
+        assert snapshot(folder) == before
+    folder = copy(out, tmp_path)
+    edited = json.loads(json.dumps(info))
+    edited["options"].update(routes=True, routes_threshold=0.05, min_lift=3, dtype="bfloat16")  # well typed: read
+    (folder / "scan.json").write_text(json.dumps(edited))
+    assert one_line(capsys, ["corpus", folder]) is None
 
 
 # ---- damaged scan folders: Parquet parts -----------------------------------------------------------

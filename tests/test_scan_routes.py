@@ -122,6 +122,23 @@ def test_a_resume_with_other_routes_is_refused_and_a_plain_scan_keeps_no_route_c
         scan(data, tmp_path / "routed", fields=FIELDS, loaded=lm, progress=False)
     again = scan(data, tmp_path / "routed", fields=FIELDS, loaded=lm, options=Options(routes=True), progress=False)
     assert again.skipped == 6 and again.scanned == 0
+    # the refusal names each option that differs and the flag that brings it back, in one whole line
+    fields = ["--model", "tiny-bert", "--query-field", "query", "--referents-field", "referents", "--id-field", "id"]
+    capsys.readouterr()
+    for folder, argv, said in [
+        ("routed", [], "routes: true in the folder, false now: add --routes"),
+        ("plain", ["--routes"], "routes: false in the folder, true now: drop --routes"),
+        ("routed", ["--routes", "--min-split", "0.3", "--min-lift", "3"],
+         "min_lift: 2.0 in the folder, 3.0 now: give --min-lift 2.0; min_split: 0.2 in the folder, 0.3 now: give --min-split 0.2"),
+        ("plain", ["--id-field", "text"], "id: \"id\" in the folder, \"text\" now: give --id-field id"),
+        ("routed", ["--model", "other", "--exclude-special"],  # every difference at once
+         'another model ("tiny-bert" in the folder, "other" now) and other options (exclude_special: false in the '
+         "folder, true now: drop --exclude-special; routes: true in the folder, false now: add --routes)"),
+    ]:
+        assert cli.main(["scan", str(data), "-o", str(tmp_path / folder), *fields, *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("inspector: error:") and said in err[0], err
+        assert err[0].endswith("resume with the same options, or scan into a new folder") and "loading" not in err[0]
 
 
 def test_a_model_routes_cannot_decompose_is_refused_before_scanning(tmp_path, capsys):

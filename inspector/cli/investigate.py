@@ -96,6 +96,16 @@ def cmd_debug(args) -> int:
     return 0
 
 
+def _compare_names(given: str | None, a: str, b: str) -> tuple[str, str]:
+    """The two labels of ``compare``'s columns: ``--names A,B``, else the files' stems."""
+    if given is None:
+        return Path(a).stem, Path(b).stem
+    names = [n.strip() for n in given.split(",")]
+    if len(names) != 2 or not all(names) or names[0] == names[1]:
+        raise InspectorError(f"--names takes two different labels, e.g. --names original,quoted (got {given!r})")
+    return names[0], names[1]
+
+
 def cmd_compare(args) -> int:
     from inspector import analysis
     from inspector.investigate.debug import (
@@ -104,8 +114,8 @@ def cmd_compare(args) -> int:
     from inspector.store.capture_file import load
     from inspector.store.files import write_csv
 
+    names = _compare_names(args.names, args.a, args.b)  # before any capture is read
     a, b = load(args.a), load(args.b)
-    names = (Path(args.a).stem, Path(args.b).stem)
     df = compare_captures(a, b, args.query, args.referents.split(","), names=names, occurrence=args.occurrence,
                           rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), weighting=args.weighting)
     if args.csv:
@@ -177,6 +187,8 @@ def add_commands(sub) -> None:
     add_lift_option(p)
     add_weighting_option(p)
     p.add_argument("--top", type=positive_int)
+    p.add_argument("--names", metavar="A,B",
+                   help="labels of the two captures in the columns, e.g. original,quoted (default: the files' names)")
     p.add_argument("--csv")
     p.set_defaults(func=cmd_compare)
 

@@ -257,17 +257,19 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _json_line(raw: bytes, n: int) -> Any:
-    """Line ``n`` (1-based among non-blank lines) as its JSON value, or a string naming its problem."""
+    """Line ``n`` (1-based among non-blank lines) as its JSON value, or a string naming its problem (for bad
+    JSON, the reader's message, the 1-based character of the line where it stopped and what is there)."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return f"line {n} is not valid UTF-8 (byte {exc.start} of the line): re-encode the file as UTF-8"
+        return f"line {n} is not valid UTF-8 (byte {exc.start + 1} of the line): re-encode the file as UTF-8"
     try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return f"line {n} is not valid JSON ({exc.msg})"
-    except (ValueError, RecursionError) as exc:  # nesting or a number beyond what Python's reader takes
-        return f"line {n} is not valid JSON ({type(exc).__name__}: {_first_line(exc)[:80]})"
+        value = json.loads(line.rstrip("\r\n"))  # positions counted in the line as it reads, without its ending
+    except json.JSONDecodeError as exc:  # where, and what is there (repr: a control character shows escaped)
+        there = f"{exc.doc[exc.pos]!r} there" if exc.pos < len(exc.doc) else "the line ends there"
+        return f"line {n} is not valid JSON ({exc.msg.removesuffix(' at')} at character {exc.pos + 1} of the line: {there})"
+    except (ValueError, RecursionError) as exc:  # nesting or a number beyond what Python's reader takes: its
+        return f"line {n} is not valid JSON ({type(exc).__name__}: {_first_line(exc)})"  # own text, holding no data
     return value if not isinstance(value, str) else f"line {n} is not a JSON object"
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import queue
 import re
@@ -98,9 +99,36 @@ def _check_info_field(path: Path, info: dict, key: str, kind: type, required: bo
                              f"not {json.dumps(value)[:60]}")
 
 
+# scan.json's "options" (corpus.reduce.Options.to_dict): what each must be
+_OPTION_KINDS = {"exclude_special": "bool", "routes": "bool", "min_split": "number", "min_mass": "number",
+                 "min_lift": "number", "routes_threshold": "number", "dtype": "dtype"}
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")  # capture.recorder.STORAGE_DTYPES, named without importing torch
+
+
+def _option_ok(kind: str, value: Any) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "dtype":
+        return value in STORAGE_DTYPES
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _check_options(path: Path, options: dict) -> None:
+    """Each entry of scan.json's ``options`` is a known option of its type: true/false, a finite number
+    >= 0, or a storage dtype (an option left out reads as its default)."""
+    what = {"bool": "true or false", "number": "a finite number >= 0", "dtype": f"one of {', '.join(STORAGE_DTYPES)}"}
+    for name, value in options.items():
+        kind = _OPTION_KINDS.get(name)
+        if kind is None:
+            raise _damaged(path, f"field 'options' names {name[:40]!r}, which is none of {', '.join(_OPTION_KINDS)}")
+        if not _option_ok(kind, value):
+            raise _damaged(path, f"field 'options.{name}' must be {what[kind]}, not {json.dumps(value)[:60]}")
+
+
 def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]:
     """``OUT/scan.json`` checked: a JSON object with ``format`` (this FORMAT), ``corpus``, ``fields`` (the
-    column names, text or null), ``model``, ``options`` and -- required to resume -- ``corpus_sha256``.
+    column names, text or null), ``model``, ``options`` (each a known option of its type: :func:`_check_options`)
+    and -- required to resume -- ``corpus_sha256``.
     Raises InspectorError (one line naming the field) for anything else, or when there is no scan.json."""
     path = Path(out).expanduser() / "scan.json"
     if not path.is_file():
@@ -119,8 +147,7 @@ def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]
         raise _damaged(path, "has no field 'corpus_sha256' (the corpus's content hash; an older inspector wrote this scan), "
                              "so a changed corpus could not be told apart")
     _check_info_field(path, info, "corpus_sha256", str, resume)
-    if not all(isinstance(v, (str, int, float, bool)) or v is None for v in info["options"].values()):
-        raise _damaged(path, "field 'options' must map each option to a number, a text or true/false")
+    _check_options(path, info["options"])
     fields = info["fields"]
     for name in fields:
         if name not in FIELD_NAMES:
@@ -232,6 +259,42 @@ def committed_heads(out: str | os.PathLike) -> list[Path]:
 
 
 _OTHER = {"corpus": "another corpus", "fields": "other fields", "model": "another model", "options": "other options"}
+# the command-line option that sets each entry of scan.json's "fields" and "options" (None: no option sets it)
+_FLAGS = {"fields": {f: f"--{f}-field" for f in FIELD_NAMES},
+          "options": {"exclude_special": "--exclude-special", "min_split": "--min-split", "min_mass": "--min-mass",
+                      "min_lift": "--min-lift", "routes": "--routes"}}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _fix(flag: str | None, was: Any) -> str:
+    if flag is None:
+        return ""
+    if isinstance(was, bool):
+        return f": {'add' if was else 'drop'} {flag}"
+    return f": drop {flag}" if was is None else f": give {flag} {was}"
+
+
+def differences(key: str, old: Any, new: Any) -> str:
+    """How scan.json's ``key`` (``corpus``, ``fields``, ``model`` or ``options``) differs between a folder
+    (``old``) and this run (``new``), one readable clause per entry that differs, each naming the
+    command-line option that brings it back where there is one, e.g. ``routes: true in the folder, false
+    now: add --routes``. Options absent from a scan.json (written before they existed) read as their defaults."""
+    if key in _FLAGS and isinstance(old, dict) and isinstance(new, dict):
+        if key == "options":
+            from dataclasses import asdict
+
+            from inspector.corpus.reduce import Options
+
+            defaults = asdict(Options())
+            old, new = {**defaults, **old}, {**defaults, **new}
+        parts = [f"{k}: {_shown(old.get(k))} in the folder, {_shown(new.get(k))} now{_fix(_FLAGS[key].get(k), old.get(k))}"
+                 for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return "; ".join(parts)
+    return f"{_shown(old)} in the folder, {_shown(new)} now"
 
 
 class ScanFolder:
@@ -246,11 +309,11 @@ class ScanFolder:
         info = self.out / "scan.json"
         if info.is_file():
             old = read_info(self.out, resume="corpus_sha256" in meta)
-            for key in ("corpus", "fields", "model", "options"):
-                if old.get(key) != meta.get(key):
-                    raise InspectorError(
-                        f"{self.out} holds a scan with {_OTHER[key]} ({json.dumps(old.get(key))[:120]}): "
-                        "resume with the same options, or scan into a new folder")
+            other = [f"{_OTHER[key]} ({differences(key, old.get(key), meta.get(key))})"
+                     for key in ("corpus", "fields", "model", "options") if old.get(key) != meta.get(key)]
+            if other:
+                raise InspectorError(f"{self.out} holds a scan with {' and '.join(other)}; "
+                                     "resume with the same options, or scan into a new folder")
             if "corpus_sha256" in meta and old["corpus_sha256"] != meta["corpus_sha256"]:
                 raise InspectorError(f"{old['corpus']} changed since this scan in {self.out} began (its content hash differs "
                                      "from scan.json's 'corpus_sha256'), so old and new results would mix: restore the file, "

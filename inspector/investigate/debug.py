@@ -200,7 +200,8 @@ def investigate(
         variant_caps[name] = vcap
     moves = variant_moves(split, comparisons) if comparisons else None
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
-                         roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"))
+                         roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"),
+                         rule=rule)
     matter = where = where_section = where_note = None
     if contrast:
         from inspector.investigate import matter as _matter
@@ -284,9 +285,15 @@ def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
               occurrence: int | None, variants: list[str], roles: tuple[str, str], *, weighting: str = "attention",
-              rank_weighting: str = "attention") -> list[str]:
+              rank_weighting: str = "attention", rule: analysis.SplitRule = analysis.SplitRule()) -> list[str]:
+    """The commands that rewrite the run's files byte for byte: the capture(s), ``rank.csv``, ``split.csv``,
+    each ``compare-NAME.csv`` (same thresholds, weighting and column labels), and explain of the top head."""
     q = shlex.quote
-    wt = "" if weighting == "attention" else f" --weighting {weighting}"
+    default = analysis.SplitRule()
+    wt = "".join(f" --{flag} {getattr(rule, f)!r}" for flag, f in (("min-split", "min_split"), ("min-mass", "min_mass"),
+                                                                     ("min-lift", "min_lift"))
+                 if getattr(rule, f) != getattr(default, f))
+    wt += "" if weighting == "attention" else f" --weighting {weighting}"
     refs = q(",".join(referents))
     cap = q(str(out / "capture.safetensors"))
     occ = f" --occurrence {occurrence}" if occurrence else ""
@@ -307,5 +314,6 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
         vcap = q(str(out / f"variant-{name}.safetensors"))
         cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
                     + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {vcap}")
-        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt}")
+        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt} "
+                    f"--names {q('original,' + name)} --csv {q(str(out / f'compare-{name}.csv'))}")
     return cmds

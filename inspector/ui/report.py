@@ -63,7 +63,10 @@ def _fmt(v) -> str:
             return "−∞" if v < 0 else "∞"
         return f"{v:.4f}"
     if isinstance(v, (list, tuple, np.ndarray)):
-        shown = ", ".join(_fmt(float(x)) for x in list(v)[:VECTOR_SHOWN])
+        items = list(v)
+        if all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in items):
+            return " ".join(str(int(x)) for x in items)  # positions, in full, as csv_text writes them
+        shown = ", ".join(_fmt(float(x)) for x in items[:VECTOR_SHOWN])
         more = len(v) - VECTOR_SHOWN
         return f"[{shown}{f', … {more} more' if more > 0 else ''}]"
     return str(v)
@@ -75,7 +78,8 @@ def _is_num(series: pd.Series) -> bool:
 
 def table_data(df: pd.DataFrame, *, row_class=None, cls: str = "data") -> dict:
     """A DataFrame as the data of the templates' ``table`` macro: every cell formatted as text (4 decimals,
-    ✓ for true, – for NaN, the first :data:`VECTOR_SHOWN` entries of a vector), numeric columns marked
+    ✓ for true, – for NaN, the first :data:`VECTOR_SHOWN` entries of a float vector, a list of integers such
+    as ``query_positions`` in full and space-separated as the CSV writes it), numeric columns marked
     right-aligned; ``row_class(i, row)`` names the class of row ``i`` (a namedtuple of the row's values).
     The template escapes every string."""
     num = [_is_num(df[c]) for c in df.columns]
