@@ -9,6 +9,7 @@ concatenation of the roles it lists (a decoder-only model given a target attends
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -105,14 +106,22 @@ def segment_warning(model, tokenizer, text) -> str | None:
 def _count_tokens(tokenizer, text: str) -> int:
     """Tokens of ``text`` (no special tokens), without transformers' "sequence length is longer" warning:
     inspector's own refusal is the one line (the tokenizer's warning state is left as it was)."""
+    with _no_length_warning(tokenizer):
+        return len(tokenizer(text, add_special_tokens=False, return_attention_mask=False,
+                             return_token_type_ids=False)["input_ids"])
+
+
+@contextlib.contextmanager
+def _no_length_warning(tokenizer):
+    """Silence transformers' "Token indices sequence length is longer ..." warning while tokenizing (inspector
+    refuses such a text itself, with the fix); the tokenizer's warning state is restored on every exit."""
     warned = getattr(tokenizer, "deprecation_warnings", None)
     flag = "sequence-length-is-longer-than-the-specified-maximum"
     had = warned.get(flag) if isinstance(warned, dict) else None
     if isinstance(warned, dict):
         warned[flag] = True
     try:
-        return len(tokenizer(text, add_special_tokens=False, return_attention_mask=False,
-                             return_token_type_ids=False)["input_ids"])
+        yield
     finally:
         if isinstance(warned, dict):
             if had is None:
@@ -308,25 +317,16 @@ def _tokenize(tokenizer, texts: list[str], *, add_special: bool, padding_side: s
         raise InspectorError("this tokenizer has no padding token, so a batch cannot be padded: capture one text at a time")
     # a text longer than the model takes is refused by inspector with the fix (check_lengths); transformers'
     # own "Token indices sequence length is longer ..." warning would only come before that line
-    warned = getattr(tokenizer, "deprecation_warnings", None)
-    flag = "sequence-length-is-longer-than-the-specified-maximum"
-    had = warned.get(flag) if isinstance(warned, dict) else None
-    if isinstance(warned, dict):
-        warned[flag] = True
     try:
-        if target:
-            return tokenizer(text_target=texts, **kwargs)
-        if pairs is not None:
-            return tokenizer(texts, pairs, return_token_type_ids=True, **kwargs)
-        return tokenizer(texts, **kwargs)
+        with _no_length_warning(tokenizer):  # the caller's tokenizer as it was, on every exit
+            if target:
+                return tokenizer(text_target=texts, **kwargs)
+            if pairs is not None:
+                return tokenizer(texts, pairs, return_token_type_ids=True, **kwargs)
+            return tokenizer(texts, **kwargs)
     finally:
         if padding_side is not None:
             tokenizer.padding_side = old_side
-        if isinstance(warned, dict):  # the caller's tokenizer as it was
-            if had is None:
-                warned.pop(flag, None)
-            else:
-                warned[flag] = had
 
 
 def encode(
