@@ -36,11 +36,11 @@ import torch
 from inspector.capture import banded
 from inspector.capture.inputs import Encoded, encode, global_attention_mask
 from inspector.errors import InspectorError
-from inspector.store import masks
+from inspector.store import masks, schema
 from inspector.store.capture_file import Capture, Site
 
 IMPL = "inspector"
-STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+STORAGE_DTYPES = {name: getattr(torch, name) for name in schema.STORAGE_DTYPES}
 # Keyword arguments that attention functions receive but that do not change the weights (the mask
 # already encodes sliding windows for eager/sdpa).
 _NEUTRAL_KWARGS = {

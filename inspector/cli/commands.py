@@ -34,6 +34,7 @@ from inspector.cli.common import (
     status,
 )
 from inspector.errors import InspectorError
+from inspector.store.schema import STORAGE_DTYPES
 
 
 def cmd_capture(args) -> int:
@@ -562,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", help="comma-separated layer indices to record, e.g. 0,3,5 (default: all)")
     p.add_argument("--sites", nargs="+", metavar="REGEX", help="record only sites whose name matches one of these")
     p.add_argument("--no-weights", action="store_true", help="lazy capture: store Q/K/V and mask; weights are recomputed on demand")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="storage dtype")
+    p.add_argument("--dtype", default="float32", choices=list(STORAGE_DTYPES), help="storage dtype")
     p.add_argument("--global", dest="global_tokens", metavar="SPANS",
                    help="LED/Longformer: global tokens of the source, comma-separated words or token indices, e.g. @0 "
                         "(the first token, as LED summarisers run) or @0,Lessee")

@@ -39,6 +39,7 @@ import pandas as pd
 
 from inspector.errors import InspectorError
 from inspector.store.files import temp_beside, write_error, write_text
+from inspector.store.schema import STORAGE_DTYPES  # the names, without torch
 
 FORMAT = 1
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
@@ -102,7 +103,6 @@ def _check_info_field(path: Path, info: dict, key: str, kind: type, required: bo
 # scan.json's "options" (corpus.reduce.Options.to_dict): what each must be
 _OPTION_KINDS = {"exclude_special": "bool", "routes": "bool", "min_split": "number", "min_mass": "number",
                  "min_lift": "number", "routes_threshold": "number", "dtype": "dtype"}
-STORAGE_DTYPES = ("float32", "float16", "bfloat16")  # capture.recorder.STORAGE_DTYPES, named without importing torch
 
 
 def _option_ok(kind: str, value: Any) -> bool:

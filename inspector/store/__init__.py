@@ -10,7 +10,18 @@
 Nothing here imports another stage of inspector.
 """
 
-from inspector.store.capture_file import Capture, check_replaceable, is_capture_file, load, save
-from inspector.store.schema import InputRecord, Site
+from __future__ import annotations
 
-__all__ = ["Capture", "InputRecord", "Site", "check_replaceable", "is_capture_file", "load", "save"]
+import importlib
+
+# the API names, from their modules when first used: importing a light module of this stage (schema, files)
+# does not import torch
+_NAMES = {"Capture": "capture_file", "check_replaceable": "capture_file", "is_capture_file": "capture_file",
+          "load": "capture_file", "save": "capture_file", "InputRecord": "schema", "Site": "schema"}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"inspector.store.{_NAMES[name]}"), name)
+    raise AttributeError(f"module 'inspector.store' has no attribute {name!r}")

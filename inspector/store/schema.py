@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# the dtypes a capture's tensors may be stored in (named here, without torch, for the CLI and the scan folder)
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+
 
 @dataclass
 class InputRecord:
