@@ -405,3 +405,39 @@ def test_batch_with_targets_matches_single_captures(name, tokenizer):
     ss = analysis.split_heads(capture(model, tokenizer, texts[0], targets[0]), "indemnify", ["Lessee", "pays"]).sort_values(["site", "head"])
     assert len(sa) == len(ss) > 0
     assert abs(sa["split_score"].to_numpy() - ss["split_score"].to_numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_lazy_rank_from_logits_equals_the_full_capture(tokenizer, family, tmp_path):
+    """A lazy capture ranks from the recomputed logits (no log of every weight; value-weighted attention as
+    softmax(logits + log value norm)): the same table as the stored weights give, padded batch of two."""
+    model = tiny.build(family)
+    texts = [LEGAL, "The Lessee pays."]
+    full = load(capture(model, tokenizer, texts).save(tmp_path / "full.safetensors"))
+    lazy = load(capture(model, tokenizer, texts, weights=False).save(tmp_path / "lazy.safetensors"))
+    assert "weights" not in lazy.sites[0].parts
+    for batch in (0, 1):
+        for weighting in analysis.WEIGHTINGS:
+            for excluded in (False, True):
+                a, b = (analysis.rank_heads(c, batch=batch, weighting=weighting, exclude_special=excluded)
+                        .sort_values(["site", "head"]).reset_index(drop=True) for c in (full, lazy))
+                num = ["entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight"]
+                torch.testing.assert_close(torch.tensor(b[num].to_numpy()), torch.tensor(a[num].to_numpy()),
+                                           atol=1e-6, rtol=0, equal_nan=True)
+                assert (a["top_key_index"] == b["top_key_index"]).all() and (a["label"] == b["label"]).all()
+
+
+def test_lazy_rank_with_a_zero_value_norm_takes_the_weights(tokenizer):
+    """A zero value norm has no logarithm: those sites are ranked from the reweighted weights, and a head whose
+    value norms are all zero is NaN, as in a full capture."""
+    model = tiny.build("bert")
+    lazy, full = (capture(model, tokenizer, LEGAL, weights=w) for w in (False, True))
+    for cap in (lazy, full):
+        name = cap.sites[0].tensor_name("value_norm")
+        cap.tensors[name][:, 1] = 0.0  # head 1 sends nothing
+        cap.tensors[name][:, 2, 0] = 0.0  # head 2: key 0 sends nothing
+    a, b = (analysis.rank_heads(c, weighting="value-norm", sites=[c.sites[0]]) .sort_values("head").reset_index(drop=True)
+            for c in (full, lazy))
+    assert a["entropy"].isna().tolist() == b["entropy"].isna().tolist() == [h == 1 for h in range(len(a))]
+    torch.testing.assert_close(torch.tensor(b["entropy"].to_numpy()), torch.tensor(a["entropy"].to_numpy()),
+                               atol=1e-6, rtol=0, equal_nan=True)

@@ -39,6 +39,7 @@ import torch
 
 from inspector.analysis.keys import check_batch, reweight_, value_norms_of, visible_keys, weighted_sites
 from inspector.errors import InspectorError
+from inspector.store.attention import softmax_weights
 from inspector.store.capture_file import Capture, Site
 
 BLOCK_VALUES = 1 << 21  # rank_heads works on [head, query, key] blocks of at most this many values (8 MB float32)
@@ -221,16 +222,21 @@ def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weigh
     # reused from the allocator's heap, where larger ones are mapped (and page-faulted in) anew for every chunk
     step = max(1, min(chunk, BLOCK_VALUES // max(1, h * site.key_len)))
     vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
+    # weights recomputed from Q and K (a lazy capture) come with their logits, which spare RankSums the log of
+    # every weight; value-weighted attention is then softmax(logits + log ||v W_O||) (Kobayashi et al. 2020),
+    # when no value norm is zero
+    from_logits = "weights" not in site.parts and site.band is None and (vn is None or bool((vn > 0).all()))
+    log_vn = vn.log()[:, None, :] if vn is not None and from_logits else None
+    heads = list(range(h))
     for q0 in range(0, site.query_len, step):
         qs = slice(q0, min(site.query_len, q0 + step))
         rows = ~pad_q[qs]
         if not bool(rows.any()):
             continue
-        w = capture.weights(site, batch, queries=qs)  # [head, c, key]
-        if vn is not None:
-            reweight_(w, vn)
+        w, logits = _block(capture, site, batch, heads, qs, vn, log_vn, from_logits)  # [head, c, key] each
         vis = visible_keys(capture, site, batch, qs, pad_k)
-        sums.add(w[None], vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None])
+        sums.add(w[None], vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None],
+                 logits=None if logits is None else logits[None])
     key_tokens = capture.tokens(site, "key", batch)
     # a head whose value norms are all zero leaves no value-weighted row: its metrics are NaN, not a sharp head
     dead = (vn == 0).all(-1) if vn is not None else torch.zeros(h, dtype=torch.bool)
@@ -252,6 +258,23 @@ def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weigh
             "top_key_weight": m["top_key_weight"][head],
         } for head in range(h)]
     return out
+
+
+def _block(capture: Capture, site: Site, batch: int, heads: list[int], qs: slice, vn: torch.Tensor | None,
+           log_vn: torch.Tensor | None, from_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights ``[head, c, key]`` of one block of query rows (value-weighted when ``vn`` is given) and,
+    where the capture recomputes them, the logits they are the softmax of (else None)."""
+    if from_logits:
+        logits = capture.logits(site, batch, heads, qs, mask=capture.mask_rows(site, batch, qs))
+        if log_vn is not None:
+            logits.add_(log_vn)
+        w = softmax_weights(logits, torch.float32)
+        if bool(torch.isfinite(w.sum(-1)).all()):  # as Capture.weights: only NaN or infinity can be wrong
+            return w, logits
+    w = capture.weights(site, batch, queries=qs)  # checks the rows (raises on damaged ones)
+    if vn is not None:
+        reweight_(w, vn)
+    return w, None
 
 
 def rank_heads(

@@ -104,9 +104,9 @@ class ForwardSums:
                 if mask is not None:
                     m = mask[b0:b1] if mask.shape[0] > 1 else mask
                     m = m[:, :, r0:r1] if m.shape[2] > 1 else m
-                logits = attention.scores(query[b0:b1, :, r0:r1], k[b0:b1], site.scaling, site.softcap)
-                if m is not None:  # as attention.attention_weights: the same operations, the logits kept
-                    logits = logits.add_(m) if attention.fits(m, logits) else logits + m
+                # as attention.attention_weights: the same operations, the logits kept
+                logits = attention.masked_scores(query[b0:b1, :, r0:r1], k[b0:b1], scaling=site.scaling, mask=m,
+                                                 softcap=site.softcap)
                 w = attention.softmax_weights(logits, torch.float32)
                 if docs > 1 or step == q_len:
                     torch.matmul(w, v[b0:b1], out=out[b0:b1])

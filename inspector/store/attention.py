@@ -48,11 +48,19 @@ def attention_weights(
     softcap: float | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Attention weights ``[..., query, key]`` exactly as the eager path computes them."""
+    """Attention weights ``[..., query, key]`` exactly as the eager path computes them: the softmax of
+    :func:`masked_scores`."""
+    return softmax_weights(masked_scores(q, k, scaling=scaling, mask=mask, softcap=softcap), out_dtype or q.dtype)
+
+
+def masked_scores(q: torch.Tensor, k: torch.Tensor, *, scaling: float, mask: torch.Tensor | None = None,
+                  softcap: float | None = None) -> torch.Tensor:
+    """The logits ``[..., query, key]`` the weights are the softmax of: :func:`scores` plus the additive
+    ``mask`` (added in place where it broadcasts without enlarging them). A fresh tensor."""
     logits = scores(q, k, scaling, softcap)
     if mask is not None:
         logits = logits.add_(mask) if fits(mask, logits) else logits + mask
-    return softmax_weights(logits, out_dtype or q.dtype)
+    return logits
 
 
 def expand_kv(t: torch.Tensor, head_map: list[int] | torch.Tensor) -> torch.Tensor:

@@ -269,7 +269,19 @@ class Capture:
     def recompute(self, site: Site, batch: int, heads: list[int], queries: slice, *, mask: torch.Tensor | None = None
                   ) -> torch.Tensor:
         """Weights recomputed from the stored Q, K and mask (float32); ``mask`` is ``mask_rows`` for the
-        same rows when the caller already has it."""
+        same rows when the caller already has it. Equal element for element to the softmax of
+        :meth:`logits` for the same rows."""
+        return attention.softmax_weights(self.logits(site, batch, heads, queries, mask=mask), torch.float32)
+
+    def logits(self, site: Site, batch: int, heads: list[int], queries: slice, *, mask: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """The masked scores ``[head, query, key]`` (float32) the weights of a site without stored weights are the
+        softmax of: ``q.k * scaling`` (soft-capped where the model caps) plus the additive mask, in the order of
+        transformers' ``eager_attention_forward`` (:func:`inspector.store.attention.attention_weights`). A fresh
+        tensor the caller may overwrite.
+
+        Raises InspectorError when the site stores no Q and K, or passes attention arguments the file cannot
+        express."""
         if not {"q", "k"} <= set(site.parts):
             raise InspectorError(f"site {site.name} stores neither weights nor Q/K, so its weights cannot be shown")
         if not site.recomputable:
@@ -291,7 +303,7 @@ class Capture:
             mask = self.mask_rows(site, batch, queries)
         if mask is not None and mask.shape[0] > 1:
             mask = mask[heads]
-        return attention.attention_weights(q, k, scaling=site.scaling, mask=mask, softcap=site.softcap, out_dtype=torch.float32)
+        return attention.masked_scores(q, k, scaling=site.scaling, mask=mask, softcap=site.softcap)
 
     # ---- file -----------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
