@@ -254,3 +254,35 @@ def test_closed_pipe_ends_quietly(capfile, tmp_path):
                           timeout=120)
     # nothing but the run's own note on stderr (which weighting ranked the heads): no traceback, no error line
     assert done.returncode == 141 and done.stderr == "heads ranked with attention weights\n", done.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["capture", "--text", LEGAL, "-o", "{ro}/run.safetensors"],
+    ["capture", "--text", LEGAL, "-o", "{ro}/new/deeper/run.safetensors"],
+    ["debug", "--source", LEGAL, "--output", OUTPUT, "--query", "indemnify", "--referents", "Lessee,Lessor", "-o", "{ro}/out"],
+    ["demo", "--no-app", "--out", "{ro}/out"],
+    ["ablate", "--source", LEGAL, "--output", OUTPUT, "--heads", "x:0", "--csv", "{ro}/ablate.csv"],
+    ["effects", "--source", LEGAL, "--output", OUTPUT, "--contrast", "Lessee,Lessor", "--csv", "{ro}/effects.csv"],
+    ["attribute", "--source", LEGAL, "--output", OUTPUT, "--contrast", "Lessee,Lessor", "--csv", "{ro}/attr.csv"],
+    ["routes", "--source", LEGAL, "--output", OUTPUT, "--contrast", "Lessee,Lessor", "--json", "{ro}/routes.json"],
+], ids=lambda a: f"{a[0]}-{a[-1].rsplit('/', 1)[-1]}")
+def test_unwritable_output_is_refused_before_the_model_loads(tmp_path, argv, monkeypatch, capsys):
+    """A folder no file can be created in is one line, exit 2, before any model work (a large model takes
+    minutes to load), and what was there is kept."""
+    import importlib
+
+    models, commands, investigate_cli, routes_cli = (importlib.import_module(f"inspector.{m}") for m in (
+        "capture.models", "cli.commands", "cli.investigate", "cli.routes"))
+
+    def no_model(*_a, **_k):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    for module, name in ((commands, "load_from_args"), (investigate_cli, "load_from_args"), (routes_cli, "load_from_args"),
+                         (models, "load_model")):
+        monkeypatch.setattr(module, name, no_model)
+    old = {"keep.txt": b"earlier work\n"}
+    with read_only_folder(tmp_path, old) as ro:
+        assert main([a.replace("{ro}", str(ro)) for a in argv]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert "could not write" in line and "write elsewhere" in line, line
+        assert {p.name: p.read_bytes() for p in ro.iterdir()} == old

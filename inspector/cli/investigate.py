@@ -132,9 +132,12 @@ def cmd_demo(args) -> int:
     from inspector.investigate.debug import (
         LEGAL_QUOTED,
         LEGAL_SOURCE,
+        MARKER,
         investigate,
     )
+    from inspector.store.files import check_folder_target
 
+    check_folder_target(Path(args.out), MARKER)  # before the model loads
     print("loading the embedded all-MiniLM-L6-v2 ...", file=sys.stderr)
     loaded = load_model(None)
     print(f"source: {LEGAL_SOURCE}\nquery: indemnity   referents: Lessee, Lessor   variant 'quoted': the clause quoted",

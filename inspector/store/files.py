@@ -32,9 +32,33 @@ STDOUT = "-"
 
 
 def check_target(path: Path) -> None:
-    """Refuse an output path that is a folder, with a line that says so."""
+    """Refuse an output path that is a folder, or one the system will not let us create (see
+    :func:`check_writable`), with a line that says so; ``-`` (standard output) and devices pass."""
+    if is_stdout(path) or is_special(Path(path)):
+        return
     if path.is_dir():
         raise InspectorError(f"{path} is a folder: give a file name to write to, e.g. {path / 'out'}")
+    check_writable(path)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise the one-line :func:`write_error` unless a file can be created where ``path`` will be written:
+    in its folder, or, where that folder does not exist yet, in the nearest existing folder above it (which
+    is where the writer will create it). Probed by creating and removing an empty temporary file, which
+    answers for read-only file systems, permissions and a full inode table alike (``os.access`` does not,
+    e.g. for root on a read-only mount). Called before a model loads, so that a refused write costs nothing."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if folder.exists() and not folder.is_dir():
+        raise InspectorError(f"cannot write {path}: {folder} is a file, not a folder; write elsewhere")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise write_error(path, exc, path.exists()) from None
 
 
 def is_stdout(path: str | os.PathLike) -> bool:
@@ -174,6 +198,7 @@ def check_folder_target(path: Path, marker: str) -> None:
             f"{path} is a folder with other files in it (no {marker}): the results replace the whole folder, so choose a "
             "new or empty folder"
         )
+    check_writable(path)  # the new folder is made beside it, then renamed in
 
 
 @contextlib.contextmanager
