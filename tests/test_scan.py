@@ -29,6 +29,7 @@ from inspector.corpus.folder import ScanFolder, committed_documents
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.reduce import Options, reduce_batch
 from inspector.corpus.scan import scan
+from inspector.errors import InspectorError
 
 import tiny
 
@@ -185,7 +186,7 @@ def test_bad_documents_are_recorded_and_never_stop_the_scan(bert, tmp_path):
     assert errors["empty"] == "the text is empty"
     assert "accepts at most 128" in errors["long"]
     assert "'Guarantor' is not in the source text" in errors["missing"]
-    assert errors["4"].startswith("line 5 is not valid JSON")
+    assert errors["#row4"].startswith("line 5 is not valid JSON")
     assert errors["noref"] == "give both a query and referents (or neither)"
     assert "not a string" in errors["number"]
     assert "repeats an earlier row's id" in errors["b#row8"]
@@ -571,3 +572,52 @@ def test_list_referents_are_stripped_and_an_occurrence_must_be_whole(bert, tmp_p
     assert all(list(r) == ["Lessee", "Lessor"] for r in spaced["referents"])
     np.testing.assert_allclose(np.array(spaced["referent_weights"].tolist(), float),
                                np.array(plain["referent_weights"].tolist(), float), atol=1e-12)
+
+
+def test_a_scan_folder_copied_with_its_corpus_resumes(bert, tmp_path, monkeypatch):
+    """A scan folder moved or copied together with its corpus (another path, the same content) resumes where it
+    stopped, and scan.json then names the corpus where it now is; another corpus at the new path is refused."""
+    import shutil
+
+    here = tmp_path / "here"
+    here.mkdir()
+    data = write_jsonl(here / "leases.jsonl", lease_rows(10))
+    full = tmp_path / "full"
+    scan(data, full, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+
+    original = ScanFolder.commit
+
+    def stop_after_one(self, documents, heads):
+        if self.next_part == 1:
+            raise KeyboardInterrupt
+        return original(self, documents, heads)
+
+    monkeypatch.setattr(ScanFolder, "commit", stop_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        scan(data, here / "out", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    monkeypatch.setattr(ScanFolder, "commit", original)
+    there = tmp_path / "there"
+    shutil.copytree(here, there)
+    shutil.rmtree(here)
+    result = scan(there / "leases.jsonl", there / "out", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    assert (result.skipped, result.scanned) == (3, 7)
+    assert_same_rows(read_heads(full), read_heads(there / "out"), tol=0.0)
+    assert json.loads((there / "out" / "scan.json").read_text())["corpus"] == str((there / "leases.jsonl").resolve())
+    assert corpus.find_document(there / "out", 4).row == 4  # read from the corpus where it now is
+    # the same path holding other documents is another corpus
+    write_jsonl(there / "leases.jsonl", lease_rows(11))
+    with pytest.raises(InspectorError, match="changed since this scan"):
+        scan(there / "leases.jsonl", there / "out", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+
+
+def test_a_broken_line_does_not_take_a_documents_id(bert, tmp_path):
+    """With an id column, a line that cannot be read is '#row<N>', not '<N>': a corpus numbered from 0 keeps
+    its document '1' (it was reported as repeating the broken line's id, and left unscanned)."""
+    data = tmp_path / "numbered.jsonl"
+    rows = [json.dumps(DOCS[0] | {"id": str(i)}) for i in range(3)]
+    rows[1] = "{broken"
+    data.write_text("\n".join(rows + [json.dumps(DOCS[0] | {"id": "1"})]) + "\n")
+    scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
+    assert docs["status"].to_dict() == {"0": "ok", "#row1": "error", "2": "ok", "1": "ok"}
+    assert sorted(read_heads(tmp_path / "out")["id"].unique()) == ["0", "1", "2"]

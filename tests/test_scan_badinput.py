@@ -168,6 +168,10 @@ def test_every_scan_json_field_removed_or_mistyped_is_one_line(base, tmp_path, c
         (folder / "scan.json").write_text(json.dumps(edited))
         before = snapshot(folder)
         line = one_line(capsys, resume_argv(data, folder, bert_folder))
+        if key == "corpus" and isinstance(bad, str) and bad:  # the corpus is known by its content (corpus_sha256):
+            assert line is None, line  # another path to the same bytes resumes, and scan.json then names this one
+            assert json.loads((folder / "scan.json").read_text())["corpus"] == info["corpus"]
+            continue
         assert line is not None, (key, bad)
         assert any(w in line for w in (repr(top), repr(name), "another", "other", "format")), (key, bad, line)
         assert snapshot(folder) == before

@@ -274,10 +274,16 @@ def _json_line(raw: bytes, n: int) -> Any:
 
 
 def to_document(i: int, row: dict[str, Any] | str, fields: Fields) -> Document:
-    """A :class:`Document` from one row (``row`` a string: the problem found reading it)."""
+    """A :class:`Document` from one row (``row`` a string: the problem found reading it).
+
+    Its id is the row's id column where the corpus has one (``fields.id``); a row whose id cannot be read
+    (a broken line, a missing id) is then ``#row<i>``, which no id of another row takes from it (a plain
+    ``<i>`` would be a real document's id in a corpus numbered from 0). Without an id column every id is the
+    row number."""
+    fallback = f"#row{i}" if fields.id else str(i)
     if isinstance(row, str):
-        return Document(row=i, id=str(i), problem=row)
-    doc = Document(row=i, id=str(i))
+        return Document(row=i, id=fallback, problem=row)
+    doc = Document(row=i, id=fallback)
     steps = (_read_id, _read_text, _read_target, _read_query, _read_referents, _read_occurrence)
     for step in steps:
         problem = step(doc, row, fields)

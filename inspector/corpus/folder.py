@@ -307,10 +307,15 @@ class ScanFolder:
         if self.out.exists() and not self.out.is_dir():
             raise InspectorError(f"{self.out} is a file: give a folder for the scan to write into, e.g. -o scan-out")
         info = self.out / "scan.json"
+        self.moved = False  # the same corpus (by content) at another path: scan.json is pointed at it on open()
         if info.is_file():
             old = read_info(self.out, resume="corpus_sha256" in meta)
+            # a corpus is the same by its content: a scan folder copied or moved with its corpus resumes
+            self.moved = old.get("corpus") != meta.get("corpus") and "corpus_sha256" in meta \
+                and old.get("corpus_sha256") == meta["corpus_sha256"]
             other = [f"{_OTHER[key]} ({differences(key, old.get(key), meta.get(key))})"
-                     for key in ("corpus", "fields", "model", "options") if old.get(key) != meta.get(key)]
+                     for key in ("corpus", "fields", "model", "options")
+                     if old.get(key) != meta.get(key) and not (key == "corpus" and self.moved)]
             if other:
                 raise InspectorError(f"{self.out} holds a scan with {' and '.join(other)}; "
                                      "resume with the same options, or scan into a new folder")
@@ -330,7 +335,7 @@ class ScanFolder:
         info = self.out / "scan.json"
         meta = self.meta
         try:
-            if not info.is_file():  # first, so a folder whose first write fails is still a new folder
+            if not info.is_file() or self.moved:  # first, so a folder whose first write fails is still a new folder
                 write_text(info, json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
             (self.out / "heads").mkdir(exist_ok=True)
             (self.out / "_documents").mkdir(exist_ok=True)
