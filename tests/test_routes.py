@@ -59,3 +59,26 @@ def test_unknown_family_and_changed_layout_are_refused(tokenizer):
         h.remove()
     with pytest.raises(InspectorError, match="--position"):
         routes(model, tokenizer, TEXT, OUT, position=999)
+
+
+@pytest.mark.parametrize("name", ["bert", "bart"])
+def test_heads_on_route_reuses_the_nodes_the_route_decomposed(name, tokenizer, monkeypatch):
+    """``heads_on_route`` after ``routes`` on one graph decomposes no node again (``scan --routes`` paid for each
+    node twice), and gives exactly what a fresh graph gives."""
+    import inspector.intervene.routes as rt
+
+    model = tiny.build(name)
+    target = None if name == "bert" else OUT
+    fresh = record(model, tokenizer, TEXT, target)
+    route = routes(model, tokenizer, TEXT, target, graph=fresh, threshold=0.02)
+    heads = [(s.name, h) for s in fresh.capture.sites for h in range(s.num_heads)]
+    expected = rt.heads_on_route(record(model, tokenizer, TEXT, target), route, heads, threshold=0.02)
+    calls = []
+    real = rt._incoming
+    monkeypatch.setattr(rt, "_incoming", lambda g, stack, level, rows, keep: calls.append(rows) or real(g, stack, level, rows, keep))
+    g = record(model, tokenizer, TEXT, target)
+    again = routes(model, tokenizer, TEXT, target, graph=g, threshold=0.02)
+    n_route = len(calls)
+    on = rt.heads_on_route(g, again, heads, threshold=0.02)
+    assert n_route > 0 and len(calls) == n_route, calls[n_route:]
+    assert again.equals(route) and on.equals(expected) and (on["best_share"] > 0).any()

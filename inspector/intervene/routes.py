@@ -118,6 +118,9 @@ class Graph:
     stacks: dict[str, _Stack]
     tokens: dict[str, list[str]]
     sites: dict[tuple[str, int, str], str]  # (stack, block, step kind) -> site name
+    # (stack, level, position) -> the node's incoming edges without vectors, decomposed once per pass: the route,
+    # heads_on_route and the figure read the same nodes (read-only)
+    decomposed: dict[tuple[str, int, int], dict] = field(default_factory=dict, repr=False)
 
     def level_count(self, stack: str) -> int:
         """How many residual levels ``stack`` has: one per step (attention, cross-attention, MLP) of each block,
@@ -136,7 +139,19 @@ class Graph:
         """The node's incoming edges: ``edges`` (list of dicts with kind, from_stack, from_level,
         from_position, site, head, importance, and ``vector`` when ``keep_vectors``), ``bias`` (hidden),
         ``state`` (the recorded state), ``total`` (the sum of the edges' vectors, plus the bias)."""
-        return _incoming(self, stack, level, [position], keep_vectors)[0]
+        if keep_vectors:
+            return _incoming(self, stack, level, [position], True)[0]
+        return _nodes(self, stack, level, [position])[0]
+
+
+def _nodes(g: Graph, stack: str, level: int, positions: list[int]) -> list[dict]:
+    """The nodes at ``positions`` of one level (edges without vectors), each decomposed once per graph: the
+    positions not decomposed yet are decomposed together, the others read from ``g.decomposed``."""
+    missing = [p for p in positions if (stack, level, p) not in g.decomposed]
+    if missing:
+        for p, node in zip(missing, _incoming(g, stack, level, missing, False), strict=True):
+            g.decomposed[(stack, level, p)] = node
+    return [g.decomposed[(stack, level, p)] for p in positions]
 
 
 def _resolve_stacks(model) -> dict[str, _Stack]:
@@ -379,7 +394,7 @@ def routes(model, tokenizer, text: str, target: str | None = None, *, position: 
 def _kept(g: Graph, stack: str, level: int, positions: list[int], threshold: float, frontier) -> list[dict]:
     block, step = g.stacks[stack].step(level)
     out = []
-    for pos, node in zip(positions, _incoming(g, stack, level, positions, False), strict=True):
+    for pos, node in zip(positions, _nodes(g, stack, level, positions), strict=True):
         base = {"stack": stack, "layer": block, "sublayer": step.kind, "to_level": level, "to_position": pos,
                 "to_token": g.tokens[stack][pos]}
         for e in node["edges"]:
@@ -420,7 +435,8 @@ def heads_on_route(graph: Graph, route: pd.DataFrame, heads: list[tuple[str, int
     the attention nodes the route reaches, in [0, 1]; 0 where the route never reaches its site),
     ``from_token``, ``to_token`` (where that best share sits), ``on_route`` (``best_share > threshold``).
     ``graph`` is the :func:`record` of the pass ``route`` was drawn from. The reached nodes of one level
-    are decomposed together (no forward pass)."""
+    are decomposed together (no forward pass); nodes the route drawn from ``graph`` decomposed are not
+    decomposed again."""
     wanted: dict[str, set[int]] = {}
     for site, h in heads:
         wanted.setdefault(site, set()).add(int(h))
@@ -433,7 +449,7 @@ def heads_on_route(graph: Graph, route: pd.DataFrame, heads: list[tuple[str, int
         site = graph.sites.get((stack, block, step.kind))
         if step.kind == "mlp" or site not in wanted:
             continue
-        for pos, node in zip(positions, _incoming(graph, stack, level, positions, False), strict=True):
+        for pos, node in zip(positions, _nodes(graph, stack, level, positions), strict=True):
             att = node["attention"]
             for h in wanted[site]:
                 j = int(att["heads"][h].argmax())
