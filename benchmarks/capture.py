@@ -232,6 +232,20 @@ def mask_table(parts: dict[int, dict]) -> list[str]:
                     strict=True)[0] for n, p in parts.items() if n >= 2048]
 
 
+def _single_job(args) -> int | None:
+    """Run the one job an option asks for instead of the timing table (a worker, one long encoder's file size, the
+    lazy files' bytes) and return its exit code; None when no such option is given."""
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
+    for n, long_file in ((args.led, led_file), (args.pegasus_x, pegasus_x_file)):
+        if n:
+            return long_file(n)
+    if args.file_only:
+        return file_only(args)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="128 and 512 tokens, 2 rounds in each timing process")
@@ -244,15 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pegasus-x", type=int, metavar="N", help="only a tiny Pegasus-X encoder on N tokens: block bytes vs n x n")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        worker(json.loads(args.worker))
-        return 0
-    if args.led:
-        return led_file(args.led)
-    if args.pegasus_x:
-        return pegasus_x_file(args.pegasus_x)
-    if args.file_only:
-        return file_only(args)
+    single = _single_job(args)
+    if single is not None:
+        return single
 
     import torch
 
