@@ -223,6 +223,17 @@ def _edit_tensor(suffix, change):
     return edit
 
 
+def _edit_band_mask_away(header, tensors):
+    for site in header["sites"]:
+        if site["band"] is not None:
+            site["mask"] = None
+    for name, spec in list(header["masks"].items()):
+        if spec["visible"] == "band":
+            del header["masks"][name]
+            for t in [k for k in tensors if k.startswith(name + ".")]:
+                del tensors[t]
+
+
 def _one_more_global(t):
     t = t.clone()
     t[:, GLOBALS + 4] = 1
@@ -241,6 +252,8 @@ def _one_more_global(t):
     (_edit_tensor("encoder.layers.0.self_attn/weights", lambda t: t[..., :-1]), r"weights' has shape \[2, 4, 31, 10\]"),
     (_edit_tensor("encoder.layers.0.self_attn/global_rows", lambda t: t[:, :, :-1]), r"global_rows' has 2 rows for 3 global queries"),
     (_edit_tensor(".globals", _one_more_global), r"weights' has shape \[2, 4, 31, 11\], but the header says"),
+    (_edit_band_mask_away, r"field 'band' needs a band mask \(field 'mask' is null\)"),
+    (lambda header, tensors: header.update(schema=1), r"field 'band' needs a schema-2 band mask, not a dense one"),
 ])
 def test_damaged_compact_site_refused(edit, message, tmp_path):
     from inspector.errors import InspectorError

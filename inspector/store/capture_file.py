@@ -1,8 +1,10 @@
 """The capture: site metadata, input records and tensors, and its file format.
 
 A capture file is one ``.safetensors`` file (no pickle). Tensors are named ``<site>/q``,
-``<site>/k``, ``<site>/v``, ``<site>/weights`` and ``<site>/value_norm``, plus the small tensors of compact masks
-(``<mask>.key_padding``, ``<mask>.packed``, ``<mask>.bias``; see :mod:`inspector.store.masks`); the header's
+``<site>/k``, ``<site>/v``, ``<site>/weights`` and ``<site>/value_norm`` (and ``<site>/global_rows`` of a banded or
+block-local site, whose weights are stored compactly: :mod:`inspector.store.band`), plus the small tensors of compact
+masks (``<mask>.key_padding``, ``<mask>.packed``, ``<mask>.bias``, ``<mask>.globals``; see :mod:`inspector.store.masks`);
+the header's
 ``__metadata__`` holds one key, ``inspector``, whose value is a JSON document (schema, model
 provenance, inputs, sites and mask specs; see README "Capture file format"). Schema 1 files (one
 dense float ``<site>/mask`` tensor per mask) still open. Files are written atomically (temporary

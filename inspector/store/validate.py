@@ -451,6 +451,8 @@ def _band_shapes(path: Path, where: str, d: dict, batch: int, shapes: dict[str, 
     if not 0 <= w <= _POSITION_BOUND or "weights" not in d["parts"] or "global_rows" not in d["parts"]:
         raise refuse(path, where, f"field 'band' ({w}) needs a window from 0 to {_POSITION_BOUND} and parts 'weights' "
                                   "and 'global_rows'")
+    if d["mask"] is None:
+        raise refuse(path, where, "field 'band' needs a band mask (field 'mask' is null)")
     if d["query_len"] > d["key_len"]:
         raise refuse(path, where, f"a banded site's queries are its first keys, but query_len {d['query_len']} exceeds "
                                   f"key_len {d['key_len']}")
@@ -518,6 +520,9 @@ def _check_masks(path: Path, schema: int, masks: dict, mask_users: dict[str, lis
     """Each mask the sites name (a dense tensor in schema 1, a spec in schema 2); returns the tensors they use.
     ``read(name)`` gives a small tensor's contents (a band mask's globals), or is None."""
     referenced = set()
+    banded = [u for users in mask_users.values() for u in users if u.get("band") is not None]
+    if schema < 2 and banded:
+        raise refuse(path, f"site {banded[0]['name']!r}", "field 'band' needs a schema-2 band mask, not a dense one")
     for m, users in mask_users.items():
         if schema < 2:
             referenced.add(m)
