@@ -28,11 +28,15 @@ the first run of each variant in a fresh process of its own, one process at a ti
     .venv/bin/python benchmarks/capture.py --file-only --tokens 2048 8192   # lazy file: mask bytes vs Q/K/V bytes
 
     .venv/bin/python benchmarks/capture.py --led 16384   # a long LED encoder: the band's bytes vs n x n (issue 20)
+    .venv/bin/python benchmarks/capture.py --pegasus-x 16384   # a long Pegasus-X encoder: blocks' bytes vs n x n
 
 ``--led N`` captures a tiny LED (2+2 layers, 4 heads, width 32, window 512, random seeded weights; the
 first token global) on N tokens and prints, per encoder site, the bytes of the stored band (the global
 slots and the 2w + 1 window keys per query, plus the global queries' rows) against the dense
-``head x n x n`` float32 weights that per-token storage would take, and the file's size.
+``head x n x n`` float32 weights that per-token storage would take, and the file's size. ``--pegasus-x N``
+does the same for a tiny Pegasus-X (2+2 layers, 4 heads, width 32, the config's default block of 512 tokens
+and 32 learned global tokens, staggered blocks): per query its global slots and its block, plus the global
+tokens' rows, against ``head x (G + n) x (G + n)``, the dense layout it was stored in before.
 
 The lazy file's mask bytes are printed next to its Q/K/V bytes (issue 9: a causal model's mask costs at
 most 5% of the Q/K/V bytes at 2,048 tokens and beyond), with what the schema-1 dense float mask would
@@ -228,6 +232,20 @@ def mask_table(parts: dict[int, dict]) -> list[str]:
                     strict=True)[0] for n, p in parts.items() if n >= 2048]
 
 
+def _single_job(args) -> int | None:
+    """Run the one job an option asks for instead of the timing table (a worker, one long encoder's file size, the
+    lazy files' bytes) and return its exit code; None when no such option is given."""
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
+    for n, long_file in ((args.led, led_file), (args.pegasus_x, pegasus_x_file)):
+        if n:
+            return long_file(n)
+    if args.file_only:
+        return file_only(args)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="128 and 512 tokens, 2 rounds in each timing process")
@@ -237,15 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch threads in every worker (default: torch's default here)")
     p.add_argument("--file-only", action="store_true", help="only the lazy file's mask and Q/K/V bytes (default 2048 8192)")
     p.add_argument("--led", type=int, metavar="N", help="only a tiny LED encoder on N tokens: band bytes vs n x n")
+    p.add_argument("--pegasus-x", type=int, metavar="N", help="only a tiny Pegasus-X encoder on N tokens: block bytes vs n x n")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        worker(json.loads(args.worker))
-        return 0
-    if args.led:
-        return led_file(args.led)
-    if args.file_only:
-        return file_only(args)
+    single = _single_job(args)
+    if single is not None:
+        return single
 
     import torch
 
@@ -373,12 +388,55 @@ def led_file(n: int) -> int:
         print(f"tiny LED encoder, {n} tokens, window {window}, 1 global token; capture {time.perf_counter() - t0:.1f} s; "
               f"file {path.stat().st_size / MB:.1f} MB")
         print(f"machine: {machine_line()}")
-        for s in cap.sites:
-            if s.band is None:
-                continue
-            stored = sum(4 * int(torch.tensor(cap.tensors.shape(s.tensor_name(p))).prod()) for p in ("weights", "global_rows"))
-            dense = 4 * s.num_heads * s.query_len * s.key_len
-            print(f"  {s.name}: band {stored / MB:.1f} MB vs dense n x n {dense / MB:.1f} MB ({stored / dense:.3f})")
+        band_bytes(cap)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+def band_bytes(cap) -> None:
+    """Print, per compactly stored site, the bytes of its stored tensors (computed from their shapes and dtypes)
+    against the dense float32 ``head x query x key`` weights of the same site."""
+    import math
+
+    from inspector.store.validate import FLOAT_DTYPES
+
+    for s in cap.sites:
+        if s.band is None:
+            continue
+        names = [s.tensor_name(p) for p in ("weights", "global_rows")]
+        stored = sum(math.prod(cap.tensors.shape(t)) * FLOAT_DTYPES[cap.tensors.dtype(t)].itemsize for t in names)
+        dense = 4 * cap.batch_size * s.num_heads * s.query_len * s.key_len
+        print(f"  {s.name}: compact {stored / MB:.1f} MB vs dense {s.query_len} x {s.key_len} {dense / MB:.1f} MB "
+              f"({stored / dense:.3f})")
+
+
+def pegasus_x_file(n: int) -> int:
+    """A tiny Pegasus-X encoder capture on ``n`` tokens: bytes of each block-local site next to dense weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from inspector.capture import capture
+    from inspector.store import load
+
+    config = AutoConfig.for_model("pegasus_x", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                  max_position_embeddings=max(n, 1024), vocab_size=30522)
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    tok = tokenizer()
+    tok.model_max_length = n  # the MiniLM tokenizer stands in for Pegasus-X's own
+    text = random_text(tok, n)
+    t0 = time.perf_counter()
+    cap = capture(model, tok, text, "a short summary.")
+    folder = tempfile.mkdtemp(prefix="inspector-bench-pegasus-x-")
+    try:
+        path = cap.save(Path(folder) / "pegasus_x.safetensors")
+        cap = load(path)
+        print(f"tiny Pegasus-X encoder, {n} tokens, block {config.block_size}, {config.num_global_tokens} global tokens, "
+              f"staggered; capture {time.perf_counter() - t0:.1f} s; file {path.stat().st_size / MB:.1f} MB")
+        print(f"machine: {machine_line()}")
+        band_bytes(cap)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -12,6 +12,10 @@ it see: non-padding keys at most ``local_radius`` away; for transient-global als
 row's real blocks (tokens after the last full block join it), each the layer-normed sum of its block's
 hidden states, biased by its distance in blocks. On a padded batch of two, full and lazy captures equal it
 within 1e-5, the model's outputs are unchanged, and the file opens with a mask that shows exactly those keys.
+
+Transient-global and BigBird's block-sparse sites are stored compactly too (:mod:`inspector.store.band`): per
+query its window and the global keys, plus the global queries' rows; rank and split read them exactly as the
+dense layout they replaced, and a lazy read touches only the rows it needs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from inspector.capture import capture
 from inspector.capture.inputs import encode
 from inspector.store import load
 
+import compact
 import tiny
 
 TOL = 1e-5
@@ -109,18 +114,25 @@ def test_longt5_weights_equal_the_models_own_attention(kind, tmp_path):
         sites = [s for s in cap.sites if s.module_class == cls]
         assert len(sites) == len(refs) == 2
         for site, (ref, vis) in zip(sites, refs, strict=True):
+            assert site.band == RADIUS
             if kind == "local":  # compact: per query 2 * 3 + 1 window keys, not 28
-                assert site.band == RADIUS and cap.tensors.shape(site.tensor_name("weights")) == [2, 4, 28, 7]
-            else:
+                assert cap.tensors.shape(site.tensor_name("weights")) == [2, 4, 28, 7]
+            else:  # compact: per query the 7 transient-global keys, then 2 * 3 + 1 window keys, not 28 + 7
                 assert site.key_input == ["source", "global"] and site.key_len == 28 + 28 // GBS
                 assert cap.records("global", 1).tokens[-1] == f"<global {28 // GBS - 1}>"
+                assert cap.tensors.shape(site.tensor_name("weights")) == [2, 4, 28, 28 // GBS + 2 * RADIUS + 1]
+                assert cap.tensors.shape(site.tensor_name("global_rows")) == [2, 4, 0, 28 + 28 // GBS]
             for b in (0, 1):
                 got = cap.weights(site, batch=b)  # checked on read: rows sum to 1 over the visible keys
                 torch.testing.assert_close(got[:, real[b]], ref[b][:, real[b]], atol=TOL, rtol=0)
                 seen = (cap.mask_rows(site, b) > -1e4)[0]
                 assert torch.equal(seen[real[b]], vis[b][real[b]])
+                if kind == "transient-global":  # as the dense layout's mask: a padding query sees nothing
+                    assert torch.equal(seen, vis[b] & real[b][:, None])
                 assert float(torch.where(seen, 0.0, got)[:, real[b]].abs().max()) == 0
+            compact.assert_lazy_reads(cap, site, 1, [0, 2], slice(3, 11), globals_read=False)
         assert len(rank_heads(cap)) == sum(s.num_heads for s in cap.sites)
+    compact.assert_same_analyses(cap, "Lessor", ["Lessee", "claim"])
 
 
 LONG = ["The Lessee shall indemnify the Lessor against every claim. Such indemnity survives the term of this lease and "
@@ -209,11 +221,19 @@ def test_bigbird_block_sparse_weights_equal_the_models_own_attention(family, tmp
         assert len(sites) == len(refs) == 2
         for site, (ref, vis) in zip(sites, refs, strict=True):
             assert site.query_len == site.key_len == 33
+            # compact: the 5 global tokens (block 0 and token 32, the last block's) as slots, then 3 blocks of 4;
+            # the global tokens' own rows
+            assert site.band == 1 and cap.masks[site.mask]["block"] == BLOCK
+            assert cap.tensors.shape(site.tensor_name("weights")) == [2, 4, 33, 5 + 3 * BLOCK]
+            assert cap.tensors.shape(site.tensor_name("global_rows")) == [2, 4, 5, 33]
             for b in (0, 1):
                 got = cap.weights(site, batch=b)
                 torch.testing.assert_close(got[:, real[b]], ref[b][:, real[b]], atol=TOL, rtol=0)
                 seen = (cap.mask_rows(site, b) > -1e4)[0]
-                assert torch.equal(seen[real[b]], vis[b][real[b]])
+                assert torch.equal(seen, vis[b] & real[b][:, None])  # as the dense layout's: a padding query sees nothing
+            compact.assert_lazy_reads(cap, site, 0, [1, 3], slice(8, 24), globals_read=False)
+            compact.assert_lazy_reads(cap, site, 0, [1, 3], slice(2, 9), globals_read=True)
         # row 0, query 20 (block 5 of 0..8): key blocks 0, 4, 5, 6 and 8 (tokens 32; 33..35 pad the last block)
         seen = (cap.mask_rows(sites[0], 0) > -1e4)[0, 20]
         assert seen.nonzero().flatten().tolist() == [0, 1, 2, 3, *range(16, 28), 32]
+    compact.assert_same_analyses(cap, "Lessor", ["Lessee", "claim"])

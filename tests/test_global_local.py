@@ -13,6 +13,7 @@ outputs are unchanged, and the file opens with a mask that shows exactly those k
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from inspector.capture import capture
 from inspector.capture.inputs import encode
 from inspector.store import load
 
+import compact
 import tiny
 
 TOL = 1e-5
@@ -109,7 +111,7 @@ def test_global_local_weights_equal_the_models_own_attention(tmp_path):
                 got = cap.weights(site, batch=b)  # checked on read: rows sum to 1 over the visible keys
                 torch.testing.assert_close(got[:, real[b]], ref[b][:, real[b]], atol=TOL, rtol=0)
                 seen = (cap.mask_rows(site, b) > -1e4)[0]  # [query, key]: the keys each query could see
-                assert torch.equal(seen[real[b]], vis[b][real[b]])
+                assert torch.equal(seen, vis[b])  # padding queries too: what the dense layout's mask showed
                 assert float(torch.where(seen, 0.0, got)[:, real[b]].abs().max()) == 0
         # token 10 of row 0 (query 3 + 10): layer 0's block is tokens 8..15, layer 1's (staggered) 4..11
         for site, keys in zip(sites, (range(8, 16), range(4, 12)), strict=True):
@@ -173,3 +175,90 @@ def test_ablating_a_read_only_encoder_head_is_refused_by_class():
         ablate(model, tiny.tokenizer(), TEXTS[0], TARGETS[0], heads=[("model.encoder.layers.0.self_attn", 1)])
     out = ablate(model, tiny.tokenizer(), TEXTS[0], TARGETS[0], heads=[("model.decoder.layers.0.encoder_attn", 1)])
     assert not torch.equal(out.output.logits, out.before.logits)  # the decoder's heads still can be
+
+
+def test_global_local_is_stored_compactly(tmp_path):
+    """Per query G + block_size values (its global slots and its block) and G global rows, not (G + n)^2; rank and
+    split equal the dense layout's; a lazy read of some rows reads only those (and global rows only for a global
+    query); the mask is a band rule of blocks, staggered by half a block on layer 1."""
+    cap = load(capture(_pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS).save(tmp_path / "px.safetensors"))
+    sites = [s for s in cap.sites if s.module_class == CLS]
+    n = GLOBALS + 28
+    for site, offset in zip(sites, (-GLOBALS, BLOCK // 2 - GLOBALS), strict=True):
+        assert site.band == 0
+        assert cap.tensors.shape(site.tensor_name("weights")) == [2, 4, n, GLOBALS + BLOCK]
+        assert cap.tensors.shape(site.tensor_name("global_rows")) == [2, 4, GLOBALS, n]
+        spec = cap.masks[site.mask]
+        assert (spec["visible"], spec["block"], spec["window"], spec["offset"]) == ("band", BLOCK, 0, offset)
+        stored = sum(math.prod(cap.tensors.shape(site.tensor_name(p))) for p in ("weights", "global_rows"))
+        assert stored == 2 * 4 * (n * (GLOBALS + BLOCK) + GLOBALS * n) < 2 * 4 * n * n
+        compact.assert_lazy_reads(cap, site, 0, [1, 3], slice(GLOBALS + 5, GLOBALS + 20), globals_read=False)
+        compact.assert_lazy_reads(cap, site, 1, [0, 1, 2, 3], slice(1, 9), globals_read=True)
+    compact.assert_same_analyses(cap, "Lessor", ["Lessee", "claim"])
+
+
+@functools.cache
+def _captured():
+    """One in-memory capture of the tiny Pegasus-X for the damaged-file cases (each edits a copy)."""
+    return capture(_pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS)
+
+
+def _edit_spec(**fields):
+    def edit(header, tensors):
+        spec = next(s for s in header["masks"].values() if s["visible"] == "band")
+        spec.update(fields)
+    return edit
+
+
+def _edit_site(**fields):
+    def edit(header, tensors):
+        next(s for s in header["sites"] if s["band"] is not None).update(fields)
+    return edit
+
+
+def _edit_tensor(suffix, change):
+    def edit(header, tensors):
+        name = next(k for k in tensors if k.endswith(suffix))
+        tensors[name] = change(tensors[name])
+    return edit
+
+
+def _edit_band_mask_away(header, tensors):
+    for site in header["sites"]:
+        if site["band"] is not None:
+            site["mask"] = None
+    for name, spec in list(header["masks"].items()):
+        if spec["visible"] == "band":
+            del header["masks"][name]
+            for t in [k for k in tensors if k.startswith(name + ".")]:
+                del tensors[t]
+
+
+def _one_more_global(t):
+    t = t.clone()
+    t[:, GLOBALS + 4] = 1
+    return t
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_edit_spec(block="8"), r"field 'block' must be int, and only with a band rule; got \"8\""),
+    (_edit_spec(block=0), r"field 'block' must be an integer from 1"),
+    (_edit_spec(window=-1), r"field 'window' must be an integer from 0"),
+    (_edit_spec(pad_rows=1), r"field 'pad_rows' must be bool, and only with a band rule; got 1"),
+    (_edit_spec(window=1, block=2**30), r"the band's window spans more than 2147483648 keys"),
+    (_edit_spec(offset=2**40), r"field 'offset' must be an integer from"),
+    (_edit_site(band=1), r"weights' has shape \[2, 4, 31, 11\], but the header says .* = \[2, 4, 31, 27\]"),
+    (_edit_site(band=-1), r"field 'band' \(-1\) needs a window from 0"),
+    (_edit_tensor("encoder.layers.0.self_attn/weights", lambda t: t[..., :-1]), r"weights' has shape \[2, 4, 31, 10\]"),
+    (_edit_tensor("encoder.layers.0.self_attn/global_rows", lambda t: t[:, :, :-1]), r"global_rows' has 2 rows for 3 global queries"),
+    (_edit_tensor(".globals", _one_more_global), r"weights' has shape \[2, 4, 31, 11\], but the header says"),
+    (_edit_band_mask_away, r"field 'band' needs a band mask \(field 'mask' is null\)"),
+    (lambda header, tensors: header.update(schema=1), r"field 'band' needs a schema-2 band mask, not a dense one"),
+])
+def test_damaged_compact_site_refused(edit, message, tmp_path):
+    from inspector.errors import InspectorError
+
+    compact.save_edited(_captured(), tmp_path / "bad.safetensors", edit)
+    with pytest.raises(InspectorError, match=message) as err:
+        load(tmp_path / "bad.safetensors")
+    assert "\n" not in str(err.value)

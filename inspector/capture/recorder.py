@@ -322,76 +322,44 @@ class Recorder:
         self.tensors[f"{name}/weights"] = self._keep(w)
 
     def band_site(self, module, name: str, base: str, band: banded.Band, call: int) -> None:
-        """A banded site (Longformer, LED's encoder; :mod:`inspector.store.band`): each query's window and
-        global slots as the model returned them, the global queries' rows, and a band mask naming the
-        global tokens and the window (one mask for every layer that sees the same keys)."""
+        """A banded or block-local site (Longformer, LED's encoder, LongT5, Pegasus-X, BigBird;
+        :mod:`inspector.store.band`): each query's global-key slots and window as read from the model, the global
+        queries' rows, and a band mask naming the global tokens, the padding and the window (one mask for every
+        layer that sees the same keys); the pseudo-inputs its axes name (``global``) are added to the file's inputs."""
         layer = site_depth(None, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
             return
-        b, heads, n, _ = band.weights.shape
+        b, heads, nq, _ = band.weights.shape
+        nk = int(band.is_global.shape[1])
         stack = "encoder" if self.encoder_decoder else "none"
-        q_roles, k_roles = self.roles[stack]
-        if self.lengths and sum(self.lengths.get(r, -1) for r in q_roles) != n:
-            raise InspectorError(f"{type(module).__name__} at {base} attends over {n} tokens, not the inputs' "
+        q_roles = band.query_roles if band.query_roles is not None else self.roles[stack][0]
+        k_roles = band.key_roles if band.key_roles is not None else self.roles[stack][1]
+        for role, count in band.pseudo.items():
+            if self.pseudo.setdefault(role, count) != count:
+                raise InspectorError(f"{type(module).__name__} at {base} has {count} {role} tokens, another site "
+                                     f"{self.pseudo[role]}: capture one of them with --sites")
+        known = {**self.lengths, **self.pseudo}
+        if self.lengths and (sum(known.get(r, -1) for r in q_roles) != nq or sum(known.get(r, -1) for r in k_roles) != nk):
+            raise InspectorError(f"{type(module).__name__} at {base} attends over {nq} x {nk} positions, not the inputs' "
                                  f"({self._lengths_text()}): capture the other sites with --sites '^(?!{re.escape(base)}$)'")
-        ident = ("band", band.window, band.is_global.cpu().numpy().tobytes(), band.padding.cpu().numpy().tobytes(), n)
+        ident = ("band", band.geometry, band.pad_rows, band.is_global.cpu().numpy().tobytes(),
+                 band.padding.cpu().numpy().tobytes(), nq, nk)
         if ident not in self._masks:
-            spec, tensors = masks.band_spec(f"{name}/mask", band.window, band.is_global, band.padding)
+            spec, tensors = masks.band_spec(f"{name}/mask", band.geometry, nq, band.is_global, band.padding, band.pad_rows)
             self.masks[f"{name}/mask"] = spec
             self.tensors.update(tensors)
             self._masks[ident] = f"{name}/mask"
         self.sites.append(Site(
             name=name, stack=stack, layer=int(layer), kind="self", num_heads=heads, num_kv_heads=heads,
-            head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"), query_input=q_roles, key_input=k_roles,
-            query_len=n, key_len=n, parts=["weights", "global_rows"], recomputable=False,
+            head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"), query_input=list(q_roles),
+            key_input=list(k_roles), query_len=nq, key_len=nk, parts=["weights", "global_rows"], recomputable=False,
             extra_kwargs=["output_attentions"], module_class=type(module).__name__, eager_function="output_attentions",
             value_norm_note="captured through output_attentions, without values", mask=self._masks[ident], band=band.window,
         ))
         self.tensors[f"{name}/weights"] = self._keep(band.weights)
         self.tensors[f"{name}/global_rows"] = self._keep(band.global_rows)
-
-    def mapped_site(self, module, name: str, base: str, found, call: int) -> None:
-        """The site of a :class:`~inspector.capture.banded.Band` or :class:`~inspector.capture.banded.Dense`."""
-        if isinstance(found, banded.Band):
-            self.band_site(module, name, base, found, call)
-        else:
-            self.dense_site(module, name, base, found, call)
-
-    def dense_site(self, module, name: str, base: str, d: banded.Dense, call: int) -> None:
-        """A site whose weights were moved to token axes (:class:`inspector.capture.banded.Dense`: Pegasus-X's
-        global-plus-block-local encoder, LongT5's transient-global one): stored dense, with a mask naming the
-        keys each query could see; the pseudo-inputs its axes name (``global``) are added to the file's inputs."""
-        layer = site_depth(None, base, call)
-        if (self.layers is not None and layer not in self.layers) or (
-            self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
-        ):
-            return
-        b, heads, nq, nk = d.weights.shape
-        for role, count in d.pseudo.items():
-            if self.pseudo.setdefault(role, count) != count:
-                raise InspectorError(f"{type(module).__name__} at {base} has {count} {role} tokens, another site "
-                                     f"{self.pseudo[role]}: capture one of them with --sites")
-        known = {**self.lengths, **self.pseudo}
-        if self.lengths and (sum(known.get(r, -1) for r in d.query_roles) != nq or sum(known.get(r, -1) for r in d.key_roles) != nk):
-            raise InspectorError(f"{type(module).__name__} at {base} attends over {nq} x {nk} positions, not the inputs' "
-                                 f"({self._lengths_text()}): capture the other sites with --sites '^(?!{re.escape(base)}$)'")
-        ident = ("dense", d.visible.cpu().numpy().tobytes(), nq, nk)
-        if ident not in self._masks:
-            spec, tensors = masks.encode(f"{name}/mask", d.visible[:, None], None)
-            self.masks[f"{name}/mask"] = spec
-            self.tensors.update(tensors)
-            self._masks[ident] = f"{name}/mask"
-        self.sites.append(Site(
-            name=name, stack="encoder" if self.encoder_decoder else "none", layer=int(layer), kind="self",
-            num_heads=heads, num_kv_heads=heads, head_map=list(range(heads)), d_head=0, d_v=0, scaling=float("nan"),
-            query_input=list(d.query_roles), key_input=list(d.key_roles), query_len=nq, key_len=nk, parts=["weights"],
-            recomputable=False, extra_kwargs=["output_attentions"], module_class=type(module).__name__,
-            eager_function="output_attentions", value_norm_note="captured through output_attentions, without values",
-            mask=self._masks[ident],
-        ))
-        self.tensors[f"{name}/weights"] = self._keep(d.weights)
 
     def _lazy(self, module, query, key, value, attention_mask, kwargs):
         """(eager function used or None, output, weights) for a call whose weights are not kept: sdpa where the
@@ -793,8 +761,8 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                                         "[batch, head, query, key] probability map with output_attentions (blocked, "
                                         "local or pooled attention)"})
                 continue
-            if isinstance(maps[0], (banded.Band, banded.Dense)):
-                recorder.mapped_site(module, site_name, name, maps[0], call)
+            if isinstance(maps[0], banded.Band):
+                recorder.band_site(module, site_name, name, maps[0], call)
             else:
                 recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:

@@ -1,8 +1,10 @@
 """The capture: site metadata, input records and tensors, and its file format.
 
 A capture file is one ``.safetensors`` file (no pickle). Tensors are named ``<site>/q``,
-``<site>/k``, ``<site>/v``, ``<site>/weights`` and ``<site>/value_norm``, plus the small tensors of compact masks
-(``<mask>.key_padding``, ``<mask>.packed``, ``<mask>.bias``; see :mod:`inspector.store.masks`); the header's
+``<site>/k``, ``<site>/v``, ``<site>/weights`` and ``<site>/value_norm`` (and ``<site>/global_rows`` of a banded or
+block-local site, whose weights are stored compactly: :mod:`inspector.store.band`), plus the small tensors of compact
+masks (``<mask>.key_padding``, ``<mask>.packed``, ``<mask>.bias``, ``<mask>.globals``; see :mod:`inspector.store.masks`);
+the header's
 ``__metadata__`` holds one key, ``inspector``, whose value is a JSON document (schema, model
 provenance, inputs, sites and mask specs; see README "Capture file format"). Schema 1 files (one
 dense float ``<site>/mask`` tensor per mask) still open. Files are written atomically (temporary
@@ -222,9 +224,12 @@ class Capture:
         qs = queries if queries is not None else slice(None)
         mask = self.mask_rows(site, batch, qs)
         if site.band is not None:  # each query's window and the global keys, moved to their key tokens
+            rows_name = site.tensor_name("global_rows")
+            spec = self.masks[site.mask]
             w = band.expand(self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads),
-                            self._rows(site.tensor_name("global_rows"), batch, heads, slice(None), site.num_heads),
-                            self._globals(site, batch), site.band, range(*qs.indices(site.query_len)))
+                            lambda slots: self._rows(rows_name, batch, heads, slots, site.num_heads),
+                            self._globals(site, batch), band.geometry(spec), range(*qs.indices(site.query_len)),
+                            site.query_len, self.tensors.shape(rows_name)[2])
             code = validate.precision(self.tensors.dtype(site.tensor_name("weights")), validate.model_code(self.meta))
         elif "weights" in site.parts:
             w = self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads)
@@ -400,7 +405,7 @@ def load(path: str | os.PathLike) -> Capture:
     shapes = {name: tensors.shape(name) for name in tensors.keys()}
     dtypes = {name: tensors.dtype(name) for name in shapes}
     meta = validate.parse_inspector(path, metadata["inspector"], shapes)
-    validate.check_capture(path, meta, dtypes, shapes, SCHEMA)
+    validate.check_capture(path, meta, dtypes, shapes, SCHEMA, read=lambda name: tensors[name])
     sites = [Site.from_dict(d) for d in meta["sites"]]
     for s in sites:  # value norms (issue 10) are [batch, head, key]: small enough to check whole
         if "value_norm" in s.parts:

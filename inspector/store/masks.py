@@ -16,9 +16,12 @@ stores a *mask spec* in the header and only the small tensors the rule cannot gi
   query index 0), else the query length;
 * ``bias``: a float tensor broadcastable to ``shape``, added where the model adds one (T5's position
   bias): additive mask = ``bias + where(visible, 0, fill)`` in the spec's dtype.
-* ``"band"`` (Longformer, LED's encoder; :mod:`inspector.store.band`): key ``k`` visible to query ``q``
-  when ``|k - q| <= window``, or ``k`` or ``q`` is a global token (``globals``: ``uint8 [batch|1, key]``,
-  1 = global), minus key padding.
+* ``"band"`` (Longformer, LED's encoder, LongT5, Pegasus-X, BigBird; :mod:`inspector.store.band`): key ``k``
+  visible to query ``q`` when it lies in ``q``'s window (``block`` keys a block, default 1; ``window`` blocks
+  either side of ``q``'s own, blocks shifted by ``offset``: :func:`inspector.store.band.window_start`), or
+  ``k`` or ``q`` is a global token (``globals``: ``uint8 [batch|1, key]``, 1 = global), minus key padding;
+  with ``pad_rows`` true a query that is itself a padding key sees nothing (LongT5, BigBird hide every key
+  from padding queries). With ``block = 1`` and ``offset = 0`` the window is ``|k - q| <= window``.
 
 Only a spec whose recomputation equals the model's mask element for element is written (checked at
 capture time); anything else falls back to the dense float mask as ``bias``.
@@ -30,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from inspector.store import band
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 RULES = ("all", "causal", "sliding", "packed", "band")
@@ -163,23 +168,42 @@ def _read(tensors, name: str, batch: int, queries: slice) -> torch.Tensor:
     return tensors.slice(name, (slice(b, b + 1), slice(None), qs))[0]
 
 
+def _per_row(tensors, name: str, batch: int) -> torch.Tensor:
+    """``[key]`` bool: batch row ``batch`` (or the one shared row) of a ``[batch|1, key]`` flag tensor."""
+    b = batch if tensors.shape(name)[0] > 1 else 0
+    return tensors.slice(name, (slice(b, b + 1),))[0].bool()
+
+
 def _band(spec: dict[str, Any], tensors, batch: int, q_idx: torch.Tensor, key_len: int) -> torch.Tensor:
-    """Boolean ``[query, key]`` of the band rule for one batch row: within ``window`` either side, or a
-    global key, or a global query."""
-    b = batch if tensors.shape(spec["globals"])[0] > 1 else 0
-    glob = tensors.slice(spec["globals"], (slice(b, b + 1),))[0].bool()
-    near = (torch.arange(key_len)[None, :] - q_idx[:, None]).abs() <= int(spec["window"])
-    return near | glob[None, :] | glob[q_idx][:, None]
+    """Boolean ``[query, key]`` of the band rule for one batch row: in the query's window
+    (:func:`inspector.store.band.in_window`), or a global key, or a global query; none for a padding query
+    when ``pad_rows``."""
+    glob = _per_row(tensors, spec["globals"], batch)
+    vis = band.in_window(q_idx, key_len, *band.geometry(spec)) | glob[None, :] | glob[q_idx][:, None]
+    if spec.get("pad_rows") and spec.get("key_padding"):
+        vis &= ~_per_row(tensors, spec["key_padding"], batch)[q_idx][:, None]
+    return vis
 
 
-def band_spec(prefix: str, window: int, is_global: torch.Tensor, padding: torch.Tensor) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The spec and tensors of a band mask (``window`` keys either side, ``is_global`` and ``padding``
-    ``[batch, key]`` bool)."""
+def _one_row(flags: torch.Tensor) -> torch.Tensor:
+    """``[batch, key]`` flags as ``[1, key]`` when every batch row is the same (uint8, on the CPU)."""
+    flags = flags.detach().to("cpu", torch.uint8)
+    return flags[:1] if bool((flags == flags[:1]).all()) else flags
+
+
+def band_spec(prefix: str, geom: tuple[int, int, int], query_len: int, is_global: torch.Tensor, padding: torch.Tensor,
+              pad_rows: bool = False) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The spec and tensors of a band mask: ``geom = (block, window, offset)`` (:mod:`inspector.store.band`),
+    ``query_len`` queries (the key axis's first), ``is_global`` and ``padding`` ``[batch, key]`` bool (padding:
+    keys hidden from every query), ``pad_rows``: a padding query sees nothing."""
     b, n = is_global.shape
-    spec: dict[str, Any] = {"dtype": "float32", "shape": [b, 1, n, n], "fill": "min", "visible": "band", "offset": 0,
-                            "window": int(window), "key_padding": None, "packed": None, "bias": None, "query_rows": n,
-                            "globals": f"{prefix}.globals"}
-    tensors = {spec["globals"]: is_global.detach().to("cpu", torch.uint8)}
+    block, window, offset = geom
+    spec: dict[str, Any] = {"dtype": "float32", "shape": [b, 1, query_len, n], "fill": "min", "visible": "band",
+                            "offset": int(offset), "window": int(window), "key_padding": None, "packed": None, "bias": None,
+                            "query_rows": query_len, "globals": f"{prefix}.globals"}
+    if block != 1 or pad_rows:  # absent in files of Longformer-only writers: block 1, no pad_rows
+        spec.update(block=int(block), pad_rows=bool(pad_rows))
+    tensors = {spec["globals"]: _one_row(is_global)}
     if bool(padding.any()):
         spec["key_padding"] = f"{prefix}.key_padding"
         tensors[spec["key_padding"]] = padding.detach().to("cpu", torch.uint8)

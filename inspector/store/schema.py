@@ -67,7 +67,9 @@ class Site:
     eager_function: str = ""
     out_proj: str = ""  # module (named_modules) whose weight gave value_norm: the projection that consumes the output
     value_norm_note: str = ""  # why there is no value_norm at this site, when there is none
-    band: int | None = None  # a banded site (Longformer): its one-sided window w; weights stored compactly (inspector.store.band)
+    # a banded or block-local site (Longformer, LED, LongT5, Pegasus-X, BigBird): its window, in blocks either side
+    # (the mask spec's "window"; keys either side when its block is 1); weights stored compactly (inspector.store.band)
+    band: int | None = None
 
     def tensor_name(self, part: str) -> str:
         """The file's tensor name of ``part`` for this site (``<site>/<part>``; a mask may be shared).

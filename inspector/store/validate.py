@@ -311,11 +311,14 @@ MASK_FIELDS = {"dtype": str, "shape": list[int], "fill": str | None, "visible": 
                "window": int | None, "key_padding": str | None, "packed": str | None, "bias": str | None}
 
 
-def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shapes: dict[str, list[int]], schema_max: int) -> None:
+def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shapes: dict[str, list[int]], schema_max: int,
+                  read: Callable[[str], torch.Tensor] | None = None) -> None:
     """Check a parsed header and the tensors' dtypes and shapes against each other; raise one line naming
     the site (or input, or mask) and the field on the first problem. In order: the top-level fields
     (:func:`_check_top`), the input records (:func:`_check_inputs`), each site's fields, axes and tensors
-    (:func:`_check_site`), the masks the sites name (:func:`_check_masks`), then no tensor left unnamed."""
+    (:func:`_check_site`), the masks the sites name (:func:`_check_masks`), then no tensor left unnamed.
+    ``read(name)``, when given, reads a small tensor whole (a band mask's ``globals [batch|1, key]``, which fixes
+    how wide a banded site's rows are)."""
     schema = _check_top(path, meta, schema_max)
     lengths = _check_inputs(path, meta["inputs"])
     batch = 1 + max((b for _, b in lengths), default=0)
@@ -330,7 +333,7 @@ def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shap
             mask_users.setdefault(m, []).append(d)
         elif any(t.startswith(f"{d['name']}/mask") for t in shapes):
             raise refuse(path, f"site {d['name']!r}", "field 'mask' is null but a mask tensor is stored for it")
-    referenced |= _check_masks(path, schema, meta.get("masks", {}), mask_users, batch, dtypes, shapes)
+    referenced |= _check_masks(path, schema, meta.get("masks", {}), mask_users, batch, dtypes, shapes, read)
     unused = sorted(set(shapes) - referenced)
     if unused:
         raise refuse(path, f"tensor {unused[0]!r}", "is stored but no site's 'parts' or 'mask' field names it")
@@ -441,17 +444,48 @@ _PART_DIMS = {"q": "batch, num_heads, query_len, d_head", "k": "batch, num_kv_he
 
 
 def _band_shapes(path: Path, where: str, d: dict, batch: int, shapes: dict[str, list[int]]) -> dict[str, list[int]]:
-    """The shapes of a banded site's weights ``[batch, head, query, G + 2w + 1]`` and global rows ``[batch,
-    head, G, key]`` (:mod:`inspector.store.band`), G read from the stored global rows."""
+    """The shapes of a banded site's weights ``[batch, head, query, S + span]`` and global rows ``[batch, head,
+    R, key]`` (:mod:`inspector.store.band`) as far as the site's fields give them: the widths ``S + span`` and
+    ``R`` are checked against its mask spec and globals (:func:`_check_band_site`)."""
     w = d["band"]
-    if w < 1 or "weights" not in d["parts"] or "global_rows" not in d["parts"]:
-        raise refuse(path, where, f"field 'band' ({w}) needs a window of at least 1 and parts 'weights' and 'global_rows'")
-    rows = shapes.get(f"{d['name']}/global_rows")
+    if not 0 <= w <= _POSITION_BOUND or "weights" not in d["parts"] or "global_rows" not in d["parts"]:
+        raise refuse(path, where, f"field 'band' ({w}) needs a window from 0 to {_POSITION_BOUND} and parts 'weights' "
+                                  "and 'global_rows'")
+    if d["mask"] is None:
+        raise refuse(path, where, "field 'band' needs a band mask (field 'mask' is null)")
+    if d["query_len"] > d["key_len"]:
+        raise refuse(path, where, f"a banded site's queries are its first keys, but query_len {d['query_len']} exceeds "
+                                  f"key_len {d['key_len']}")
+    weights, rows = shapes.get(f"{d['name']}/weights"), shapes.get(f"{d['name']}/global_rows")
+    width = weights[3] if weights is not None and len(weights) == 4 else 0
     g = rows[2] if rows is not None and len(rows) == 4 else 0
-    if g > d["key_len"]:
-        raise refuse(path, where, f"tensor '{d['name']}/global_rows' has {g} global slots for {d['key_len']} keys")
     h = d["num_heads"]
-    return {"weights": [batch, h, d["query_len"], g + 2 * w + 1], "global_rows": [batch, h, g, d["key_len"]]}
+    return {"weights": [batch, h, d["query_len"], width], "global_rows": [batch, h, g, d["key_len"]]}
+
+
+def _check_band_site(path: Path, where: str, d: dict, spec: dict, shapes: dict[str, list[int]], read) -> None:
+    """A banded site against its ``"band"`` mask: the same window, and weights ``S + span`` wide and ``R`` global
+    rows, ``S`` and ``R`` the most global keys and global queries of any batch row (read from the small
+    ``globals`` tensor when ``read`` is given; without it, ``S <= key_len`` and ``R <= query_len``)."""
+    from inspector.store import band
+
+    block, window, _ = band.geometry(spec)
+    wide = band.span(block, d["band"])
+    name = d["name"]
+    got, rows = shapes[f"{name}/weights"], shapes[f"{name}/global_rows"][2]
+    if read is not None:
+        glob = read(spec["globals"]).to(torch.bool)
+        slots, queries = int(glob.sum(-1).max()), int(glob[:, :d["query_len"]].sum(-1).max())
+    else:
+        slots, queries = min(max(got[3] - wide, 0), d["key_len"]), min(rows, d["query_len"])
+    expect = got[:3] + [slots + wide]
+    if got != expect:
+        raise refuse(path, where, f"tensor '{name}/weights' has shape {got}, but the header says [batch, num_heads, "
+                                  f"query_len, global keys + window span] = {expect}")
+    if rows != queries:
+        raise refuse(path, where, f"tensor '{name}/global_rows' has {rows} rows for {queries} global queries")
+    if d["band"] != window:
+        raise refuse(path, where, f"field 'band' ({d['band']}) differs from its mask's window ({window})")
 
 
 def _check_site_tensors(path: Path, d: dict, batch: int, dtypes: dict[str, str], shapes: dict[str, list[int]]) -> set[str]:
@@ -482,9 +516,13 @@ def _check_site_tensors(path: Path, d: dict, batch: int, dtypes: dict[str, str],
 
 
 def _check_masks(path: Path, schema: int, masks: dict, mask_users: dict[str, list[dict]], batch: int,
-                 dtypes: dict[str, str], shapes: dict[str, list[int]]) -> set[str]:
-    """Each mask the sites name (a dense tensor in schema 1, a spec in schema 2); returns the tensors they use."""
+                 dtypes: dict[str, str], shapes: dict[str, list[int]], read=None) -> set[str]:
+    """Each mask the sites name (a dense tensor in schema 1, a spec in schema 2); returns the tensors they use.
+    ``read(name)`` gives a small tensor's contents (a band mask's globals), or is None."""
     referenced = set()
+    banded = [u for users in mask_users.values() for u in users if u.get("band") is not None]
+    if schema < 2 and banded:
+        raise refuse(path, f"site {banded[0]['name']!r}", "field 'band' needs a schema-2 band mask, not a dense one")
     for m, users in mask_users.items():
         if schema < 2:
             referenced.add(m)
@@ -502,8 +540,11 @@ def _check_masks(path: Path, schema: int, masks: dict, mask_users: dict[str, lis
             if not conforms(spec[f], tp):
                 raise refuse(path, where, f"field {f!r} must be {type_name(tp)}, got {_short(spec[f])}")
         _check_spec(path, where, spec, users, batch, dtypes, shapes)
-        if any(u.get("band") is not None for u in users) and spec["visible"] != "band":
-            raise refuse(path, where, "is used by a banded site (field 'band') but has no band rule")
+        for u in users:
+            if u.get("band") is not None:
+                if spec["visible"] != "band":
+                    raise refuse(path, where, "is used by a banded site (field 'band') but has no band rule")
+                _check_band_site(path, f"site {u['name']!r}", u, spec, shapes, read)
         referenced.update(t for t in (spec["key_padding"], spec["packed"], spec["bias"], spec.get("globals")) if t)
     return referenced
 
@@ -532,9 +573,10 @@ _POSITION_BOUND = 2**31  # a mask's offset and window are token positions: far b
 
 
 def _check_positions(path, where, spec) -> None:
-    """A mask's ``offset`` and ``window`` within :data:`_POSITION_BOUND` (beyond 64 bits torch cannot hold them)."""
-    for f, low in (("offset", -_POSITION_BOUND), ("window", 1)):
-        if spec[f] is not None and not low <= spec[f] <= _POSITION_BOUND:
+    """A mask's ``offset``, ``window`` and ``block`` within :data:`_POSITION_BOUND` (beyond 64 bits torch cannot
+    hold them); a band's window may be 0 (its own block only)."""
+    for f, low in (("offset", -_POSITION_BOUND), ("window", 0 if spec["visible"] == "band" else 1), ("block", 1)):
+        if spec.get(f) is not None and not low <= spec[f] <= _POSITION_BOUND:
             raise refuse(path, where, f"field {f!r} must be an integer from {low} to {_POSITION_BOUND}, got {_short(spec[f])}")
 
 
@@ -569,11 +611,23 @@ def _check_rule(path, where, spec) -> None:
         raise refuse(path, where, "has neither a visibility rule (field 'visible') nor a 'bias' tensor")
     if vis == "sliding" and (spec["window"] is None or spec["window"] < 1):
         raise refuse(path, where, "field 'window' must be a positive integer for a sliding rule")
+    for f, tp in (("block", int), ("pad_rows", bool)):
+        if spec.get(f) is not None and (vis != "band" or not conforms(spec[f], tp)):
+            raise refuse(path, where, f"field {f!r} must be {type_name(tp)}, and only with a band rule; got {_short(spec[f])}")
     _check_positions(path, where, spec)
     if vis == "packed" and not spec["packed"]:
         raise refuse(path, where, "field 'packed' must name a tensor for a packed rule")
-    if vis == "band" and (spec["window"] is None or spec["window"] < 1 or not isinstance(spec.get("globals"), str)):
-        raise refuse(path, where, "a band rule needs a positive 'window' and a 'globals' tensor")
+    if vis == "band":
+        _check_band_rule(path, where, spec)
+
+
+def _check_band_rule(path, where, spec) -> None:
+    """A band rule's window (blocks either side, at least 0), its span within :data:`_POSITION_BOUND` and its
+    ``globals`` tensor name (``block``, ``offset`` and ``pad_rows`` are checked with the other fields)."""
+    if spec["window"] is None or not isinstance(spec.get("globals"), str):
+        raise refuse(path, where, "a band rule needs a 'window' (blocks either side) and a 'globals' tensor")
+    if (2 * spec["window"] + 1) * (spec.get("block") or 1) > _POSITION_BOUND:
+        raise refuse(path, where, f"the band's window spans more than {_POSITION_BOUND} keys")
 
 
 def _check_spec_tensors(path, where, spec, users, batch, dtypes, shapes) -> None:
