@@ -441,3 +441,20 @@ def test_lazy_rank_with_a_zero_value_norm_takes_the_weights(tokenizer):
     assert a["entropy"].isna().tolist() == b["entropy"].isna().tolist() == [h == 1 for h in range(len(a))]
     torch.testing.assert_close(torch.tensor(b["entropy"].to_numpy()), torch.tensor(a["entropy"].to_numpy()),
                                atol=1e-6, rtol=0, equal_nan=True)
+
+
+def test_a_query_that_sees_no_referent_names_the_mask_that_hides_them(tokenizer):
+    """split and explain say which mask hides every referent from the query: on a causal LM, the causal mask;
+    the words come from the mask spec (store.masks.describe), one definition for every kind of site."""
+    from inspector.store import masks
+
+    cap = capture(tiny.build("gpt2"), tokenizer, "Such indemnity binds the Lessee and the Lessor.")
+    with pytest.raises(InspectorError, match=r"cannot see any referent \(causal mask\)"):
+        analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    with pytest.raises(InspectorError, match=r"cannot see any referent \(causal mask\)"):
+        explain(cap, cap.sites[0], 0, query="indemnity", referents=["Lessee", "Lessor"])
+    flags = torch.zeros(1, 8, dtype=torch.bool)
+    assert masks.describe(masks.band_spec("b", (4, 0, 0), 8, flags, flags)[0]).startswith("block-local mask (blocks of 4")
+    assert masks.describe(masks.band_spec("b", (1, 2, 0), 8, flags, flags)[0]).startswith("band mask")
+    assert masks.describe({"visible": "sliding", "window": 16}) == "sliding-window mask (the last 16 keys)"
+    assert masks.describe(None) == "mask"

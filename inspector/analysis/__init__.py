@@ -29,6 +29,7 @@ from inspector.analysis.split import (
     SplitRule,
     clean_referents,
     find_referents,
+    nothing_visible_message,
     piece,
     query_rows,
     referent_rows,
@@ -40,7 +41,7 @@ from inspector.analysis.split import (
 
 __all__ = [
     "MASKED", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
-    "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "piece", "query_rows", "rank_heads",
+    "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "nothing_visible_message", "piece", "query_rows", "rank_heads",
     "rank_heads_both", "referent_rows", "referent_split", "reweight_", "split_heads", "split_notes",
     "value_norms_of", "visible", "visible_keys", "weighted_sites", "word_row",
 ]

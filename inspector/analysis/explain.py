@@ -149,7 +149,7 @@ def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurr
             found = analysis.referent_split(capture, site, positions, refs, batch=batch,
                                             rule=rule or analysis.SplitRule(), weighting=weighting)
         except analysis.NothingVisible:
-            raise InspectorError(f"at {site.name} the query cannot see any referent (causal mask)") from None
+            raise InspectorError(analysis.nothing_visible_message(capture, site)) from None
         verdict = found.row(head)
         row_verdicts = [found.row_of(head, i) for i in range(len(positions))]
     return WordExplanation(site=site.name, head=head, query=occ.phrase, query_positions=positions, rows=rows,

@@ -44,6 +44,7 @@ from inspector.analysis.keys import (
     weighted_sites,
 )
 from inspector.errors import InspectorError
+from inspector.store import masks
 from inspector.store.capture_file import Capture, Site
 
 SPLIT_COLUMNS = ["site", "stack", "kind", "layer", "head", "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
@@ -204,7 +205,7 @@ def split_heads(
         try:
             found = referent_split(capture, site, q_pos, ref_pos, batch=batch, rule=rule, weighting=weighting)
         except NothingVisible:
-            problems.append(f"at {site.name} the query cannot see any referent (causal mask)")
+            problems.append(nothing_visible_message(capture, site))
             continue
         for head in range(site.num_heads):
             row = {
@@ -253,7 +254,12 @@ def find_referents(capture: Capture, site: Site, referents: list[str], *, batch:
 
 
 class NothingVisible(Exception):
-    """No referent key is visible to any of the query's rows (a causal mask hides them all)."""
+    """No referent key is visible to any of the query's rows (the site's mask hides them all)."""
+
+
+def nothing_visible_message(capture: Capture, site: Site) -> str:
+    """The one line for :class:`NothingVisible` at ``site``, naming the kind of mask that hides the referents."""
+    return f"at {site.name} the query cannot see any referent ({masks.describe(capture.masks.get(site.mask))})"
 
 
 def piece(token: str) -> str:

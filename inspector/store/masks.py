@@ -155,6 +155,19 @@ def encode(prefix: str, mask: torch.Tensor | None, bias: torch.Tensor | None) ->
     return spec, tensors
 
 
+def describe(spec: dict[str, Any] | None) -> str:
+    """The kind of mask a spec holds, in words, for messages: ``causal mask``, ``sliding-window mask (the last
+    4096 keys)``, ``band mask (window and global tokens)``, ``block-local mask (blocks of 512 and global
+    tokens)``, ``packed-sequence mask``, ``padding mask`` (every key but padding) or ``mask`` (an additive bias)."""
+    visible = None if spec is None else spec.get("visible")
+    if visible == "band":
+        block = int(spec.get("block", 1))
+        return ("band mask (each query's window and the global tokens)" if block == 1 else
+                f"block-local mask (blocks of {block} tokens and the global tokens)")
+    return {"causal": "causal mask", "packed": "packed-sequence mask", "all": "padding mask",
+            "sliding": f"sliding-window mask (the last {spec.get('window') if spec else '?'} keys)"}.get(visible, "mask")
+
+
 def tensor_names(spec: dict[str, Any]) -> list[str]:
     """The file tensors a mask spec refers to (key padding, packed sequence ids, bias, band globals), set ones only."""
     return [spec[p] for p in ("key_padding", "packed", "bias", "globals") if spec.get(p)]
