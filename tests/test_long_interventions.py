@@ -250,14 +250,62 @@ def test_effects_confirms_led_encoder_heads_with_global_tokens():
     assert one.contrast["change"] == pytest.approx(effect, abs=TOL)
 
 
-def test_an_edit_of_a_site_that_did_not_run_is_refused():
-    """BigBird-Pegasus switches its encoder to full attention on a short input (the block-sparse modules do
-    not run): an ablation of their heads is refused, never reported as done."""
+def test_ablate_edits_an_encoder_head_and_refuses_a_module_without_an_edit_point_by_class():
+    """``ablate`` on Pegasus-X's encoder heads (refused before issue 20's edit points) changes the output. On a
+    short input BigBird-Pegasus switches its encoder to full attention (``BigBirdPegasusSelfAttention``, its own
+    matmul, no edit point): its heads are refused naming the class, and a seam edit of the block-sparse
+    modules that no longer run is refused, never reported as done."""
     from inspector.errors import InspectorError
 
+    model = px._pegasus_x()
+    out = E.ablate(model, tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0], heads=[("model.encoder.layers.0.self_attn", 1)])
+    assert not torch.equal(out.output.logits, out.before.logits)
     model = t5._bigbird("bigbird_pegasus")
     long = S.run(model, encode(model, tiny.tokenizer(), t5.LONG[0], t5.TARGETS[0]))
     name = next(s.name for s in long.capture.sites if s.module_class == "BigBirdPegasusBlockSparseAttention")
+    with pytest.raises(InspectorError, match=r"^model\.encoder\.layers\.0\.self_attn\.self \(BigBirdPegasusSelfAttention\) "
+                                             r"computes attention outside transformers' attention interface and has no "
+                                             r"per-head edit point"):
+        E.ablate(model, tiny.tokenizer(), "Such indemnity survives.", "It pays.", heads=[(name, 0)])
+    model = t5._bigbird("bigbird_pegasus")
+    S.run(model, encode(model, tiny.tokenizer(), t5.LONG[0], t5.TARGETS[0]))
     enc = encode(model, tiny.tokenizer(), "Such indemnity survives.", "It pays.")
     with pytest.raises(InspectorError, match="did not run in this pass"):
         S.run(model, enc, S.Seam(zero={name: [0]}))
+
+
+@pytest.mark.parametrize("family", ["led", "pegasus_x"])
+def test_debug_with_effects_on_a_tiny_summariser(family, tmp_path, capsys):
+    """`inspector debug --contrast` end to end on a tiny LED (an output given, ``--global @0``) and a tiny
+    Pegasus-X (generating; the contrast's WRONG is a word it generated): exit 0, the report written, and the
+    effects table ranks the long-document encoder heads, every one with a finite attribution and exact effect."""
+    import pandas as pd
+
+    from inspector.capture.generation import generate_target
+    from inspector.cli.commands import main
+    from inspector.store import load
+
+    build, texts, _, cls, _ = FAMILIES[family]
+    model = build()
+    model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101
+    model.config.eos_token_id = model.generation_config.eos_token_id = 102
+    model.save_pretrained(tmp_path / "model")
+    tiny.tokenizer().save_pretrained(tmp_path / "model")
+    if family == "led":
+        said = ["--output", "The Lessor shall pay.", "--global", "@0", "--contrast", "Lessee,Lessor"]
+    else:
+        ids = generate_target(model, tiny.tokenizer(), texts[0], 4)[0]
+        wrong = tiny.tokenizer().decode(ids, skip_special_tokens=True).split()[0]
+        said = ["--generate", "4", "--contrast", f"Lessee,{wrong}"]
+    out = tmp_path / "out"
+    code = main(["debug", "--model", str(tmp_path / "model"), "--source", texts[0], "--query", "@1",
+                 "--referents", "Lessee,Lessor", "--top", "24", *said, "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "report.html").is_file() and "Does it matter" in (out / "report.html").read_text()
+    table = pd.read_csv(out / "effects.csv")
+    long = [s.name for s in load(out / "capture.safetensors").sites if s.module_class == cls]  # named as the capture does
+    encoder = table[table["site"].isin(long)]
+    assert len(long) == 2 and len(encoder) == 2 * 4, table["site"].unique()
+    assert encoder["attribution"].notna().all() and encoder["effect"].notna().all()
+    assert encoder[["attribution", "effect"]].abs().max().max() < float("inf")
+    assert encoder["attribution"].abs().max() > 0
