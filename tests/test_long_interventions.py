@@ -215,7 +215,7 @@ def test_attribution_equals_autograd_through_the_projection_inputs(family):
     finally:
         for handle in handles:
             handle.remove()
-    assert float(metric) == pytest.approx(res.metric, abs=TOL)
+    assert float(metric.detach()) == pytest.approx(res.metric, abs=TOL)
     flat = [(name, x, z) for name, calls in leaves.items() for x, z in calls]
     # Pegasus-X's last layer's global tokens reach no output: their leaves get no gradient (0)
     grads = [torch.zeros_like(z) if g is None else g
@@ -301,7 +301,10 @@ def test_debug_with_effects_on_a_tiny_summariser(family, tmp_path, capsys):
     code = main(["debug", "--model", str(tmp_path / "model"), "--source", texts[0], "--query", "@1",
                  "--referents", "Lessee,Lessor", "--top", "24", *said, "-o", str(out)])
     assert code == 0, capsys.readouterr().err
-    assert (out / "report.html").is_file() and "Does it matter" in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "Does it matter" in html
+    effects_cmd = next(line for line in html.splitlines() if "inspector effects" in line)
+    assert ("--global @0" in effects_cmd) == (family == "led")  # the reproduction marks the same global tokens
     table = pd.read_csv(out / "effects.csv")
     long = [s.name for s in load(out / "capture.safetensors").sites if s.module_class == cls]  # named as the capture does
     encoder = table[table["site"].isin(long)]
