@@ -312,3 +312,33 @@ def test_debug_with_effects_on_a_tiny_summariser(family, tmp_path, capsys):
     assert encoder["attribution"].notna().all() and encoder["effect"].notna().all()
     assert encoder[["attribution", "effect"]].abs().max().max() < float("inf")
     assert encoder["attribution"].abs().max() > 0
+
+
+def test_ablate_cli_marks_global_tokens(tmp_path, capsys):
+    """``inspector ablate --global @0`` on LED prints the contrast change the API gives with that global token
+    (not the one without it); ``--global`` on Pegasus-X, whose global tokens are learned, is one line, exit 2."""
+    from inspector.cli.commands import main
+
+    site = "led.encoder.layers.1.self_attn.longformer_self_attn"
+    model = lf._led()
+    with torch.no_grad():  # encoder heads that move the contrast in the printed digits
+        for layer in model.led.encoder.layers:
+            layer.self_attn.output.weight.mul_(30)
+    model.save_pretrained(tmp_path / "led")
+    tiny.tokenizer().save_pretrained(tmp_path / "led")
+    args = ["ablate", "--model", str(tmp_path / "led"), "--source", lf.TEXTS[0], "--output", lf.TARGETS[0],
+            "--heads", f"{site}:2", "--contrast", "Lessee,Lessor"]
+    assert main([*args, "--global", "@0"]) == 0
+    printed = capsys.readouterr().out
+    with_global, without = (E.ablate(model, tiny.tokenizer(), lf.TEXTS[0], lf.TARGETS[0], heads=[(site, 2)],
+                                     contrast="Lessee,Lessor", global_tokens=g).contrast for g in (["@0"], None))
+    shown = [f"before {c['before']:.6f}  after {c['after']:.6f}  change {c['change']:+.6f}" for c in (with_global, without)]
+    assert shown[0] in printed and shown[0] != shown[1]  # the global token changes the model's computation
+    model = px._pegasus_x()
+    model.save_pretrained(tmp_path / "px")
+    tiny.tokenizer().save_pretrained(tmp_path / "px")
+    code = main(["ablate", "--model", str(tmp_path / "px"), "--source", px.TEXTS[0], "--output", px.TARGETS[0],
+                 "--heads", "model.encoder.layers.0.self_attn:1", "--global", "@0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("inspector: error")]
+    assert code == 2 and errors == err[-1:] and errors[0].startswith("inspector: error: --global marks tokens for models")
