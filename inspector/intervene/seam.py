@@ -288,7 +288,10 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
     A lazy recorder names and describes every site as :func:`inspector.capture` does; with
     ``s.grad`` the pass keeps the autograd graph from the head outputs on (parameters frozen).
     ``extra``: more keyword arguments for the model (e.g. ``logits_to_keep``).
-    Raises :class:`InspectorError` when the model's attention bypasses transformers' interface.
+    Long-document attention modules (:mod:`inspector.intervene.long_sites`) get sites too, with the query axis
+    the capture gives them (pseudo-inputs such as Pegasus-X's ``global`` tokens are added to the inputs).
+    Raises :class:`InspectorError` when the model's attention bypasses transformers' interface and has no
+    edit point, or when ``s`` edits a site that did not run in this pass (nothing is reported as edited then).
     """
     s = s or Seam()
     s.recorder = Recorder(model, weights=False, dtype=torch.float32, layers=None, sites=None, roles=roles_of(encoded))
