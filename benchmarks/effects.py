@@ -18,6 +18,11 @@ Timed side by side, interleaved round by round (order rotating), one warm-up eac
 
     .venv/bin/python benchmarks/effects.py                   # 512 tokens
     .venv/bin/python benchmarks/effects.py --tokens 256 --rounds 3 --all
+    .venv/bin/python benchmarks/effects.py --led --tokens 4096   # a tiny LED, window 512, global token 0 (issue 20)
+
+``--led`` times the same on a tiny LED summariser (2 + 2 layers, 4 heads, width 32, window 512, random seeded
+weights; output "the tenant pays rent.", contrast ``landlord,tenant``, token 0 global): its encoder heads are
+edited at their output projection's input (:mod:`inspector.intervene.long_sites`), its decoder's too.
 """
 
 from __future__ import annotations
@@ -38,24 +43,20 @@ def main(argv=None) -> int:
     ap.add_argument("--all", action="store_true", help="time the exact ablation of every head one by one")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--led", action="store_true", help="a tiny LED summariser instead of GPT-2-small (issue 20)")
     args = ap.parse_args(argv)
 
     import torch
 
-    from inspector.capture.inputs import encode
     from inspector.intervene import effects
 
     if args.threads:
         torch.set_num_threads(args.threads)
     tok = C.tokenizer()
-    text = C.random_text(tok, args.tokens)
-    wrong = text.split()[-1]
-    right = "tenant" if wrong != "tenant" else "landlord"
-    model = C.gpt2_small(max(args.tokens, 1024)).to(args.device)
-    enc = encode(model, tok, text)
+    model, text, target, glob, contrast, shape = _setup(args, tok)
+    enc = effects.encode_with_globals(model, tok, text, target, global_tokens=glob)
     inputs = enc.model_kwargs
-    contrast = f"{right},{wrong}"
-    res = effects.attribute(model, tok, text, contrast=contrast)
+    res = effects.attribute(model, tok, text, target, contrast=contrast, global_tokens=glob)
     heads = list(zip(res.table["site"], res.table["head"], strict=True))
     n_heads = len(heads)
 
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
         sync()
 
     def attribution():
-        effects.attribute(model, tok, text, contrast=contrast)
+        effects.attribute(model, tok, text, target, contrast=contrast, global_tokens=glob)
         sync()
 
     k = [0]
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
         sync()
         measured_all = time.perf_counter() - t0
 
-    print(f"# ranking every head by its effect: GPT-2-small shape (12 x 12 heads, width 768), {args.tokens} tokens, "
+    print(f"# ranking every head by its effect: {shape}, {args.tokens} tokens, "
           f"batch 1, device {args.device}, {torch.get_num_threads()} threads")
     print(f"# {C.machine_line()}")
     rows = [["forward (plain, sdpa, no grad)", f"{med['forward'] * 1e3:.1f}", "1.00"],
@@ -119,6 +120,33 @@ def main(argv=None) -> int:
     print(f"exact ablation of every head / attribution: {(measured_all or exact_all) / med['attribution']:.1f}x")
     print(f"({args.rounds} rounds, {C.elapsed(t_start)})")
     return 0 if ok else 1
+
+
+def _setup(args, tok):
+    """``(model, text, target, global tokens, contrast, description)`` for ``--led`` or GPT-2-small."""
+    if args.led:
+        tok.model_max_length = max(args.tokens, tok.model_max_length)  # MiniLM's tokenizer stands in for LED's own
+        text = C.random_text(tok, args.tokens)
+        return (_led(args.tokens).to(args.device), text, "the tenant pays rent.", ["@0"], "landlord,tenant",
+                "tiny LED (2 + 2 layers x 4 heads, width 32, window 512, token 0 global)")
+    text = C.random_text(tok, args.tokens)
+    wrong = text.split()[-1]
+    right = "tenant" if wrong != "tenant" else "landlord"
+    return (C.gpt2_small(max(args.tokens, 1024)).to(args.device), text, None, None, f"{right},{wrong}",
+            "GPT-2-small shape (12 x 12 heads, width 768)")
+
+
+def _led(n: int):
+    """The tiny LED of ``benchmarks/capture.py --led`` (random seeded weights, window 512)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.for_model("led", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                  attention_window=[512, 512], max_encoder_position_embeddings=max(n, 1024),
+                                  max_decoder_position_embeddings=128, vocab_size=30522)
+    torch.manual_seed(0)
+    return AutoModelForSeq2SeqLM.from_config(config).eval()
 
 
 if __name__ == "__main__":

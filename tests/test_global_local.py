@@ -163,20 +163,6 @@ def test_pseudo_input_is_checked_on_load(bad, tmp_path):
         load(tmp_path / "bad.safetensors")
 
 
-def test_ablating_a_read_only_encoder_head_is_refused_by_class():
-    """Pegasus-X's encoder attention makes no call through transformers' attention interface: its heads are
-    captured (above) but cannot be ablated; the refusal names the module's class, not "no such site"."""
-    from inspector.errors import InspectorError
-    from inspector.intervene.effects import ablate
-
-    model = _pegasus_x()
-    with pytest.raises(InspectorError, match=r"^model\.encoder\.layers\.0\.self_attn \(PegasusXGlobalLocalAttention\) "
-                                             r"computes attention outside transformers' attention interface"):
-        ablate(model, tiny.tokenizer(), TEXTS[0], TARGETS[0], heads=[("model.encoder.layers.0.self_attn", 1)])
-    out = ablate(model, tiny.tokenizer(), TEXTS[0], TARGETS[0], heads=[("model.decoder.layers.0.encoder_attn", 1)])
-    assert not torch.equal(out.output.logits, out.before.logits)  # the decoder's heads still can be
-
-
 def test_global_local_is_stored_compactly(tmp_path):
     """Per query G + block_size values (its global slots and its block) and G global rows, not (G + n)^2; rank and
     split equal the dense layout's; a lazy read of some rows reads only those (and global rows only for a global

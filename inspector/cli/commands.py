@@ -278,6 +278,11 @@ def _output_or_generate(args, loaded) -> tuple[str | None, int | None]:
     return output, args.generate
 
 
+def _global_tokens(args) -> list[str] | None:
+    """``--global SPANS`` as a list (None when not given)."""
+    return args.global_tokens.split(",") if getattr(args, "global_tokens", None) is not None else None
+
+
 def _print_contrast(c: dict | None) -> None:
     if c is not None:
         print(f"contrast {c['definition']}:\n  before {c['before']:.6f}  after {c['after']:.6f}  change {c['change']:+.6f}")
@@ -302,7 +307,8 @@ def cmd_ablate(args) -> int:
         check_target(Path(args.csv))
     loaded = load_from_args(args)
     output, generate = _output_or_generate(args, loaded)
-    common = dict(heads=heads, contrast=args.contrast, query=args.query, occurrence=args.occurrence, generate=generate)
+    common = dict(heads=heads, contrast=args.contrast, query=args.query, occurrence=args.occurrence, generate=generate,
+                  global_tokens=_global_tokens(args))
     if variant is not None:
         res = effects.patch(loaded.model, loaded.tokenizer, source, variant, output, **common)
         what = f"patched {len(heads)} head(s) from {args.patch_from}"
@@ -345,12 +351,13 @@ def cmd_effects(args) -> int:
     if generate:
         from inspector.capture.generation import generate_target
 
-        target_ids, output = generate_target(loaded.model, loaded.tokenizer, source, generate), None
+        target_ids, output = generate_target(loaded.model, loaded.tokenizer, source, generate,
+                                             global_tokens=_global_tokens(args)), None
     if variants or args.matter_csv:
         return _effects_with_matter(args, loaded, source, output, target_ids, confirm, variants)
     res = effects.effects(loaded.model, loaded.tokenizer, source, output, contrast=args.contrast, query=args.query,
                           occurrence=args.occurrence, top=args.top, method=args.method, target_ids=target_ids,
-                          confirm=confirm)
+                          confirm=confirm, global_tokens=_global_tokens(args))
     write_csv(args.csv, res.table)
     status(f"wrote {len(res.table)} rows to {args.csv}")
     print(f"metric: {res.definition} = {res.metric:.6f}")
@@ -369,7 +376,7 @@ def _effects_with_matter(args, loaded, source, output, target_ids, confirm, vari
         raise InspectorError("--matter-csv and --variant measure zero ablation (as debug does): drop --method mean")
     m = _matter.matter_of(loaded, source, flagged=confirm, contrast=args.contrast, query=args.query,
                           contrast_occurrence=args.occurrence, occurrence=args.occurrence, variants=variants,
-                          top=args.top, target=output, target_ids=target_ids)
+                          top=args.top, target=output, target_ids=target_ids, global_tokens=_global_tokens(args))
     write_csv(args.csv, m.effects)
     status(f"wrote {len(m.effects)} rows to {args.csv}")
     if args.matter_csv:
@@ -410,6 +417,9 @@ def add_effects_commands(sub) -> None:
         p.add_argument("--query", help="models without an LM head: the word whose final representation the contrast measures "
                                        "(and, for patching, whose tokens align)")
         p.add_argument("--occurrence", type=int, help="which occurrence of WRONG (or of --query) to use, 1-based (default the first)")
+        p.add_argument("--global", dest="global_tokens", metavar="SPANS",
+                       help="LED/Longformer: global tokens of the source (and of --patch-from / --variant), marked in every "
+                            "pass, comma-separated words or token indices, e.g. @0")
         p.set_defaults(func=func)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from inspector.capture.inputs import encode
+from inspector.capture.inputs import encode, global_attention_mask
 from inspector.errors import InspectorError
 from inspector.intervene import contrast as _contrast
 from inspector.intervene import seam as intervene
@@ -59,18 +59,29 @@ class Outcome:
     generated: dict | None = None
 
 
-def _prepare(model, tokenizer, text, target, target_ids, generate):
+def encode_with_globals(model, tokenizer, text, target=None, *, target_ids=None, global_tokens: list[str] | None = None):
+    """:func:`inspector.capture.inputs.encode`, with LED's / Longformer's ``global_attention_mask`` built from
+    ``global_tokens`` (words or ``@i`` token indices of the source,
+    :func:`inspector.capture.inputs.global_attention_mask`, which raises :class:`InspectorError` for a model
+    that takes none), so that every pass of an intervention marks the same global tokens a capture did."""
+    encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    if global_tokens:
+        encoded.model_kwargs["global_attention_mask"] = global_attention_mask(model, encoded, list(global_tokens))
+    return encoded
+
+
+def _prepare(model, tokenizer, text, target, target_ids, generate, global_tokens=None):
     from inspector.capture.generation import generate_target
 
     if generate:
         if target is not None or target_ids is not None:
             raise InspectorError("give either an output (--output) or --generate N, not both")
-        target_ids = generate_target(model, tokenizer, text, generate)
+        target_ids = generate_target(model, tokenizer, text, generate, global_tokens=global_tokens)
     from inspector.capture.inputs import model_layout
 
     if model_layout(model) == "encoder-decoder" and target is None and target_ids is None:
         raise InspectorError(f"{type(model).__name__} is an encoder-decoder: pass what it said as the output, or generate N tokens")
-    return encode(model, tokenizer, text, target, target_ids=target_ids), target_ids
+    return encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens), target_ids
 
 
 def _decode(tokenizer, ids: list[int]) -> str:
@@ -87,7 +98,8 @@ def _measure(capture, tokenizer, before, after, contrast, query, occurrence) -> 
 
 def ablate(model, tokenizer, text: str, target: str | None = None, *, heads: list[tuple[str, int]], method: str = "zero",
            contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-           target_ids: list[list[int]] | None = None, generate: int | None = None) -> Outcome:
+           target_ids: list[list[int]] | None = None, generate: int | None = None,
+           global_tokens: list[str] | None = None) -> Outcome:
     """Run ``model`` on ``text`` (and ``target``) with ``heads`` (``[(site_name, head), ...]``) ablated.
 
     ``method``: ``zero`` (the head's slice of the attention output ``[batch, query, head, d_v]`` is
@@ -95,12 +107,13 @@ def ablate(model, tokenizer, text: str, target: str | None = None, *, heads: lis
     query positions in the unablated pass). ``contrast``: ``"RIGHT,WRONG"`` (see
     :mod:`inspector.intervene.contrast`; ``query`` is needed for models without an LM head). ``generate``:
     generate up to N tokens (as :func:`inspector.capture.generation.generate_target`), analyse that output,
-    and generate again under the ablation. Raises :class:`InspectorError` for an unknown site or
+    and generate again under the ablation. ``global_tokens`` (LED, Longformer): the source's global tokens
+    (:func:`encode_with_globals`), marked in every pass. Raises :class:`InspectorError` for an unknown site or
     head, an unknown method, or a contrast that cannot be placed.
     """
     if method not in intervene.METHODS:
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
-    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate)
+    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate, global_tokens)
     clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"))
     grouped = intervene.check_heads(clean.capture.sites, heads, model)
     edited = intervene.run(model, encoded, intervene.ablation(clean.capture, grouped, method, clean.seam.outputs))
@@ -111,7 +124,7 @@ def ablate(model, tokenizer, text: str, target: str | None = None, *, heads: lis
         from inspector.capture.generation import generate_target
 
         with intervene.seam(model, intervene.ablation(clean.capture, grouped, method, clean.seam.outputs)):
-            again = generate_target(model, tokenizer, text, generate)
+            again = generate_target(model, tokenizer, text, generate, global_tokens=global_tokens)
         out.generated = {"before": _decode(tokenizer, target_ids[0]), "after": _decode(tokenizer, again[0])}
     return out
 
@@ -179,17 +192,19 @@ def patch_seam(original: Capture, variant: Capture, variant_outputs: dict[str, t
 
 def patch(model, tokenizer, text: str, variant: str, target: str | None = None, *, heads: list[tuple[str, int]],
           contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-          target_ids: list[list[int]] | None = None, generate: int | None = None) -> Outcome:
+          target_ids: list[list[int]] | None = None, generate: int | None = None,
+          global_tokens: list[str] | None = None) -> Outcome:
     """Run the original with ``heads``' outputs taken from a run on ``variant`` with the same output.
 
     The output (``target``, ``target_ids``, or generated from the original with ``generate``) is
     teacher-forced in both runs; the variant's head outputs go in at the positions :func:`align`
     gives. With ``generate``, the original is generated again under the patch: at output position t
     the head gets the variant's output for the original output's position t (teacher-forced), and
-    nothing is patched past the original output's length.
+    nothing is patched past the original output's length. ``global_tokens``: as :func:`ablate` (original and
+    variant alike).
     """
-    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate)
-    venc = encode(model, tokenizer, variant, target, target_ids=target_ids)
+    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate, global_tokens)
+    venc = encode_with_globals(model, tokenizer, variant, target, target_ids=target_ids, global_tokens=global_tokens)
     clean = intervene.run(model, encoded)
     grouped = intervene.check_heads(clean.capture.sites, heads, model)
     var = intervene.run(model, venc, intervene.Seam(record=set(grouped)))
@@ -203,7 +218,7 @@ def patch(model, tokenizer, text: str, variant: str, target: str | None = None, 
 
         with intervene.seam(model, patch_seam(clean.capture, var.capture, var.seam.outputs, grouped, query=query,
                                               occurrence=occurrence)):
-            again = generate_target(model, tokenizer, text, generate)
+            again = generate_target(model, tokenizer, text, generate, global_tokens=global_tokens)
         out.generated = {"before": _decode(tokenizer, target_ids[0]), "after": _decode(tokenizer, again[0])}
     return out
 
@@ -228,19 +243,20 @@ class Effects:
 
 def attribute(model, tokenizer, text: str, target: str | None = None, *, contrast: str | tuple[str, str],
               query: str | None = None, occurrence: int | None = None, method: str = "zero",
-              target_ids: list[list[int]] | None = None, encoded=None) -> Effects:
+              target_ids: list[list[int]] | None = None, encoded=None, global_tokens: list[str] | None = None) -> Effects:
     """Attribution patching for every head: one forward pass (graph kept from the head outputs on,
     parameters frozen) and one backward pass.
 
     ``attribution[site, head] = sum_{batch, query, d_v} g * (ablated - actual)`` with ``g`` the
     gradient of the contrast metric with respect to the head's output ``[batch, query, head, d_v]``,
     ``ablated`` = 0 (``zero``) or the head's mean over non-padding query positions (``mean``). Units:
-    those of the metric (logits, or cosine).
+    those of the metric (logits, or cosine). ``global_tokens``: as :func:`ablate` (ignored with ``encoded``,
+    which carries its own inputs).
     """
     if method not in intervene.METHODS:
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
     right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
-    encoded = encoded or encode(model, tokenizer, text, target, target_ids=target_ids)
+    encoded = encoded or encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens)
     c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong,
                           query=query, occurrence=occurrence)
     keep = _contrast.keep_kwargs(model, c)
@@ -285,12 +301,14 @@ def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads
 
 def effects(model, tokenizer, text: str, target: str | None = None, *, contrast: str | tuple[str, str],
             query: str | None = None, occurrence: int | None = None, top: int = 10, method: str = "zero",
-            confirm: list[tuple[str, int]] | None = None, target_ids: list[list[int]] | None = None) -> Effects:
+            confirm: list[tuple[str, int]] | None = None, target_ids: list[list[int]] | None = None,
+            global_tokens: list[str] | None = None) -> Effects:
     """Every head ranked by attribution (:func:`attribute`), then the exact effect of ablating each
-    of the ``top`` heads alone (and of every head in ``confirm``) in the ``effect`` column."""
+    of the ``top`` heads alone (and of every head in ``confirm``) in the ``effect`` column. ``global_tokens``:
+    as :func:`ablate` (every pass marks them)."""
     if top < 0:
         raise InspectorError(f"--top must be 0 or more, got {top}")
-    encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    encoded = encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens)
     res = attribute(model, tokenizer, text, contrast=contrast, query=query, occurrence=occurrence, method=method,
                     encoded=encoded)
     table = res.table

@@ -16,18 +16,25 @@ n-th repeated call within one forward pass), and then
 * adds a zero tensor that requires grad (``grad=True``), so the gradient of any function of the
   model's output with respect to every head's output comes out of one backward pass.
 
+Long-document encoder attention (LED, Longformer, Pegasus-X, LongT5, BigBird block-sparse) makes no call
+through the interface; :mod:`inspector.intervene.long_sites` finds where its per-head outputs enter the
+output projection, and the same fields (``zero``, ``replace``, ``record``, ``grad``) act there, on the same
+site names and query axes a capture gives these modules.
+
 Everything changed on the model is restored on every exit path, exceptions included.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from inspector.capture.banded import pseudo_records
 from inspector.capture.inputs import Encoded
 from inspector.capture.recorder import (
     ACTIVE,
@@ -38,8 +45,10 @@ from inspector.capture.recorder import (
     fast_attention,
     registered_functions,
     roles_of,
+    site_depth,
 )
 from inspector.errors import InspectorError
+from inspector.intervene import long_sites
 from inspector.store.capture_file import Capture, Site
 
 METHODS = ("zero", "mean")
@@ -79,6 +88,9 @@ class Seam:
     _calls: dict[int, int] = field(default_factory=dict)
     _position: dict[str, int] = field(default_factory=dict)
     _names: dict[int, str] = field(default_factory=dict)
+    source_len: int | None = None  # tokens of the source in the current pass (see note_source)
+    pseudo: dict[str, int] = field(default_factory=dict)  # pseudo-inputs the long sites' axes name
+    _pending: dict[int, Any] = field(default_factory=dict)  # projection id -> _LongCall
 
     def reset_calls(self, *_args, **_kwargs) -> None:
         """Forget the calls counted so far (a forward pre-hook calls this at the start of each pass)."""
@@ -104,19 +116,96 @@ class Seam:
         self._position[name] = start + q_len
         if self.record is True or (self.record and name in self.record):
             self.outputs[name] = out.detach()
+        out = self._edit(name, out, start)
+        if self.grad:
+            delta = torch.zeros_like(out, requires_grad=True)
+            self.deltas[name] = delta
+            out = out + delta
+        return out, w
+
+    def _edit(self, name: str, out: torch.Tensor, start: int) -> torch.Tensor:
+        """``out [batch, query, head, d_v]`` (query positions ``start ..`` of the site) with the zeroed and
+        replaced heads of ``name`` applied."""
         if name in self.zero or name in self.replace:
-            keep = torch.ones(heads, dtype=out.dtype, device=out.device)
+            keep = torch.ones(out.shape[2], dtype=out.dtype, device=out.device)
             if name in self.zero:
                 keep[self.zero[name]] = 0
             out = out * keep[None, None, :, None]
             r = self.replace.get(name)
             if r is not None:
                 out = _apply(out, r, start)
+        return out
+
+    # ---- long-document attention: edited at its output projection's input (inspector.intervene.long_sites) ----
+    def note_source(self, _module, args, kwargs) -> None:
+        """Remember the source length of a pass (a forward pre-hook on the encoder, or the model without one):
+        the long-document modules run on padded sequences, and their query axis is the tokens."""
+        ids = kwargs.get("input_ids")
+        ids = ids if ids is not None else kwargs.get("inputs_embeds")
+        ids = ids if ids is not None else (args[0] if args and isinstance(args[0], torch.Tensor) else None)
+        if ids is not None:
+            self.source_len = int(ids.shape[1])
+
+    def long_call(self, point: long_sites.EditPoint, module, args, kwargs) -> None:
+        """A forward pre-hook on a long-document attention module: name this call as the capture does, map its
+        projection's input to the site's query axis, and describe the site to the recorder."""
+        call = self._calls.get(id(module), 0)
+        self._calls[id(module)] = call + 1
+        name = point.name if call == 0 else f"{point.name}@{call}"
+        if self.source_len is None and type(module).__name__ not in long_sites.DECODER_CLASSES:
+            raise InspectorError(f"{type(module).__name__} at {name} ran before its encoder's input was seen: run the "
+                                 "model through its encoder (or the whole model) under the seam")
+        lay = long_sites.layout(module, args, kwargs, self.source_len, self._position.get(name, 0))
+        if lay.decoder:
+            self._position[name] = lay.start + lay.query_len
+        self.seen[name] = point.heads
+        self._pending[id(point.proj)] = _LongCall(point=point, name=name, layout=lay)
+        if self.recorder is not None:
+            self.recorder.sites.append(long_sites.site_record(point, name, site_depth(None, point.name, call),
+                                                              self.recorder.encoder_decoder, lay))
+            for role, count in lay.pseudo.items():
+                self.pseudo[role] = count
+
+    def long_edit(self, point: long_sites.EditPoint, proj, args, kwargs):
+        """A forward pre-hook on the projection: record, edit and (with ``grad``) add the zero delta to the
+        per-head outputs of the pending call's rows, ``[batch, query, head, d_v]`` on the site's query axis."""
+        st = self._pending.get(id(proj))
+        if st is None:  # the projection ran outside a call of its module
+            return None
+        offset, rows = st.layout.segments[st.next]
+        st.next += 1
+        if st.next == len(st.layout.segments):
+            del self._pending[id(proj)]
+        x = args[0] if args else kwargs["input"]
+        b, length, width = x.shape
+        x4 = x.reshape(b, length, point.heads, point.d_v)
+        rows = rows.to(x.device)
+        out = x4.index_select(1, rows)  # [batch, query of this segment, head, d_v]
+        total, name, first = st.layout.query_len, st.name, st.next == 1
+        at = slice(offset - st.layout.start, offset - st.layout.start + out.shape[1])  # this call's rows
+        if self.record is True or (self.record and name in self.record):
+            if first:
+                self.outputs[name] = out.new_zeros(b, total, point.heads, point.d_v)
+            self.outputs[name][:, at] = out.detach()
+        out = self._edit(name, out, offset)
         if self.grad:
-            delta = torch.zeros_like(out, requires_grad=True)
-            self.deltas[name] = delta
-            out = out + delta
-        return out, w
+            if first:
+                self.deltas[name] = torch.zeros(b, total, point.heads, point.d_v, dtype=out.dtype, device=out.device,
+                                                requires_grad=True)
+            out = out + self.deltas[name][:, at]
+        x4 = x4.index_copy(1, rows, out.to(x4.dtype))
+        x = x4.reshape(b, length, width)
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "input": x})
+
+
+@dataclass
+class _LongCall:
+    """A long-document module's call whose projection has not consumed every segment yet."""
+
+    point: long_sites.EditPoint
+    name: str
+    layout: long_sites.Layout
+    next: int = 0
 
 
 def _apply(out: torch.Tensor, r: Replacement, start: int) -> torch.Tensor:
@@ -142,13 +231,22 @@ def _apply(out: torch.Tensor, r: Replacement, start: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def seam(model, s: Seam):
-    """Route every attention call of ``model`` through ``s`` for the duration (restored on exit)."""
+    """Route every attention call of ``model`` through ``s`` for the duration (restored on exit): calls of
+    transformers' attention interface, and the per-head outputs of the long-document modules
+    :mod:`inspector.intervene.long_sites` knows, where they enter their output projection."""
     s._names = {id(m): n for n, m in model.named_modules()}
+    s._pending.clear()
     hooks = [model.register_forward_pre_hook(s.reset_calls)]
     encoder = model.get_encoder() if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder", False) else None
     if encoder is not None and encoder is not model:  # generate() runs the encoder on its own
         hooks.append(encoder.register_forward_pre_hook(s.reset_calls))
     try:
+        points = long_sites.edit_points(model)
+        if points:
+            hooks.append((encoder if encoder is not None else model).register_forward_pre_hook(s.note_source, with_kwargs=True))
+        for p in points:
+            hooks.append(p.module.register_forward_pre_hook(functools.partial(s.long_call, p), with_kwargs=True))
+            hooks.append(p.proj.register_forward_pre_hook(functools.partial(s.long_edit, p), with_kwargs=True))
         with LOCK, registered_functions(), attn_implementation(model, IMPL):
             token = ACTIVE.set(s)
             try:
@@ -158,6 +256,7 @@ def seam(model, s: Seam):
     finally:
         for h in hooks:
             h.remove()
+        s._pending.clear()
 
 
 @contextlib.contextmanager
@@ -189,7 +288,10 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
     A lazy recorder names and describes every site as :func:`inspector.capture` does; with
     ``s.grad`` the pass keeps the autograd graph from the head outputs on (parameters frozen).
     ``extra``: more keyword arguments for the model (e.g. ``logits_to_keep``).
-    Raises :class:`InspectorError` when the model's attention bypasses transformers' interface.
+    Long-document attention modules (:mod:`inspector.intervene.long_sites`) get sites too, with the query axis
+    the capture gives them (pseudo-inputs such as Pegasus-X's ``global`` tokens are added to the inputs).
+    Raises :class:`InspectorError` when the model's attention bypasses transformers' interface and has no
+    edit point, or when ``s`` edits a site that did not run in this pass (nothing is reported as edited then).
     """
     s = s or Seam()
     s.recorder = Recorder(model, weights=False, dtype=torch.float32, layers=None, sites=None, roles=roles_of(encoded))
@@ -205,7 +307,13 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
         raise InspectorError(
             f"{type(model).__name__}'s attention does not call transformers' attention interface, so its heads "
             "cannot be ablated or patched: use a model whose attention layers call ALL_ATTENTION_FUNCTIONS")
-    records = [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in encoded.records]
+    unedited = [n for n in list(s.zero) + list(s.replace) if n not in s.seen]
+    if unedited:  # never report an edit that did not happen
+        raise InspectorError(f"{unedited[0]} did not run in this pass, so its heads were not edited: pick heads of the "
+                             "sites this input runs (`inspector info`)")
+    batch = 1 + max(r.batch for r in encoded.records)
+    pseudo = [p for role, count in s.pseudo.items() for p in pseudo_records(role, count, batch)]
+    records = [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in [*encoded.records, *pseudo]]
     cap = Capture({**(meta or {}), "layout": encoded.layout, "inputs": records}, s.recorder.sites, s.recorder.tensors)
     s.recorder = None
     return SeamRun(output=output, capture=cap, seam=s)
@@ -231,9 +339,9 @@ def parse_heads(spec: str, option: str = "--heads") -> list[tuple[str, int]]:
 def check_heads(sites: list[Site], heads: list[tuple[str, int]], model=None) -> dict[str, list[int]]:
     """Group ``heads`` by site after checking each exists; raises :class:`InspectorError` naming the fix.
 
-    With ``model``, a module of it that is no seam site (it computes attention outside transformers'
-    interface: LED's and Longformer's banded encoders, Pegasus-X's, LongT5's, BigBird's block-sparse ones;
-    captured only read-only, from ``output_attentions``) is refused as such, by class."""
+    With ``model``, an attention module of it that is no seam site (it computes attention outside
+    transformers' interface and has no per-head edit point in :data:`inspector.intervene.long_sites.EDIT_POINTS`,
+    e.g. BigBird-Pegasus's full attention on a short input, DeBERTa's) is refused as such, by class."""
     by_name = {s.name: s for s in sites}
     grouped: dict[str, list[int]] = {}
     for name, h in heads:
@@ -241,7 +349,8 @@ def check_heads(sites: list[Site], heads: list[tuple[str, int]], model=None) -> 
         module = dict(model.named_modules()).get(name.split("@")[0]) if site is None and model is not None else None
         if module is not None and type(module).__name__.endswith(("Attention", "Attn")):
             raise InspectorError(f"{name} ({type(module).__name__}) computes attention outside transformers' attention "
-                                 "interface: its weights are captured read-only (from output_attentions), and its heads "
+                                 "interface and has no per-head edit point (inspector edits LED, Longformer, Pegasus-X, "
+                                 "LongT5 and BigBird block-sparse encoder heads at their output projection): its heads "
                                  "cannot be ablated or patched; pick heads of the sites `inspector info` lists with Q/K/V")
         if site is None:
             import difflib

@@ -169,8 +169,9 @@ def investigate(
     heatmaps' (``attention`` or ``value-norm``) and the ranking's too: one weighting per run, written in
     ``rank.csv`` / ``split.csv`` (their ``weighting`` column), the printout and the report. ``global_tokens``
     (LED, Longformer) marks global tokens of the source and of every variant (words or ``@i`` token indices,
-    :func:`inspector.capture.inputs.global_attention_mask`); it cannot go with ``contrast`` (the effects runs
-    would not mark them).
+    :func:`inspector.capture.inputs.global_attention_mask`), in the capture and in every effects and patching
+    pass; "Where did the word come from?" is left out with them (its attribution and route passes take no
+    global tokens; the printout says why).
     """
     from inspector.capture.inputs import model_layout
     from inspector.intervene.contrast import model_has_lm_head
@@ -178,9 +179,6 @@ def investigate(
 
     if output is not None and generate:
         raise InspectorError("give either --output or --generate, not both")
-    if global_tokens and contrast:
-        raise InspectorError("--global cannot go with --contrast: the effects runs would not mark the global tokens; "
-                             "drop one of them")
     if model_layout(loaded.model) != "encoder" and output is None and not generate:
         raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
     out = Path(out_dir)
@@ -207,9 +205,11 @@ def investigate(
         from inspector.investigate import matter as _matter
 
         matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
-                                        variants=variants, top=top)
+                                        variants=variants, top=top, global_tokens=global_tokens)
         commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
-        where, where_section, where_note = _where(loaded, cap, source, split, matter, contrast, query, occurrence)
+        where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
+                                            "passes do not take") if global_tokens else \
+            _where(loaded, cap, source, split, matter, contrast, query, occurrence)
         if where is not None:
             commands += _where_commands(loaded.name, out, contrast, query, occurrence, said is not None,
                                         model_has_lm_head(loaded.model))

@@ -35,7 +35,8 @@ class Matter:
     heads with ``flagged``, ``attribution``, ``effect`` and per variant ``patch_effect[<name>]`` (the
     metric's change when that head alone is patched from the variant; empty where it cannot be aligned).
     ``patches``: per variant, all those heads patched together: ``variant, heads, before, after, change``.
-    ``notes``: why some head could not be patched."""
+    ``notes``: why some head could not be patched. ``global_tokens``: the global tokens (``--global``) every
+    pass marked, or None."""
 
     contrast: str
     definition: str
@@ -46,6 +47,7 @@ class Matter:
     disagreements: pd.DataFrame
     top: int
     notes: list[str] = field(default_factory=list)
+    global_tokens: list[str] | None = None  # LED / Longformer: the source's global tokens every pass marked
 
 
 def said_kwargs(model, tokenizer, cap: Capture, source: str) -> dict:
@@ -63,9 +65,9 @@ def said_kwargs(model, tokenizer, cap: Capture, source: str) -> dict:
 
 def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, contrast: str | tuple[str, str],
                    query: str | None = None, occurrence: int | None = None, variants: dict[str, str] | None = None,
-                   top: int = 10) -> Matter:
+                   top: int = 10, global_tokens: list[str] | None = None) -> Matter:
     """Effects of the flagged and top heads on the contrast, and of patching them from each variant (the
-    output exactly as ``cap`` fed it, :func:`said_kwargs`)."""
+    output exactly as ``cap`` fed it, :func:`said_kwargs`), every pass marking ``global_tokens`` (LED, Longformer)."""
     said = said_kwargs(loaded.model, loaded.tokenizer, cap, source)
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
@@ -73,35 +75,36 @@ def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, co
     lm = model_has_lm_head(loaded.model)
     return matter_of(loaded, source, flagged=flagged_keys, contrast=contrast, query=query,
                      contrast_occurrence=None if lm else occurrence, occurrence=occurrence, variants=variants, top=top,
-                     **said)
+                     global_tokens=global_tokens, **said)
 
 
 def matter_of(loaded, source: str, *, flagged: list[tuple[str, int]], contrast: str | tuple[str, str],
               query: str | None = None, contrast_occurrence: int | None = None, occurrence: int | None = None,
               variants: dict[str, str] | None = None, top: int = 10, target: str | None = None,
-              target_ids: list[list[int]] | None = None) -> Matter:
+              target_ids: list[list[int]] | None = None, global_tokens: list[str] | None = None) -> Matter:
     """The part from texts alone (behind ``inspector effects --confirm/--variant/--matter-csv``, which rebuilds
     what ``debug`` wrote): :func:`inspector.intervene.effects.effects` of the ``top`` heads by attribution and of
     ``flagged`` (listed with ``flagged`` true), then, per variant, each listed head and all of them patched in.
     ``contrast_occurrence`` is the contrast's (WRONG's with an LM head, else the query's); ``occurrence`` the
-    query's, for aligning an encoder's patch. Raises :class:`InspectorError` for an unknown head or contrast."""
+    query's, for aligning an encoder's patch. ``global_tokens`` (LED, Longformer): marked in the source and every
+    variant, in every pass. Raises :class:`InspectorError` for an unknown head or contrast."""
     model, tokenizer = loaded.model, loaded.tokenizer
     said = {"target": target} if target is not None else ({"target_ids": target_ids} if target_ids is not None else {})
     flagged = list(dict.fromkeys((str(s), int(h)) for s, h in flagged))
     res = _effects.effects(model, tokenizer, source, contrast=contrast, query=query, occurrence=contrast_occurrence,
-                           top=top, confirm=flagged, **said)
+                           top=top, confirm=flagged, global_tokens=global_tokens, **said)
     table = res.table
     listed = table[table["effect"].notna()].copy()
     listed.insert(5, "flagged", [k in set(flagged) for k in zip(listed["site"], listed["head"], strict=True)])
     listed = listed.loc[listed["effect"].abs().sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
     keys = list(zip(listed["site"], listed["head"], strict=True))
 
-    encoded = encode(model, tokenizer, source, **said)
+    encoded = _effects.encode_with_globals(model, tokenizer, source, **said, global_tokens=global_tokens)
     clean = intervene.run(model, encoded)
     before = float(res.contrast.value(clean.output))
     patches, notes = [], []
     for name, text in (variants or {}).items():
-        var = intervene.run(model, encode(model, tokenizer, text, **said),
+        var = intervene.run(model, _effects.encode_with_globals(model, tokenizer, text, **said, global_tokens=global_tokens),
                             intervene.Seam(record={s for s, _ in keys}))
         column, ok = [], []
         for s, h in keys:
@@ -125,7 +128,8 @@ def matter_of(loaded, source: str, *, flagged: list[tuple[str, int]], contrast: 
     label = contrast if isinstance(contrast, str) else ",".join(contrast)
     return Matter(contrast=label, definition=res.definition, metric=res.metric, effects=table, heads=listed,
                   patches=pd.DataFrame(patches, columns=["variant", "heads", "before", "after", "change"]),
-                  disagreements=res.disagreements, top=top, notes=list(dict.fromkeys(notes)))
+                  disagreements=res.disagreements, top=top, notes=list(dict.fromkeys(notes)),
+                  global_tokens=list(global_tokens) if global_tokens else None)
 
 
 def summary_text(m: Matter, format_table=lambda df, digits: df.to_string(index=False)) -> str:
@@ -189,6 +193,8 @@ def commands(model: str, out, m: Matter, query: str | None, occurrence: int | No
     flagged = m.heads[m.heads["flagged"].astype(bool)]
     if len(flagged):
         cmd += " --confirm " + q(",".join(f"{s}:{int(h)}" for s, h in zip(flagged["site"], flagged["head"], strict=True)))
+    if m.global_tokens:
+        cmd += f" --global {q(','.join(m.global_tokens))}"
     if query:  # the contrast reads it without an LM head; an encoder's patch aligns its tokens
         cmd += f" --query {q(query)}"
     if occurrence and m.definition.startswith("cos("):  # with an LM head --occurrence would pick WRONG's occurrence
