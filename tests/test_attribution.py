@@ -94,6 +94,7 @@ def test_encoder_decoder_rows_and_rollout_sums(tokenizer):
     df = attribute(bart, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["input_x_gradient", "rollout"])
     assert set(df["role"]) == {"source", "target"}
     assert df["rollout"].sum() == pytest.approx(1.0, abs=EXACT)  # every row of rollout sums to 1
+    assert df.attrs["rollout_global"] == 0.0
 
 
 def test_mistakes_name_the_fix(gpt2, tokenizer):
@@ -104,3 +105,39 @@ def test_mistakes_name_the_fix(gpt2, tokenizer):
     bert = tiny.build("bert")
     with pytest.raises(InspectorError, match="--contrast"):
         attribute(bert, tokenizer, TEXT, methods=["input_x_gradient"])
+
+
+def test_rollout_through_pegasus_x_global_tokens_equals_hand_computation():
+    """Pegasus-X's encoder runs G learned global tokens before the source; the decoder's cross-attention reads the
+    source positions only. Rollout traces each target row to the global tokens and the source tokens (and the
+    target): by hand, the encoder's product over [global, source] and the cross-attention mixing in its source rows."""
+    from test_global_local import GLOBALS, TARGETS, TEXTS, _pegasus_x
+
+    cap = capture(_pegasus_x(), tiny.tokenizer(), TEXTS[0], TARGETS[0])
+    enc = sorted((s for s in cap.sites if s.stack == "encoder"), key=lambda s: s.layer)
+    dec = sorted((s for s in cap.sites if s.stack == "decoder" and s.kind != "cross"), key=lambda s: s.layer)
+    cross = {s.layer: s for s in cap.sites if s.kind == "cross"}
+
+    def hat(a):
+        m = 0.5 * a.mean(0) + 0.5 * torch.eye(a.shape[-1], dtype=torch.float64)
+        return m / m.sum(-1, keepdim=True)
+
+    r_enc = None
+    for s in enc:
+        a = hat(cap.weights(s).double())
+        r_enc = a if r_enc is None else a @ r_enc
+    n_in, n_dec = r_enc.shape[1], dec[0].query_len
+    source = r_enc[GLOBALS:]  # the source positions follow the global tokens on the encoder's axis
+    assert source.shape[0] == cross[0].key_len
+    enc_part = torch.cat([source, torch.zeros(source.shape[0], n_dec, dtype=torch.float64)], 1)
+    m = torch.cat([torch.zeros(n_dec, n_in, dtype=torch.float64), torch.eye(n_dec, dtype=torch.float64)], 1)
+    for s in dec:
+        m = hat(cap.weights(s).double()) @ m
+        m = 0.5 * m + 0.5 * (cap.weights(cross[s.layer]).double().mean(0) @ enc_part)
+    r = rollout(cap)
+    assert torch.allclose(r.matrix, m, atol=EXACT, rtol=0)
+    assert [t[0] for t in r.tokens[:GLOBALS + 1]] == ["global"] * GLOBALS + ["source"]
+    assert torch.allclose(r.matrix.sum(-1), torch.ones(n_dec, dtype=torch.float64), atol=EXACT, rtol=0)
+    df = attribute(_pegasus_x(), tiny.tokenizer(), TEXTS[0], TARGETS[0], contrast=("Lessor", "pay"), methods=["rollout"])
+    assert 0 < df.attrs["rollout_global"] < 1  # the learned global tokens are no input token of the table
+    assert df["rollout"].sum() + df.attrs["rollout_global"] == pytest.approx(1.0, abs=EXACT)

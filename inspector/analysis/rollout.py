@@ -50,7 +50,9 @@ def layer_matrix(w: torch.Tensor, residual: float = 0.5) -> torch.Tensor:
     self-attention site (query axis equal to key axis), float64, rows renormalized to sum 1."""
     a = w.double().mean(0)
     if a.shape[0] != a.shape[1]:
-        raise InspectorError("rollout needs self-attention sites whose query and key axes are the same positions")
+        raise InspectorError("rollout needs self-attention sites whose query and key axes are the same positions "
+                             f"(this one has {a.shape[0]} queries and {a.shape[1]} keys, e.g. LongT5's transient-global keys, "
+                             "computed from blocks of tokens): use the gradient methods")
     a = (1 - residual) * a + residual * torch.eye(a.shape[0], dtype=a.dtype)
     return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
 
@@ -100,10 +102,19 @@ def rollout(capture: Capture, *, batch: int = 0, weighting: str = "attention") -
     _check_complete(dec)
     if set(cross) != {s.layer for s in dec}:
         raise InspectorError("rollout of an encoder-decoder needs the cross-attention of every decoder layer")
-    r_enc = _stack(capture, enc, batch, weighting)  # [source, source]
-    n_src, n_dec = r_enc.shape[0], dec[0].query_len
-    enc_part = torch.cat([r_enc, torch.zeros(n_src, n_dec, dtype=r_enc.dtype)], 1)  # [source, source + target]
-    m = torch.cat([torch.zeros(n_dec, n_src, dtype=r_enc.dtype), torch.eye(n_dec, dtype=r_enc.dtype)], 1)
+    r_enc = _stack(capture, enc, batch, weighting)  # [encoder position, encoder input]
+    # the rows the cross-attention reads: the encoder's output positions its keys are (Pegasus-X's encoder also
+    # runs learned global tokens, whose states the decoder never sees)
+    enc_rows = {label[:2]: i for i, label in enumerate(_labels(capture, enc[-1], "query", batch))}
+    cross_keys = _labels(capture, cross[dec[0].layer], "key", batch)
+    missing = [label for label in cross_keys if label[:2] not in enc_rows]
+    if missing:
+        raise InspectorError(f"rollout cannot follow {cross[dec[0].layer].name}: its key {missing[0][0]} {missing[0][1]} "
+                             "is no position of the encoder's last layer")
+    n_in, n_dec = r_enc.shape[1], dec[0].query_len
+    r_out = r_enc[[enc_rows[label[:2]] for label in cross_keys]]  # [cross key, encoder input]
+    enc_part = torch.cat([r_out, torch.zeros(len(cross_keys), n_dec, dtype=r_enc.dtype)], 1)  # [key, input + target]
+    m = torch.cat([torch.zeros(n_dec, n_in, dtype=r_enc.dtype), torch.eye(n_dec, dtype=r_enc.dtype)], 1)
     for s in dec:
         m = layer_matrix(head_weights(capture, s, batch, weighting=weighting)) @ m
         c = head_weights(capture, cross[s.layer], batch, weighting=weighting).double().mean(0)  # [target, source]

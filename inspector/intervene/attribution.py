@@ -145,13 +145,13 @@ def _gradient_columns(model, names, embeds, rest, metric, methods, steps, intern
     return cols, attrs
 
 
-def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric, methods, labels) -> dict:
+def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric, methods, labels) -> tuple[dict, dict]:
     from inspector.analysis.rollout import rollout
     from inspector.capture.recorder import capture
 
     cap = capture(model, tokenizer, text, target, target_ids=target_ids, weights=False,
                   value_norms="value_rollout" in methods)
-    cols = {}
+    cols, attrs = {}, {}
     for name, weighting in (("rollout", "attention"), ("value_rollout", "value-norm")):
         if name not in methods:
             continue
@@ -159,7 +159,9 @@ def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric,
         where = {(role, i): k for k, (role, i, _) in enumerate(r.tokens)}
         row = r.matrix[metric.rows].mean(0)
         cols[name] = torch.tensor([float(row[where[key]]) for key in labels], dtype=torch.float64)
-    return cols
+        # the share rollout traces to tokens that are no input (Pegasus-X's learned global tokens)
+        attrs[f"{name}_global"] = float(sum(row[k] for k, (role, _, _) in enumerate(r.tokens) if role == "global"))
+    return cols, attrs
 
 
 def attribute(model, tokenizer, text: str, target: str | None = None, *, position: int | None = None,
@@ -173,7 +175,9 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
     source, then output), ``role``, ``index`` (within the role), ``token``, then one column per method
     (module docstring). ``attrs``: ``metric`` (its value), ``definition``, ``position`` (the output
     position explained, or None), ``forward_calls`` (forward passes the gradient methods ran) and, with
-    integrated gradients, ``ig_delta``, ``ig_difference``, ``ig_steps``.
+    integrated gradients, ``ig_delta``, ``ig_difference``, ``ig_steps``; with rollout, ``rollout_global`` /
+    ``value_rollout_global``, the share traced to tokens that are no input (Pegasus-X's learned global tokens;
+    0 elsewhere), so that the column plus it sums to 1.
 
     Raises :class:`InspectorError` for an unknown method, a metric that cannot be placed
     (:func:`metric_for`), or a batch of texts (one text at a time).
@@ -206,7 +210,9 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
     finally:
         model.train(was_training)
     if any(m in ("rollout", "value_rollout") for m in methods):
-        cols.update(_rollout_columns(model, tokenizer, text, target, target_ids, metric, methods, labels))
+        got, more = _rollout_columns(model, tokenizer, text, target, target_ids, metric, methods, labels)
+        cols.update(got)
+        attrs.update(more)
     table = pd.DataFrame({"position": range(len(labels)), "role": [r for r, _ in labels], "index": [i for _, i in labels],
                           "token": tokens, **{m: cols[m].detach().numpy() for m in methods}})
     table.attrs.update(metric=value, definition=metric.definition, position=metric.position, forward_calls=counter[0], **attrs)
