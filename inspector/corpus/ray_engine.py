@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -144,6 +145,23 @@ def _join(ray, address: str) -> None:
                              "(HOST:PORT of the head node, ray://HOST:10001, or auto on a cluster node)") from None
 
 
+def _map(ds, batch_size: int, n: int, gpus: int, device: str, model: str | None, options: Options, trust_remote_code: bool,
+         threads: int | None):
+    """``ds`` mapped by a pool of ``n`` :class:`Reducer` actors, ``batch_size`` documents per call."""
+    import ray
+
+    return ds.map_batches(
+        Reducer, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
+        fn_constructor_kwargs={"model": model, "options": options.to_dict(), "device": "cuda" if gpus else device,
+                               "trust_remote_code": trust_remote_code, "threads": threads},
+        num_gpus=gpus, num_cpus=threads or 1,
+        # Ray Data passes its actors' constructor arguments by reference and, with restarts on (its
+        # default), logs an error-tagged core_worker line for every run; an actor lost midway fails the
+        # scan instead, which resumes from its committed parts
+        max_restarts=0,
+    )
+
+
 def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int = 8, options: Options = Options(),
                 address: str | None = None, workers: int | None = None, device: str | None = None,
                 trust_remote_code: bool = False, num_cpus: int | None = None) -> Iterator[BatchResult]:
@@ -177,16 +195,9 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
         ctx.execution_options.verbose_progress = False
         while items:
             ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 64 * n)))
-            ds = ds.map_batches(
-                Reducer, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
-                fn_constructor_kwargs={"model": model, "options": options.to_dict(), "device": "cuda" if gpus else device,
-                                       "trust_remote_code": trust_remote_code, "threads": threads},
-                num_gpus=gpus, num_cpus=threads or 1,
-                # Ray Data passes its actors' constructor arguments by reference and, with restarts on (its
-                # default), logs an error-tagged core_worker line for every run; an actor lost midway fails the
-                # scan instead, which resumes from its committed parts
-                max_restarts=0,
-            )
+            with warnings.catch_warnings():  # max_restarts has no named parameter before Ray 2.64 (pyproject pins below it)
+                warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+                ds = _map(ds, batch_size, n, gpus, device, model, options, trust_remote_code, threads)
             del items  # Ray holds the window now
             for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
                 for documents, heads in zip(out["documents"], out["heads"], strict=True):  # one row per reduced batch
