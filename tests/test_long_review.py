@@ -1,0 +1,64 @@
+"""Issue 20 as a new user meets it (review): the long-document summarisers from the command line, where a
+run's printed and reported commands must reproduce it and every mistake is one line naming the text at fault.
+
+Tiny seeded LED and Pegasus-X from the builders of tests/test_long_attention.py and tests/test_global_local.py,
+saved to a folder so the commands a report prints can be run as a user would run them."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import test_global_local as px
+import test_long_attention as lf
+import torch
+
+from inspector.capture.models import LoadedModel
+from inspector.cli import main
+from inspector.investigate.debug import investigate
+from inspector.store import load
+
+import tiny
+
+QUOTED = 'The Lessee shall "indemnify" the Lessor against every claim. Such indemnity survives the term of this lease.'
+
+
+def _saved(build, folder):
+    model = build()
+    model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101
+    model.config.eos_token_id = model.generation_config.eos_token_id = 102
+    model.save_pretrained(folder)
+    tiny.tokenizer().save_pretrained(folder)
+    return LoadedModel(model, tiny.tokenizer(), str(folder))
+
+
+@pytest.mark.parametrize("family, globals_", [("led", ["@0", "Lessee"]), ("pegasus_x", None)])
+def test_report_commands_rerun_the_long_document_run(family, globals_, tmp_path, capsys):
+    """Every command of a debug run's report runs as written (exit 0) and its captures equal the run's own:
+    the same global tokens (LED's ``--global``, which changes every encoder weight) and the same weights. An
+    ``explain`` command is listed only for a head that can be explained step by step (these sites are captured
+    through ``output_attentions``, without Q/K/V)."""
+    build = lf._led if family == "led" else px._pegasus_x
+    loaded = _saved(build, tmp_path / "model")
+    out = tmp_path / "run"
+    inv = investigate(loaded, lf.TEXTS[0], output=lf.TARGETS[0], query="indemnify", referents=["Lessee", "Lessor"],
+                      variants={"quoted": QUOTED}, out_dir=out, global_tokens=globals_)
+    again = tmp_path / "again"
+    again.mkdir()
+    ran = set()
+    for cmd in inv.commands:
+        argv = shlex.split(cmd)[1:]
+        for flag in ("-o", "--csv"):
+            if flag in argv:
+                i = argv.index(flag) + 1
+                argv[i] = str(again / (argv[i].rsplit("/", 1)[-1]))
+        assert main(argv) == 0, (cmd, capsys.readouterr().err)
+        ran.add(argv[0])
+        if argv[0] == "capture":
+            name = argv[argv.index("-o") + 1].rsplit("/", 1)[-1]
+            mine, theirs = load(again / name), load(out / name)
+            assert mine.meta["options"].get("global") == theirs.meta["options"].get("global") == globals_
+            for site in theirs.sites:
+                torch.testing.assert_close(mine.weights(site.name, 0), theirs.weights(site, 0), atol=0, rtol=0)
+    assert {"capture", "rank", "split", "compare"} <= ran
+    assert "explain" not in ran  # the top head's site has no Q/K/V: the report says why instead
