@@ -62,3 +62,46 @@ def test_report_commands_rerun_the_long_document_run(family, globals_, tmp_path,
                 torch.testing.assert_close(mine.weights(site.name, 0), theirs.weights(site, 0), atol=0, rtol=0)
     assert {"capture", "rank", "split", "compare"} <= ran
     assert "explain" not in ran  # the top head's site has no Q/K/V: the report says why instead
+
+
+SOURCE = lf.TEXTS[0]
+OTHER = "The Tenant shall indemnify the Lessor. The Lessee pays."  # no 'against'
+
+
+@pytest.mark.parametrize("args, message", [
+    (["debug", "--source", SOURCE, "--output", "It pays.", "--query", "indemnify", "--referents", "Lessee,Lessor",
+      "--variant", "q={other}", "-o", "{tmp}/out"], "--global 'against' is not in the --variant q file"),
+    (["effects", "--source", SOURCE, "--output", "It pays.", "--contrast", "Lessee,Lessor", "--variant", "q={other}",
+      "--csv", "-"], "--global 'against' is not in the --variant q file"),
+    (["ablate", "--source", SOURCE, "--output", "It pays.", "--heads", "x:0", "--patch-from", "{other}"],
+     "--global 'against' is not in the --patch-from file"),
+    (["capture", "--text", OTHER, "-o", "{tmp}/x.safetensors"], "--global 'against' is not in the source text"),
+])
+def test_global_words_missing_from_any_text_are_refused_before_the_model_loads(args, message, tmp_path, capsys):
+    """A ``--global`` word that the source, a ``--variant`` or a ``--patch-from`` file lacks is one line naming that
+    text, before the model loads (the model named here does not exist: reaching it would be another error)."""
+    other = tmp_path / "other.txt"
+    other.write_text(OTHER)
+    argv = [a.format(other=other, tmp=tmp_path) for a in args]
+    code = main([*argv, "--model", str(tmp_path / "no-model"), "--global", "@0,against"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_global_mistakes_name_the_text_they_are_about():
+    """From the API too (a variant's pass encodes another text): a missing word, an index past the text and a
+    backwards range each say which text and what to do."""
+    from inspector.capture.inputs import encode, global_attention_mask
+    from inspector.errors import InspectorError
+
+    model = lf._led()
+    enc = encode(model, tiny.tokenizer(), OTHER, "It pays.")
+    with pytest.raises(InspectorError, match=r"'against' is not in the source text 'The Tenant shall indemnify"):
+        global_attention_mask(model, enc, ["against"])
+    with pytest.raises(InspectorError, match=r"@40 is outside the 18 tokens \(0..17\) of the source text 'The Tenant"):
+        global_attention_mask(model, enc, ["@40"])
+    with pytest.raises(InspectorError, match=r"@5-2 runs backwards: give the first position first, e.g. @2-5"):
+        global_attention_mask(model, enc, ["@5-2"])
+    padded = encode(model, tiny.tokenizer(), [OTHER, "It pays."], ["It pays.", "It pays."])
+    marked = global_attention_mask(model, padded, ["@10"])  # a real token of row 0, padding in row 1: never marked
+    assert marked[:, 10].tolist() == [1, 0] and int(marked.sum()) == 1
