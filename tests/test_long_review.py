@@ -105,3 +105,28 @@ def test_global_mistakes_name_the_text_they_are_about():
     padded = encode(model, tiny.tokenizer(), [OTHER, "It pays."], ["It pays.", "It pays."])
     marked = global_attention_mask(model, padded, ["@10"])  # a real token of row 0, padding in row 1: never marked
     assert marked[:, 10].tolist() == [1, 0] and int(marked.sum()) == 1
+
+
+def test_a_lazy_capture_says_which_sites_store_weights(tmp_path, capsys):
+    """``capture --no-weights`` of LongT5 (transient-global encoder through output_attentions, decoder through the
+    interface) is mixed, and of LED (every site through output_attentions) stores weights everywhere: ``capture``'s
+    last line, ``info``, the notebook view and a plain capture say what the file holds, not what was asked."""
+    import test_block_local as t5
+
+    from inspector.capture import capture
+    from inspector.store.display import capture_html
+
+    tok = tiny.tokenizer()
+    mixed = capture(t5._longt5("transient-global"), tok, SOURCE, "It pays.", weights=False)
+    assert mixed.storage().startswith("mixed: 4 of 6 sites lazy (Q/K/V + mask), 2 with weights (captured lazily")
+    assert mixed.storage() in capture_html(mixed)
+    led = _saved(lf._led, tmp_path / "led")
+    assert capture(led.model, tok, SOURCE, "It pays.", weights=False).storage().startswith("full (with weights) (captured lazily")
+    assert capture(led.model, tok, SOURCE, "It pays.").storage() == "full (with weights)"
+    assert capture(tiny.build("bart"), tok, SOURCE, "It pays.", weights=False).storage() == "lazy (Q/K/V + mask)"
+    out = tmp_path / "led.safetensors"
+    assert main(["capture", "--model", str(tmp_path / "led"), "--text", SOURCE, "--target", "It pays.", "--no-weights",
+                 "-o", str(out)]) == 0
+    assert "full (with weights) (captured lazily" in capsys.readouterr().err
+    assert main(["info", str(out)]) == 0
+    assert "capture: full (with weights) (captured lazily" in capsys.readouterr().out

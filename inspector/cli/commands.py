@@ -80,7 +80,7 @@ def cmd_capture(args) -> int:
     kinds = pd.Series([f"{s.stack}/{s.kind}" for s in cap.sites]).value_counts().to_dict()
     size = f" ({out.stat().st_size / 1e6:.1f} MB)" if out.is_file() and not is_stdout(args.output) else ""
     status(f"captured {len(cap.sites)} sites ({', '.join(f'{v} {k}' for k, v in kinds.items())}) "
-            f"{'lazy (Q/K/V + mask)' if args.no_weights else 'with weights'} -> {args.output}{size}")
+            f"{cap.storage()} -> {args.output}{size}")
     return 0
 
 
@@ -210,7 +210,7 @@ def cmd_info(args) -> int:
     cap = load(args.file)
     m = cap.meta.get("model", {})
     print(f"model: {m.get('name')} ({m.get('class')}), transformers {m.get('transformers')}, torch {m.get('torch')}")
-    print(f"capture: {'lazy (Q/K/V + mask)' if cap.lazy else 'full (with weights)'}, {len(cap.sites)} sites, batch {cap.batch_size}")
+    print(f"capture: {cap.storage()}, {len(cap.sites)} sites, batch {cap.batch_size}")
     for r in cap.inputs:
         print(f"input {r.role}[{r.batch}]: {len(r.ids)} tokens: {r.text[:80]!r}{'...' if len(r.text) > 80 else ''}")
     df = pd.DataFrame([{k: getattr(s, k) for k in ("name", "stack", "layer", "kind", "num_heads", "num_kv_heads", "query_len", "key_len")}
