@@ -130,3 +130,15 @@ def test_a_lazy_capture_says_which_sites_store_weights(tmp_path, capsys):
     assert "full (with weights) (captured lazily" in capsys.readouterr().err
     assert main(["info", str(out)]) == 0
     assert "capture: full (with weights) (captured lazily" in capsys.readouterr().out
+
+
+def test_value_norm_refusal_does_not_promise_a_recapture_that_cannot_help(tmp_path):
+    """LED's sites are all captured through output_attentions, without values: no capture gives them value norms,
+    so the refusal names only --weighting attention."""
+    from inspector.analysis import rank_heads
+    from inspector.capture import capture
+    from inspector.errors import InspectorError
+
+    cap = capture(lf._led(), tiny.tokenizer(), SOURCE, "It pays.")
+    with pytest.raises(InspectorError, match=r"output_attentions, without values\): use --weighting attention$"):
+        rank_heads(cap, weighting="value-norm")
