@@ -164,7 +164,7 @@ with st.sidebar:
             f"**Model** {views.md_text(m.get('name', '?'))} ({views.md_text(m.get('class', '?'))})  \n"
             f"**File** {views.md_text(Path(ss.path).name)}  \n"
             f"**Opened from** {views.md_text(ss.source)}  \n"
-            f"**Capture** {'lazy: weights recomputed from Q and K' if cap.lazy else 'with weights'}, "
+            f"**Capture** {views.md_text(cap.storage())}, "
             f"{len(cap.sites)} sites, " + ", ".join(f"{views.md_text(r.role)} {len(r.ids)} tokens"
                                                     for r in cap.inputs if r.batch == 0)
         )

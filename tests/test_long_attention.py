@@ -218,7 +218,7 @@ def test_global_tokens_from_words_and_indices():
     site = next(s for s in cap.sites if s.band is not None)
     torch.testing.assert_close(cap.weights(site, batch=0), ref.weights(site, batch=0), atol=0, rtol=0)
     assert cap.meta["options"]["global"] == ["@0", "indemnity", "@27"]
-    for bad, message in ((["@28"], r"--global @28 is outside the source's 28 tokens \(0\.\.27\)"),
+    for bad, message in ((["@28"], r"--global @28 is outside the 28 tokens \(0\.\.27\) of the source text"),
                          (["Lessees"], r"--global 'Lessees' is not in the source text"),
                          ([""], r"--global has an empty entry")):
         with pytest.raises(InspectorError, match=message):

@@ -84,6 +84,9 @@ def weighted_sites(capture: Capture, sites: list[Site], weighting: str) -> tuple
     left = {s.name: s.value_norm_note or "no value norms in this capture" for s in sites if "value_norm" not in s.parts}
     if not ok and sites:
         name, why = next(iter(left.items()))
-        raise InspectorError(f"no site of this capture has value norms (e.g. {name}: {why}): use --weighting attention, "
-                             "or capture again with this inspector")
+        # a site captured without values (output_attentions: LED, LongT5, Pegasus-X...) has none in any capture
+        again = "" if all(s.eager_function == "output_attentions" for s in sites) else \
+            ", or capture again with this inspector"
+        raise InspectorError(f"no site of this capture has value norms (e.g. {name}: {why}): use --weighting attention"
+                             + again)
     return ok, left

@@ -511,8 +511,9 @@ def global_attention_mask(model, encoded: Encoded, spans: list[str]) -> torch.Te
 
     Token indices are positions on the source axis, as ``@7`` is everywhere else; padding is never marked.
     Raises :class:`InspectorError` when the model takes no ``global_attention_mask`` (Pegasus-X's and LongT5's
-    global tokens are learned or computed, not chosen), a token index is outside a row's tokens, or a phrase
-    occurs in no row."""
+    global tokens are learned or computed, not chosen), an entry is empty, a range runs backwards, a token index
+    is outside a row's tokens or marks only padding, or a phrase occurs in no row (the message quotes the start of
+    the text, which may be a variant's)."""
     import inspect
 
     import torch
@@ -522,18 +523,55 @@ def global_attention_mask(model, encoded: Encoded, spans: list[str]) -> torch.Te
                              f"{type(model).__name__} takes none: leave --global out")
     ids = encoded.model_kwargs["input_ids"]
     mask = torch.zeros_like(ids)
+    sources = [r for r in encoded.records if r.role == "source"]
     for spec in (s.strip() for s in spans):
-        if not spec:
-            raise InspectorError("--global has an empty entry: give comma-separated words or token indices like @0,@5")
+        _check_global_entry(spec)
         hit = False
-        for rec in (r for r in encoded.records if r.role == "source"):
+        for rec in sources:
             for i in _span_positions(rec, spec):
                 mask[rec.batch, i] = 1
                 hit = True
         if not hit:
-            raise InspectorError(f"--global {spec!r} is not in the source text (whole-word, case-sensitive): check the "
-                                 "spelling or give token indices like @0")
+            if _TOKEN_INDEX.match(spec):
+                raise InspectorError(f"--global {spec} marks only padding in {_excerpt(sources[0].text)}: give a "
+                                     "position of a real token")
+            raise InspectorError(_not_in_message(spec, sources[0].text if len(sources) == 1 else None))
     return mask
+
+
+def check_global_words(spans: list[str], text: str, where: str) -> None:
+    """Refuse, before any model loads, a ``--global`` entry that no text could satisfy: an empty entry, a
+    backwards range ``@j-i``, or a word or phrase that does not occur whole-word and case-sensitively in
+    ``text`` (``where`` names it: the source, a ``--variant`` or ``--patch-from`` file), by the rule of
+    :func:`global_attention_mask`. Token indices are checked against the tokens when the text is encoded.
+    Raises :class:`InspectorError` naming the entry and the text."""
+    for spec in (s.strip() for s in spans):
+        _check_global_entry(spec)
+        if not _TOKEN_INDEX.match(spec) and not _word_pattern(spec).search(text):
+            raise InspectorError(_not_in_message(spec, text, where))
+
+
+def _check_global_entry(spec: str) -> None:
+    if not spec:
+        raise InspectorError("--global has an empty entry: give comma-separated words or token indices like @0,@5")
+    m = _TOKEN_INDEX.match(spec)
+    if m and m.group(2) is not None and int(m.group(2)) < int(m.group(1)):
+        raise InspectorError(f"--global {spec} runs backwards: give the first position first, e.g. @{m.group(2)}-{m.group(1)}")
+
+
+def _word_pattern(spec: str) -> re.Pattern:
+    return re.compile(r"(?<!\w)" + re.escape(spec) + r"(?!\w)")
+
+
+def _excerpt(text: str, size: int = 40) -> str:
+    """A text's start, quoted, to say which text a message is about (a variant's, not the source's)."""
+    return repr(text if len(text) <= size else text[:size] + "...")
+
+
+def _not_in_message(spec: str, text: str | None, where: str | None = None) -> str:
+    named = where or "the source text" + (f" {_excerpt(text)}" if text is not None else "")
+    return (f"--global {spec!r} is not in {named} (whole-word, case-sensitive): check the spelling or give token "
+            "indices like @0")
 
 
 def _span_positions(rec: InputRecord, spec: str) -> list[int]:
@@ -542,9 +580,10 @@ def _span_positions(rec: InputRecord, spec: str) -> list[int]:
     if m:  # token positions as on the source axis (padding included; padding itself is never marked)
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if not lo <= hi < len(rec.ids):
-            raise InspectorError(f"--global {spec} is outside the source's {len(rec.ids)} tokens (0..{len(rec.ids) - 1})")
+            raise InspectorError(f"--global {spec} is outside the {len(rec.ids)} tokens (0..{len(rec.ids) - 1}) of the "
+                                 f"source text {_excerpt(rec.text)}")
         return [i for i in range(lo, hi + 1) if not rec.padding[i]]
-    pattern = re.compile(r"(?<!\w)" + re.escape(spec) + r"(?!\w)")
+    pattern = _word_pattern(spec)
     out = []
     for match in pattern.finditer(rec.text):
         out += [i for i, off in enumerate(rec.offsets)

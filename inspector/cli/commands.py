@@ -23,6 +23,7 @@ from inspector.cli.common import (
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
+    check_global_texts,
     check_word_in,
     cmd_app,
     format_table,
@@ -59,6 +60,8 @@ def cmd_capture(args) -> int:
     if isinstance(text, tuple) and not text[1].strip():
         raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
     glob = args.global_tokens.split(",") if args.global_tokens is not None else None
+    if text is not None:
+        check_global_texts(args.global_tokens, {"the source text": "\n".join(text) if isinstance(text, tuple) else text})
     loaded = load_from_args(args)
     from inspector.capture.inputs import segment_warning
 
@@ -77,7 +80,7 @@ def cmd_capture(args) -> int:
     kinds = pd.Series([f"{s.stack}/{s.kind}" for s in cap.sites]).value_counts().to_dict()
     size = f" ({out.stat().st_size / 1e6:.1f} MB)" if out.is_file() and not is_stdout(args.output) else ""
     status(f"captured {len(cap.sites)} sites ({', '.join(f'{v} {k}' for k, v in kinds.items())}) "
-            f"{'lazy (Q/K/V + mask)' if args.no_weights else 'with weights'} -> {args.output}{size}")
+            f"{cap.storage()} -> {args.output}{size}")
     return 0
 
 
@@ -207,7 +210,7 @@ def cmd_info(args) -> int:
     cap = load(args.file)
     m = cap.meta.get("model", {})
     print(f"model: {m.get('name')} ({m.get('class')}), transformers {m.get('transformers')}, torch {m.get('torch')}")
-    print(f"capture: {'lazy (Q/K/V + mask)' if cap.lazy else 'full (with weights)'}, {len(cap.sites)} sites, batch {cap.batch_size}")
+    print(f"capture: {cap.storage()}, {len(cap.sites)} sites, batch {cap.batch_size}")
     for r in cap.inputs:
         print(f"input {r.role}[{r.batch}]: {len(r.ids)} tokens: {r.text[:80]!r}{'...' if len(r.text) > 80 else ''}")
     df = pd.DataFrame([{k: getattr(s, k) for k in ("name", "stack", "layer", "kind", "num_heads", "num_kv_heads", "query_len", "key_len")}
@@ -283,6 +286,10 @@ def _global_tokens(args) -> list[str] | None:
     return args.global_tokens.split(",") if getattr(args, "global_tokens", None) is not None else None
 
 
+def _global_arg(args) -> str | None:
+    return getattr(args, "global_tokens", None)
+
+
 def _print_contrast(c: dict | None) -> None:
     if c is not None:
         print(f"contrast {c['definition']}:\n  before {c['before']:.6f}  after {c['after']:.6f}  change {c['change']:+.6f}")
@@ -303,6 +310,7 @@ def cmd_ablate(args) -> int:
         check_word_in(args.query, variant, f"the --patch-from file {args.patch_from}")
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_global_texts(_global_arg(args), {"the source text": source, f"the --patch-from file {args.patch_from}": variant})
     if args.csv:
         check_target(Path(args.csv))
     loaded = load_from_args(args)
@@ -340,6 +348,8 @@ def cmd_effects(args) -> int:
         raise InspectorError(f"--top must be 0 or more, got {args.top}")
     confirm = intervene.parse_heads(args.confirm, "--confirm") if args.confirm else []
     variants = parse_variants(args.variant)
+    check_global_texts(_global_arg(args), {"the source text": source,
+                                           **{f"the --variant {name} file": text for name, text in variants.items()}})
     if args.patch_csv and not variants:
         raise InspectorError("--patch-csv writes the heads patched from each variant: give --variant NAME=FILE too")
     for target in (args.csv, args.matter_csv, args.patch_csv):

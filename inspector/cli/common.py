@@ -43,6 +43,20 @@ def check_word_in(word: str | None, text: str, where: str) -> None:
         raise InspectorError(f"the word {word.strip()!r} is not in {where}: pick a word every text holds, or fix the file")
 
 
+def check_global_texts(spans: str | None, texts: dict[str, str | None]) -> None:
+    """``--global SPANS`` checked, before the model loads, against every text whose tokens it will mark
+    (``texts``: what to call it in a message -> the text; the source, each ``--variant``, a ``--patch-from``
+    file): an empty entry, a backwards range or a word one of them lacks is one line naming that text
+    (:func:`inspector.capture.inputs.check_global_words`)."""
+    if spans is None:
+        return
+    from inspector.capture.inputs import check_global_words
+
+    for where, text in texts.items():
+        if text is not None:
+            check_global_words(spans.split(","), text, where)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the project's one-line errors: ``inspector: error: ...`` naming the fix, exit 2."""
 

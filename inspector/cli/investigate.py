@@ -13,6 +13,7 @@ from inspector.cli.common import (
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
+    check_global_texts,
     cmd_app,
     format_table,
     load_from_args,
@@ -85,6 +86,8 @@ def cmd_debug(args) -> int:
     variants = parse_variants(args.variant, None if in_output else args.query)
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_global_texts(args.global_tokens, {"the source text": source,
+                                            **{f"the --variant {name} file": text for name, text in variants.items()}})
     check_folder_target(Path(args.out), MARKER)  # before the model loads
     loaded = load_from_args(args)
     inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,

@@ -199,7 +199,7 @@ def investigate(
     moves = variant_moves(split, comparisons) if comparisons else None
     commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
                          roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"),
-                         rule=rule)
+                         rule=rule, global_tokens=global_tokens, explainable=_explainable(cap, split))
     matter = where = where_section = where_note = None
     if contrast:
         from inspector.investigate import matter as _matter
@@ -283,11 +283,23 @@ def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence
             f"inspector routes{model_arg}{texts}{tail} --csv {q(str(out / 'route.csv'))}"]
 
 
+def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
+    """Whether ``inspector explain`` can explain the split table's top head step by step: its site has Q/K/V
+    (not captured through ``output_attentions``, as LED's and Pegasus-X's sites are) and is recomputable."""
+    if not len(split):
+        return False
+    site = cap.site(split.sort_values("split_score", ascending=False).iloc[0]["site"])
+    return {"q", "k", "v"} <= set(site.parts) and site.recomputable
+
+
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
               occurrence: int | None, variants: list[str], roles: tuple[str, str], *, weighting: str = "attention",
-              rank_weighting: str = "attention", rule: analysis.SplitRule = analysis.SplitRule()) -> list[str]:
-    """The commands that rewrite the run's files byte for byte: the capture(s), ``rank.csv``, ``split.csv``,
-    each ``compare-NAME.csv`` (same thresholds, weighting and column labels), and explain of the top head."""
+              rank_weighting: str = "attention", rule: analysis.SplitRule = analysis.SplitRule(),
+              global_tokens: list[str] | None = None, explainable: bool = True) -> list[str]:
+    """The commands that rewrite the run's files byte for byte: the capture(s) (marking the run's
+    ``global_tokens``, ``--global``), ``rank.csv``, ``split.csv``, each ``compare-NAME.csv`` (same thresholds,
+    weighting and column labels), and explain of the top head when its site can be explained step by step
+    (``explainable``: it has Q/K/V and is recomputable; the report's step-by-step section says why not)."""
     q = shlex.quote
     default = analysis.SplitRule()
     wt = "".join(f" --{flag} {getattr(rule, f)!r}" for flag, f in (("min-split", "min_split"), ("min-mass", "min_mass"),
@@ -298,22 +310,23 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
     cap = q(str(out / "capture.safetensors"))
     occ = f" --occurrence {occurrence}" if occurrence else ""
     model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
+    glob = f" --global {q(','.join(global_tokens))}" if global_tokens else ""
     cmds = [
         f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
-        + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {cap}",
+        + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f"{glob} -o {cap}",
         f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
         + f" --csv {q(str(out / 'rank.csv'))}",
         f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --query-role {roles[0]} "
         f"--referent-role {roles[1]} --cross-first{wt} --csv {q(str(out / 'split.csv'))}",
     ]
-    if len(split):
+    if len(split) and explainable:
         top = split.sort_values("split_score", ascending=False).iloc[0]
         cmds.append(f"inspector explain {cap} --site {q(top['site'])} --head {int(top['head'])} --query {q(query)}{occ} "
                     f"--referents {refs}{wt}")
     for name in variants:
         vcap = q(str(out / f"variant-{name}.safetensors"))
         cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
-                    + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f" -o {vcap}")
+                    + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f"{glob} -o {vcap}")
         cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt} "
                     f"--names {q('original,' + name)} --csv {q(str(out / f'compare-{name}.csv'))}")
     return cmds

@@ -108,6 +108,24 @@ class Capture:
         """True when no site stores weights (they are recomputed from Q, K and the mask on demand)."""
         return not any("weights" in s.parts for s in self.sites)
 
+    def storage(self) -> str:
+        """What the file stores, in words, for ``info``, ``capture``'s last line, notebooks and the app:
+        ``full (with weights)``, ``lazy (Q/K/V + mask)``, or ``mixed: ...`` counting both kinds of site. A lazy
+        capture (``options.weights`` false) still stores the weights of sites they cannot be recomputed at
+        (captured through ``output_attentions``, e.g. LED's, LongT5's and Pegasus-X's long-document encoders, or
+        passing extra arguments such as attention sinks); the words then say so."""
+        stored = sum("weights" in s.parts for s in self.sites)
+        if not stored:
+            return "lazy (Q/K/V + mask)"
+        if stored == len(self.sites):
+            words = "full (with weights)"
+        else:
+            words = (f"mixed: {len(self.sites) - stored} of {len(self.sites)} sites lazy (Q/K/V + mask), {stored} with "
+                     "weights")
+        if self.meta.get("options", {}).get("weights") is False:
+            words += " (captured lazily: a site whose weights cannot be recomputed from Q and K stores them)"
+        return words
+
     def site(self, name: str) -> Site:
         """The site named ``name``.
 

@@ -36,7 +36,7 @@ def capture_html(capture) -> str:
     inputs = pd.DataFrame([{"role": r.role, "batch": r.batch, "tokens": len(r.ids),
                             "text": r.text if len(r.text) <= 80 else r.text[:80] + "…"} for r in capture.inputs])
     sites = pd.DataFrame([{k: getattr(s, k) for k in SITE_FIELDS} for s in capture.sites[:SITES_SHOWN]], columns=SITE_FIELDS)
-    kind = "lazy (weights recomputed from Q and K)" if capture.lazy else "with weights"
+    kind = capture.storage()
     return str(_templates().capture(m.get("name", "?"), m.get("class", "?"), kind, len(capture.sites), capture.batch_size,
                                     _table(inputs), _table(sites), len(capture.sites) - SITES_SHOWN))
 
