@@ -64,6 +64,14 @@ def tiny_config(model_type: str):
             overrides[k] = 512
     if isinstance(known.get("sliding_window"), int):
         overrides["sliding_window"] = 8  # small enough to matter on the test text
+    # a hybrid's two layers are one of each of its first two kinds (Qwen3-Next, Qwen3.5: linear then full
+    # attention; RecurrentGemma: recurrent then attention), not two of the first: its attention is what is swept
+    for key in ("layer_types", "block_types"):
+        kinds = list(dict.fromkeys(known.get(key) or []))
+        if len(kinds) > 1 and all(isinstance(k, str) for k in kinds):
+            overrides[key] = kinds[:2]
+    if isinstance(known.get("attn_layer_period"), int):  # Jamba: attention at layer 1 of 2
+        overrides.update(attn_layer_period=2, attn_layer_offset=1)
     try:
         return AutoConfig.for_model(model_type, **overrides)
     except Exception:  # a per-layer type list that must match the 2 layers (Zamba2): each type once
@@ -99,6 +107,8 @@ def build(model_type: str):
     # the bare model where there is one: the attention is all there, without a 30522-wide output head (the
     # sweep's largest cost by far)
     auto = AutoModel if model_type in base else AutoModelForSeq2SeqLM if model_type in s2s else AutoModelForCausalLM
+    if isinstance(names, (list, tuple)) and not getattr(config, "architectures", None):
+        config.architectures = [names[0]]  # a family with two bare models (Funnel: full and base): the first
     quiet = contextlib.ExitStack()
     with quiet:
         quiet.enter_context(warnings.catch_warnings())
