@@ -199,6 +199,16 @@ def test_a_scan_batch_gives_the_rows_the_code_before_issue_21_gave(case):
     result = rows_of(name, excluded == "True")
     heads = result.heads
     assert list(heads.columns) == saved["columns"]
+    # one change on purpose since (issue 20): a document whose referents no site lets the query see is no longer an
+    # error; it keeps its rank rows (split columns empty), and its error line became the note of an ok document
+    documents = [list(r) for r in result.documents.itertuples(index=False)]
+    noted = {d[0]: d for d in documents if d[3] == "ok" and d[4].startswith("no split: ")}
+    for d in saved["documents"]:
+        if d[0] in noted:
+            assert d[3:] == ["error", noted[d[0]][4].removeprefix("no split: ")] and d[:3] == noted[d[0]][:3]
+            d[3:] = noted[d[0]][3:]
+    assert heads.loc[heads["id"].isin(list(noted)), "split_score"].isna().all()
+    heads = heads[~heads["id"].isin(list(noted))].reset_index(drop=True)
     want = pd.DataFrame(saved["heads"], columns=saved["columns"])
     for c in ("flagged", "driving_row"):  # JSON keeps None for a missing value: back to the scan's nullable types
         want[c] = want[c].astype(heads[c].dtype)
@@ -218,5 +228,5 @@ def test_a_scan_batch_gives_the_rows_the_code_before_issue_21_gave(case):
                 assert x is None or (isinstance(x, float) and np.isnan(x)), (x, y)
     assert heads["id"].tolist() == want["id"].tolist()  # rows in the same order
     assert_same_rows(heads, want, tol=1e-6)
-    assert [list(r) for r in result.documents.itertuples(index=False)] == saved["documents"]
+    assert documents == saved["documents"]
     assert len(want) > 0 and want["split_score"].notna().any(), "the reference holds split rows"

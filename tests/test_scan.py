@@ -621,3 +621,27 @@ def test_a_broken_line_does_not_take_a_documents_id(bert, tmp_path):
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
     assert docs["status"].to_dict() == {"0": "ok", "#row1": "error", "2": "ok", "1": "ok"}
     assert sorted(read_heads(tmp_path / "out")["id"].unique()) == ["0", "1", "2"]
+
+
+def test_a_document_whose_referents_no_site_can_see_keeps_its_rank_rows(tmp_path):
+    """On a causal LM a query before both referents sees neither at any site: there is no split to measure (a
+    property of the text, as for a windowed encoder's query far from its referents). The document is ok, its
+    rank rows equal a document without a query, its split columns are empty and `error` notes why."""
+    lm = loaded("gpt2")
+    rows = [{"id": "before", "text": "Such indemnity binds the Lessee and the Lessor.", "query": "indemnity",
+             "referents": ["Lessee", "Lessor"]},
+            {"id": "plain", "text": "Such indemnity binds the Lessee and the Lessor."},
+            {"id": "after", "text": "The Lessee and the Lessor agree; such indemnity binds them.", "query": "indemnity",
+             "referents": ["Lessee", "Lessor"]}]
+    for batch_size in (1, 3):  # one by one, and the batched path
+        out = tmp_path / f"out{batch_size}"
+        scan(write_jsonl(tmp_path / "docs.jsonl", rows), out, fields=FIELDS, batch_size=batch_size, loaded=lm, progress=False)
+        docs = pd.read_parquet(out / "documents.parquet").set_index("id")
+        assert (docs["status"] == "ok").all()
+        assert docs.loc["before", "error"].startswith("no split: at ") and "(causal mask)" in docs.loc["before", "error"]
+        assert docs.loc["after", "error"] == docs.loc["plain", "error"] == ""
+        heads = read_heads(out).set_index(["id", "site", "head"]).sort_index()
+        before, plain = heads.loc["before"], heads.loc["plain"]
+        pd.testing.assert_series_equal(before["entropy"], plain["entropy"])
+        assert before["split_score"].isna().all() and before["flagged"].isna().all()
+        assert heads.loc["after", "split_score"].notna().all()

@@ -24,6 +24,7 @@ from inspector.analysis.rank import RANK_COLUMNS, LabelRule, RankSums, rank_head
 from inspector.analysis.split import (
     SPLIT_COLUMNS,
     SPLIT_VERDICT_COLUMNS,
+    NoReferentVisible,
     NothingVisible,
     ReferentSplit,
     SplitRule,
@@ -40,7 +41,7 @@ from inspector.analysis.split import (
 )
 
 __all__ = [
-    "MASKED", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
+    "MASKED", "NoReferentVisible", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
     "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "nothing_visible_message", "piece", "query_rows", "rank_heads",
     "rank_heads_both", "referent_rows", "referent_split", "reweight_", "split_heads", "split_notes",
     "value_norms_of", "visible", "visible_keys", "weighted_sites", "word_row",

@@ -179,6 +179,9 @@ def split_heads(
     query and the referents are looked for (a decoder-only model sees prompt and output on one axis).
     Sorted by split score, highest first (cross-attention first on ties, or always with
     ``cross_first``).
+
+    Raises :class:`InspectorError` naming the first reason when no site gives a row; :class:`NoReferentVisible`
+    (a subclass) when the only reason is that every site's mask hides the referents from the query.
     """
     check_batch(capture, batch)
     refs = clean_referents(referents)
@@ -186,6 +189,7 @@ def split_heads(
     candidates, left_out = weighted_sites(capture, list(candidates), weighting)
     rows: list[dict] = []
     problems: list[str] = []
+    hidden = 0  # sites where the query and referents are found but its mask hides every referent from it
     for site in candidates:
         if query_index is None and not spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive,
                                                   role=query_role):
@@ -206,6 +210,7 @@ def split_heads(
             found = referent_split(capture, site, q_pos, ref_pos, batch=batch, rule=rule, weighting=weighting)
         except NothingVisible:
             problems.append(nothing_visible_message(capture, site))
+            hidden += 1
             continue
         for head in range(site.num_heads):
             row = {
@@ -216,6 +221,8 @@ def split_heads(
             row.update(found.row(head))
             rows.append(row)
     if not rows:
+        if problems and hidden == len(problems):
+            raise NoReferentVisible(problems[0])
         raise InspectorError(problems[0] if problems else "no attention site matches the --sites filter")
     df = pd.DataFrame(rows)
     df["_cross"] = df["kind"] != "cross"
@@ -251,6 +258,12 @@ def find_referents(capture: Capture, site: Site, referents: list[str], *, batch:
             raise InspectorError(spans.not_found_message(capture, site, ref, "key", "referent", batch))
         out[ref] = sorted({p for o in found for p in o.positions})
     return out
+
+
+class NoReferentVisible(InspectorError):
+    """:func:`split_heads` found the query and the referents, but at every site the mask hides every referent
+    from the query (a causal model's query before them; a windowed or block-local encoder's query too far from
+    them): there is no split to measure, which is a property of the text, not a mistake."""
 
 
 class NothingVisible(Exception):

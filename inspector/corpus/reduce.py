@@ -19,7 +19,8 @@ one document to the next (any other per-referent column ``<name>:<referent>`` li
 column ``referent_<name>``). Any further column the split analysis returns (e.g. ``lift``) is kept as
 it comes. Rows of ``documents``: ``id``, ``row`` (position in the corpus file), ``tokens`` (real
 tokens over all inputs, 0 when it could not be tokenized), ``status`` (``ok`` or ``error``),
-``error`` (one line, empty when ok).
+``error`` (the error's one line; for an ok document empty, or a note on what could not be computed:
+``no split: ...`` when every site's mask hides the referents from the query, whose rank rows stand).
 """
 
 from __future__ import annotations
@@ -107,10 +108,12 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
 
     Calls :func:`~inspector.analysis.rank_heads` and (with a query) :func:`~inspector.analysis.split_heads`
     on that batch row. Raises :class:`InspectorError` when the split analysis cannot run (e.g. a referent
-    is not in the document).
+    is not in the document). A document whose referents no site lets the query see
+    (:class:`~inspector.analysis.split.NoReferentVisible`) keeps its rank rows without split columns, and
+    ``attrs["note"]`` says why.
     """
     from inspector.analysis.rank import rank_heads
-    from inspector.analysis.split import SplitRule, clean_referents, split_heads
+    from inspector.analysis.split import NoReferentVisible, SplitRule, clean_referents, split_heads
 
     order = {s.name: i for i, s in enumerate(capture.sites)}
     rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)
@@ -124,11 +127,17 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     sites = [sites[i] for i in perm]
     key_shift = {s.name: _leading_padding(capture, s, "key", batch) for s in capture.sites}
     cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
+    split = None
     if doc.query is not None:
         refs = clean_referents(doc.referents)  # the names split_heads gives its columns
-        split = split_heads(capture, doc.query, refs, occurrence=doc.occurrence, batch=batch,
-                            rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass,
-                                           min_lift=options.min_lift))
+        try:
+            split = split_heads(capture, doc.query, refs, occurrence=doc.occurrence, batch=batch,
+                                rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass,
+                                               min_lift=options.min_lift))
+        except NoReferentVisible as exc:  # no split to measure: the rank rows stand, the split columns stay empty
+            out = pd.DataFrame(cols)
+            out.attrs["note"] = f"no split: {exc}"
+            return out
         q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
         extra: dict[str, list] = {
             "query": split["query"].tolist(),
@@ -169,8 +178,11 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     return pd.DataFrame(cols)
 
 
-def _doc_row(doc: Document, tokens: int, error: str | None) -> dict:
-    return {"id": doc.id, "row": doc.row, "tokens": tokens, "status": "error" if error else "ok", "error": error or ""}
+def _doc_row(doc: Document, tokens: int, error: str | None, note: str | None = None) -> dict:
+    """A ``documents`` row: ``status`` error with ``error`` its line, else ok with ``error`` empty or the note on
+    what could not be computed (e.g. no split: no site lets the query see a referent)."""
+    return {"id": doc.id, "row": doc.row, "tokens": tokens, "status": "error" if error else "ok",
+            "error": error or note or ""}
 
 
 def _capture(model, tokenizer, docs: list[Document], options: Options):
@@ -311,11 +323,12 @@ def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: 
             doc_rows[i] = _doc_row(doc, tokens, None)
             continue
         try:
-            parts.append(document_rows(cap, b, doc, options))
+            rows = document_rows(cap, b, doc, options)
         except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
             doc_rows[i] = _doc_row(doc, tokens, error_line(exc))
         else:
-            doc_rows[i] = _doc_row(doc, tokens, None)
+            parts.append(rows)
+            doc_rows[i] = _doc_row(doc, tokens, None, rows.attrs.get("note"))
     if len(parts) == 1:
         frames.append(parts[0])
     elif parts:
