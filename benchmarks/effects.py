@@ -20,7 +20,7 @@ Timed side by side, interleaved round by round (order rotating), one warm-up eac
     .venv/bin/python benchmarks/effects.py --tokens 256 --rounds 3 --all
     .venv/bin/python benchmarks/effects.py --led --tokens 4096   # a tiny LED, window 512, global token 0 (issue 20)
 
-``--led`` times the same on a tiny LED summariser (2 + 2 layers, 4 heads, width 32, window 512, random seeded
+``--led`` times the same on an LED summariser of LED-base's shape (6 + 6 layers, 12 heads, width 768, window 1024, random seeded
 weights; output "the tenant pays rent.", contrast ``landlord,tenant``, token 0 global): its encoder heads are
 edited at their output projection's input (:mod:`inspector.intervene.long_sites`), its decoder's too.
 """
@@ -69,6 +69,14 @@ def main(argv=None) -> int:
             model(**inputs)
         sync()
 
+    def forward_backward():  # the same pass with autograd: the gradient of one logit at the inputs' embeddings
+        emb = model.get_input_embeddings()(inputs["input_ids"]).detach().requires_grad_()
+        rest = {k: v for k, v in inputs.items() if k != "input_ids"}
+        with torch.enable_grad():
+            out = model(inputs_embeds=emb, **rest)
+            out.logits[0, -1].max().backward()
+        sync()
+
     def attribution():
         effects.attribute(model, tok, text, target, contrast=contrast, global_tokens=glob)
         sync()
@@ -81,20 +89,12 @@ def main(argv=None) -> int:
         effects.exact_effects(model, enc, res.capture, res.contrast, [(s, h)], before=res.metric)
         sync()
 
-    variants = {"forward": forward, "attribution": attribution, "ablate one": ablate_one}
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for fn in variants.values():  # warm-up
-        fn()
+    for p in model.parameters():  # activation gradients only, as attribution patching takes them
+        p.requires_grad_(False)
+    variants = {"forward": forward, "forward + backward": forward_backward, "attribution": attribution,
+                "ablate one": ablate_one}
     t_start = time.perf_counter()
-    names = list(variants)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            reps = args.sample if name == "ablate one" else 1
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                variants[name]()
-                times[name].append(time.perf_counter() - t0)
-    med = {n: statistics.median(v) for n, v in times.items()}
+    med = _medians(variants, args.rounds, {"ablate one": args.sample})
     exact_all = med["ablate one"] * n_heads + med["forward"]
     measured_all = None
     if args.all:
@@ -103,10 +103,36 @@ def main(argv=None) -> int:
         sync()
         measured_all = time.perf_counter() - t0
 
+    ok = _report(args, shape, med, n_heads, measured_all, exact_all, t_start)
+    return 0 if ok else 1
+
+
+def _medians(variants: dict, rounds: int, reps: dict[str, int]) -> dict[str, float]:
+    """Median seconds of each variant over ``rounds`` interleaved rounds (the order rotating; ``reps[name]`` calls
+    per round), after one warm-up call each."""
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for fn in variants.values():  # warm-up
+        fn()
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for _ in range(reps.get(name, 1)):
+                t0 = time.perf_counter()
+                variants[name]()
+                times[name].append(time.perf_counter() - t0)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def _report(args, shape: str, med: dict, n_heads: int, measured_all: float | None, exact_all: float, t_start: float) -> bool:
+    """Print the table and the verdicts; True when the target holds."""
+    import torch
+
     print(f"# ranking every head by its effect: {shape}, {args.tokens} tokens, "
           f"batch 1, device {args.device}, {torch.get_num_threads()} threads")
     print(f"# {C.machine_line()}")
     rows = [["forward (plain, sdpa, no grad)", f"{med['forward'] * 1e3:.1f}", "1.00"],
+            ["plain forward + backward (autograd, no inspector)", f"{med['forward + backward'] * 1e3:.1f}",
+             f"{med['forward + backward'] / med['forward']:.2f}"],
             ["attribution (every head: 1 forward + 1 backward)", f"{med['attribution'] * 1e3:.1f}",
              f"{med['attribution'] / med['forward']:.2f}"],
             ["ablate one head exactly (1 forward at the seam)", f"{med['ablate one'] * 1e3:.1f}",
@@ -117,9 +143,11 @@ def main(argv=None) -> int:
     ratio = med["attribution"] / med["forward"]
     line, ok = C.verdict("attribution / forward", ratio, 3.0)
     print(line)
+    print(f"attribution / plain forward + backward: {med['attribution'] / med['forward + backward']:.2f} (what the seam "
+          "and the metric add to the model's own backward)")
     print(f"exact ablation of every head / attribution: {(measured_all or exact_all) / med['attribution']:.1f}x")
     print(f"({args.rounds} rounds, {C.elapsed(t_start)})")
-    return 0 if ok else 1
+    return ok
 
 
 def _setup(args, tok):
@@ -128,7 +156,7 @@ def _setup(args, tok):
         tok.model_max_length = max(args.tokens, tok.model_max_length)  # MiniLM's tokenizer stands in for LED's own
         text = C.random_text(tok, args.tokens)
         return (_led(args.tokens).to(args.device), text, "the tenant pays rent.", ["@0"], "landlord,tenant",
-                "tiny LED (2 + 2 layers x 4 heads, width 32, window 512, token 0 global)")
+                "LED-base shape (6 + 6 layers x 12 heads, width 768, window 1024, token 0 global)")
     text = C.random_text(tok, args.tokens)
     wrong = text.split()[-1]
     right = "tenant" if wrong != "tenant" else "landlord"
@@ -137,13 +165,15 @@ def _setup(args, tok):
 
 
 def _led(n: int):
-    """The tiny LED of ``benchmarks/capture.py --led`` (random seeded weights, window 512)."""
+    """An LED with allenai/led-base-16384's shape (6 + 6 layers, 12 heads, width 768, feed-forward 3072, window
+    1024), random seeded weights: the compute per token of the real summariser, as GPT-2-small's is GPT-2's (a
+    tiny LED's forward is so cheap that fixed per-call costs, not the model, would set the ratio)."""
     import torch
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-    config = AutoConfig.for_model("led", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                                  attention_window=[512, 512], max_encoder_position_embeddings=max(n, 1024),
+    config = AutoConfig.for_model("led", d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+                                  decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
+                                  attention_window=[1024] * 6, max_encoder_position_embeddings=max(n, 1024),
                                   max_decoder_position_embeddings=128, vocab_size=30522)
     torch.manual_seed(0)
     return AutoModelForSeq2SeqLM.from_config(config).eval()
