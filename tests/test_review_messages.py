@@ -90,3 +90,35 @@ def test_given_output_and_a_generated_text_that_tokenizes_back_point_at_their_fi
     inv = investigate(loaded, QUOTED, generate=8, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path / "g")
     assert f"--target-file {tmp_path / 'g' / 'output.txt'}" in inv.commands[0]  # '£5 £5 ...' tokenizes back
     _rerun(inv.commands[:1], tmp_path / "g", again, capsys)
+
+
+def test_a_head_without_an_edit_point_is_refused_naming_sites_that_can_be_edited():
+    """BigBird-Pegasus on a short input runs its encoder through its own full attention (no edit point): the
+    refusal names sites that can be edited on this input, each a real seam site whose heads ``ablate`` then
+    edits, rather than pointing at a command that does not list what it says. An unknown name and a site that
+    did not run are refused the same way."""
+    import test_block_local as t5
+
+    from inspector.capture.inputs import encode
+    from inspector.errors import InspectorError
+    from inspector.intervene import effects as E
+    from inspector.intervene import seam as S
+
+    model, tok = t5._bigbird("bigbird_pegasus"), tiny.tokenizer()
+    long = S.run(model, encode(model, tok, t5.LONG[0], t5.TARGETS[0]))
+    sparse = next(s.name for s in long.capture.sites if s.module_class == "BigBirdPegasusBlockSparseAttention")
+    short = S.run(model, encode(model, tok, "Such indemnity survives.", "It pays."))
+    editable = [s.name for s in short.capture.sites]
+    for head, why in [(sparse, "no per-head edit point"), ("model.decoder.layers.9.self_attn", "not an attention site")]:
+        with pytest.raises(InspectorError, match=why) as err:
+            E.ablate(model, tok, "Such indemnity survives.", "It pays.", heads=[(head, 0)])
+        message = str(err.value)
+        assert "inspector info" not in message and f"the {len(editable)} sites that can be edited" in message
+        named = message.split("e.g. ")[1].removesuffix(", ...").split(", ")
+        assert named and set(named) <= set(editable)
+        for site in named:  # what the message offers can be edited
+            res = E.ablate(model, tok, "Such indemnity survives.", "It pays.", heads=[(site, 0)])
+            assert not torch.equal(res.output.logits, res.before.logits)
+    with pytest.raises(InspectorError, match="did not run in this pass") as err:
+        S.run(model, encode(model, tok, "Such indemnity survives.", "It pays."), S.Seam(zero={sparse: [0]}))
+    assert "inspector info" not in str(err.value) and editable[0] in str(err.value)
