@@ -122,3 +122,27 @@ def test_a_head_without_an_edit_point_is_refused_naming_sites_that_can_be_edited
     with pytest.raises(InspectorError, match="did not run in this pass") as err:
         S.run(model, encode(model, tok, "Such indemnity survives.", "It pays."), S.Seam(zero={sparse: [0]}))
     assert "inspector info" not in str(err.value) and editable[0] in str(err.value)
+
+
+def test_a_value_norm_split_on_pegasus_x_says_the_query_sites_were_left_out(tmp_path, capsys):
+    """Pegasus-X's encoder sites are captured through ``output_attentions`` (no value norms): a value-norm split
+    whose query is only in the source leaves them out, and the decoder sites left do not hold the query. The
+    refusal says so, with the fix, rather than "not in the target text"; ``compare`` likewise. With
+    ``--weighting attention``, as it says, the split gives rows."""
+    import test_global_local as px
+
+    from inspector.capture.recorder import capture
+
+    model = px._pegasus_x()
+    cap_path = str(capture(model, tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0]).save(tmp_path / "px.safetensors"))
+    split = ["split", cap_path, "--query", "indemnify", "--referents", "Lessee,Lessor"]
+    compare = ["compare", cap_path, cap_path, "--query", "indemnify", "--referents", "Lessee,Lessor", "--names", "a,b"]
+    for argv in (split, compare):
+        assert main(argv + ["--weighting", "value-norm"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("inspector: error: no site gave a row: the query 'indemnify' is on the "
+                                                   "query axis of 2 sites, left out of --weighting value-norm")
+        assert "model.encoder.layers.0.self_attn" in err[0] and err[0].endswith("use --weighting attention")
+        assert "not in the target text" not in err[0]
+        assert main(argv + ["--csv", str(tmp_path / "out.csv")]) == 0
+        capsys.readouterr()
