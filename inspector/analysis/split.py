@@ -180,7 +180,9 @@ def split_heads(
     Sorted by split score, highest first (cross-attention first on ties, or always with
     ``cross_first``).
 
-    Raises :class:`InspectorError` naming the first reason when no site gives a row; :class:`NoReferentVisible`
+    Raises :class:`InspectorError` naming the first reason when no site gives a row (first, that the sites
+    holding the query on their query axis were left out of ``weighting`` for lacking value norms, with the fix
+    ``--weighting attention``); :class:`NoReferentVisible`
     (a subclass) when the only reason is that every site's mask hides the referents from the query.
     """
     check_batch(capture, batch)
@@ -221,6 +223,11 @@ def split_heads(
             row.update(found.row(head))
             rows.append(row)
     if not rows:
+        on_axis = [n for n in left_out if _query_on_axis(capture, capture.site(n), query, query_index, batch, case_sensitive,
+                                                          query_role)]
+        if on_axis:  # the sites that could have given a row were left out: say so, not what the others lack
+            raise InspectorError(left_out_message(on_axis, left_out, weighting, f"the query {query!r}" if query_index is None
+                                                  else f"query index {query_index}"))
         if problems and hidden == len(problems):
             raise NoReferentVisible(problems[0])
         raise InspectorError(problems[0] if problems else "no attention site matches the --sites filter")
@@ -234,6 +241,23 @@ def split_heads(
     df = df.drop(columns="_cross").reset_index(drop=True)
     df.attrs.update(weighting=weighting, left_out=left_out)
     return df
+
+
+def _query_on_axis(capture: Capture, site: Site, query: str | None, query_index: int | None, batch: int,
+                   case_sensitive: bool, role: str | None) -> bool:
+    """Whether the query (a word, or ``query_index``) is on ``site``'s query axis."""
+    if query_index is not None:
+        return 0 <= query_index < site.query_len
+    return bool(spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive, role=role))
+
+
+def left_out_message(names: list[str], left_out: dict[str, str], weighting: str, what: str) -> str:
+    """Why no site gave a row when the sites ``names`` (where ``what``, e.g. the query, is on the query axis)
+    were left out by ``weighting`` (:func:`inspector.analysis.keys.weighted_sites`' reasons in ``left_out``),
+    with the fix: ``--weighting attention``."""
+    return (f"no site gave a row: {what} is on the query axis of {len(names)} site{'s' if len(names) != 1 else ''}, "
+            f"left out of --weighting {weighting} for lacking value norms (e.g. {names[0]}: {left_out[names[0]]}); "
+            "use --weighting attention")
 
 
 # ---- one query's rows over the referents ---------------------------------------------------------

@@ -309,8 +309,8 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
             "cannot be ablated or patched: use a model whose attention layers call ALL_ATTENTION_FUNCTIONS")
     unedited = [n for n in list(s.zero) + list(s.replace) if n not in s.seen]
     if unedited:  # never report an edit that did not happen
-        raise InspectorError(f"{unedited[0]} did not run in this pass, so its heads were not edited: pick heads of the "
-                             "sites this input runs (`inspector info`)")
+        raise InspectorError(f"{unedited[0]} did not run in this pass, so its heads were not edited: pick heads of "
+                             f"{editable_sites(s.recorder.sites)}")
     batch = 1 + max(r.batch for r in encoded.records)
     pseudo = [p for role, count in s.pseudo.items() for p in pseudo_records(role, count, batch)]
     records = [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in [*encoded.records, *pseudo]]
@@ -339,6 +339,7 @@ def parse_heads(spec: str, option: str = "--heads") -> list[tuple[str, int]]:
 def check_heads(sites: list[Site], heads: list[tuple[str, int]], model=None) -> dict[str, list[int]]:
     """Group ``heads`` by site after checking each exists; raises :class:`InspectorError` naming the fix.
 
+    ``sites`` are the seam run's (each has a per-head edit point on this input); a refusal names a few of them.
     With ``model``, an attention module of it that is no seam site (it computes attention outside
     transformers' interface and has no per-head edit point in :data:`inspector.intervene.long_sites.EDIT_POINTS`,
     e.g. BigBird-Pegasus's full attention on a short input, DeBERTa's) is refused as such, by class."""
@@ -351,18 +352,30 @@ def check_heads(sites: list[Site], heads: list[tuple[str, int]], model=None) -> 
             raise InspectorError(f"{name} ({type(module).__name__}) computes attention outside transformers' attention "
                                  "interface and has no per-head edit point (inspector edits LED, Longformer, Pegasus-X, "
                                  "LongT5 and BigBird block-sparse encoder heads at their output projection): its heads "
-                                 "cannot be ablated or patched; pick heads of the sites `inspector info` lists with Q/K/V")
+                                 f"cannot be ablated or patched; pick heads of {editable_sites(sites)}")
         if site is None:
             import difflib
 
             near = difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.4)
-            hint = f"; nearest: {', '.join(near)}" if near else f"; sites are {', '.join(list(by_name)[:4])}, ..."
-            raise InspectorError(f"{name!r} is not an attention site of this model{hint}: list them with `inspector info`")
+            hint = f"; nearest: {', '.join(near)}" if near else ""
+            raise InspectorError(f"{name!r} is not an attention site of this model with an edit point{hint}; pick heads "
+                                 f"of {editable_sites(sites)}")
         if not 0 <= h < site.num_heads:
             raise InspectorError(f"{name} has heads 0..{site.num_heads - 1}, not {h}: pick a head in that range")
         if h not in grouped.setdefault(name, []):
             grouped[name].append(h)
     return grouped
+
+
+def editable_sites(sites: list[Site], shown: int = 4) -> str:
+    """``"the N sites that can be edited on this input, e.g. A, B, C, D"`` (the first ``shown`` names of
+    ``sites``, a seam run's), or a sentence saying none can be when the run has none."""
+    if not sites:
+        return "a site that can be edited (none can on this input)"
+    names = [s.name for s in sites]
+    more = ", ..." if len(names) > shown else ""
+    return (f"the {len(names)} site{'s' if len(names) != 1 else ''} that can be edited on this input, e.g. "
+            f"{', '.join(names[:shown])}{more}")
 
 
 def query_padding(capture: Capture, site: Site, batch: int) -> torch.Tensor:

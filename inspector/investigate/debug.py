@@ -197,7 +197,13 @@ def investigate(
                                              rule=rule, weighting=weighting, split_a=split)
         variant_caps[name] = vcap
     moves = variant_moves(split, comparisons) if comparisons else None
-    commands = _commands(loaded.name, out, query, referents, split, said is not None, occurrence, list(variants or {}),
+    # what each capture's command feeds as the output: the saved text when it tokenizes to the ids the run fed,
+    # else (generated tokens whose text tokenizes otherwise) the same greedy generation again
+    said_args = {name: _said_arg(loaded, c, text, file, generate)
+                 for name, c, text, file in [("", cap, source, "output.txt")]
+                 + [(n, variant_caps[n], (variants or {})[n], f"output-{n}.txt" if generate else "output.txt")
+                    for n in variant_caps]}
+    commands = _commands(loaded.name, out, query, referents, split, said_args, occurrence, list(variants or {}),
                          roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"),
                          rule=rule, global_tokens=global_tokens, explainable=_explainable(cap, split))
     matter = where = where_section = where_note = None
@@ -206,12 +212,12 @@ def investigate(
 
         matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
                                         variants=variants, top=top, global_tokens=global_tokens)
-        commands += _matter.commands(loaded.name, out, matter, query, occurrence, said is not None)
+        commands += _matter.commands(loaded.name, out, matter, query, occurrence, _said_flag(out, said_args[""], "--output-file"))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
                                             "passes do not take") if global_tokens else \
             _where(loaded, cap, source, split, matter, contrast, query, occurrence)
         if where is not None:
-            commands += _where_commands(loaded.name, out, contrast, query, occurrence, said is not None,
+            commands += _where_commands(loaded.name, out, contrast, query, occurrence, _said_flag(out, said_args[""], "--output-file"),
                                         model_has_lm_head(loaded.model))
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
     html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
@@ -233,6 +239,8 @@ def investigate(
         for name, vcap in variant_caps.items():
             variant_paths[name] = vcap.save(out / f"variant-{name}.safetensors")
             write_text(out / f"variant-{name}.txt", (variants or {})[name])
+            if generate:  # the variant's own output, generated from its own source
+                write_text(out / f"output-{name}.txt", vcap.records("target").text)
             write_csv(out / f"compare-{name}.csv", comparisons[name])
         if matter is not None:
             _matter.write(out, matter)
@@ -269,11 +277,34 @@ def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contr
                            threshold=w.threshold), None
 
 
-def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence: int | None, has_output: bool,
+def _said_arg(loaded, cap: Capture, source: str, file: str, generate: int | None) -> tuple[str, str | int] | None:
+    """How a command feeds ``cap``'s output exactly as the run did: ``("file", FILE)`` (the saved text, given with
+    ``--output``, or generated text that tokenizes to the ids the run fed), ``("generate", N)`` (generated tokens
+    whose text tokenizes otherwise, e.g. a word piece that starts the output or an encoder-decoder's output cut at
+    N tokens without its end token: the same greedy generation gives the same ids), or None without an output."""
+    if not any(r.role == "target" for r in cap.inputs):
+        return None
+    if not generate:
+        return "file", file
+    from inspector.investigate.matter import said_kwargs
+
+    return ("file", file) if "target" in said_kwargs(loaded.model, loaded.tokenizer, cap, source) else ("generate", generate)
+
+
+def _said_flag(out: Path, said: tuple[str, str | int] | None, flag: str) -> str:
+    """The command-line fragment of :func:`_said_arg`'s answer: `` FLAG OUT/FILE``, `` --generate N`` or nothing."""
+    if said is None:
+        return ""
+    kind, value = said
+    return f" {flag} {shlex.quote(str(out / str(value)))}" if kind == "file" else f" --generate {value}"
+
+
+def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence: int | None, output_arg: str,
                     lm: bool) -> list[str]:
+    """``attribute`` and ``routes`` over the saved source, with ``output_arg`` (:func:`_said_flag`) for the output."""
     q = shlex.quote
     model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
-    texts = f" --source-file {q(str(out / 'source.txt'))}" + (f" --output-file {q(str(out / 'output.txt'))}" if has_output else "")
+    texts = f" --source-file {q(str(out / 'source.txt'))}" + output_arg
     tail = f" --contrast {q(contrast)}" + ("" if lm else f" --query {q(query)}" + (f" --occurrence {occurrence}" if occurrence else ""))
     from inspector.investigate.wherefrom import IG_BATCH, STEPS
 
@@ -292,12 +323,13 @@ def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
     return {"q", "k", "v"} <= set(site.parts) and site.recomputable
 
 
-def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, has_output: bool,
+def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, said_args: dict,
               occurrence: int | None, variants: list[str], roles: tuple[str, str], *, weighting: str = "attention",
               rank_weighting: str = "attention", rule: analysis.SplitRule = analysis.SplitRule(),
               global_tokens: list[str] | None = None, explainable: bool = True) -> list[str]:
     """The commands that rewrite the run's files byte for byte: the capture(s) (marking the run's
-    ``global_tokens``, ``--global``), ``rank.csv``, ``split.csv``, each ``compare-NAME.csv`` (same thresholds,
+    ``global_tokens``, ``--global``; each with its own output as ``said_args`` says, keyed ``""`` for the original
+    and by variant name, :func:`_said_arg`), ``rank.csv``, ``split.csv``, each ``compare-NAME.csv`` (same thresholds,
     weighting and column labels), and explain of the top head when its site can be explained step by step
     (``explainable``: it has Q/K/V and is recomputable; the report's step-by-step section says why not)."""
     q = shlex.quote
@@ -313,7 +345,7 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
     glob = f" --global {q(','.join(global_tokens))}" if global_tokens else ""
     cmds = [
         f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
-        + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f"{glob} -o {cap}",
+        + _said_flag(out, said_args[""], "--target-file") + f"{glob} -o {cap}",
         f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
         + f" --csv {q(str(out / 'rank.csv'))}",
         f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --query-role {roles[0]} "
@@ -326,7 +358,7 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
     for name in variants:
         vcap = q(str(out / f"variant-{name}.safetensors"))
         cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
-                    + (f" --target-file {q(str(out / 'output.txt'))}" if has_output else "") + f"{glob} -o {vcap}")
+                    + _said_flag(out, said_args[name], "--target-file") + f"{glob} -o {vcap}")
         cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt} "
                     f"--names {q('original,' + name)} --csv {q(str(out / f'compare-{name}.csv'))}")
     return cmds

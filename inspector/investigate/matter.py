@@ -178,9 +178,10 @@ def render_section(m: Matter) -> str:
     return render_matter_section(section(m))
 
 
-def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None, has_output: bool) -> list[str]:
+def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None, output_arg: str) -> list[str]:
     """The ``inspector effects`` command that rewrites ``effects.csv``, ``matter.csv`` and (with variants)
-    ``patch.csv`` from the saved texts: the same ``--top``, the flagged heads confirmed too (``--confirm``),
+    ``patch.csv`` from the saved texts: the output as ``output_arg`` gives it (`` --output-file FILE``,
+    `` --generate N`` where the generated text tokenizes otherwise, or nothing), the same ``--top``, the flagged heads confirmed too (``--confirm``),
     each variant's saved text (``--variant``)."""
     import shlex
     from pathlib import Path
@@ -188,7 +189,7 @@ def commands(model: str, out, m: Matter, query: str | None, occurrence: int | No
     q, out = shlex.quote, Path(out)
     model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
     cmd = (f"inspector effects{model_arg} --source-file {q(str(out / 'source.txt'))}"
-           + (f" --output-file {q(str(out / 'output.txt'))}" if has_output else "")
+           + output_arg
            + f" --contrast {q(m.contrast)} --top {m.top}")
     flagged = m.heads[m.heads["flagged"].astype(bool)]
     if len(flagged):
