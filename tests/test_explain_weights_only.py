@@ -18,7 +18,13 @@ import test_long_attention as lf
 import torch
 
 from inspector import analysis
-from inspector.analysis.explain import EXPLAIN_COLUMNS, WEIGHT_COLUMNS, check_against_capture, explain, no_steps
+from inspector.analysis.explain import (
+    EXPLAIN_COLUMNS,
+    WEIGHT_COLUMNS,
+    check_against_capture,
+    explain,
+    no_steps,
+)
 from inspector.analysis.keys import visible_keys
 from inspector.capture import capture
 from inspector.cli import main
