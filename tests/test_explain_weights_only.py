@@ -32,6 +32,7 @@ from inspector.errors import InspectorError
 from inspector.store import load
 
 import tiny
+from test_app import app  # noqa: F401  (the AppTest fixture)
 
 TOL = 1e-6
 QUERY, REFS = "indemnify", ["Lessee", "Lessor"]
@@ -142,3 +143,25 @@ def test_a_site_with_neither_weights_nor_qk_is_refused(case):
         no_steps(bare)
     with pytest.raises(InspectorError, match="stores neither weights nor Q/K/V"):
         explain(cap, bare, 0, qi)
+
+
+def test_the_apps_step_page_shows_a_weights_only_row(case, app):  # noqa: F811  (test_app's fixture)
+    """The app's Step by step page at such a site: the row's weights and ``visible`` (no step columns), a note
+    saying there are no steps, and the same CSV as the Python explanation's table."""
+    from inspector.ui import views
+
+    from test_app import download, run, show
+
+    path, cap, site, qi = case
+    at = app(path)
+    at.selectbox(key="sel_site").set_value(site.name)
+    run(at)
+    at.number_input(key="sel_query").set_value(qi)
+    show(at, "Step by step")
+    table = at.dataframe[0].value
+    assert list(table.columns) == WEIGHT_COLUMNS
+    want = _row(cap, site, int(at.selectbox(key="sel_head").value), qi)
+    assert max(abs(a - float(b)) for a, b in zip(table["weight"], want, strict=True)) <= TOL
+    assert any("No steps" in i.value and "stores weights only" in i.value for i in at.info)
+    expected = explain(cap, site, int(at.selectbox(key="sel_head").value), qi)
+    assert download(at, "dl_explain") == views.csv_bytes(expected.table)
