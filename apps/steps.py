@@ -1,4 +1,5 @@
-"""Step by step page: dot products, scaling, mask, softmax and weighted values for one query."""
+"""Step by step page: dot products, scaling, mask, softmax and weighted values for one query (at a site stored
+as weights only, the query's weights and why there are no steps)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ try:
     exp = explain(cap, site, head, qi)
 except InspectorError as exc:
     shared.show_error(views.app_error(exc))
+    st.stop()
+if not exp.steps:  # a site stored as weights only: the row's weights, and why there are no steps
+    st.markdown(f"Query {qi} «{views.md_text(exp.query_token)}» at **{views.md_text(site.name)}**, head **{head}**: "
+                "its weights over the keys, the model's own (**visible** says which keys it may see).")
+    st.info(f"No steps: {exp.note}.")
+    st.dataframe(views.explain_frame(exp), hide_index=True, height=min(600, 38 + 35 * len(exp.table)),
+                 column_config={"visible": st.column_config.CheckboxColumn(),
+                                "weight": st.column_config.ProgressColumn(format="%.4f", min_value=0.0, max_value=1.0)})
+    c1, c2, _ = st.columns([1, 1.3, 1.7])
+    c1.download_button("Download CSV", views.csv_bytes(exp.table), file_name=f"explain-{site.name}-h{head}-q{qi}.csv",
+                       mime="text/csv", key="dl_explain", on_click="ignore")
+    c2.download_button("Download JSON", json.dumps(exp.to_json(), indent=2) + "\n",
+                       file_name=f"explain-{site.name}-h{head}-q{qi}.json", mime="application/json",
+                       key="dl_explain_json", on_click="ignore", help="The same JSON as `inspector explain --json`.")
     st.stop()
 d = site.d_head
 st.markdown(

@@ -235,9 +235,8 @@ def test_device_map_auto_loads_and_captures(tmp_path, tokenizer):
 
 def test_attention_sinks_are_kept_as_the_model_computes_them(tokenizer):
     """gpt-oss passes learned sink logits (s_aux) to attention: the file cannot recompute them, so such
-    sites keep their weights even in a lazy capture, and step-by-step refuses them."""
+    sites keep their weights even in a lazy capture, and explain gives those weights without steps, saying why."""
     from inspector.analysis.explain import explain
-    from inspector.errors import InspectorError
 
     model = tiny.build("gpt_oss")
     for layer in model.model.layers:
@@ -251,6 +250,9 @@ def test_attention_sinks_are_kept_as_the_model_computes_them(tokenizer):
         torch.testing.assert_close(full.tensor(site, "weights"), ref, atol=WEIGHT_TOL, rtol=0)
         torch.testing.assert_close(lazy.weights(site.name), ref[0], atol=WEIGHT_TOL, rtol=0)
         assert float(ref.sum(-1).min()) < 0.99  # the sink takes weight: rows of real keys sum below 1
-    with pytest.raises(InspectorError, match="s_aux"):
-        explain(full, full.sites[0], 0, 3)
+    for cap in (full, lazy):
+        exp = explain(cap, cap.sites[0], 0, 3)
+        assert not exp.steps and exp.output is None and "s_aux" in exp.note and "cannot reproduce" in exp.note
+        torch.testing.assert_close(torch.tensor(exp.table["weight"].to_numpy()), out.attentions[0][0, 0, 3].double(),
+                                   atol=WEIGHT_TOL, rtol=0)
     torch.testing.assert_close(lazy.output.logits, out.logits, atol=LOGIT_TOL, rtol=0)

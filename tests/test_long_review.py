@@ -35,9 +35,10 @@ def _saved(build, folder):
 @pytest.mark.parametrize("family, globals_", [("led", ["@0", "Lessee"]), ("pegasus_x", None)])
 def test_report_commands_rerun_the_long_document_run(family, globals_, tmp_path, capsys):
     """Every command of a debug run's report runs as written (exit 0) and its captures equal the run's own:
-    the same global tokens (LED's ``--global``, which changes every encoder weight) and the same weights. An
-    ``explain`` command is listed only for a head that can be explained step by step (these sites are captured
-    through ``output_attentions``, without Q/K/V)."""
+    the same global tokens (LED's ``--global``, which changes every encoder weight) and the same weights. The
+    ``explain`` command of the top head is listed and runs although its site is captured through
+    ``output_attentions``, without Q/K/V (its weights without steps); the report's step section shows that row's
+    weights and says why there are no steps."""
     build = lf._led if family == "led" else px._pegasus_x
     loaded = _saved(build, tmp_path / "model")
     out = tmp_path / "run"
@@ -61,7 +62,9 @@ def test_report_commands_rerun_the_long_document_run(family, globals_, tmp_path,
             for site in theirs.sites:
                 torch.testing.assert_close(mine.weights(site.name, 0), theirs.weights(site, 0), atol=0, rtol=0)
     assert {"capture", "rank", "split", "compare"} <= ran
-    assert "explain" not in ran  # the top head's site has no Q/K/V: the report says why instead
+    assert "explain" in ran  # the top head's site has no Q/K/V: explained without steps
+    html = (out / "report.html").read_text()
+    assert "no steps: site" in html and "stores weights only" in html and "no step-by-step view" not in html
 
 
 SOURCE = lf.TEXTS[0]

@@ -5,6 +5,13 @@ score, the additive mask, the softmax weight (computed with the row maximum subt
 contribution ``weight * v``; then the output vector, their sum. Computed in float64 from the stored
 Q, K, V and mask, so it can be checked against the captured weights.
 
+A site stored as weights only (captured through the module's ``output_attentions`` map: LED's and
+Longformer's banded sites, Pegasus-X's, LongT5's and BigBird-Pegasus's encoders, DeBERTa, Bloom, XLNet;
+or a site whose model passes attention sinks, which the steps cannot reproduce) is explained as far as
+its weights go: per key the weight the model gave and whether the query can see the key; the steps
+are absent (``Explanation.steps`` False, ``note`` says why). A word's aggregate row and verdict need
+only weights, so they are the same as on any other site.
+
 For a word (``query="indemnity"``), every token of the word is one query row: each row is explained,
 and the aggregate row that :func:`~inspector.analysis.split_heads` uses (the mean of the rows) is
 given too, with the referents' weights, chance, lift and split score computed by the same code as
@@ -24,6 +31,8 @@ from inspector.store import attention
 from inspector.store.capture_file import Capture, Site
 
 EXPLAIN_COLUMNS = ["key_index", "key_token", "dot", "scaled", "mask", "logit", "weight", "contribution"]
+WEIGHT_COLUMNS = ["key_index", "key_token", "weight", "visible"]  # a site stored as weights only
+STEP_COLUMNS = [c for c in EXPLAIN_COLUMNS if c not in WEIGHT_COLUMNS]  # what such a site cannot show
 
 
 @dataclass
@@ -31,16 +40,23 @@ class Explanation:
     """One query row of one head, step by step (:func:`explain`): per key ``key_index``, ``key_token``, ``dot`` (q·k),
     ``scaled`` (dot × scaling, soft-capped where the model caps), ``mask`` (additive, 0 or -inf), ``logit``
     (scaled + mask), ``weight`` (softmax row, sums to 1 over the keys) and ``contribution`` (weight × v, ``[d_v]``) in ``table``; ``output`` is their sum ``[d_v]``.
-    All float32 from the capture's stored Q, K, V, as the model computed them."""
+    Computed in float64 from the capture's stored Q, K, V, as the model computed them.
+
+    At a site stored as weights only (``steps`` False): ``table`` holds :data:`WEIGHT_COLUMNS`, per key the
+    stored weight (:meth:`Capture.weights`' row, the model's own) and ``visible`` (the query may see the key:
+    its mask and padding, :func:`inspector.analysis.keys.visible_keys`); ``scaling``, ``softcap`` and
+    ``output`` are None and ``note`` says why the steps cannot be shown."""
 
     site: str
     head: int
     query_index: int
     query_token: str
-    scaling: float
+    scaling: float | None
     softcap: float | None
-    table: pd.DataFrame  # one row per key, EXPLAIN_COLUMNS
-    output: list[float]
+    table: pd.DataFrame  # one row per key, EXPLAIN_COLUMNS (WEIGHT_COLUMNS without steps)
+    output: list[float] | None
+    steps: bool = True
+    note: str | None = None
 
     def _repr_html_(self) -> str:
         from inspector.store.display import explanation_html
@@ -48,16 +64,20 @@ class Explanation:
         return explanation_html(self)
 
     def to_json(self) -> dict:
-        """The explanation as JSON-ready data (site, head, query, per-key rows, output); infinities and NaN as
-        the strings "inf", "-inf", "nan"."""
+        """The explanation as JSON-ready data (site, head, query, per-key rows, output, ``steps``); infinities
+        and NaN as the strings "inf", "-inf", "nan". Without steps the rows hold :data:`WEIGHT_COLUMNS`, the
+        step columns and ``output`` are null and ``note`` says why."""
         def num(x):
             return x if math.isfinite(x) else ("-inf" if x < 0 else "inf" if x > 0 else "nan")
 
         rows = []
         for r in self.table.to_dict("records"):
             rows.append({k: (num(v) if isinstance(v, float) else v) for k, v in r.items()})
-        return {"site": self.site, "head": self.head, "query_index": self.query_index, "query_token": self.query_token,
-                "scaling": self.scaling, "softcap": self.softcap, "rows": rows, "output": self.output}
+        out = {"site": self.site, "head": self.head, "query_index": self.query_index, "query_token": self.query_token,
+               "scaling": self.scaling, "softcap": self.softcap, "rows": rows, "output": self.output, "steps": self.steps}
+        if self.note:
+            out["note"] = self.note
+        return out
 
 
 @dataclass
@@ -88,7 +108,7 @@ class WordExplanation:
 
     def to_json(self) -> dict:
         """The word's explanation as JSON-ready data: every query row's :meth:`Explanation.to_json` and the
-        aggregate (mean) row over the word's tokens."""
+        aggregate (mean) row over the word's tokens; ``steps`` False and a ``note`` at a site stored as weights only."""
         rows = []
         for i, e in enumerate(self.rows):
             d = e.to_json()
@@ -103,6 +123,10 @@ class WordExplanation:
                              "referents": self.verdict}}
         if len(rows) == 1:  # a one-token query: its row's fields at the top level too, as for explain --query-index
             out.update({k: v for k, v in rows[0].items() if k not in out})
+        out["steps"] = all(e.steps for e in self.rows)
+        note = next((e.note for e in self.rows if e.note), None)
+        if note:
+            out["note"] = note
         return out
 
 
@@ -116,8 +140,10 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int | st
 
     With ``referents`` the word's explanation carries the split verdict for this head, computed as
     :func:`~inspector.analysis.split_heads` computes it (``rule``, ``weighting`` as there).
-    Raises InspectorError for an unknown head, a position outside the query axis, a site without
-    Q/K/V or a word not in the text."""
+    At a site stored as weights only the rows carry the weights without the steps (:class:`Explanation`);
+    the aggregate row and the verdict are the same as anywhere.
+    Raises InspectorError for an unknown head, a position outside the query axis, a site with neither
+    weights nor Q/K to compute them, or a word not in the text."""
     if isinstance(query_index, str):
         query, query_index = query_index, None
     site = capture.site(site) if isinstance(site, str) else site
@@ -161,13 +187,9 @@ def _explain_row(capture: Capture, site: Site, head: int, query_index: int, *, b
         raise InspectorError(f"head {head} does not exist at {site.name}: it has heads 0..{site.num_heads - 1}")
     if not 0 <= query_index < site.query_len:
         raise InspectorError(f"query index {query_index} is outside {site.name}'s query axis (0..{site.query_len - 1})")
-    if not {"q", "k", "v"} <= set(site.parts):
-        raise InspectorError(f"site {site.name} was captured through output_attentions, without Q/K/V: it cannot be explained step by step")
-    if not site.recomputable:
-        raise InspectorError(
-            f"site {site.name} passes {', '.join(site.extra_kwargs)} to attention (e.g. attention sinks), which the "
-            "step-by-step table cannot reproduce; its captured weights are the model's own"
-        )
+    why = no_steps(site)
+    if why is not None:
+        return _weights_row(capture, site, head, query_index, batch, why)
     kv = site.head_map[head]
     q = capture.tensors.slice(site.tensor_name("q"), (slice(batch, batch + 1), slice(head, head + 1), slice(query_index, query_index + 1)))[0, 0, 0]
     k = capture.tensors.slice(site.tensor_name("k"), (slice(batch, batch + 1), slice(kv, kv + 1)))[0, 0]
@@ -194,8 +216,42 @@ def _explain_row(capture: Capture, site: Site, head: int, query_index: int, *, b
                        softcap=site.softcap, table=table, output=[float(x) for x in steps["output"]])
 
 
+def no_steps(site: Site) -> str | None:
+    """Why ``site`` cannot be explained step by step (it stores no Q/K/V, or its model passes arguments such
+    as attention sinks that the steps cannot reproduce), or None when it can. Raises InspectorError when the
+    site has no weights either (neither stored nor computable from Q and K)."""
+    parts = set(site.parts)
+    if {"q", "k", "v"} <= parts and site.recomputable:
+        return None
+    if "weights" not in parts and not ({"q", "k"} <= parts and site.recomputable):
+        raise InspectorError(f"site {site.name} stores neither weights nor Q/K/V: there is nothing to explain; capture "
+                             "it again with weights")
+    if not {"q", "k", "v"} <= parts:
+        return (f"site {site.name} stores weights only (captured through output_attentions, without Q/K/V), so the "
+                "steps (dot, scaled, mask, logit, contribution, output) cannot be shown; the weights are the model's own")
+    return (f"site {site.name} passes {', '.join(site.extra_kwargs)} to attention (e.g. attention sinks), which the steps "
+            "cannot reproduce, so they are not shown; the weights are the model's own")
+
+
+def _weights_row(capture: Capture, site: Site, head: int, query_index: int, batch: int, note: str) -> Explanation:
+    """One query row of a site without steps: the stored weights and which keys the query may see."""
+    from inspector.analysis.keys import visible_keys
+
+    qs = slice(query_index, query_index + 1)
+    w = capture.weights(site, batch, heads=[head], queries=qs)[0, 0].double()
+    vis = visible_keys(capture, site, batch, qs, capture.flags(site, "key", batch)[1])
+    vis = vis[head if vis.shape[0] > 1 else 0, 0]
+    table = pd.DataFrame({"key_index": range(site.key_len), "key_token": capture.tokens(site, "key", batch),
+                          "weight": w.tolist(), "visible": [bool(x) for x in vis]})
+    return Explanation(site=site.name, head=head, query_index=query_index,
+                       query_token=capture.tokens(site, "query", batch)[query_index], scaling=None, softcap=None,
+                       table=table, output=None, steps=False, note=note)
+
+
 def check_against_capture(capture: Capture, exp: Explanation, batch: int = 0) -> float:
-    """Largest difference between the explained weights and the capture's (stored or recomputed)."""
+    """Largest difference between the explained weights and the capture's (stored or recomputed). For an
+    explanation with steps it checks the recomputation; without steps (a site stored as weights only) the
+    table is the capture's row itself, so this only checks the copy (0.0), there being no steps to check."""
     w = capture.weights(exp.site, batch, heads=[exp.head], queries=slice(exp.query_index, exp.query_index + 1))[0, 0]
     return float((torch.tensor(exp.table["weight"].to_numpy()) - w.double()).abs().max())
 

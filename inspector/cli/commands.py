@@ -193,6 +193,10 @@ def _explain_word(cap, site, args) -> int:
 
 
 def _print_explanation(exp) -> None:
+    if not exp.steps:  # a site stored as weights only: its weights, and why there are no steps
+        print(f"site {exp.site}  head {exp.head}  query {exp.query_index} {exp.query_token!r}  (no steps: {exp.note})")
+        print(format_table(exp.table))
+        return
     table = exp.table.copy()
     table["contribution"] = table["contribution"].map(lambda c: "[" + ", ".join(f"{x:.4f}" for x in c[:4]) + (", ...]" if len(c) > 4 else "]"))
     print(f"site {exp.site}  head {exp.head}  query {exp.query_index} {exp.query_token!r}  scaling {exp.scaling:.6g}"
@@ -623,7 +627,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv")
     p.set_defaults(func=cmd_split)
 
-    p = sub.add_parser("explain", help="one head's weights for one query, step by step")
+    p = sub.add_parser("explain", help="one head's weights for one query, step by step (weights only where the "
+                                         "site stores no Q/K/V)")
     p.add_argument("file")
     p.add_argument("--site", required=True)
     p.add_argument("--head", type=int, required=True)

@@ -315,12 +315,17 @@ def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence
 
 
 def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
-    """Whether ``inspector explain`` can explain the split table's top head step by step: its site has Q/K/V
-    (not captured through ``output_attentions``, as LED's and Pegasus-X's sites are) and is recomputable."""
+    """Whether ``inspector explain`` works for the split table's top head: its site has weights, stored or
+    computable from Q/K (a site stored as weights only, as LED's and Pegasus-X's, is explained without steps)."""
+    from inspector.analysis.explain import no_steps
+
     if not len(split):
         return False
-    site = cap.site(split.sort_values("split_score", ascending=False).iloc[0]["site"])
-    return {"q", "k", "v"} <= set(site.parts) and site.recomputable
+    try:
+        no_steps(cap.site(split.sort_values("split_score", ascending=False).iloc[0]["site"]))
+    except InspectorError:
+        return False
+    return True
 
 
 def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, said_args: dict,
@@ -330,8 +335,8 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
     """The commands that rewrite the run's files byte for byte: the capture(s) (marking the run's
     ``global_tokens``, ``--global``; each with its own output as ``said_args`` says, keyed ``""`` for the original
     and by variant name, :func:`_said_arg`), ``rank.csv``, ``split.csv``, each ``compare-NAME.csv`` (same thresholds,
-    weighting and column labels), and explain of the top head when its site can be explained step by step
-    (``explainable``: it has Q/K/V and is recomputable; the report's step-by-step section says why not)."""
+    weighting and column labels), and explain of the top head when explain works there (``explainable``: its
+    site has weights; without Q/K/V explain gives the weights without steps)."""
     q = shlex.quote
     default = analysis.SplitRule()
     wt = "".join(f" --{flag} {getattr(rule, f)!r}" for flag, f in (("min-split", "min_split"), ("min-mass", "min_mass"),

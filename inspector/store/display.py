@@ -49,8 +49,11 @@ def site_html(site) -> str:
 
 
 def explanation_html(exp) -> str:
-    """The step-by-step table (first rows, contributions shortened) and the output vector's start."""
+    """The step-by-step table (first rows, contributions shortened) and the output vector's start; at a
+    site stored as weights only, the weights table and the note saying why there are no steps."""
     t = exp.table.head(ROWS_SHOWN).copy()
+    if not exp.steps:  # a site stored as weights only: the weights, and the note saying why there are no steps
+        return str(_templates().explanation(exp, _table(t), len(exp.table) - ROWS_SHOWN, None))
     t["contribution"] = ["[" + ", ".join(f"{x:.4f}" for x in c[:4]) + (", …]" if len(c) > 4 else "]") for c in t["contribution"]]
     out = ", ".join(f"{x:.4f}" for x in exp.output[:8]) + (", …" if len(exp.output) > 8 else "")
     return str(_templates().explanation(exp, _table(t), len(exp.table) - ROWS_SHOWN, out))

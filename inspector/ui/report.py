@@ -388,7 +388,8 @@ def _row_table(capture: Capture, h: _Head, batch: int) -> dict | None:
 
 
 def _steps(capture: Capture, h: _Head, batch: int) -> dict:
-    """explain() of the row that drives the flag, over the window of keys around the query and referents."""
+    """explain() of the row that drives the flag, over the window of keys around the query and referents (at a
+    site stored as weights only, that row's weights and the note saying why there are no steps)."""
     qi = int(h.row.get("driving_row", h.positions[-1])) if len(h.positions) > 1 else h.positions[-1]
     if qi not in h.positions:
         qi = h.positions[-1]
@@ -400,7 +401,8 @@ def _steps(capture: Capture, h: _Head, batch: int) -> dict:
     site = h.site
     rset = {p for ps in h.refs.values() for p in ps}
     _, keys, _ = _window(capture, h, batch)  # the heatmap's keys
-    t = exp.table.iloc[keys][["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"]]
+    cols = ["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"] if exp.steps else list(exp.table.columns)
+    t = exp.table.iloc[keys][cols]
     t = t.reset_index(drop=True)
     best = int(exp.table["weight"].idxmax())
 
@@ -411,7 +413,10 @@ def _steps(capture: Capture, h: _Head, batch: int) -> dict:
     rest = f" {left} other keys outside the window carry weight {float(exp.table['weight'].drop(index=keys).sum()):.4f}." if left else ""
     which = ("the query's only token" if len(h.positions) == 1
              else f"the row that drives the flag, of the query's rows {' '.join(map(str, h.positions))}")
-    return {**out, "error": None, "token": exp.query_token, "qi": qi, "which": which,
+    if not exp.steps:  # a site stored as weights only: the row's weights, and why there are no steps
+        return {**out, "error": None, "token": exp.query_token, "qi": qi, "which": which, "note": exp.note, "rest": rest,
+                "table": table_data(t, row_class=row_class, cls="data steps")}
+    return {**out, "error": None, "note": None, "token": exp.query_token, "qi": qi, "which": which,
             "scaling": f"scaled = dot × {site.scaling:.6g}" + (f", soft-capped at {site.softcap:g}" if site.softcap else ""),
             "shown": VECTOR_SHOWN, "d_v": site.d_v, "rest": rest, "table": table_data(t, row_class=row_class, cls="data steps"),
             "n_out": len(exp.output), "output": ", ".join(f"{x:.4f}" for x in exp.output)}

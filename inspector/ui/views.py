@@ -276,8 +276,11 @@ def qkv_frame(capture: Capture, site: Site, head: int, query_index: int, key_ind
 # ---- step by step ------------------------------------------------------------------------------
 def explain_frame(exp: Explanation, preview: int = 4) -> pd.DataFrame:
     """The explanation table for display: a ``visible`` column from the mask and the contribution
-    vector shortened to its first ``preview`` entries (the CSV keeps ``exp.table`` as-is)."""
+    vector shortened to its first ``preview`` entries (the CSV keeps ``exp.table`` as-is). Without steps
+    (a site stored as weights only) the table already has ``visible``: returned as it is."""
     df = exp.table.copy()
+    if not exp.steps:
+        return df
     df.insert(df.columns.get_loc("mask") + 1, "visible", [bool(m > MASKED) for m in df["mask"]])
     df["contribution"] = [
         "[" + ", ".join(f"{x:.4f}" for x in c[:preview]) + (", …]" if len(c) > preview else "]") for c in df["contribution"]
