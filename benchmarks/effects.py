@@ -20,6 +20,10 @@ Timed side by side, interleaved round by round (order rotating), one warm-up eac
     .venv/bin/python benchmarks/effects.py --tokens 256 --rounds 3 --all
     .venv/bin/python benchmarks/effects.py --led --tokens 4096   # a tiny LED, window 512, global token 0 (issue 20)
 
+Targets: attribution at most 3 forward passes (GPT-2-small); with ``--led``, whose own backward through banded
+attention costs several forwards (6.6x at 2,048 tokens here), attribution at most 1.2x a plain autograd forward and
+backward of the same model (what the seam and the metric may add to the model's own cost).
+
 ``--led`` times the same on an LED summariser of LED-base's shape (6 + 6 layers, 12 heads, width 768, window 1024, random seeded
 weights; output "the tenant pays rent.", contrast ``landlord,tenant``, token 0 global): its encoder heads are
 edited at their output projection's input (:mod:`inspector.intervene.long_sites`), its decoder's too.
@@ -140,8 +144,10 @@ def _report(args, shape: str, med: dict, n_heads: int, measured_all: float | Non
             [f"exact, every head one by one ({n_heads} + 1 forwards){'' if measured_all else ', estimated'}",
              f"{(measured_all or exact_all) * 1e3:.1f}", f"{(measured_all or exact_all) / med['forward']:.2f}"]]
     print(C.table(["variant", "median ms", "x forward"], rows, right={1, 2}))
-    ratio = med["attribution"] / med["forward"]
-    line, ok = C.verdict("attribution / forward", ratio, 3.0)
+    if args.led:  # the model's own backward through banded attention is the floor: 6.6x its forward here
+        line, ok = C.verdict("attribution / plain forward + backward", med["attribution"] / med["forward + backward"], 1.2)
+    else:
+        line, ok = C.verdict("attribution / forward", med["attribution"] / med["forward"], 3.0)
     print(line)
     print(f"attribution / plain forward + backward: {med['attribution'] / med['forward + backward']:.2f} (what the seam "
           "and the metric add to the model's own backward)")
