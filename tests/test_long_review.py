@@ -145,3 +145,24 @@ def test_value_norm_refusal_does_not_promise_a_recapture_that_cannot_help(tmp_pa
     cap = capture(lf._led(), tiny.tokenizer(), SOURCE, "It pays.")
     with pytest.raises(InspectorError, match=r"output_attentions, without values\): use --weighting attention$"):
         rank_heads(cap, weighting="value-norm")
+
+
+def test_every_value_norm_refusal_promises_a_recapture_only_where_it_helps(tmp_path):
+    """The single-site refusal (explain, head_weights) follows the all-sites one: an output_attentions site (LED)
+    has no value norms in any capture, so no 'capture again'; a capture made with ``value_norms=False`` gets it."""
+    from inspector.analysis import head_weights, rank_heads
+    from inspector.analysis.explain import explain
+    from inspector.capture import capture
+    from inspector.errors import InspectorError
+
+    cap = capture(lf._led(), tiny.tokenizer(), SOURCE, "It pays.", global_tokens=["@0"])
+    with pytest.raises(InspectorError, match=r"without values\): use --weighting attention$"):
+        explain(cap, cap.sites[0], 0, query="Lessee", weighting="value-norm")
+    for site in (cap.sites[0], next(s for s in cap.sites if s.stack == "decoder")):
+        with pytest.raises(InspectorError, match=r"without values\): use --weighting attention$"):
+            head_weights(cap, site, weighting="value-norm")
+    plain = capture(tiny.build("gpt2"), tiny.tokenizer(), "The Lessee pays the Lessor.", value_norms=False)
+    with pytest.raises(InspectorError, match=r"use --weighting attention, or capture again with this inspector$"):
+        head_weights(plain, plain.sites[0], weighting="value-norm")
+    with pytest.raises(InspectorError, match=r"use --weighting attention, or capture again with this inspector$"):
+        rank_heads(plain, weighting="value-norm")

@@ -50,9 +50,17 @@ def value_norms_of(capture: Capture, site: Site, batch: int = 0) -> torch.Tensor
     vn = capture.value_norms(site, batch)
     if vn is None:
         why = site.value_norm_note or "the capture was made before value norms were recorded"
-        raise InspectorError(f"site {site.name} has no value norms ({why}): use --weighting attention, or capture again "
-                             "with this inspector")
+        raise InspectorError(f"site {site.name} has no value norms ({why}): use --weighting attention"
+                             + (", or capture again with this inspector" if _recapture_helps(site) else ""))
     return vn
+
+
+def _recapture_helps(site: Site) -> bool:
+    """Whether capturing again gives ``site`` value norms: only where they were not recorded (an older capture,
+    ``value_norms=False``), not where the model cannot give them (output_attentions sites: LED, LongT5,
+    Pegasus-X...; weights offloaded or quantized; heads not told apart)."""
+    note = site.value_norm_note
+    return site.eager_function != "output_attentions" and (note is None or "value_norms=False" in note)
 
 
 def reweight_(w: torch.Tensor, value_norm: torch.Tensor) -> torch.Tensor:
@@ -84,9 +92,7 @@ def weighted_sites(capture: Capture, sites: list[Site], weighting: str) -> tuple
     left = {s.name: s.value_norm_note or "no value norms in this capture" for s in sites if "value_norm" not in s.parts}
     if not ok and sites:
         name, why = next(iter(left.items()))
-        # a site captured without values (output_attentions: LED, LongT5, Pegasus-X...) has none in any capture
-        again = "" if all(s.eager_function == "output_attentions" for s in sites) else \
-            ", or capture again with this inspector"
+        again = ", or capture again with this inspector" if any(_recapture_helps(s) for s in sites) else ""
         raise InspectorError(f"no site of this capture has value norms (e.g. {name}: {why}): use --weighting attention"
                              + again)
     return ok, left
