@@ -165,3 +165,36 @@ def test_the_apps_step_page_shows_a_weights_only_row(case, app):  # noqa: F811  
     assert any("No steps" in i.value and "stores weights only" in i.value for i in at.info)
     expected = explain(cap, site, int(at.selectbox(key="sel_head").value), qi)
     assert download(at, "dl_explain") == views.csv_bytes(expected.table)
+
+
+@pytest.mark.parametrize("extra, named", [(["--referents", "Lessee,Lessor"], "--referents"),
+                                          (["--weighting", "value-norm"], "--weighting value-norm"),
+                                          (["--occurrence", "1"], "--occurrence")])
+def test_a_words_option_with_one_row_is_refused_not_ignored(case, capsys, extra, named):
+    """--referents, --weighting and --occurrence shape a word's aggregate row and verdict; with --query-index they
+    did nothing, silently (no verdict printed, raw weights shown): refused in one line naming --query, on the
+    command line and in the API (every word-only keyword)."""
+    path, cap, site, qi = case
+    assert main(["explain", str(path), "--site", site.name, "--head", "0", "--query-index", str(qi), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inspector: error: ") and named in err and "--query" in err and err.count("\n") == 1
+    for kw in (dict(referents=REFS), dict(occurrence=0), dict(weighting="value-norm"), dict(query_role="source"),
+               dict(referent_role="source"), dict(rule=analysis.SplitRule())):
+        with pytest.raises(InspectorError, match="not to one row"):
+            explain(cap, site, 0, qi, **kw)
+    assert explain(cap, site, 0, qi).query_index == qi
+
+
+@pytest.mark.parametrize("command", ["explain", "split", "plot"])
+def test_occurrence_with_a_query_index_is_refused_everywhere(case, capsys, tmp_path, command):
+    """--occurrence picks among a word's occurrences; with --query-index it was ignored by explain, split and plot
+    alike (the row at the index shown as if the occurrence had been honoured): one line naming the fix instead."""
+    path, cap, site, qi = case
+    argv = {"explain": ["--site", site.name, "--head", "0"],
+            "split": ["--referents", ",".join(REFS)],
+            "plot": ["--site", site.name, "--head", "0", "-o", str(tmp_path / "q.png")]}[command]
+    assert main([command, str(path), "--query-index", str(qi), "--occurrence", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inspector: error: --occurrence picks among") and err.count("\n") == 1
+    assert not (tmp_path / "q.png").exists()
+    assert main([command, str(path), "--query-index", str(qi), *argv]) == 0

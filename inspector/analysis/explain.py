@@ -143,7 +143,8 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int | st
     At a site stored as weights only the rows carry the weights without the steps (:class:`Explanation`);
     the aggregate row and the verdict are the same as anywhere.
     Raises InspectorError for an unknown head, a position outside the query axis, a site with neither
-    weights nor Q/K to compute them, or a word not in the text."""
+    weights nor Q/K to compute them, a word not in the text, or a word's option (``occurrence``, ``referents``,
+    roles, ``rule``, ``weighting="value-norm"``) given with one row, where it would do nothing."""
     if isinstance(query_index, str):
         query, query_index = query_index, None
     site = capture.site(site) if isinstance(site, str) else site
@@ -153,7 +154,20 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int | st
                              weighting=weighting)
     if query_index is None:
         raise InspectorError("no query given: pass a query position or a word (--query-index I or --query WORD)")
+    _refuse_word_options(occurrence=occurrence is not None, referents=bool(referents), query_role=query_role is not None,
+                         referent_role=referent_role is not None, rule=rule is not None,
+                         weighting=weighting != "attention")
     return _explain_row(capture, site, head, int(query_index), batch=batch)
+
+
+def _refuse_word_options(**given: bool) -> None:
+    """InspectorError for options of a word's explanation given with one row (``query_index``), where they would
+    do nothing (the verdict, weighting and rule are the word's aggregate row's)."""
+    flags = {"occurrence": "--occurrence", "referents": "--referents", "weighting": "--weighting value-norm"}
+    named = [flags.get(k, k) for k, on in given.items() if on]
+    if named:
+        raise InspectorError(f"{', '.join(named)} {'applies' if len(named) == 1 else 'apply'} to a word (--query), "
+                             "not to one row (--query-index): give the word instead, e.g. --query indemnity")
 
 
 def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurrence, referents, batch, case_sensitive,

@@ -98,11 +98,21 @@ def not_found_message(capture: Capture, site: Site, phrase: str, which: str, wha
     return f"{what} {phrase!r} is not in the {where} text (whole-word, case-sensitive){hint}: check the spelling or give token indices like @7"
 
 
+def refuse_occurrence_with_index(occurrence: int | None) -> None:
+    """InspectorError when ``occurrence`` is given with a query position, where it would pick nothing."""
+    if occurrence is not None:
+        raise InspectorError("--occurrence picks among a word's occurrences (--query WORD); a query index "
+                             "(--query-index) is one position already: drop --occurrence or give the word")
+
+
 def resolve_query(capture: Capture, site: Site, phrase: str | None, *, index: int | None = None,
                   occurrence: int | None = None, batch: int = 0, case_sensitive: bool = True,
                   role: str | None = None) -> Occurrence:
-    """The query span: a phrase (one occurrence of it) or an explicit query index."""
+    """The query span: a phrase (one occurrence of it) or an explicit query index. Raises InspectorError for
+    an index off the query axis, ``occurrence`` given with an index (it picks among a word's occurrences) or a
+    phrase not in the text."""
     if index is not None:
+        refuse_occurrence_with_index(occurrence)
         n = site.query_len
         if not 0 <= index < n:
             raise InspectorError(f"query index {index} is outside {site.name}'s query axis (0..{n - 1})")

@@ -149,7 +149,8 @@ def cmd_explain(args) -> int:
     if args.query is not None:
         return _explain_word(cap, site, args)
     occ = spans.resolve_query(cap, site, args.query, index=args.query_index, occurrence=args.occurrence, batch=args.batch)
-    exp = explain(cap, site, args.head, occ.positions[-1], batch=args.batch)
+    exp = explain(cap, site, args.head, occ.positions[-1], batch=args.batch, occurrence=args.occurrence,
+                  referents=args.referents.split(",") if args.referents else None, weighting=args.weighting)
     if args.json:
         write_json(args.json, exp.to_json())
         status(f"wrote {args.json}")

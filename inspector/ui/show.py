@@ -42,13 +42,16 @@ def query_positions(capture: Capture, site: Site, query: int | str | None, *, oc
     """The query rows a figure draws: ``[query]`` for a position, every token of the word for a word of the
     query text (its ``occurrence``-th occurrence, 1-based, when it occurs more than once:
     :func:`inspector.analysis.spans.resolve_query`), None for no query. Raises InspectorError for a
-    position off the axis, a word not in the text, or a repeated word without ``occurrence``."""
+    position off the axis, a word not in the text, a repeated word without ``occurrence``, or ``occurrence``
+    with a position."""
+    from inspector.analysis import spans
+
     if query is None or isinstance(query, int):
+        if isinstance(query, int):
+            spans.refuse_occurrence_with_index(occurrence)
         if query is not None and not 0 <= query < site.query_len:
             raise InspectorError(f"query index {query} is outside 0..{site.query_len - 1} at {site.name}")
         return None if query is None else [query]
-    from inspector.analysis import spans
-
     return list(spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch).positions)
 
 
