@@ -315,6 +315,36 @@ def test_a_read_only_folder_is_one_line_before_anything_is_written(base, tmp_pat
     assert one_line(capsys, resume_argv(data, tmp_path / "ro", bert_folder)) is None  # still a new folder: it scans
 
 
+@pytest.mark.parametrize("blocked", ["file", "read-only"])
+def test_a_scan_folder_no_file_can_be_created_in_is_refused_before_the_model_loads(base, tmp_path, capsys, bert_folder,
+                                                                                   monkeypatch, blocked):
+    """As capture, debug and the others: the scan folder is probed by creating a file where scan.json goes, before
+    the model loads. It was checked with os.access, which blamed permissions for a file on the way (-o afile/scan)
+    and lets root through a read-only mount (the scan then failed after the model had loaded)."""
+    import importlib
+    import tempfile
+
+    data, _ = base
+
+    def no_model(*a, **k):
+        raise AssertionError("the model loaded before the output folder was checked")
+
+    monkeypatch.setattr(importlib.import_module("inspector.capture.models"), "load_model", no_model)
+    if blocked == "file":
+        (tmp_path / "afile").write_text("x")
+        line = one_line(capsys, resume_argv(data, tmp_path / "afile" / "scan", bert_folder))
+        assert f"{tmp_path / 'afile'} is a file, not a folder" in line and "permission" not in line
+    else:
+        def read_only(*a, **k):
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        monkeypatch.setattr(tempfile, "mkstemp", read_only)
+        monkeypatch.setattr(os, "access", lambda *a, **k: True)  # as for root
+        line = one_line(capsys, resume_argv(data, tmp_path / "ro", bert_folder))
+        assert "could not write" in line and "Read-only file system" in line
+    assert not (tmp_path / "ro").exists() and temporary_files(tmp_path) == []
+
+
 # ---- a corpus changed under a resumed scan ---------------------------------------------------------
 def test_resuming_on_a_changed_corpus_is_refused(base, tmp_path, capsys, bert_folder, monkeypatch):
     data, out = base

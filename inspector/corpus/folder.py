@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from inspector.errors import InspectorError
-from inspector.store.files import temp_beside, write_error, write_text
+from inspector.store.files import check_writable, temp_beside, write_error, write_text
 from inspector.store.schema import STORAGE_DTYPES  # the names, without torch
 
 FORMAT = 1
@@ -326,9 +326,9 @@ class ScanFolder:
             check_parts(self.out)
         elif self.out.is_dir() and any(p.name not in allow for p in self.out.iterdir()):
             raise InspectorError(f"{self.out} is not empty and holds no scan: scan into a new or empty folder")
-        where = next(p for p in (self.out, *self.out.parents) if p.exists())
-        if not os.access(where, os.W_OK | os.X_OK):  # before any model loads (root passes; its writes are checked as they go)
-            raise InspectorError(f"cannot write into {where} (no permission): fix the folder's permissions or scan elsewhere")
+        # before any model loads: a file is created and removed where scan.json goes (or the nearest folder above),
+        # as every other command's outputs are probed (os.access passes root on a read-only mount; a file on the way)
+        check_writable(self.out / "scan.json")
 
     def open(self) -> ScanFolder:
         """Create the folder (or drop a stopped scan's in-flight work) and read what is committed."""
