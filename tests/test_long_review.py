@@ -166,3 +166,28 @@ def test_every_value_norm_refusal_promises_a_recapture_only_where_it_helps(tmp_p
         head_weights(plain, plain.sites[0], weighting="value-norm")
     with pytest.raises(InspectorError, match=r"use --weighting attention, or capture again with this inspector$"):
         rank_heads(plain, weighting="value-norm")
+
+
+def test_attribute_on_pegasus_x_runs_by_default_and_says_where_rollout_went(tmp_path, capsys):
+    """`attribute` with its default methods failed on Pegasus-X (and every model whose sites have no value norms)
+    telling the user to pass --weighting attention, an option attribute does not have. Now value_rollout is left
+    out with a note; asked for by name it is refused naming --methods. The rollout share on the learned global
+    tokens (no row of the table) is printed, and it is what the table's rows leave of 1."""
+    from inspector.intervene.attribution import attribute
+
+    _saved(px._pegasus_x, tmp_path / "model")
+    argv = ["attribute", "--model", str(tmp_path / "model"), "--source", px.TEXTS[0], "--output", px.TARGETS[0],
+            "--position", "2", "--csv", str(tmp_path / "a.csv")]
+    capsys.readouterr()
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "left out value_rollout: model.encoder.layers.0.self_attn has no value norms" in err
+    df = attribute(px._pegasus_x(), tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0], position=2)
+    assert "value_rollout" not in df and "value_rollout" in df.attrs["left_out"]
+    share = df.attrs["rollout_global"]
+    assert share > 0.01 and abs(share + df["rollout"].sum() - 1) < 1e-6
+    assert f"rollout: {share:.5g} of the row is traced to the model's learned global tokens" in out
+    assert main([*argv, "--methods", "rollout,value_rollout"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading lines
+    assert last.startswith("inspector: error: value_rollout needs value norms") and "--methods" in last
+    assert "--weighting" not in last

@@ -57,9 +57,9 @@ def cmd_attribute(args) -> int:
     from inspector.store.files import write_csv
 
     source, _ = _inputs(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods or () if m not in METHODS]
+    if unknown or methods == []:
         raise InspectorError(f"unknown --methods {', '.join(unknown) or '(none)'}: use some of {','.join(METHODS)}")
     _targets(args)
     loaded = load_from_args(args)
@@ -67,13 +67,18 @@ def cmd_attribute(args) -> int:
     df = attribute(loaded.model, loaded.tokenizer, source, output, position=args.position, contrast=args.contrast,
                    query=args.query, occurrence=args.occurrence, methods=methods, steps=args.steps,
                    internal_batch_size=args.batch_size, target_ids=target_ids)
+    for m, why in df.attrs.get("left_out", {}).items():
+        status(f"left out {m}: {why}")
     print(f"metric: {df.attrs['definition']} = {df.attrs['metric']:.6f}")
     if "ig_delta" in df.attrs:
         print(f"integrated gradients ({df.attrs['ig_steps']} steps): M(x) - M(0) = {df.attrs['ig_difference']:.6f}, "
               f"completeness gap {df.attrs['ig_delta']:+.3g}")
-    for m in methods:
+    for m in [m for m in METHODS if m in df.columns]:
         top = df.loc[df[m].idxmax()]
         print(f"{m}: the largest is {top['token']!r} ({top['role']} token {top['index']}) = {top[m]:.5g}")
+        if df.attrs.get(f"{m}_global"):  # Pegasus-X's learned global tokens: no input token, so no row of the table
+            print(f"{m}: {df.attrs[f'{m}_global']:.5g} of the row is traced to the model's learned global tokens, "
+                  f"which are no input token and have no row below (the rows sum to {df[m].sum():.5g})")
     print(format_table(df, digits=5))
     if args.csv:
         write_csv(args.csv, df)
@@ -126,8 +131,9 @@ def add_commands(sub) -> None:
     _common(p)
     p.add_argument("--position", type=int, help="without --contrast: the output token whose log-probability is explained "
                                                 "(read from the row before it; default the last)")
-    p.add_argument("--methods", default="input_x_gradient,integrated_gradients,rollout,value_rollout",
-                   help="comma-separated: input_x_gradient, integrated_gradients, rollout, value_rollout")
+    p.add_argument("--methods", help="comma-separated: input_x_gradient, integrated_gradients, rollout, value_rollout "
+                                     "(default all; value_rollout left out, with a note, where the model's sites have "
+                                     "no value norms: LED, Pegasus-X, LongT5...)")
     p.add_argument("--steps", type=int, default=20, help="integrated gradients: points of the Gauss-Legendre rule")
     p.add_argument("--batch-size", type=int, help="integrated gradients: points per forward pass (default all)")
     p.add_argument("--csv", help="write one row per input token to this CSV file")

@@ -145,7 +145,8 @@ def _gradient_columns(model, names, embeds, rest, metric, methods, steps, intern
     return cols, attrs
 
 
-def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric, methods, labels) -> tuple[dict, dict]:
+def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric, methods, labels,
+                     chosen: bool = True) -> tuple[dict, dict]:
     from inspector.analysis.rollout import rollout
     from inspector.capture.recorder import capture
 
@@ -155,6 +156,14 @@ def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric,
     for name, weighting in (("rollout", "attention"), ("value_rollout", "value-norm")):
         if name not in methods:
             continue
+        if weighting == "value-norm":
+            why = _no_value_norms(cap)
+            if why is not None and chosen:
+                raise InspectorError(f"value_rollout needs value norms at every site, and {why}: "
+                                     "leave value_rollout out of --methods (rollout reads the weights alone)")
+            if why is not None:  # the default methods: every one the model allows
+                attrs["left_out"] = {name: why}
+                continue
         r = rollout(cap, weighting=weighting)
         where = {(role, i): k for k, (role, i, _) in enumerate(r.tokens)}
         row = r.matrix[metric.rows].mean(0)
@@ -164,9 +173,18 @@ def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric,
     return cols, attrs
 
 
+def _no_value_norms(cap) -> str | None:
+    """Why value_rollout cannot run on ``cap`` (a site without value norms: output_attentions sites of LED,
+    Pegasus-X, LongT5...), or None when it can."""
+    site = next((s for s in cap.sites if "value_norm" not in s.parts), None)
+    if site is None:
+        return None
+    return f"{site.name} has no value norms ({site.value_norm_note or 'not recorded in this capture'})"
+
+
 def attribute(model, tokenizer, text: str, target: str | None = None, *, position: int | None = None,
               contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-              methods: tuple[str, ...] | list[str] = METHODS, steps: int = 20, internal_batch_size: int | None = None,
+              methods: tuple[str, ...] | list[str] | None = None, steps: int = 20, internal_batch_size: int | None = None,
               target_ids: list[list[int]] | None = None) -> pd.DataFrame:
     """Attribute one metric of ``model`` on ``text`` (and ``target``) to its input tokens.
 
@@ -177,11 +195,14 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
     position explained, or None), ``forward_calls`` (forward passes the gradient methods ran) and, with
     integrated gradients, ``ig_delta``, ``ig_difference``, ``ig_steps``; with rollout, ``rollout_global`` /
     ``value_rollout_global``, the share traced to tokens that are no input (Pegasus-X's learned global tokens;
-    0 elsewhere), so that the column plus it sums to 1.
+    0 elsewhere), so that the column plus it sums to 1. ``methods=None`` runs every method the model allows:
+    ``value_rollout`` is left out where a site has no value norms (LED, Pegasus-X, LongT5...), the reason in
+    ``attrs["left_out"]`` (method -> why); asked for by name there, it is refused.
 
     Raises :class:`InspectorError` for an unknown method, a metric that cannot be placed
     (:func:`metric_for`), or a batch of texts (one text at a time).
     """
+    chosen, methods = methods is not None, list(METHODS if methods is None else methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise InspectorError(f"unknown attribution method(s) {', '.join(unknown) or '(none)'}: use {', '.join(METHODS)}")
@@ -210,11 +231,11 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
     finally:
         model.train(was_training)
     if any(m in ("rollout", "value_rollout") for m in methods):
-        got, more = _rollout_columns(model, tokenizer, text, target, target_ids, metric, methods, labels)
+        got, more = _rollout_columns(model, tokenizer, text, target, target_ids, metric, methods, labels, chosen)
         cols.update(got)
         attrs.update(more)
     table = pd.DataFrame({"position": range(len(labels)), "role": [r for r, _ in labels], "index": [i for _, i in labels],
-                          "token": tokens, **{m: cols[m].detach().numpy() for m in methods}})
+                          "token": tokens, **{m: cols[m].detach().numpy() for m in methods if m in cols}})
     table.attrs.update(metric=value, definition=metric.definition, position=metric.position, forward_calls=counter[0], **attrs)
     return table
 
