@@ -365,7 +365,6 @@ def led_file(n: int) -> int:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     from inspector.capture import capture
-    from inspector.store import load
 
     window = 512
     config = AutoConfig.for_model("led", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -381,12 +380,19 @@ def led_file(n: int) -> int:
     glob = torch.zeros(1, n, dtype=torch.long)
     glob[0, 0] = 1
     cap = capture(model, tok, text, "a short summary.", extra_inputs={"global_attention_mask": glob})
-    folder = tempfile.mkdtemp(prefix="inspector-bench-led-")
+    return saved_band_bytes(cap, "led", f"tiny LED encoder, {n} tokens, window {window}, 1 global token", t0)
+
+
+def saved_band_bytes(cap, name: str, what: str, t0: float) -> int:
+    """Save ``cap`` to a temporary folder (removed after), read it back and print the file's size and
+    :func:`band_bytes`; ``what`` describes the capture, ``t0`` is when it began."""
+    from inspector.store import load
+
+    folder = tempfile.mkdtemp(prefix=f"inspector-bench-{name}-")
     try:
-        path = cap.save(Path(folder) / "led.safetensors")
+        path = cap.save(Path(folder) / f"{name}.safetensors")
         cap = load(path)
-        print(f"tiny LED encoder, {n} tokens, window {window}, 1 global token; capture {time.perf_counter() - t0:.1f} s; "
-              f"file {path.stat().st_size / MB:.1f} MB")
+        print(f"{what}; capture {time.perf_counter() - t0:.1f} s; file {path.stat().st_size / MB:.1f} MB")
         print(f"machine: {machine_line()}")
         band_bytes(cap)
     finally:
@@ -417,7 +423,6 @@ def pegasus_x_file(n: int) -> int:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     from inspector.capture import capture
-    from inspector.store import load
 
     config = AutoConfig.for_model("pegasus_x", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
@@ -429,17 +434,8 @@ def pegasus_x_file(n: int) -> int:
     text = random_text(tok, n)
     t0 = time.perf_counter()
     cap = capture(model, tok, text, "a short summary.")
-    folder = tempfile.mkdtemp(prefix="inspector-bench-pegasus-x-")
-    try:
-        path = cap.save(Path(folder) / "pegasus_x.safetensors")
-        cap = load(path)
-        print(f"tiny Pegasus-X encoder, {n} tokens, block {config.block_size}, {config.num_global_tokens} global tokens, "
-              f"staggered; capture {time.perf_counter() - t0:.1f} s; file {path.stat().st_size / MB:.1f} MB")
-        print(f"machine: {machine_line()}")
-        band_bytes(cap)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return 0
+    return saved_band_bytes(cap, "pegasus_x", f"tiny Pegasus-X encoder, {n} tokens, block {config.block_size}, "
+                            f"{config.num_global_tokens} global tokens, staggered", t0)
 
 
 if __name__ == "__main__":
