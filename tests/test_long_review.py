@@ -6,6 +6,7 @@ saved to a folder so the commands a report prints can be run as a user would run
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -105,6 +106,9 @@ def test_global_mistakes_name_the_text_they_are_about():
         global_attention_mask(model, enc, ["@40"])
     with pytest.raises(InspectorError, match=r"@5-2 runs backwards: give the first position first, e.g. @2-5"):
         global_attention_mask(model, enc, ["@5-2"])
+    for bad in ("@-1", "@x", "@3-", "@1.5"):  # meant as an index: said so, not "not in the source text"
+        with pytest.raises(InspectorError, match=rf"--global {re.escape(bad)} is no token index: give @i or @i-j"):
+            global_attention_mask(model, enc, [bad])
     padded = encode(model, tiny.tokenizer(), [OTHER, "It pays."], ["It pays.", "It pays."])
     marked = global_attention_mask(model, padded, ["@10"])  # a real token of row 0, padding in row 1: never marked
     assert marked[:, 10].tolist() == [1, 0] and int(marked.sum()) == 1

@@ -554,6 +554,8 @@ def check_global_words(spans: list[str], text: str, where: str) -> None:
 def _check_global_entry(spec: str) -> None:
     if not spec:
         raise InspectorError("--global has an empty entry: give comma-separated words or token indices like @0,@5")
+    if spec.startswith("@") and not _TOKEN_INDEX.match(spec):  # '@-1', '@x', '@1-': meant as an index, not a word
+        raise InspectorError(f"--global {spec} is no token index: give @i or @i-j with i and j from 0 (e.g. @0 or @3-5)")
     m = _TOKEN_INDEX.match(spec)
     if m and m.group(2) is not None and int(m.group(2)) < int(m.group(1)):
         raise InspectorError(f"--global {spec} runs backwards: give the first position first, e.g. @{m.group(2)}-{m.group(1)}")
