@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import difflib
 import re
+import weakref
 from dataclasses import dataclass
 
 from inspector.errors import InspectorError
@@ -29,10 +30,25 @@ class Occurrence:
     end: int | None = None
 
 
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # capture -> {(axis, batch, phrase, ...): occurrences}
+
+
 def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch: int = 0,
          case_sensitive: bool = True, role: str | None = None) -> list[Occurrence]:
     """Every occurrence of ``phrase`` on the site's query or key axis, in axis order (only in the
-    ``role`` part of the axis when given)."""
+    ``role`` part of the axis when given). Sites on the same axis share the answer: it is looked up once
+    per capture (a capture's records do not change). Raises :class:`InspectorError` for a token index off
+    the axis, or a text without character offsets (a slow tokenizer)."""
+    axis = tuple(site.query_input if which == "query" else site.key_input)
+    key = (axis, batch, phrase, case_sensitive, role, None if not _INDEX.match(phrase.strip()) else (site.name, which))
+    memo = _FOUND.setdefault(capture, {})
+    if key not in memo:
+        memo[key] = _find(capture, site, phrase, which, batch=batch, case_sensitive=case_sensitive, role=role)
+    return list(memo[key])
+
+
+def _find(capture: Capture, site: Site, phrase: str, which: str, *, batch: int, case_sensitive: bool,
+          role: str | None) -> list[Occurrence]:
     m = _INDEX.match(phrase.strip())
     if m:
         axis = capture.axis(site, which, batch)
