@@ -52,13 +52,14 @@ def main(argv=None) -> int:
 
     import torch
 
+    from inspector.capture.inputs import encode_with_globals
     from inspector.intervene import effects
 
     if args.threads:
         torch.set_num_threads(args.threads)
     tok = C.tokenizer()
     model, text, target, glob, contrast, shape = _setup(args, tok)
-    enc = effects.encode_with_globals(model, tok, text, target, global_tokens=glob)
+    enc = encode_with_globals(model, tok, text, target, global_tokens=glob)
     inputs = enc.model_kwargs
     res = effects.attribute(model, tok, text, target, contrast=contrast, global_tokens=glob)
     heads = list(zip(res.table["site"], res.table["head"], strict=True))

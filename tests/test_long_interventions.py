@@ -23,7 +23,7 @@ import test_global_local as px
 import test_long_attention as lf
 import torch
 
-from inspector.capture.inputs import encode
+from inspector.capture.inputs import encode, encode_with_globals
 from inspector.intervene import effects as E
 from inspector.intervene import seam as S
 
@@ -197,7 +197,7 @@ def test_attribution_equals_autograd_through_the_projection_inputs(family):
     glob = ["@0", "@9"] if family in GLOBAL else None
     res = E.attribute(model, tiny.tokenizer(), texts[0], targets[0] if targets else None, global_tokens=glob,
                       **_contrast_args(model))
-    enc = E.encode_with_globals(model, tiny.tokenizer(), texts[0], targets[0] if targets else None, global_tokens=glob)
+    enc = encode_with_globals(model, tiny.tokenizer(), texts[0], targets[0] if targets else None, global_tokens=glob)
     sites = _long_sites(res.capture, cls)
     leaves: dict[str, list] = {s.name: [] for s in sites}
 
@@ -239,7 +239,7 @@ def test_effects_confirms_led_encoder_heads_with_global_tokens():
     enc_rows = res.table[res.table["site"].str.contains("longformer_self_attn")]
     assert len(enc_rows) == 2 * 4 and enc_rows["attribution"].abs().gt(0).all()
     effect = float(res.table[(res.table["site"] == site) & (res.table["head"] == 1)]["effect"].iloc[0])
-    enc = E.encode_with_globals(model, tiny.tokenizer(), lf.TEXTS[0], lf.TARGETS[0], global_tokens=["@0"])
+    enc = encode_with_globals(model, tiny.tokenizer(), lf.TEXTS[0], lf.TARGETS[0], global_tokens=["@0"])
     ref = copy.deepcopy(model)
     with torch.no_grad():
         dict(ref.named_modules())["led.encoder.layers.0.self_attn.output"].weight[:, 8:16] = 0

@@ -591,3 +591,14 @@ def _span_positions(rec: InputRecord, spec: str) -> list[int]:
         out += [i for i, off in enumerate(rec.offsets)
                 if off is not None and not rec.padding[i] and off[0] < match.end() and off[1] > match.start()]
     return out
+
+
+def encode_with_globals(model, tokenizer, text, target=None, *, target_ids=None, global_tokens: list[str] | None = None):
+    """:func:`encode`, with LED's / Longformer's ``global_attention_mask`` built from
+    ``global_tokens`` (words or ``@i`` token indices of the source,
+    :func:`global_attention_mask`, which raises :class:`InspectorError` for a model
+    that takes none), so that a capture, a generation and every pass of an intervention mark the same global tokens."""
+    encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
+    if global_tokens:
+        encoded.model_kwargs["global_attention_mask"] = global_attention_mask(model, encoded, list(global_tokens))
+    return encoded

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from inspector.capture import banded
-from inspector.capture.inputs import Encoded, encode, global_attention_mask
+from inspector.capture.inputs import Encoded, encode_with_globals
 from inspector.errors import InspectorError
 from inspector.store import masks, schema
 from inspector.store.capture_file import Capture, Site
@@ -867,9 +867,7 @@ def capture(
     which raises :class:`InspectorError` for a model that takes none); the file records them under
     ``options.global``.
     """
-    encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
-    if global_tokens:
-        encoded.model_kwargs["global_attention_mask"] = global_attention_mask(model, encoded, global_tokens)
+    encoded = encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens)
     if extra_inputs:
         encoded.model_kwargs.update(extra_inputs)
     roles = roles_of(encoded)

@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from inspector.capture.inputs import encode, global_attention_mask
+from inspector.capture.inputs import encode_with_globals
 from inspector.errors import InspectorError
 from inspector.intervene import contrast as _contrast
 from inspector.intervene import seam as intervene
@@ -57,17 +57,6 @@ class Outcome:
     capture: Capture
     contrast: dict | None = None
     generated: dict | None = None
-
-
-def encode_with_globals(model, tokenizer, text, target=None, *, target_ids=None, global_tokens: list[str] | None = None):
-    """:func:`inspector.capture.inputs.encode`, with LED's / Longformer's ``global_attention_mask`` built from
-    ``global_tokens`` (words or ``@i`` token indices of the source,
-    :func:`inspector.capture.inputs.global_attention_mask`, which raises :class:`InspectorError` for a model
-    that takes none), so that every pass of an intervention marks the same global tokens a capture did."""
-    encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
-    if global_tokens:
-        encoded.model_kwargs["global_attention_mask"] = global_attention_mask(model, encoded, list(global_tokens))
-    return encoded
 
 
 def _prepare(model, tokenizer, text, target, target_ids, generate, global_tokens=None):

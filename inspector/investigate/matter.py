@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from inspector.capture.inputs import encode
+from inspector.capture.inputs import encode, encode_with_globals
 from inspector.errors import InspectorError
 from inspector.intervene import effects as _effects
 from inspector.intervene import seam as intervene
@@ -99,12 +99,12 @@ def matter_of(loaded, source: str, *, flagged: list[tuple[str, int]], contrast: 
     listed = listed.loc[listed["effect"].abs().sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
     keys = list(zip(listed["site"], listed["head"], strict=True))
 
-    encoded = _effects.encode_with_globals(model, tokenizer, source, **said, global_tokens=global_tokens)
+    encoded = encode_with_globals(model, tokenizer, source, **said, global_tokens=global_tokens)
     clean = intervene.run(model, encoded)
     before = float(res.contrast.value(clean.output))
     patches, notes = [], []
     for name, text in (variants or {}).items():
-        var = intervene.run(model, _effects.encode_with_globals(model, tokenizer, text, **said, global_tokens=global_tokens),
+        var = intervene.run(model, encode_with_globals(model, tokenizer, text, **said, global_tokens=global_tokens),
                             intervene.Seam(record={s for s, _ in keys}))
         column, ok = [], []
         for s, h in keys:
