@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from inspector.capture.inputs import Encoded, encode, global_attention_mask, max_positions, model_layout
+from inspector.capture.inputs import Encoded, encode_with_globals, max_positions, model_layout
 from inspector.errors import InspectorError
 
 
@@ -32,11 +32,10 @@ def generate_target(model, tokenizer, text: str | list[str], max_new_tokens: int
     layout = model_layout(model)
     if layout == "encoder" or not hasattr(model, "generate"):
         raise InspectorError(f"{type(model).__name__} does not generate text: pass a decoder or encoder-decoder model, or drop --generate")
-    enc = encode(model, tokenizer, text)
+    enc = encode_with_globals(model, tokenizer, text, global_tokens=global_tokens)
     check_room(model, tokenizer, enc, max_new_tokens)
-    kwargs = {k: v for k, v in enc.model_kwargs.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-    if global_tokens:
-        kwargs["global_attention_mask"] = global_attention_mask(model, enc, global_tokens)
+    kwargs = {k: v for k, v in enc.model_kwargs.items()
+              if k in ("input_ids", "attention_mask", "token_type_ids", "global_attention_mask")}
     generate_kwargs.setdefault("do_sample", False)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(model.config, "pad_token_id", None)
     if pad is not None:
