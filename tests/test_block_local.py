@@ -56,13 +56,7 @@ def _reference(model, cls, kwargs):
         inputs[module] = args[0] if args else kw["hidden_states"]
 
     mods = [m for m in model.modules() if type(m).__name__ == cls]
-    handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in mods]
-    try:
-        with torch.no_grad():
-            out = model(**kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    out = tiny.run_hooked(model, kwargs, mods, pre=grab)
     real = kwargs["attention_mask"].bool()
     with torch.no_grad():
         return [_layer_reference(m, mods[0], inputs[m], real) for m in mods], out
@@ -164,15 +158,8 @@ def _bigbird_reference(model, kwargs):
     what the model used: weights times values equal the module's own output on every real query."""
     inputs, contexts = {}, {}
     mods = [m for m in model.modules() if type(m).__name__.endswith("BlockSparseAttention")]
-    handles = [m.register_forward_pre_hook(lambda mod, args, kw: inputs.update({mod: args[0] if args else kw["hidden_states"]}),
-                                           with_kwargs=True) for m in mods]
-    handles += [m.register_forward_hook(lambda mod, args, out: contexts.update({mod: out[0]})) for m in mods]
-    try:
-        with torch.no_grad():
-            out = model(**kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    out = tiny.run_hooked(model, kwargs, mods, pre=lambda mod, args, kw: inputs.update({mod: args[0] if args else kw["hidden_states"]}),
+                          post=lambda mod, args, out: contexts.update({mod: out[0]}))
     n = kwargs["input_ids"].shape[1]
     real = kwargs["attention_mask"].bool()
     refs = []

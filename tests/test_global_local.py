@@ -55,13 +55,7 @@ def _reference(model, kwargs):
         inputs[module] = kw
 
     layers = [m for m in model.modules() if type(m).__name__ == "PegasusXEncoderLayer"]
-    handles = [m.self_attn.register_forward_pre_hook(grab, with_kwargs=True) for m in layers]
-    try:
-        with torch.no_grad():
-            out = model(**kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    out = tiny.run_hooked(model, kwargs, [m.self_attn for m in layers], pre=grab)
     n = kwargs["input_ids"].shape[1]
     real = kwargs["attention_mask"].bool()  # [batch, n]
     refs = []

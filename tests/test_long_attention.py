@@ -71,13 +71,7 @@ def _reference(model, cls, kwargs):
         inputs[module] = (args[0] if args else kw["hidden_states"], kw)
 
     mods = [m for m in model.modules() if type(m).__name__ == cls]
-    handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in mods]
-    try:
-        with torch.no_grad():
-            out = model(**kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    out = tiny.run_hooked(model, kwargs, mods, pre=grab)
     n = kwargs["input_ids"].shape[1]
     refs = []
     with torch.no_grad():

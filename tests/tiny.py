@@ -49,3 +49,21 @@ def build(name: str, attn: str = "sdpa"):
         torch.manual_seed(SEED)
         model = cls.from_config(config, attn_implementation="eager")
     return model.eval()
+
+
+def run_hooked(model, kwargs: dict, modules, pre=None, post=None):
+    """``model(**kwargs)`` without grad, with ``pre(module, args, kwargs)`` as a forward pre-hook (keyword
+    arguments included) and ``post(module, args, output)`` as a forward hook on each of ``modules``; the hooks
+    are removed on every exit path. Returns the model's output."""
+    handles = []
+    try:
+        for m in modules:
+            if pre is not None:
+                handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+            if post is not None:
+                handles.append(m.register_forward_hook(post))
+        with torch.no_grad():
+            return model(**kwargs)
+    finally:
+        for h in handles:
+            h.remove()
