@@ -7,15 +7,13 @@ import gc
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from test_browser import free_port, wait_healthy
 
 from inspector import cli
 from inspector.cli import common
@@ -201,32 +199,16 @@ def test_app_command_binds_loopback_by_default():
                                          "--weighting", "attention"]  # the app starts on the run's weighting
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_the_streamlit_child(tmp_path, sig):
     psutil = pytest.importorskip("psutil")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT))
     log = (tmp_path / "app.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "inspector", "app", str(FIXTURE), "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "app.log").read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the app did not start"
-            time.sleep(0.2)
+        wait_healthy(f"http://127.0.0.1:{port}/", proc, 60, tmp_path / "app.log")
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children
         listening = [c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port]

@@ -44,11 +44,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60, log: Path | None = None) -> None:
+    """Wait until the Streamlit server at ``url`` answers its health check; raise if ``proc`` exits first
+    (with ``log``'s text, when given) or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited with status {proc.returncode}")
+            raise RuntimeError(f"streamlit exited with status {proc.returncode}" + (f":\n{log.read_text()}" if log else ""))
         try:
             with urllib.request.urlopen(url + "_stcore/health", timeout=2) as r:
                 if r.status == 200:

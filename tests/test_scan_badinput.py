@@ -453,34 +453,21 @@ def test_scan_demo_of_another_size_is_refused_without_reading_rows(tmp_path, cap
 def test_corpus_app_stopped_with_sigterm_stops_its_streamlit_child(base, tmp_path):
     """`inspector corpus OUT --app` runs Streamlit under the same supervisor as `inspector app`."""
     import signal
-    import socket
     import subprocess
     import sys
-    import time
-    import urllib.request
+
+    from test_browser import free_port, wait_healthy
 
     psutil = pytest.importorskip("psutil")
     _, out = base
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(root))
     with (tmp_path / "app.log").open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "inspector", "corpus", str(out), "--app", "--port", str(port)],
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                assert proc.poll() is None, (tmp_path / "app.log").read_text()
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, "the Corpus page did not start"
-                time.sleep(0.3)
+            wait_healthy(f"http://127.0.0.1:{port}/", proc, 90, tmp_path / "app.log")
             children = psutil.Process(proc.pid).children(recursive=True)
             assert children
             proc.send_signal(signal.SIGTERM)
