@@ -8,7 +8,9 @@ from html import unescape
 import pandas as pd
 import pytest
 
+from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
+from inspector.capture.output import Output
 from inspector.cli import main
 from inspector.intervene import effects as E
 from inspector.investigate.debug import investigate
@@ -85,8 +87,7 @@ def test_encoder_contrast_needs_a_query(tmp_path, capsys, tokenizer):
 
 def test_debug_does_it_matter(tokenizer, tmp_path):
     bart = LoadedModel(tiny.build("bart"), tokenizer, "tiny-bart")
-    inv = investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"],
-                      variants={"quoted": QUOTED}, out_dir=tmp_path, contrast="Lessee,Lessor", top=4, rule=_loose())
+    inv = investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor"), contrast="Lessee,Lessor", rule=_loose()), Output.of(OUTPUT), variants={"quoted": QUOTED}, out_dir=tmp_path, top=4)
     m = inv.matter
     flagged = {(r.site, r.head) for r in inv.flagged.itertuples()}
     assert flagged, "the loose rule flags some head"
@@ -180,8 +181,7 @@ def test_reproduce_rebuilds_matter_files_without_an_lm_head(tokenizer, tmp_path)
     quoted = 'It reads: "The Lessee shall indemnify the Lessor." The Lessee shall indemnify the Lessor again.'
     source = LEGAL + " The Lessee shall indemnify the Lessor again."
     out = tmp_path / "run"
-    inv = investigate(bert, source, query="indemnify", referents=["Lessee", "Lessor"], variants={"quoted": quoted},
-                      out_dir=out, contrast="Lessee,Lessor", top=2, rule=_loose(), occurrence=2)
+    inv = investigate(bert, source, Question(query="indemnify", referents=("Lessee", "Lessor"), occurrence=2, contrast="Lessee,Lessor", rule=_loose()), variants={"quoted": quoted}, out_dir=out, top=2)
     cmd = next(c for c in inv.commands if c.startswith("inspector effects"))
     assert "--query indemnify --occurrence 2" in cmd and "--confirm" in cmd and "--variant" in cmd
     argv = shlex.split(cmd)[1:]

@@ -17,7 +17,9 @@ import pytest
 from safetensors.torch import save_file
 
 from inspector import analysis
+from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
+from inspector.capture.output import Output
 from inspector.cli import main
 from inspector.errors import InspectorError
 from inspector.investigate.debug import investigate
@@ -213,7 +215,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 def test_investigation_folder_is_swapped_in_whole(bart, tmp_path, monkeypatch):
     out = tmp_path / "inv"
-    kw = {"output": OUTPUT, "query": "indemnify", "referents": ["Lessee", "Lessor"], "out_dir": out}
+    kw = {"question": Question(query="indemnify", referents=("Lessee", "Lessor")), "output": Output.of(OUTPUT), "out_dir": out}
     investigate(bart, LEGAL, variants={"quoted": "The Lessee shall indemnify the Lessor, it says."}, **kw)
     assert {"variant-quoted.safetensors", "compare-quoted.csv"} <= set(_snapshot(out))
     investigate(bart, LEGAL, **kw)  # a second run without the variant: nothing of the first is left

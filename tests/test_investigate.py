@@ -5,8 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.capture.models import LoadedModel
+from inspector.capture.output import Output
 from inspector.cli import main
 from inspector.errors import InspectorError
 from inspector.investigate.debug import compare_captures, investigate
@@ -26,8 +28,7 @@ def bart(tokenizer):
 
 
 def test_debug_encoder_decoder_with_output_and_variant(bart, tmp_path):
-    inv = investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"],
-                      variants={"quoted": QUOTED}, out_dir=tmp_path)
+    inv = investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(OUTPUT), variants={"quoted": QUOTED}, out_dir=tmp_path)
     names = {p.name for p in tmp_path.iterdir()}
     assert {"capture.safetensors", "rank.csv", "split.csv", "report.html", "variant-quoted.safetensors",
             "compare-quoted.csv", "source.txt", "output.txt"} <= names
@@ -51,7 +52,7 @@ def test_debug_encoder_decoder_with_output_and_variant(bart, tmp_path):
 
 def test_debug_needs_an_output_for_a_generator(bart, tmp_path):
     with pytest.raises(InspectorError, match="--output, or --generate"):
-        investigate(bart, LEGAL, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path)
+        investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor")), out_dir=tmp_path)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
@@ -65,7 +66,7 @@ def test_debug_cli_with_generation(name, tmp_path, tokenizer, capsys):
     assert code == 0, capsys.readouterr().err
     cap = load(out / "capture.safetensors")
     assert len(cap.records("target").ids) >= 2
-    assert (out / "report.html").is_file() and "Flagged heads" in capsys.readouterr().out
+    assert (out / "report.html").is_file() and "Split flags" in capsys.readouterr().out
 
 
 def test_compare_detects_a_split_planted_in_one_capture_only(tmp_path):
@@ -74,7 +75,7 @@ def test_compare_detects_a_split_planted_in_one_capture_only(tmp_path):
     p[0] = 0.0
     p[0, :, planted.BOB] = 1.0  # head 0 no longer split
     b = planted.build(p=p)
-    df = compare_captures(a, b, "today", ["Bob", "Carol"], names=("before", "after"))
+    df = compare_captures(a, b, Question("today", ("Bob", "Carol")), names=("before", "after"))
     top = df.iloc[0]
     assert (top["site"], top["head"]) == ("planted.attention", 0)
     assert top["split_change"] == pytest.approx(-1.0) and top["flagged[before]"] and not top["flagged[after]"]
@@ -88,19 +89,19 @@ def test_compare_refuses_captures_of_different_models(tokenizer):
     a = capture(tiny.build("gpt2"), tokenizer, LEGAL)
     b = capture(tiny.build("llama"), tokenizer, LEGAL)
     with pytest.raises(InspectorError, match="different models"):
-        compare_captures(a, b, "indemnity", ["Lessee", "Lessor"])
+        compare_captures(a, b, Question("indemnity", ("Lessee", "Lessor")))
 
 
 @pytest.mark.slow
 def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--no-app"]) == 0
     out = capsys.readouterr().out
-    assert "Flagged heads" in out and "encoder.layer.5.attention.self" in out
+    assert "Split flags" in out and "encoder.layer.5.attention.self" in out
     # the flagged head in every variant first, in plain words: quoting raised L5H9's split 0.228 -> 0.242
     said = "Variant 'quoted' raised the split of layer 5 head 9 (encoder.layer.5.attention.self): 0.228 -> 0.242"
     assert said in out and out.index(said) < out.index("Heads ranked by") < out.index("largest changes")
     # one weighting per run, said where the flags and the ranking are printed and written
-    assert "Flagged heads (1; attention weights)" in out and "raw attention weights" in out
+    assert "Split flags (1; attention weights)" in out and "raw attention weights" in out
     assert "sits on pieces both referents share (less)" in out
     assert set(pd.read_csv(tmp_path / "rank.csv")["weighting"]) == set(pd.read_csv(tmp_path / "split.csv")["weighting"]) == {"attention"}
     for name in ("capture.safetensors", "rank.csv", "split.csv", "report.html", "compare-quoted.csv"):
@@ -118,8 +119,7 @@ def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
 def test_report_commands_reproduce_split_csv(bart, tmp_path):
     import shlex
 
-    inv = investigate(bart, LEGAL, output=OUTPUT + " The Lessee pays.", query="indemnify", referents=["Lessee", "Lessor"],
-                      out_dir=tmp_path)
+    inv = investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(OUTPUT + " The Lessee pays."), out_dir=tmp_path)
     split_cmd = next(c for c in inv.commands if c.startswith("inspector split"))
     argv = shlex.split(split_cmd)[1:]
     argv[argv.index("--csv") + 1] = str(tmp_path / "again.csv")
@@ -145,8 +145,7 @@ def test_report_commands_reproduce_compare_csv_with_the_runs_thresholds(bart, tm
 
     rule = analysis.SplitRule(min_split=0.15, min_mass=0.25, min_lift=1.5)
     out = tmp_path / "run"
-    inv = investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"],
-                      variants={"quoted": QUOTED}, out_dir=out, rule=rule)
+    inv = investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor"), rule=rule), Output.of(OUTPUT), variants={"quoted": QUOTED}, out_dir=out)
     for kind, name in (("compare", "compare-quoted.csv"), ("split", "split.csv")):
         cmd = next(c for c in inv.commands if c.startswith(f"inspector {kind}"))
         assert "--min-split 0.15" in cmd and "--min-lift 1.5" in cmd and "--min-mass" not in cmd  # only what differs
@@ -165,10 +164,10 @@ def test_report_commands_reproduce_compare_csv_with_the_runs_thresholds(bart, tm
 
 
 def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):
-    investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path)
+    investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(OUTPUT), out_dir=tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(InspectorError):
-        investigate(bart, "Another text entirely.", output="x", query="Nope", referents=["Lessee", "Lessor"], out_dir=tmp_path)
+        investigate(bart, "Another text entirely.", Question(query="Nope", referents=("Lessee", "Lessor")), Output.of("x"), out_dir=tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
@@ -196,8 +195,7 @@ def test_debug_computes_the_originals_split_once(bart, tmp_path, monkeypatch):
 
     monkeypatch.setattr(analysis, "split_heads", counted)
     monkeypatch.setattr(split_module, "split_heads", counted)
-    inv = investigate(bart, LEGAL, output=OUTPUT, query="indemnify", referents=["Lessee", "Lessor"],
-                      variants={"quoted": QUOTED, "again": LEGAL}, out_dir=tmp_path)
+    inv = investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(OUTPUT), variants={"quoted": QUOTED, "again": LEGAL}, out_dir=tmp_path)
     assert calls.count(id(inv.capture)) == 1
     assert len(calls) == 3  # the original, then each variant once
     again = inv.comparisons["again"]  # the same text: the comparison reads the original's table, unchanged

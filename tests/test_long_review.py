@@ -14,7 +14,9 @@ import test_global_local as px
 import test_long_attention as lf
 import torch
 
+from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
+from inspector.capture.output import Output
 from inspector.cli import main
 from inspector.investigate.debug import investigate
 from inspector.store import load
@@ -43,8 +45,7 @@ def test_report_commands_rerun_the_long_document_run(family, globals_, tmp_path,
     build = lf._led if family == "led" else px._pegasus_x
     loaded = _saved(build, tmp_path / "model")
     out = tmp_path / "run"
-    inv = investigate(loaded, lf.TEXTS[0], output=lf.TARGETS[0], query="indemnify", referents=["Lessee", "Lessor"],
-                      variants={"quoted": QUOTED}, out_dir=out, global_tokens=globals_)
+    inv = investigate(loaded, lf.TEXTS[0], Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(lf.TARGETS[0]), variants={"quoted": QUOTED}, out_dir=out, global_tokens=globals_)
     again = tmp_path / "again"
     again.mkdir()
     ran = set()

@@ -11,7 +11,9 @@ import shlex
 import pytest
 import torch
 
+from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
+from inspector.capture.output import Output
 from inspector.cli import main
 from inspector.investigate.debug import investigate
 from inspector.store import load
@@ -61,8 +63,7 @@ def test_a_generated_runs_variant_is_reproduced_with_its_own_output(name, tmp_pa
     neither tokenizes back to the generated ids: their commands generate again (greedy, the same ids)."""
     loaded = _saved(name, tmp_path / "model")
     out = tmp_path / "run"
-    inv = investigate(loaded, SOURCE, generate=8, query="indemnify", referents=["Lessee", "Lessor"],
-                      variants={"quoted": QUOTED}, out_dir=out)
+    inv = investigate(loaded, SOURCE, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(generate=8), variants={"quoted": QUOTED}, out_dir=out)
     original, variant = (out / "output.txt").read_text(), (out / "output-quoted.txt").read_text()
     assert original != variant  # the variant's own output, not the original's
     assert variant == load(out / "variant-quoted.safetensors").records("target").text
@@ -79,15 +80,14 @@ def test_given_output_and_a_generated_text_that_tokenizes_back_point_at_their_fi
     an output given with ``output=``; a generated output whose text tokenizes back is named too."""
     loaded = _saved("gpt2", tmp_path / "model")
     out = tmp_path / "run"
-    inv = investigate(loaded, SOURCE, output="The Lessee pays.", query="indemnify", referents=["Lessee", "Lessor"],
-                      variants={"quoted": QUOTED}, out_dir=out)
+    inv = investigate(loaded, SOURCE, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of("The Lessee pays."), variants={"quoted": QUOTED}, out_dir=out)
     captures = [c for c in inv.commands if c.startswith("inspector capture")]
     assert all(f"--target-file {out / 'output.txt'}" in c for c in captures), captures
     assert not (out / "output-quoted.txt").exists()  # nothing generated: the variant reads the same output
     again = tmp_path / "again"
     again.mkdir()
     _rerun(captures, out, again, capsys)
-    inv = investigate(loaded, QUOTED, generate=8, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path / "g")
+    inv = investigate(loaded, QUOTED, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(generate=8), out_dir=tmp_path / "g")
     assert f"--target-file {tmp_path / 'g' / 'output.txt'}" in inv.commands[0]  # '£5 £5 ...' tokenizes back
     _rerun(inv.commands[:1], tmp_path / "g", again, capsys)
 

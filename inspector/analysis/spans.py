@@ -55,6 +55,8 @@ def _find(capture: Capture, site: Site, phrase: str, which: str, *, batch: int, 
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if not 0 <= lo <= hi < len(axis):
             raise InspectorError(f"token index {phrase} is outside the {which} axis of {site.name} (0..{len(axis) - 1})")
+        if role is not None and axis[lo][0].role != role:  # an index of the other part of the axis
+            return []
         return [Occurrence(phrase, axis[lo][0].role, tuple(range(lo, hi + 1)))]
     flags = 0 if case_sensitive else re.IGNORECASE
     pattern = re.compile(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", flags)

@@ -22,22 +22,62 @@ from inspector.cli.common import (
     read_text,
 )
 from inspector.errors import InspectorError
+from inspector.investigate.defaults import DEBUG_TOP
 
 if TYPE_CHECKING:
+    from inspector.analysis.question import Question
     from inspector.investigate.debug import Investigation
 
 
-def _print_findings(inv: Investigation, top: int = 10, focus: tuple[int, int] | None = None) -> None:
+def _question(args, query: str | None) -> Question:
+    """The run's :class:`~inspector.analysis.question.Question` from the parsed arguments (built once, checked
+    before the model loads)."""
+    from inspector import analysis
+    from inspector.analysis.question import Question
+
+    return Question(query=query, referents=tuple(args.referents.split(",")), occurrence=args.occurrence,
+                    contrast=getattr(args, "contrast", None), weighting=args.weighting,
+                    query_role=getattr(args, "query_role", None),
+                    rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift))
+
+
+def _print_verdict(inv: Investigation, top: int = 5) -> None:
+    """The verdict first (the top culprit is the first head named), then the culprits' table."""
+    from inspector.analysis import verdict as _v
+
+    v = inv.verdict
+    if v is None:
+        print("No verdict: without --contrast RIGHT,WRONG nothing here is tested. The split flags below are "
+              "hypotheses (heads whose weight is divided between the referents); add --contrast RIGHT,WRONG (e.g. "
+              "Lessee,Lessor) to measure which heads push the output towards WRONG.")
+        return
+    for line in _v.summary_lines(v):
+        print(line)
+    shown = v.table.head(max(top, len(v.culprits.head(top))))
+    cols = {"rank": "rank", "layer": "layer", "head": "head", "site": "site", "effect": "effect", "direction": "direction",
+            "signature": "signature", "weight_right": f"weight:{v.right}", "weight_wrong": f"weight:{v.wrong}",
+            "query_row": "row"}
+    table = shown[list(cols)].rename(columns=cols)
+    print(f"\nHeads by exact effect (culprits first; all {len(v.table)} in culprits.csv):")
+    print(format_table(table, digits=4))
+
+
+def _print_findings(inv: Investigation, top: int = 10) -> None:
     from inspector import analysis
     from inspector.analysis.moves import move_sentence
     from inspector.investigate.debug import (
         KEYS,
         rank_note,
     )
+    _print_verdict(inv)
+    for line in inv.notes:
+        print(line)
     refs = [c for c in inv.split.columns if c.startswith("weight:")]
     flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["chance_mass", "lift", "split_score", "driving_row"]]
-    print(f"\nFlagged heads ({len(flagged)}; {inv.split.attrs.get('weighting', 'attention')} weights):")
-    print(format_table(flagged) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
+    tested = " (hypotheses: a split is a symptom; the verdict above says which heads cause the output)" \
+        if inv.verdict is not None else " (untested hypotheses: add --contrast RIGHT,WRONG)"
+    print(f"\nSplit flags ({len(flagged)}; {inv.split.attrs.get('weighting', 'attention')} weights){tested}:")
+    print(format_table(flagged.head(top)) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
     for line in analysis.split_notes(inv.split):
         print(line)
     if inv.moves is not None:
@@ -62,27 +102,32 @@ def _print_findings(inv: Investigation, top: int = 10, focus: tuple[int, int] | 
             from inspector.investigate import wherefrom
 
             print(wherefrom.summary_text(inv.where, format_table))
-            print(wherefrom.sentence(inv.where, *focus) if focus else wherefrom.headline(inv.where))
+            c = inv.verdict.top if inv.verdict is not None else None
+            print(wherefrom.sentence(inv.where, int(c["layer"]), int(c["head"]), c["site"]) if c else
+                  wherefrom.headline(inv.where))
         else:
             print(f"\nWhere did the word come from? not shown: {inv.where_note}")
-    else:
-        print("\nDoes it matter? add --contrast RIGHT,WRONG (e.g. Lessee,Lessor) to measure each head's effect on the output")
     written = sorted(p.name for p in inv.out_dir.iterdir() if p.is_file())
     print(f"\nWrote {len(written)} files to {inv.out_dir}: {', '.join(written)}")
 
 
 def cmd_debug(args) -> int:
-    from inspector import analysis
+    from inspector.capture.output import Output
     from inspector.investigate.debug import (
         MARKER,
         investigate,
     )
     from inspector.store.files import check_folder_target
+    if args.query is None and not args.contrast:
+        raise InspectorError("debug needs --query WORD, or --contrast RIGHT,WRONG (the query then defaults to the row "
+                             "the contrast is read at)")
     check_before_loading(query=args.query, referents=args.referents)
+    question = _question(args, args.query)
     source = read_text(args.source, args.source_file, "source")
-    output = read_text(args.output, args.output_file, "output")
+    output = Output(text=read_text(args.output, args.output_file, "output"), generate=args.generate)
     # the query is looked up in the output first: only a word the output cannot hold must be in each variant
-    in_output = args.generate or (output is not None and args.query.strip().casefold() in output.casefold())
+    in_output = args.query is None or args.generate or (output.text is not None
+                                                        and args.query.strip().casefold() in output.text.casefold())
     variants = parse_variants(args.variant, None if in_output else args.query)
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
@@ -90,10 +135,7 @@ def cmd_debug(args) -> int:
                                             **{f"the --variant {name} file": text for name, text in variants.items()}})
     check_folder_target(Path(args.out), MARKER)  # before the model loads
     loaded = load_from_args(args)
-    inv = investigate(loaded, source, query=args.query, referents=args.referents.split(","), out_dir=args.out,
-                      output=output, generate=args.generate, variants=variants, occurrence=args.occurrence,
-                      rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), progress=True,
-                      contrast=args.contrast, top=args.top, weighting=args.weighting,
+    inv = investigate(loaded, source, question, output, out_dir=args.out, variants=variants, progress=True, top=args.top,
                       global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None)
     _print_findings(inv)
     return 0
@@ -110,7 +152,6 @@ def _compare_names(given: str | None, a: str, b: str) -> tuple[str, str]:
 
 
 def cmd_compare(args) -> int:
-    from inspector import analysis
     from inspector.investigate.debug import (
         compare_captures,
     )
@@ -118,9 +159,9 @@ def cmd_compare(args) -> int:
     from inspector.store.files import write_csv
 
     names = _compare_names(args.names, args.a, args.b)  # before any capture is read
+    question = _question(args, args.query)
     a, b = load(args.a), load(args.b)
-    df = compare_captures(a, b, args.query, args.referents.split(","), names=names, occurrence=args.occurrence,
-                          rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift), weighting=args.weighting)
+    df = compare_captures(a, b, question, names=names)
     if args.csv:
         write_csv(args.csv, df)
         print(f"wrote {len(df)} rows to {args.csv}", file=sys.stderr)
@@ -131,6 +172,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from inspector.analysis.question import Question
     from inspector.capture.models import load_model
     from inspector.investigate.debug import (
         LEGAL_QUOTED,
@@ -145,10 +187,10 @@ def cmd_demo(args) -> int:
     loaded = load_model(None)
     print(f"source: {LEGAL_SOURCE}\nquery: indemnity   referents: Lessee, Lessor   variant 'quoted': the clause quoted",
           file=sys.stderr)
-    inv = investigate(loaded, LEGAL_SOURCE, query="indemnity", referents=["Lessee", "Lessor"], out_dir=args.out,
-                      variants={"quoted": LEGAL_QUOTED}, progress=True, contrast="Lessee,Lessor",
-                      weighting=args.weighting)
-    _print_findings(inv, focus=(5, 9))  # the head the demo's README discusses
+    question = Question(query="indemnity", referents=("Lessee", "Lessor"), contrast=("Lessee", "Lessor"),
+                        weighting=args.weighting)
+    inv = investigate(loaded, LEGAL_SOURCE, question, out_dir=args.out, variants={"quoted": LEGAL_QUOTED}, progress=True)
+    _print_findings(inv)
     if args.no_app:
         return 0
     args.file = str(inv.capture_path)
@@ -163,8 +205,9 @@ def add_commands(sub) -> None:
     p = sub.add_parser("debug", help="investigate a wrong output: capture, rank, split, variants, report")
     add_model_options(p)
     add_source_output_options(p, "inspect them")
-    p.add_argument("--query", required=True, help="the word whose attention to inspect (looked up in the output first)")
-    p.add_argument("--occurrence", type=int)
+    p.add_argument("--query", help="the word whose attention to inspect (looked up in the output first), or @I for token "
+                                    "index I; with --contrast and an LM head, default: the row that predicts WRONG")
+    p.add_argument("--occurrence", type=int, help="which occurrence of the query word, from 1 (when it occurs more than once)")
     p.add_argument("--referents", required=True, help="competing referents in the source, e.g. Lessee,Lessor")
     p.add_argument("--variant", action="append", metavar="NAME=FILE", help="another version of the source to compare")
     p.add_argument("--min-split", type=float, default=0.2)
@@ -176,7 +219,9 @@ def add_commands(sub) -> None:
                    help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
                         "(no LM head: on the query word's final representation), and \"Where did the word come from?\": "
                         "attribution of that metric to the source and the route of the row it reads")
-    p.add_argument("--top", type=int, default=10, help="with --contrast: confirm the top K heads by exact ablation (default 10)")
+    p.add_argument("--top", type=positive_int, default=DEBUG_TOP,
+                   help=f"with --contrast: compute the exact effect of the top K heads by attribution patching, and of "
+                        f"every flagged head (default {DEBUG_TOP}); the verdict ranks those")
     p.add_argument("--global", dest="global_tokens", metavar="SPANS",
                    help="LED/Longformer: global tokens of the source (and variants), comma-separated words or token "
                         "indices, e.g. @0 (as in `inspector capture`)")
@@ -187,6 +232,8 @@ def add_commands(sub) -> None:
     p.add_argument("b")
     p.add_argument("--query", required=True)
     p.add_argument("--occurrence", type=int)
+    p.add_argument("--query-role", choices=["source", "target"],
+                   help="look for the query only in the source or only in the output (default: the output first)")
     p.add_argument("--referents", required=True)
     p.add_argument("--min-split", type=float, default=0.2)
     p.add_argument("--min-mass", type=float, default=0.25)

@@ -18,8 +18,11 @@ import pandas as pd
 
 from inspector import analysis
 from inspector.analysis.moves import variant_moves
+from inspector.analysis.question import Question
+from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
+from inspector.investigate.defaults import DEBUG_TOP
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
 
@@ -56,6 +59,9 @@ class Investigation:
     moves: pd.DataFrame | None = None  # variant_moves(): the flagged heads in every variant, first
     where: Any = None  # inspector.investigate.wherefrom.WhereFrom when a contrast was given (and routes apply)
     where_note: str | None = None  # why there is no "Where did the word come from?" (a contrast was given)
+    verdict: Any = None  # inspector.analysis.verdict.Verdict when a contrast was given: the culprits first
+    question: Question | None = None  # the question as the run read it (a defaulted query resolved to its row)
+    notes: list[str] = field(default_factory=list)  # on the question: which row was read and why
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -63,20 +69,29 @@ class Investigation:
         return self.split[self.split["flagged"]]
 
 
-def roles_of(cap: Capture, query: str) -> tuple[str, str]:
-    """Look for the query in the output when it is there (what the model said), else in the source."""
+def roles_of(cap: Capture, question: Question) -> tuple[str | None, str]:
+    """Where the query and the referents are looked for: the question's roles where it names them; else the
+    query in the output when it is there (what the model said), else in the source; referents in the source. A
+    token index (``@I``) is on every site's query axis (None)."""
+    ref_role = question.referent_role or "source"
+    if question.query_role is not None:
+        return question.query_role, ref_role
+    if question.query_index is not None:
+        return None, ref_role
     has_target = any(r.role == "target" for r in cap.inputs)
-    if has_target and re.search(r"(?<!\w)" + re.escape(query) + r"(?!\w)", cap.records("target").text):
-        return "target", "source"
-    return "source", "source"
+    flags = 0 if question.case_sensitive else re.IGNORECASE
+    if has_target and re.search(r"(?<!\w)" + re.escape(question.query) + r"(?!\w)", cap.records("target").text, flags):
+        return "target", ref_role
+    return "source", ref_role
 
 
-def split_for(cap: Capture, query: str, referents: list[str], *, occurrence: int | None = None,
-              rule: analysis.SplitRule = analysis.SplitRule(), weighting: str = "attention") -> pd.DataFrame:
-    """Every site where the query can attend to the referents in the source, cross sites first."""
-    q_role, r_role = roles_of(cap, query)
-    return analysis.split_heads(cap, query, referents, occurrence=occurrence, sites="all", rule=rule,
-                                query_role=q_role, referent_role=r_role, cross_first=True, weighting=weighting)
+def split_for(cap: Capture, question: Question) -> pd.DataFrame:
+    """Every site where the question's query can attend to its referents in the source, cross sites first (a
+    token index ``@I`` with ``query_role`` ``target`` is found on the sites whose queries are output positions)."""
+    q_role, r_role = roles_of(cap, question)
+    return analysis.split_heads(cap, question.query, list(question.referents), occurrence=question.occurrence,
+                                sites="all", rule=question.rule, query_role=q_role, referent_role=r_role, cross_first=True,
+                                weighting=question.weighting, case_sensitive=question.case_sensitive)
 
 
 def rank_note(weighting: str) -> str:
@@ -88,12 +103,11 @@ def rank_note(weighting: str) -> str:
     return "Heads ranked by normalized entropy of the raw attention weights (the softmax the model computes), as split."
 
 
-def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *, names: tuple[str, str] = ("a", "b"),
-                     occurrence: int | None = None, rule: analysis.SplitRule = analysis.SplitRule(),
-                     weighting: str = "attention", split_a: pd.DataFrame | None = None) -> pd.DataFrame:
+def compare_captures(a: Capture, b: Capture, question: Question, *, names: tuple[str, str] = ("a", "b"),
+                     split_a: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per head: split score and referent weights in each capture and their change (b - a), sorted by
     the size of the change. Heads are matched by site name and head; captures of different models are
-    refused. ``split_a``: ``a``'s split table (:func:`split_for` with the same arguments) when the caller
+    refused. ``split_a``: ``a``'s split table (:func:`split_for` with the same question) when the caller
     has it already, so an investigation computes the original's split once."""
     ma, mb = a.meta.get("model", {}), b.meta.get("model", {})
     if (ma.get("class"), ma.get("config_hash")) != (mb.get("class"), mb.get("config_hash")):
@@ -104,8 +118,8 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     na, nb = names
     if na == nb:
         na, nb = f"{na}:a", f"{nb}:b"
-    sa = split_a if split_a is not None else split_for(a, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
-    sb = split_for(b, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    sa = split_a if split_a is not None else split_for(a, question)
+    sb = split_for(b, question)
     refs = [c for c in sa.columns if c.startswith("weight:")]
     cols = ["split_score", "referent_mass", "lift", "flagged"] + refs
     merged = sa[KEYS + cols].merge(sb[KEYS + cols], on=KEYS, suffixes=(f"[{na}]", f"[{nb}]"))
@@ -127,103 +141,137 @@ def compare_captures(a: Capture, b: Capture, query: str, referents: list[str], *
     return out.loc[order].reset_index(drop=True)
 
 
-def _capture_one(loaded, source: str, output: str | None, generate: int | None, gen_kwargs: dict, progress: bool,
-                 global_tokens: list[str] | None = None):
+def _capture_one(loaded, source: str, output: Output, progress: bool, global_tokens: list[str] | None = None):
     target_ids = None
-    if generate:
+    said = output.kwargs()
+    if output.generate:
         from inspector.capture.generation import generate_target
 
-        target_ids = generate_target(loaded.model, loaded.tokenizer, source, generate, global_tokens=global_tokens, **gen_kwargs)
-        output = None
-    return capture(loaded.model, loaded.tokenizer, source, output, target_ids=target_ids, model_name=loaded.name, progress=progress,
-                   global_tokens=global_tokens)
+        target_ids = generate_target(loaded.model, loaded.tokenizer, source, output.generate, global_tokens=global_tokens)
+        said = {}
+    return capture(loaded.model, loaded.tokenizer, source, said.get("target"), target_ids=target_ids or said.get("target_ids"),
+                   model_name=loaded.name, progress=progress, global_tokens=global_tokens)
+
+
+def resolve_question(loaded, cap: Capture, question: Question) -> tuple[Question, list[str]]:
+    """The question the run reads, and notes on it. With a contrast and no query, a model with an LM head reads
+    the row the contrast is read at (the row that predicts the contrasted token, ``@I``). A query word that is an
+    output word of such a model is read on its own row, with a note naming the row that predicted it. Raises
+    :class:`InspectorError` when there is no query to read."""
+    from inspector.intervene import contrast as _contrast
+
+    lm = _contrast.model_has_lm_head(loaded.model)
+    notes: list[str] = []
+    if question.query is None:
+        if question.contrast is None or not lm:
+            raise InspectorError("no query given: pass --query WORD" + ("" if question.contrast is None or lm else
+                                 " (this model has no LM head, so the contrast is read on the query word)"))
+        c = _contrast.resolve(cap, loaded.tokenizer, True, question.right, question.wrong)
+        enc_dec = cap.meta.get("layout") == "encoder-decoder"
+        site = next(s for s in cap.sites if ("target" if enc_dec else "source") in s.query_input)
+        tok = cap.tokens(site, "query")[c.row]
+        notes.append(f"Query: row {c.row} ({tok!r}), the row that predicts {question.wrong!r} (where the contrast is read); "
+                     "pass --query WORD to read another.")
+        return question.at(f"@{c.row}", query_role="target" if enc_dec else None), notes
+    if lm and question.query_index is None and roles_of(cap, question)[0] == "target":
+        from inspector.analysis import spans
+
+        site = next(s for s in cap.sites if "target" in s.query_input and s.kind != "cross")
+        found = spans.find(cap, site, question.query, "query", role="target", case_sensitive=question.case_sensitive)
+        if found:
+            first = found[(question.occurrence or 1) - 1].positions[0] if len(found) >= (question.occurrence or 1) else None
+            if first:
+                tok = cap.tokens(site, "query")[first - 1]
+                notes.append(f"Query {question.query!r} is an output word: split reads its own row {first}, the row after "
+                             f"the model chose it; the row that chose it is {first - 1} ({tok!r}): --query @{first - 1}.")
+    return question, notes
 
 
 def investigate(
     loaded,
     source: str,
+    question: Question,
+    output: Output = Output(),
     *,
-    query: str,
-    referents: list[str],
     out_dir: str | Path,
-    output: str | None = None,
-    generate: int | None = None,
-    gen_kwargs: dict | None = None,
     variants: dict[str, str] | None = None,
-    occurrence: int | None = None,
-    rule: analysis.SplitRule = analysis.SplitRule(),
     progress: bool = False,
-    contrast: str | None = None,
-    top: int = 10,
-    weighting: str = "attention",
+    top: int = DEBUG_TOP,
     global_tokens: list[str] | None = None,
 ) -> Investigation:
-    """Capture, rank, split, compare variants and write everything into ``out_dir``.
+    """Capture, rank, split, compare variants, give the verdict and write everything into ``out_dir``.
 
-    ``loaded`` is a :class:`~inspector.capture.models.LoadedModel`. ``output`` is an output the model gave
-    earlier; ``generate`` instead generates up to that many tokens. ``variants`` maps a name to
-    another version of the source (e.g. with the clause quoted), captured and compared with the same
-    output (or generating again when ``generate`` is set). ``contrast`` (``RIGHT,WRONG``) adds the
-    "Does it matter?" part (:mod:`inspector.investigate.matter`): effects of the flagged and ``top`` heads, and of
-    patching them from each variant (with the original's output). ``weighting`` is the split's and the
-    heatmaps' (``attention`` or ``value-norm``) and the ranking's too: one weighting per run, written in
-    ``rank.csv`` / ``split.csv`` (their ``weighting`` column), the printout and the report. ``global_tokens``
-    (LED, Longformer) marks global tokens of the source and of every variant (words or ``@i`` token indices,
+    ``loaded`` is a :class:`~inspector.capture.models.LoadedModel`; ``question``
+    (:class:`~inspector.analysis.question.Question`) names the query, the referents, the weighting and the
+    split rule (one per run: ``rank.csv`` and ``split.csv`` say which) and the contrast ``RIGHT,WRONG``;
+    ``output`` (:class:`~inspector.capture.output.Output`) what the model said (a text, ids, or generate N).
+    ``variants`` maps a name to another version of the source (e.g. with the clause quoted), captured and
+    compared with the same output (or generating again when the output is generated). With a contrast, the
+    "Does it matter?" part (:mod:`inspector.investigate.matter`: exact effects of the ``top`` heads by attribution
+    and of the flagged ones, patches from each variant) and the verdict (:mod:`inspector.investigate.verdict`:
+    the heads that push towards WRONG first, ``culprits.csv``). ``global_tokens`` (LED, Longformer) marks global
+    tokens of the source and of every variant (words or ``@i`` token indices,
     :func:`inspector.capture.inputs.global_attention_mask`), in the capture and in every effects and patching
     pass; "Where did the word come from?" is left out with them (its attribution and route passes take no
-    global tokens; the printout says why).
+    global tokens; the printout says why). Raises :class:`InspectorError` (nothing written) for a question or
+    output the capture cannot answer.
     """
     from inspector.capture.inputs import model_layout
     from inspector.intervene.contrast import model_has_lm_head
     from inspector.ui.report import render_report
 
-    if output is not None and generate:
-        raise InspectorError("give either --output or --generate, not both")
-    if model_layout(loaded.model) != "encoder" and output is None and not generate:
+    if model_layout(loaded.model) != "encoder" and not output.given:
         raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
     out = Path(out_dir)
     check_folder_target(out, MARKER)  # a file, or a folder of other things, is refused before any work
-    gen_kwargs = gen_kwargs or {}
     # everything is computed (and every mistake found) before anything is written into out_dir
-    cap = _capture_one(loaded, source, output, generate, gen_kwargs, progress, global_tokens)
+    cap = _capture_one(loaded, source, output, progress, global_tokens)
+    question, question_notes = resolve_question(loaded, cap, question)
+    weighting = question.weighting
     rank = analysis.rank_heads(cap, weighting=weighting)  # one weighting per run: rank and split alike
-    split = split_for(cap, query, referents, occurrence=occurrence, rule=rule, weighting=weighting)
+    split = split_for(cap, question)
     said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
     comparisons: dict[str, pd.DataFrame] = {}
     variant_caps: dict[str, Capture] = {}
     for name, text in (variants or {}).items():
-        vcap = _capture_one(loaded, text, said if not generate else None, generate, gen_kwargs, progress, global_tokens)
-        comparisons[name] = compare_captures(cap, vcap, query, referents, names=("original", name), occurrence=occurrence,
-                                             rule=rule, weighting=weighting, split_a=split)
+        vcap = _capture_one(loaded, text, output if output.generate else Output.of(said), progress, global_tokens)
+        comparisons[name] = compare_captures(cap, vcap, question, names=("original", name), split_a=split)
         variant_caps[name] = vcap
     moves = variant_moves(split, comparisons) if comparisons else None
     # what each capture's command feeds as the output: the saved text when it tokenizes to the ids the run fed,
     # else (generated tokens whose text tokenizes otherwise) the same greedy generation again
+    generate = output.generate
     said_args = {name: _said_arg(loaded, c, text, file, generate)
                  for name, c, text, file in [("", cap, source, "output.txt")]
                  + [(n, variant_caps[n], (variants or {})[n], f"output-{n}.txt" if generate else "output.txt")
                     for n in variant_caps]}
-    commands = _commands(loaded.name, out, query, referents, split, said_args, occurrence, list(variants or {}),
-                         roles_of(cap, query), weighting=weighting, rank_weighting=rank.attrs.get("weighting", "attention"),
-                         rule=rule, global_tokens=global_tokens, explainable=_explainable(cap, split))
-    matter = where = where_section = where_note = None
+    commands = _commands(loaded.name, out, question, split, said_args, list(variants or {}), roles_of(cap, question),
+                         rank_weighting=rank.attrs.get("weighting", "attention"), global_tokens=global_tokens,
+                         explainable=_explainable(cap, split))
+    matter = where = where_section = where_note = verdict = None
+    contrast = question.contrast_spec
     if contrast:
         from inspector.investigate import matter as _matter
+        from inspector.investigate.verdict import verdict_of
 
-        matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=query, occurrence=occurrence,
-                                        variants=variants, top=top, global_tokens=global_tokens)
-        commands += _matter.commands(loaded.name, out, matter, query, occurrence, _said_flag(out, said_args[""], "--output-file"))
+        matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=question.query,
+                                        occurrence=question.occurrence, variants=variants, top=top,
+                                        global_tokens=global_tokens)
+        verdict = verdict_of(cap, matter, question)
+        commands += _matter.commands(loaded.name, out, matter, question.query, question.occurrence,
+                                     _said_flag(out, said_args[""], "--output-file"))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
                                             "passes do not take") if global_tokens else \
-            _where(loaded, cap, source, split, matter, contrast, query, occurrence)
+            _where(loaded, cap, source, split, matter, contrast, question.query, question.occurrence, verdict)
         if where is not None:
-            commands += _where_commands(loaded.name, out, contrast, query, occurrence, _said_flag(out, said_args[""], "--output-file"),
-                                        model_has_lm_head(loaded.model))
+            commands += _where_commands(loaded.name, out, contrast, question.query, question.occurrence,
+                                        _said_flag(out, said_args[""], "--output-file"), model_has_lm_head(loaded.model))
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
-    html = render_report(cap, split, rank, query=query, referents=referents, commands=commands, comparison=comparison,
-                         variants=variant_caps or None, weighting=weighting, moves=moves,
+    html = render_report(cap, split, rank, query=question.query, referents=list(question.referents), commands=commands,
+                         comparison=comparison, variants=variant_caps or None, weighting=weighting, moves=moves,
                          rank_note=rank_note(rank.attrs.get("weighting", "attention")),
-                         matter=_matter.section(matter) if matter is not None else None, where=where_section)
+                         matter=_matter.section(matter) if matter is not None else None, where=where_section,
+                         verdict=verdict)
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
     # leaves the old folder as it was
@@ -244,6 +292,9 @@ def investigate(
             write_csv(out / f"compare-{name}.csv", comparisons[name])
         if matter is not None:
             _matter.write(out, matter)
+            from inspector.investigate import verdict as _verdict
+
+            _verdict.write(out, verdict)
         if where is not None:
             from inspector.investigate import wherefrom
 
@@ -254,11 +305,12 @@ def investigate(
     variant_paths = {name: out / p.name for name, p in variant_paths.items()}
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
                          commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter,
-                         moves=moves, where=where, where_note=where_note)
+                         moves=moves, where=where, where_note=where_note, verdict=verdict, question=question,
+                         notes=question_notes)
 
 
-def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contrast: str, query: str,
-           occurrence: int | None):
+def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contrast: str, query: str | None,
+           occurrence: int | None, verdict=None):
     """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
     model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
     from inspector.intervene.routes import FAMILIES
@@ -270,7 +322,8 @@ def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contr
         return None, None, (f"routes decompose the residual of {', '.join(sorted(FAMILIES))} models; {mt!r} is not "
                             "among them")
     try:
-        w = wherefrom.where_from(loaded, cap, source, split, matter, contrast=contrast, query=query, occurrence=occurrence)
+        w = wherefrom.where_from(loaded, cap, source, split, matter, contrast=contrast, query=query, occurrence=occurrence,
+                                 verdict=verdict)
     except InspectorError as exc:  # e.g. blocks that do not add up as the family's layout says
         return None, None, str(exc)
     return w, WhereSection(attribution=w.attribution, route=w.route, heads=w.heads, sentence=wherefrom.headline(w),
@@ -328,32 +381,33 @@ def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
     return True
 
 
-def _commands(model: str, out: Path, query: str, referents: list[str], split: pd.DataFrame, said_args: dict,
-              occurrence: int | None, variants: list[str], roles: tuple[str, str], *, weighting: str = "attention",
-              rank_weighting: str = "attention", rule: analysis.SplitRule = analysis.SplitRule(),
-              global_tokens: list[str] | None = None, explainable: bool = True) -> list[str]:
+def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, said_args: dict, variants: list[str],
+              roles: tuple[str | None, str], *, rank_weighting: str = "attention", global_tokens: list[str] | None = None,
+              explainable: bool = True) -> list[str]:
     """The commands that rewrite the run's files byte for byte: the capture(s) (marking the run's
     ``global_tokens``, ``--global``; each with its own output as ``said_args`` says, keyed ``""`` for the original
     and by variant name, :func:`_said_arg`), ``rank.csv``, ``split.csv``, each ``compare-NAME.csv`` (same thresholds,
     weighting and column labels), and explain of the top head when explain works there (``explainable``: its
     site has weights; without Q/K/V explain gives the weights without steps)."""
     q = shlex.quote
-    default = analysis.SplitRule()
+    rule, default = question.rule, analysis.SplitRule()
     wt = "".join(f" --{flag} {getattr(rule, f)!r}" for flag, f in (("min-split", "min_split"), ("min-mass", "min_mass"),
                                                                      ("min-lift", "min_lift"))
                  if getattr(rule, f) != getattr(default, f))
-    wt += "" if weighting == "attention" else f" --weighting {weighting}"
-    refs = q(",".join(referents))
+    wt += "" if question.weighting == "attention" else f" --weighting {question.weighting}"
+    refs = q(",".join(question.referents))
+    query = question.query
     cap = q(str(out / "capture.safetensors"))
-    occ = f" --occurrence {occurrence}" if occurrence else ""
+    occ = f" --occurrence {question.occurrence}" if question.occurrence else ""
     model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
     glob = f" --global {q(','.join(global_tokens))}" if global_tokens else ""
+    role = f" --query-role {roles[0]}" if roles[0] else ""
     cmds = [
         f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
         + _said_flag(out, said_args[""], "--target-file") + f"{glob} -o {cap}",
         f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
         + f" --csv {q(str(out / 'rank.csv'))}",
-        f"inspector split {cap} --query {q(query)}{occ} --referents {refs} --query-role {roles[0]} "
+        f"inspector split {cap} --query {q(query)}{occ} --referents {refs}{role} "
         f"--referent-role {roles[1]} --cross-first{wt} --csv {q(str(out / 'split.csv'))}",
     ]
     if len(split) and explainable:
@@ -364,6 +418,6 @@ def _commands(model: str, out: Path, query: str, referents: list[str], split: pd
         vcap = q(str(out / f"variant-{name}.safetensors"))
         cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
                     + _said_flag(out, said_args[name], "--target-file") + f"{glob} -o {vcap}")
-        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ} --referents {refs}{wt} "
+        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ}{role} --referents {refs}{wt} "
                     f"--names {q('original,' + name)} --csv {q(str(out / f'compare-{name}.csv'))}")
     return cmds

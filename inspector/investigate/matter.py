@@ -48,6 +48,7 @@ class Matter:
     top: int
     notes: list[str] = field(default_factory=list)
     global_tokens: list[str] | None = None  # LED / Longformer: the source's global tokens every pass marked
+    row: int | None = None  # logit contrast: the output-axis row that predicts the contrasted token (None: cosine)
 
 
 def said_kwargs(model, tokenizer, cap: Capture, source: str) -> dict:
@@ -129,7 +130,8 @@ def matter_of(loaded, source: str, *, flagged: list[tuple[str, int]], contrast: 
     return Matter(contrast=label, definition=res.definition, metric=res.metric, effects=table, heads=listed,
                   patches=pd.DataFrame(patches, columns=["variant", "heads", "before", "after", "change"]),
                   disagreements=res.disagreements, top=top, notes=list(dict.fromkeys(notes)),
-                  global_tokens=list(global_tokens) if global_tokens else None)
+                  global_tokens=list(global_tokens) if global_tokens else None,
+                  row=res.contrast.row if res.contrast.kind == "logit" else None)
 
 
 def summary_text(m: Matter, format_table=lambda df, digits: df.to_string(index=False)) -> str:

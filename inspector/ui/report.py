@@ -491,6 +491,51 @@ def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[st
     return out
 
 
+def _culprit_heads(capture: Capture, verdict, batch: int, weighting: str, top: int) -> list[tuple[_Head | None, dict, str | None]]:
+    """The top culprits as cards' heads, located at the row their signature was read at (the row the metric
+    reads), over the contrast's two words; a culprit whose attention was not read there gets a card saying why."""
+    out: list[tuple[_Head | None, dict, str | None]] = []
+    refs = [verdict.right, verdict.wrong]
+    for r in verdict.culprits.head(top).to_dict("records"):
+        row = {"site": r["site"], "head": int(r["head"]), "flagged": False, f"weight:{verdict.right}": r["weight_right"],
+               f"weight:{verdict.wrong}": r["weight_wrong"], "referent_mass": r["referent_mass"],
+               "split_score": r["split_score"], "query_positions": [int(r["query_row"])] if int(r["query_row"]) >= 0 else []}
+        if r["signature"] == "not read" or int(r["query_row"]) < 0:
+            out.append((None, row, "its attention was not read at the row the metric reads (another query axis)"))
+            continue
+        try:
+            h = _locate(capture, row, "", refs, batch)
+            h.weighting = weighting
+            out.append((h, row, None))
+        except InspectorError as exc:
+            out.append((None, row, str(exc)))
+    return out
+
+
+def _verdict_data(capture: Capture, verdict, batch: int, heads: list) -> dict:
+    """The verdict section: its sentences (the top culprit named first), the heads by exact effect (culprits
+    first, the rows of :data:`inspector.analysis.verdict.COLUMNS`, as ``culprits.csv``) and the culprits' cards."""
+    from inspector.analysis import verdict as _v
+
+    shown = verdict.table.head(max(10, len(verdict.culprits.head(10))))
+    dirs = shown["direction"].tolist()
+    cards = []
+    for (h, row, err), r in zip(heads, verdict.culprits.to_dict("records"), strict=False):
+        sig = f"{r['signature']} · effect {float(r['effect']):+.4f} · {_v.signature_sentence(r, verdict.right, verdict.wrong)}"
+        if h is None:
+            cards.append({"site": row["site"], "head": row["head"], "error": err, "signature": sig})
+            continue
+        card = _head_card(capture, h, [verdict.right, verdict.wrong], batch, False)
+        card.update(title=f"layer {int(r['layer'])} head {int(r['head'])} · {r['site']}", signature=sig,
+                    rank=int(r["rank"]))
+        cards.append(card)
+    return {"lines": _v.summary_lines(verdict), "definition": verdict.definition, "metric": f"{verdict.metric:+.6f}",
+            "convention": _v.SIGN_CONVENTION, "n": len(verdict.table), "n_culprits": len(verdict.culprits),
+            "table": table_data(shown.reset_index(drop=True), cls="data verdict",
+                                row_class=lambda i, _r: {"towards WRONG": "culprit", "towards RIGHT": "support"}.get(dirs[i], "")),
+            "cards": cards}
+
+
 def _moves(moves: pd.DataFrame) -> list[str]:
     """Per flagged head and variant, one plain sentence: did the variant move the split down, up or not at all."""
     return [move_sentence(r) for r in moves.to_dict("records")]
@@ -581,6 +626,7 @@ def render_report(
     rank_note: str | None = None,
     matter: MatterSection | None = None,
     where: WhereSection | None = None,
+    verdict=None,
 ) -> str:
     """One self-contained HTML document for a split-head investigation (see the module docstring), rendered
     from the Jinja2 template ``templates/report.html.j2`` with autoescaping (every token text, name and
@@ -591,7 +637,10 @@ def render_report(
     card. ``weighting`` is the heatmaps' and shadings' (``attention`` or ``value-norm``, as the split's);
     ``moves`` (:func:`~inspector.investigate.variant_moves`) puts one sentence per flagged head and variant
     first in the summary and the variants section; ``rank_note`` says how heads were ranked; ``matter``
-    adds the "Does it matter?" section before "Reproduce", and ``where`` the "Where did the word come from?" section after it. A head that cannot be shown gets a card saying
+    adds the "Does it matter?" section before "Reproduce", and ``where`` the "Where did the word come from?" section after it;
+    ``verdict`` (:class:`inspector.analysis.verdict.Verdict`) leads the report: its sentence, the heads by exact
+    effect (culprits first) and the top culprits' cards, before the split cards (hypotheses), and the step-by-step
+    view is the top culprit's. A head that cannot be shown gets a card saying
     why (never an exception); weights are float32 as captured, shown to 4 decimals, exact in ``data-w``."""
     referents = [r.strip() for r in referents if r.strip()]
     title = title or f"Attention report: {query!r} between {_and(referents) if referents else '—'}"
@@ -610,11 +659,14 @@ def render_report(
             ("captured", " · ".join(str(x) for x in (capture.meta.get("created"), model.get("dtype"),
                                                        model.get("transformers") and f"transformers {model.get('transformers')}") if x))]
     first = next((h for h, _, _ in heads if h is not None), None)
+    culprit_heads = _culprit_heads(capture, verdict, batch, weighting, top) if verdict is not None else []
+    first = next((h for h, _, _ in culprit_heads if h is not None), first)
     cards = [_head_card(capture, h, referents, batch, bool(row.get("flagged", False))) if h is not None
              else {"site": row.get("site"), "head": row.get("head"), "error": err} for h, row, err in heads]
     context = {
         "title": title, "csp": CSP, "meta": [(k, v) for k, v in meta if v],
         "summary": _summary(n_flagged, [row for _, row, _ in heads], query, referents),
+        "verdict": _verdict_data(capture, verdict, batch, culprit_heads) if verdict is not None else None,
         "moves": _moves(moves) if moves is not None else None,
         "referent_plot": _referent_plot(split, referents),
         "weighting": weighting, "n_flagged": n_flagged, "cards": cards,
