@@ -31,6 +31,7 @@ shared.setup()
 # one line per page; a page is a standalone script under apps/ that calls shared.current() for the selection
 PAGES = {
     "overview": st.Page("overview.py", title="Overview", default=True),
+    "verdict": st.Page("verdict_page.py", title="Verdict"),
     "head": st.Page("head.py", title="Head"),
     "steps": st.Page("steps.py", title="Step by step"),
     "split": st.Page("split.py", title="Split finder"),

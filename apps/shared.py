@@ -127,6 +127,16 @@ def set_capture(cap: Capture, path: Path | str, source: str) -> None:
     ss.rank, ss.split, ss.split_error, ss.bertviz_page = {}, None, None, None
     ss.sel_site, ss.sel_head, ss.sel_query = first.name, 0, query
     ss.sel_axis, ss.query_by_axis = query_axis(first), {}
+    ss.verdict = None  # the verdict `inspector debug` wrote beside the capture (culprits.csv, verdict.json)
+    try:
+        from inspector.ui.verdict_view import read_verdict
+
+        v = read_verdict(Path(path).parent)
+        names = {s.name for s in cap.sites}
+        if v is not None and set(v.table["site"]) <= names:
+            ss.verdict = v
+    except InspectorError as exc:
+        ss.problems.append(views.app_error(exc))
     ss.hm_q0 = ss.hm_k0 = ss.bv_start = 0
     ss.qkv_key = -1
     ss.sp_pick = []
@@ -168,6 +178,11 @@ def open_pending() -> None:
         ss.sel_head = args.head
     if args.variant:
         open_variant(args.variant)
+    top = ss.verdict.top if ss.get("verdict") is not None else None
+    if top is not None and not args.site:  # the run is about its top culprit: open on it, at the row the metric reads
+        row = int(top["query_row"])
+        select_head(top["site"], int(top["head"]), row if row >= 0 else None, goto="verdict")
+        return
     if args.query and args.referents:
         ss.sp_query, ss.sp_refs, ss.sp_occ = args.query, args.referents, int(args.occurrence or 0)
         chosen = (ss.sel_site, ss.sel_head) if args.site and args.head is not None else None
@@ -310,6 +325,8 @@ def welcome() -> None:
         "* **Head**: the query × key heatmap of the selected head, a query's weights, its Q, K and V vectors.\n"
         "* **Step by step**: dot products, scaling, mask, softmax and weighted values for one query (its weights "
         "alone where the site stores no Q/K/V).\n"
+        "* **Verdict**: when the capture comes from `inspector debug --contrast`, the heads that push the output "
+        "towards WRONG, ranked by exact effect, with their attention signature.\n"
         "* **Split finder**: heads whose weight is split between competing referents.\n"
         "* **Compare**: one head's heatmap in two captures (variants of a text) side by side.\n"
         "* **Routes**: the information-flow route of one output token through the capture's model; click an edge or "

@@ -69,10 +69,19 @@ def verdict_of(cap: Capture, matter, question: Question, rule: SignatureRule = S
                     definition=matter.definition, rule=rule, notes=notes)
 
 
-def write(out_dir, v: Verdict):
-    """``culprits.csv`` into ``out_dir`` (atomic write); returns its path."""
+VERDICT_JSON = "verdict.json"
+
+
+def write(out_dir, v: Verdict) -> list:
+    """``culprits.csv`` (:data:`inspector.analysis.verdict.COLUMNS`) and ``verdict.json`` (the contrast's words,
+    metric, definition, signature rule and notes, strict JSON) into ``out_dir`` (atomic writes); the app
+    rebuilds the same :class:`~inspector.analysis.verdict.Verdict` from them
+    (:func:`inspector.ui.verdict_view.read_verdict`)."""
     from pathlib import Path
 
-    from inspector.store.files import write_csv
+    from inspector.store.files import write_csv, write_json
 
-    return write_csv(Path(out_dir) / VERDICT_CSV, v.table)
+    out = Path(out_dir)
+    meta = {"right": v.right, "wrong": v.wrong, "metric": v.metric, "definition": v.definition,
+            "rule": {"lean": v.rule.lean, "min_mass": v.rule.min_mass}, "notes": list(v.notes)}
+    return [write_csv(out / VERDICT_CSV, v.table), write_json(out / VERDICT_JSON, meta)]

@@ -1,0 +1,61 @@
+"""The verdict as the app shows it: read back from an investigation folder, the same numbers as the CLI.
+
+:func:`read_verdict` rebuilds the :class:`~inspector.analysis.verdict.Verdict` that ``inspector debug`` wrote
+(``culprits.csv`` and ``verdict.json`` beside ``capture.safetensors``), so the app's Verdict page prints the
+sentences of :func:`inspector.analysis.verdict.summary_lines` from the very table the CLI printed. The files are
+untrusted: read with pandas and strict JSON, every column and field checked, one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from inspector.analysis.verdict import COLUMNS, SignatureRule, Verdict
+from inspector.errors import InspectorError
+
+CSV, META = "culprits.csv", "verdict.json"
+MAX_BYTES = 16 * 1024 * 1024  # a verdict of a few thousand heads is well under this
+
+
+def _strict(value: str):
+    raise ValueError(f"not strict JSON: {value}")
+
+
+def read_verdict(folder: str | Path) -> Verdict | None:
+    """The verdict in ``folder`` (an investigation folder), or None when it holds none (no contrast was given).
+    Raises :class:`InspectorError` (one line) for a file that is too large, not strict JSON / CSV, or lacks a
+    column or field."""
+    folder = Path(folder)
+    csv, meta = folder / CSV, folder / META
+    if not csv.is_file() or not meta.is_file():
+        return None
+    for f in (csv, meta):
+        if f.stat().st_size > MAX_BYTES:
+            raise InspectorError(f"{f.name} is larger than {MAX_BYTES // 2**20} MiB: not a verdict inspector wrote")
+    try:
+        info = json.loads(meta.read_text(encoding="utf-8"), parse_constant=_strict)
+        table = pd.read_csv(csv, keep_default_na=True)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise InspectorError(f"cannot read the verdict in {folder.name}: {exc}") from None
+    missing = [c for c in COLUMNS if c not in table.columns]
+    fields = {"right": str, "wrong": str, "metric": (int, float), "definition": str}
+    bad = [k for k, t in fields.items() if not isinstance(info, dict) or not isinstance(info.get(k), t)]
+    if missing or bad:
+        raise InspectorError(f"the verdict in {folder.name} lacks {', '.join(missing + bad)}: run inspector debug again")
+    if not math.isfinite(float(info["metric"])):
+        raise InspectorError(f"the verdict in {folder.name} has a metric that is not a finite number")
+    table = table[COLUMNS].copy()
+    table["rank"] = table["rank"].astype("Int64")
+    table["query_token"] = table["query_token"].fillna("").astype(str)
+    rule = info.get("rule") or {}
+    try:
+        rule = SignatureRule(lean=float(rule.get("lean", 2 / 3)), min_mass=float(rule.get("min_mass", 0.2)))
+    except (TypeError, ValueError, InspectorError) as exc:
+        raise InspectorError(f"the verdict in {folder.name} has a bad signature rule: {exc}") from None
+    notes = [str(n) for n in info.get("notes") or [] if isinstance(n, str)]
+    return Verdict(right=info["right"], wrong=info["wrong"], metric=float(info["metric"]), definition=info["definition"],
+                   table=table, rule=rule, notes=notes)
