@@ -16,6 +16,23 @@ from inspector.ui import views
 
 c = shared.current()
 cap, site, head, qi = c.cap, c.site, c.head, c.qi
+if shared.ss.get("verdict") is not None and shared.ss.get("path"):
+    from pathlib import Path
+
+    from inspector.ui.verdict_view import read_why
+
+    try:
+        why = read_why(Path(shared.ss.path).parent)
+    except InspectorError as exc:
+        why = None
+        shared.show_error(views.app_error(exc))
+    if why is not None and why[0]["site"] == site.name and why[0]["head"] == head:
+        info, terms = why
+        with st.expander("Why this culprit attends to WRONG: its score difference, part by part", expanded=True):
+            for line in info.get("lines") or []:
+                st.markdown(views.md_text(line))
+            st.dataframe(terms.reindex(terms["term"].abs().sort_values(ascending=False).index).head(20),
+                         hide_index=True, column_config={"term": st.column_config.NumberColumn(format="%+.5f")})
 try:
     exp = explain(cap, site, head, qi)
 except InspectorError as exc:

@@ -93,6 +93,15 @@ def test_cli_csv_report_and_app_name_the_same_top_culprit(run, capsys, tokenizer
     assert shown.iloc[0]["site"] == first["site"] and shown.iloc[0]["head"] == first["head"]
     assert shown.iloc[0]["effect"] == pytest.approx(first["effect"], abs=1e-12)
     assert at.markdown and f"layer {first['layer']} head {first['head']}" in at.markdown[1].value
+    # why the top culprit attends to WRONG: printed, in why.csv (its terms sum to the difference), in the
+    # report and on the app's Step by step page (the Verdict page's button opens it there)
+    why = pd.read_csv(out / "why.csv")
+    m = re.search(r"attends to 'Lessor': its score .* = ([-+][\d.]+) \(the terms sum to ([-+][\d.]+)", printed)
+    assert m and why["term"].sum() == pytest.approx(float(m[1]), abs=1e-4)
+    assert "Why the top culprit attends to WRONG" in html
+    at.button(key="vd_open").click().run()
+    assert not at.exception
+    assert any("Why this culprit attends to WRONG" in e.label for e in at.expander)
 
 
 def test_debug_defaults_the_query_to_the_row_that_predicts_wrong(run, capsys):

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from inspector.cli import routes as routes_cli
+from inspector.cli import why as why_cli
 from inspector.cli.common import (
     Parser,
     add_lift_option,
@@ -692,6 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_commands(sub)
     add_effects_commands(sub)
     routes_cli.add_commands(sub)
+    why_cli.add_commands(sub)
     return parser
 
 

@@ -62,6 +62,8 @@ class Investigation:
     verdict: Any = None  # inspector.analysis.verdict.Verdict when a contrast was given: the culprits first
     question: Question | None = None  # the question as the run read it (a defaulted query resolved to its row)
     notes: list[str] = field(default_factory=list)  # on the question: which row was read and why
+    why: Any = None  # inspector.intervene.logit_parts.LogitParts: why the top culprit attends to WRONG
+    why_note: str | None = None  # why there is no decomposition (with a contrast)
 
     @property
     def flagged(self) -> pd.DataFrame:
@@ -248,7 +250,7 @@ def investigate(
     commands = _commands(loaded.name, out, question, split, said_args, list(variants or {}), roles_of(cap, question),
                          rank_weighting=rank.attrs.get("weighting", "attention"), global_tokens=global_tokens,
                          explainable=_explainable(cap, split))
-    matter = where = where_section = where_note = verdict = None
+    matter = where = where_section = where_note = verdict = why = why_note = None
     contrast = question.contrast_spec
     if contrast:
         from inspector.investigate import matter as _matter
@@ -258,6 +260,9 @@ def investigate(
                                         occurrence=question.occurrence, variants=variants, top=top,
                                         global_tokens=global_tokens)
         verdict = verdict_of(cap, matter, question)
+        from inspector.investigate.verdict import why_of
+
+        why, why_note = why_of(loaded, cap, source, verdict)
         commands += _matter.commands(loaded.name, out, matter, question.query, question.occurrence,
                                      _said_flag(out, said_args[""], "--output-file"))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
@@ -271,7 +276,7 @@ def investigate(
                          comparison=comparison, variants=variant_caps or None, weighting=weighting, moves=moves,
                          rank_note=rank_note(rank.attrs.get("weighting", "attention")),
                          matter=_matter.section(matter) if matter is not None else None, where=where_section,
-                         verdict=verdict)
+                         verdict=verdict, why=why)
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
     # leaves the old folder as it was
@@ -294,7 +299,7 @@ def investigate(
             _matter.write(out, matter)
             from inspector.investigate import verdict as _verdict
 
-            _verdict.write(out, verdict)
+            _verdict.write(out, verdict, why)
         if where is not None:
             from inspector.investigate import wherefrom
 
@@ -306,7 +311,7 @@ def investigate(
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
                          commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter,
                          moves=moves, where=where, where_note=where_note, verdict=verdict, question=question,
-                         notes=question_notes)
+                         notes=question_notes, why=why, why_note=why_note)
 
 
 def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contrast: str, query: str | None,

@@ -70,9 +70,63 @@ def verdict_of(cap: Capture, matter, question: Question, rule: SignatureRule = S
 
 
 VERDICT_JSON = "verdict.json"
+WHY_CSV = "why.csv"
+WHY_TOP = 5  # terms shown on each side
 
 
-def write(out_dir, v: Verdict) -> list:
+def why_of(loaded, cap: Capture, source: str, v: Verdict):
+    """Why the top culprit attends to WRONG: :func:`inspector.intervene.logit_parts.decompose` of its score
+    difference ``s(row, WRONG) - s(row, RIGHT)`` at the row the signature was read at, WRONG's and RIGHT's keys
+    being every token of the word in the source (the mean score over them). Returns ``(LogitParts, None)``, or
+    ``(None, why not)`` where there is no culprit read at a row, the family is not decomposed, or the words have
+    no key on that site."""
+    from inspector.analysis import spans
+    from inspector.intervene.logit_parts import decompose
+    from inspector.intervene.routes import FAMILIES
+    from inspector.investigate.matter import said_kwargs
+
+    top = v.top
+    if top is None or top["signature"] == "not read" or int(top["query_row"]) < 0:
+        return None, "no culprit whose attention was read at the metric's row"
+    mt = getattr(loaded.model.config, "model_type", "")
+    if mt not in FAMILIES:
+        return None, f"the decomposition covers {', '.join(sorted(FAMILIES))} models; {mt!r} is not among them"
+    site = cap.site(top["site"])
+    keys = {w: sorted({p for o in spans.find(cap, site, w, "key", role="source") for p in o.positions})
+            for w in (v.right, v.wrong)}
+    if not keys[v.right] or not keys[v.wrong]:
+        return None, f"{v.right!r} or {v.wrong!r} has no key at {site.name}"
+    said = said_kwargs(loaded.model, loaded.tokenizer, cap, source)
+    try:
+        parts = decompose(loaded.model, loaded.tokenizer, source, said.get("target"), target_ids=said.get("target_ids"),
+                          site=site.name, head=int(top["head"]), query_position=int(top["query_row"]),
+                          right_positions=keys[v.right], wrong_positions=keys[v.wrong])
+    except InspectorError as exc:
+        return None, str(exc)
+    return parts, None
+
+
+def why_lines(parts, v: Verdict, k: int = WHY_TOP) -> list[str]:
+    """The decomposition in a few lines: the difference and its check, then the largest terms on each side."""
+    def name(r) -> str:
+        return f"query {r['q_component']} x key {r['k_component']} {float(r['term']):+.4f}"
+
+    top = v.top
+    lines = [f"Why {head_label(top)} attends to {v.wrong!r}: its score s(row {parts.query_position}, {v.wrong!r}) - "
+             f"s(row, {v.right!r}) = {parts.difference:+.4f} (the terms sum to {parts.total:+.4f}, gap {parts.gap:.1e}; "
+             "LayerNorms linearised at the actual input). Largest parts towards " + f"{v.wrong!r}: "
+             + ("; ".join(name(r) for r in parts.top(k, "wrong").to_dict("records")) or "none") + "."]
+    lines.append(f"Towards {v.right!r}: " + ("; ".join(name(r) for r in parts.top(k, "right").to_dict("records"))
+                                            or "none") + ".")
+    return lines
+
+
+def head_label(row: dict) -> str:
+    """``layer L head H`` of a verdict row."""
+    return f"layer {int(row['layer'])} head {int(row['head'])}"
+
+
+def write(out_dir, v: Verdict, why=None) -> list:
     """``culprits.csv`` (:data:`inspector.analysis.verdict.COLUMNS`) and ``verdict.json`` (the contrast's words,
     metric, definition, signature rule and notes, strict JSON) into ``out_dir`` (atomic writes); the app
     rebuilds the same :class:`~inspector.analysis.verdict.Verdict` from them
@@ -84,4 +138,10 @@ def write(out_dir, v: Verdict) -> list:
     out = Path(out_dir)
     meta = {"right": v.right, "wrong": v.wrong, "metric": v.metric, "definition": v.definition,
             "rule": {"lean": v.rule.lean, "min_mass": v.rule.min_mass}, "notes": list(v.notes)}
-    return [write_csv(out / VERDICT_CSV, v.table), write_json(out / VERDICT_JSON, meta)]
+    paths = [write_csv(out / VERDICT_CSV, v.table)]
+    if why is not None:  # the top culprit's decomposition (why.csv), named in verdict.json
+        meta["why"] = {"site": why.site, "head": why.head, "query_position": why.query_position,
+                       "right_positions": list(why.right_positions), "wrong_positions": list(why.wrong_positions),
+                       "difference": why.difference, "total": why.total, "lines": why_lines(why, v)}
+        paths.append(write_csv(out / WHY_CSV, why.terms))
+    return paths + [write_json(out / VERDICT_JSON, meta)]

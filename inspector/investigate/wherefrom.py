@@ -87,7 +87,7 @@ def _words(cap: Capture, attr: pd.DataFrame) -> list[str]:
 
 def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, *, contrast: str | tuple[str, str],
                query: str | None = None, occurrence: int | None = None, steps: int = STEPS,
-               top_effect: int = TOP_EFFECT, threshold: float = THRESHOLD) -> WhereFrom:
+               top_effect: int = TOP_EFFECT, threshold: float = THRESHOLD, verdict=None) -> WhereFrom:
     """Attribution, route and the flagged / top-effect heads on it (module docstring). ``matter`` is the
     investigation's :class:`~inspector.investigate.matter.Matter` (its effects table gives the top-effect
     heads and their exact effects), or None. Two forward passes for the route and attribution's
@@ -115,6 +115,10 @@ def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, *
         known = effects[effects["effect"].notna()]
         top = known.loc[known["effect"].abs().sort_values(ascending=False, kind="stable").index].head(top_effect)
         keys += [k for k in zip(top["site"], top["head"].astype(int), strict=True) if k not in keys]
+    if verdict is not None:  # the culprits (inspector.analysis.verdict) are checked against the route first
+        c = verdict.culprits.head(top_effect)
+        keys = [k for k in zip(c["site"], c["head"].astype(int), strict=True)] + \
+            [k for k in keys if k not in set(zip(c["site"], c["head"].astype(int), strict=True))]
     on = heads_on_route(graph, route, keys, threshold=threshold)
     layers = {(s, int(h)): int(lv) for s, h, lv in zip(split["site"], split["head"], split["layer"], strict=True)}
     eff = {}

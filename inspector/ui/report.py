@@ -512,7 +512,7 @@ def _culprit_heads(capture: Capture, verdict, batch: int, weighting: str, top: i
     return out
 
 
-def _verdict_data(capture: Capture, verdict, batch: int, heads: list) -> dict:
+def _verdict_data(capture: Capture, verdict, batch: int, heads: list, why=None) -> dict:
     """The verdict section: its sentences (the top culprit named first), the heads by exact effect (culprits
     first, the rows of :data:`inspector.analysis.verdict.COLUMNS`, as ``culprits.csv``) and the culprits' cards."""
     from inspector.analysis import verdict as _v
@@ -533,7 +533,17 @@ def _verdict_data(capture: Capture, verdict, batch: int, heads: list) -> dict:
             "convention": _v.SIGN_CONVENTION, "n": len(verdict.table), "n_culprits": len(verdict.culprits),
             "table": table_data(shown.reset_index(drop=True), cls="data verdict",
                                 row_class=lambda i, _r: {"towards WRONG": "culprit", "towards RIGHT": "support"}.get(dirs[i], "")),
-            "cards": cards}
+            "cards": cards, "why": _why_data(why, verdict) if why is not None else None}
+
+
+def _why_data(why, verdict) -> dict:
+    """The top culprit's score decomposition (:mod:`inspector.intervene.logit_parts`): the sentences of
+    :func:`inspector.investigate.verdict.why_lines` (as the CLI prints them) and the largest terms both ways."""
+    top = pd.concat([why.top(8, "wrong"), why.top(8, "right")]).reset_index(drop=True)
+    lines = [f"s(WRONG) - s(RIGHT) = {why.difference:+.6f}; the terms sum to {why.total:+.6f} (gap {why.gap:.1e}); "
+             "LayerNorms linearised at the actual input."]
+    return {"lines": lines, "table": table_data(top, cls="data why",
+                                                row_class=lambda i, r: "culprit" if r.term > 0 else "support")}
 
 
 def _moves(moves: pd.DataFrame) -> list[str]:
@@ -627,6 +637,7 @@ def render_report(
     matter: MatterSection | None = None,
     where: WhereSection | None = None,
     verdict=None,
+    why=None,
 ) -> str:
     """One self-contained HTML document for a split-head investigation (see the module docstring), rendered
     from the Jinja2 template ``templates/report.html.j2`` with autoescaping (every token text, name and
@@ -666,7 +677,7 @@ def render_report(
     context = {
         "title": title, "csp": CSP, "meta": [(k, v) for k, v in meta if v],
         "summary": _summary(n_flagged, [row for _, row, _ in heads], query, referents),
-        "verdict": _verdict_data(capture, verdict, batch, culprit_heads) if verdict is not None else None,
+        "verdict": _verdict_data(capture, verdict, batch, culprit_heads, why) if verdict is not None else None,
         "moves": _moves(moves) if moves is not None else None,
         "referent_plot": _referent_plot(split, referents),
         "weighting": weighting, "n_flagged": n_flagged, "cards": cards,

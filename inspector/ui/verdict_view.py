@@ -59,3 +59,25 @@ def read_verdict(folder: str | Path) -> Verdict | None:
     notes = [str(n) for n in info.get("notes") or [] if isinstance(n, str)]
     return Verdict(right=info["right"], wrong=info["wrong"], metric=float(info["metric"]), definition=info["definition"],
                    table=table, rule=rule, notes=notes)
+
+
+def read_why(folder: str | Path) -> tuple[dict, pd.DataFrame] | None:
+    """The top culprit's score decomposition ``debug`` wrote (``verdict.json``'s ``why`` and ``why.csv``:
+    :data:`inspector.intervene.logit_parts.TERM_COLUMNS`), or None. Raises :class:`InspectorError` for a file
+    that is not what ``debug`` writes."""
+    folder = Path(folder)
+    meta, csv = folder / META, folder / "why.csv"
+    if not meta.is_file() or not csv.is_file():
+        return None
+    if csv.stat().st_size > MAX_BYTES or meta.stat().st_size > MAX_BYTES:
+        raise InspectorError(f"why.csv in {folder.name} is larger than {MAX_BYTES // 2**20} MiB")
+    try:
+        info = json.loads(meta.read_text(encoding="utf-8"), parse_constant=_strict).get("why")
+        terms = pd.read_csv(csv)
+    except (ValueError, AttributeError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise InspectorError(f"cannot read the decomposition in {folder.name}: {exc}") from None
+    need = ["q_component", "q_kind", "k_component", "k_kind", "term"]
+    if not isinstance(info, dict) or not all(c in terms.columns for c in need) \
+            or not isinstance(info.get("site"), str) or not isinstance(info.get("head"), int):
+        return None
+    return info, terms[need]

@@ -1,0 +1,116 @@
+"""``inspector why``: why one head attends to WRONG rather than RIGHT -- its score difference decomposed
+exactly into the residual components at the query and the keys (:mod:`inspector.intervene.logit_parts`;
+heavy imports inside the command)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from inspector.cli.common import (
+    add_model_options,
+    add_source_output_options,
+    format_table,
+    load_from_args,
+    positive_int,
+    read_text,
+    status,
+)
+from inspector.errors import InspectorError
+
+SUM_CHECK = 1e-5  # logit units: what the sum of the terms may differ from the model's own difference by
+
+
+def _index(value: str) -> int:
+    """An argparse type: a token index (a whole number >= 0)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
+def _position_list(value: str) -> list[int]:
+    """An argparse type: comma-separated token indices, e.g. ``7`` or ``7,8`` (the tokens of one word)."""
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"give one or more token indices, e.g. 7 or 7,8; got {value!r}")
+    return [_index(x) for x in items]
+
+
+def _target(args, loaded, source: str, output: str | None) -> tuple[str | None, list[list[int]] | None]:
+    """The decoder side: ``--output`` as given, or ``--generate N`` tokens; an encoder-decoder needs one of them."""
+    from inspector.capture.inputs import model_layout
+
+    if args.generate:
+        from inspector.capture.generation import generate_target
+
+        return None, generate_target(loaded.model, loaded.tokenizer, source, args.generate)
+    if model_layout(loaded.model) == "encoder-decoder" and output is None:
+        raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
+    return output, None
+
+
+def _shown(df):
+    return df[["q_component", "k_component", "term"]] if len(df) else df
+
+
+def cmd_why(args) -> int:
+    from inspector.intervene.logit_parts import decompose, site_names
+    from inspector.store.files import check_target, write_csv
+
+    source = read_text(args.source, args.source_file, "source")
+    if not source or not source.strip():
+        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    output = read_text(args.output, args.output_file, "output")
+    if output is not None and not output.strip():
+        raise InspectorError("the output text is empty: pass what the model said with --output, or --generate N")
+    if not args.site.strip():
+        raise InspectorError("no --site given: pass an attention site as the capture names it, e.g. transformer.h.1.attn")
+    if sorted(set(args.right_positions)) == sorted(set(args.wrong_positions)):
+        raise InspectorError("--right-positions and --wrong-positions are the same tokens: give two different sets")
+    if args.csv:
+        check_target(Path(args.csv))
+    loaded = load_from_args(args)
+    site_names(loaded.model)  # an unsupported family is refused before the forward pass
+    output, target_ids = _target(args, loaded, source, output)
+    parts = decompose(loaded.model, loaded.tokenizer, source, output, target_ids=target_ids, site=args.site.strip(),
+                      head=args.head, query_position=args.query_position, right_positions=args.right_positions,
+                      wrong_positions=args.wrong_positions)
+    print(f"{parts.site} head {parts.head} (K/V head {parts.kv_head}), query {parts.query_position} {parts.query_token!r}: "
+          f"WRONG {parts.wrong_positions} {' '.join(parts.wrong_tokens)!r} vs RIGHT {parts.right_positions} "
+          f"{' '.join(parts.right_tokens)!r}")
+    print(f"score(WRONG) = {parts.score_wrong:.6f}, score(RIGHT) = {parts.score_right:.6f} (scaled q.k, logit units; "
+          "the mean over each word's tokens)")
+    verdict = "ok" if abs(parts.gap) <= SUM_CHECK else "over"
+    print(f"difference s(WRONG) - s(RIGHT) = {parts.difference:+.6f}; sum of the {len(parts.terms)} terms = "
+          f"{parts.total:+.6f}; sum check: gap {parts.gap:+.2g} ({verdict}: |gap| <= {SUM_CHECK:g} expected)")
+    print(f"\ntowards WRONG (largest first):\n{format_table(_shown(parts.top(args.top, 'wrong')), digits=6)}")
+    print(f"\ntowards RIGHT (largest first):\n{format_table(_shown(parts.top(args.top, 'right')), digits=6)}")
+    for what, margin in (("query", parts.by_query), ("key", parts.by_key)):
+        top = margin.reindex(margin["term"].abs().sort_values(ascending=False).index).head(args.top)
+        print(f"\nby {what} component (largest magnitude first):\n{format_table(top, digits=6)}")
+    if args.csv:
+        write_csv(args.csv, parts.terms)
+        status(f"wrote {len(parts.terms)} terms to {args.csv}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    """Register ``why`` on the top-level sub-parsers."""
+    p = sub.add_parser("why", help="why a head attends to WRONG over RIGHT: its score difference split into residual parts")
+    add_model_options(p)
+    add_source_output_options(p, "explain a head on them")
+    p.add_argument("--site", required=True, help="the attention site as the capture names it (e.g. transformer.h.1.attn, "
+                                                 "model.decoder.layers.0.encoder_attn)")
+    p.add_argument("--head", type=_index, required=True, help="the head (query head; a grouped-query head reads its K/V head)")
+    p.add_argument("--query-position", type=_index, required=True, help="the query token's index on the site's query axis")
+    p.add_argument("--right-positions", type=_position_list, required=True, metavar="I[,J...]",
+                   help="RIGHT's token indices on the site's key axis (several: the mean score over them)")
+    p.add_argument("--wrong-positions", type=_position_list, required=True, metavar="I[,J...]",
+                   help="WRONG's token indices on the site's key axis")
+    p.add_argument("--top", type=positive_int, default=10, help="terms shown each way (default 10)")
+    p.add_argument("--csv", help="write every term (q_component, q_kind, k_component, k_kind, term) to this CSV file")
+    p.set_defaults(func=cmd_why)
