@@ -51,7 +51,16 @@ def _print_verdict(inv: Investigation, top: int = 5) -> None:
               "hypotheses (heads whose weight is divided between the referents); add --contrast RIGHT,WRONG (e.g. "
               "Lessee,Lessor) to measure which heads push the output towards WRONG.")
         return
-    for line in _v.summary_lines(v):
+    lines = _v.summary_lines(v)
+    print(lines[0])
+    if inv.why is not None:
+        from inspector.investigate.verdict import why_lines
+
+        for line in why_lines(inv.why, v):
+            print(line)
+    elif inv.why_note and v.top is not None:
+        print(f"Why it attends there: not decomposed ({inv.why_note}).")
+    for line in lines[1:]:
         print(line)
     shown = v.table.head(max(top, len(v.culprits.head(top))))
     cols = {"rank": "rank", "layer": "layer", "head": "head", "site": "site", "effect": "effect", "direction": "direction",
