@@ -22,6 +22,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from inspector import analysis, cli
+from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
 from inspector.capture.recorder import capture
 from inspector.investigate.debug import LEGAL_SOURCE
@@ -64,7 +65,7 @@ def test_every_view_tells_the_same_row(case, weighting, tmp_path, monkeypatch):
 
     split = analysis.split_heads(cap, QUERY, REFS, weighting=weighting)
     rank = analysis.rank_heads(cap, weighting=weighting)
-    page = render_report(cap, split, rank, query=QUERY, referents=REFS, commands=[], weighting=weighting)
+    page = render_report(cap, split, rank, Question(QUERY, tuple(REFS), weighting=weighting), commands=[])
     # the head every view is asked about: the report's first head card with shaded text
     shown = re.findall(r'<div class="card head" data-site="([^"]+)" data-head="(\d+)">', page)
     site, head = next((s_, int(h_)) for s_, h_ in shown
@@ -206,7 +207,7 @@ def test_report_window_and_bars_are_the_apps(arch, tokenizer):
     text = f"The Lessee shall indemnify the Lessor. {filler} Such indemnity survives."
     cap = capture(tiny.build(arch), tokenizer, text)
     split = analysis.split_heads(cap, QUERY, REFS)
-    page = render_report(cap, split, analysis.rank_heads(cap), query=QUERY, referents=REFS, commands=[])
+    page = render_report(cap, split, analysis.rank_heads(cap), Question(QUERY, tuple(REFS)), commands=[])
     cards = HEAD_CARD.findall(page)
     assert cards
     for site_name, head, card in cards:

@@ -13,8 +13,9 @@ import torch
 
 from inspector.analysis import rank_heads, spans, split_heads
 from inspector.analysis.explain import explain
+from inspector.analysis.question import Question
 from inspector.capture import capture
-from inspector.ui.report import LIMIT, render_report
+from inspector.ui.report import LIMIT, Sections, render_report
 
 import tiny
 from conftest import LEGAL
@@ -103,7 +104,7 @@ def table(root: Node, cls: str) -> tuple[list[str], list[list[str]], list[set[st
 def _report(cap, query, refs=REFS, occurrence=None, **kw):
     split = split_heads(cap, query, refs, occurrence=occurrence)
     rank = rank_heads(cap)
-    html = render_report(cap, split, rank, query=query, referents=refs, commands=COMMANDS, **kw)
+    html = render_report(cap, split, rank, Question(query, tuple(refs)), commands=COMMANDS, sections=Sections(**kw))
     return {"cap": cap, "split": split, "rank": rank, "html": html, "dom": dom(html), "query": query}
 
 
@@ -228,8 +229,7 @@ def test_text_is_escaped(minilm):
     text = 'The Lessee <script>alert("x & y")</script> shall indemnify the Lessor & <b>co</b>.'
     cap = capture(minilm.model, minilm.tokenizer, text)
     split = split_heads(cap, "indemnify", REFS)
-    html = render_report(cap, split, rank_heads(cap), query="indemnify", referents=REFS, title="<i>Lease</i> & co",
-                         commands=['inspector capture --text "<script>x</script>" && echo done'])
+    html = render_report(cap, split, rank_heads(cap), Question("indemnify", tuple(REFS)), commands=['inspector capture --text "<script>x</script>" && echo done'], sections=Sections(title="<i>Lease</i> & co"))
     low = html.lower()
     assert "<script" not in low and "<b>" not in low and "<i>" not in low
     assert "&lt;script&gt;" in html  # the command; in the text every character is its own escaped token span
@@ -279,15 +279,15 @@ def test_rank_table_and_reproduce(legal):
 
 
 def test_top_and_determinism(bart):
-    kw = dict(query="indemnify", referents=REFS, commands=COMMANDS, top=1)
-    one = render_report(bart["cap"], bart["split"], bart["rank"], **kw)
+    kw = dict(commands=COMMANDS, top=1)
+    one = render_report(bart["cap"], bart["split"], bart["rank"], Question("indemnify", tuple(REFS)), **kw)
     assert len(dom(one).all("div", "head")) == 1
-    assert one == render_report(bart["cap"], bart["split"], bart["rank"], **kw)
+    assert one == render_report(bart["cap"], bart["split"], bart["rank"], Question("indemnify", tuple(REFS)), **kw)
 
 
 def test_lazy_capture_recomputes_the_same_heatmaps(tokenizer, bart):
     lazy = capture(tiny.build("bart"), tokenizer, LEGAL, TARGET, weights=False)
-    html = render_report(lazy, bart["split"], bart["rank"], query="indemnify", referents=REFS, commands=[])
+    html = render_report(lazy, bart["split"], bart["rank"], Question("indemnify", tuple(REFS)), commands=[])
     for got, want in zip(heatmaps(dom(html)), heatmaps(bart["dom"]), strict=True):
         assert (got["site"], got["head"], got["rows"], got["keys"]) == (want["site"], want["head"], want["rows"], want["keys"])
         torch.testing.assert_close(torch.from_numpy(got["w"]), torch.from_numpy(want["w"]), atol=1e-6, rtol=0)
@@ -312,8 +312,7 @@ def test_decoder_query_occurrence_and_two_key_texts(tokenizer):
 
 def test_unknown_columns_and_empty_comparison(bart):
     odd = pd.DataFrame({"variant": ["a", "b"], "score <x>": [0.1, float("nan")], "ok": [True, False]})
-    html = render_report(bart["cap"], bart["split"], bart["rank"], query="indemnify", referents=REFS, commands=[],
-                         comparison=odd)
+    html = render_report(bart["cap"], bart["split"], bart["rank"], Question("indemnify", tuple(REFS)), commands=[], sections=Sections(comparison=odd))
     cols, rows, _ = table(dom(html), "compare")
     assert cols == ["variant", "score <x>", "ok"] and rows == [["a", "0.1000", "✓"], ["b", "–", ""]]
 
@@ -322,7 +321,7 @@ def test_padded_batch_row(minilm):
     short = "The Lessee shall indemnify the Lessor."
     cap = capture(minilm.model, minilm.tokenizer, [LEGAL, short])
     split = split_heads(cap, "indemnify", REFS, batch=1)
-    html = render_report(cap, split, rank_heads(cap, batch=1), query="indemnify", referents=REFS, commands=[], batch=1)
+    html = render_report(cap, split, rank_heads(cap, batch=1), Question("indemnify", tuple(REFS)), commands=[], batch=1)
     root = dom(html)
     _, pad = cap.flags(split.loc[0, "site"], "key", 1)
     assert pad.any()

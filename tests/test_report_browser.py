@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from inspector.analysis import rank_heads, split_heads
+from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.ui.report import render_report
 
@@ -28,8 +29,7 @@ def test_report_renders_offline(minilm, tmp_path):
 
     cap = capture(minilm.model, minilm.tokenizer, LEGAL)
     split = split_heads(cap, "indemnity", ["Lessee", "Lessor"])
-    html = render_report(cap, split, rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"],
-                         commands=["inspector split run.safetensors --query indemnity --referents Lessee,Lessor"])
+    html = render_report(cap, split, rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"])), commands=["inspector split run.safetensors --query indemnity --referents Lessee,Lessor"])
     page_path = tmp_path / "report.html"
     page_path.write_text(html, encoding="utf-8")
     # The CSP would block a stray fetch before the route below sees it; a copy without it shows the markup
@@ -91,7 +91,7 @@ def test_wide_tables_scroll_inside_their_box(minilm, tmp_path):
 
     cap = capture(minilm.model, minilm.tokenizer, LEGAL)
     split = split_heads(cap, "indemnity", ["Lessee", "Lessor"])
-    html = render_report(cap, split, rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"], commands=[])
+    html = render_report(cap, split, rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"])), commands=[])
     page_path = tmp_path / "report.html"
     page_path.write_text(html, encoding="utf-8")
     with sync_playwright() as p:

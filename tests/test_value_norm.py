@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from inspector import analysis
+from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.errors import InspectorError
 from inspector.store import load
@@ -149,8 +150,7 @@ def test_heatmaps_show_value_weighted_attention_when_asked(tokenizer):
     torch.testing.assert_close(torch.tensor(row["weight"].to_numpy()), expected[5].double(), atol=1e-7, rtol=0)
     # the report's heatmap cells are the value-weighted weights too
     split = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"], sites=[site], weighting="value-norm")
-    html = render_report(cap, split, analysis.rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"], commands=[],
-                         weighting="value-norm", top=1)
+    html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"]), weighting="value-norm"), commands=[], top=1)
     top = split.iloc[0]
     vw = analysis.head_weights(cap, site, heads=[int(top["head"])], weighting="value-norm")[0]
     table = html[html.index('<table class="hm"'):]

@@ -10,6 +10,7 @@ import torch
 
 from inspector import analysis
 from inspector.analysis.explain import explain
+from inspector.analysis.question import Question
 from inspector.capture.inputs import InputRecord
 from inspector.cli import main
 from inspector.store import Capture, Site, load
@@ -216,7 +217,7 @@ def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
     toks, p, q = _three_piece_query()
     cap = build(toks, p)
     split = analysis.split_heads(cap, "indemnity", ["Bob", "Carol"])
-    html = render_report(cap, split, analysis.rank_heads(cap), query="indemnity", referents=["Bob", "Carol"], commands=[])
+    html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnity", tuple(["Bob", "Carol"])), commands=[])
     assert "Row 12 drives the flag; rows passing the rule alone: 12." in html
     assert "Query token <code>##em</code> (#12, the row that drives the flag" in html
     assert "row 12 drives it (row split scores 0.0000 1.0000 0.0000)" in html
@@ -231,7 +232,7 @@ def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
     cap = build(shared, p)
     split = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
     assert split["flagged"].all() and split["mostly_shared"].all()
-    html = render_report(cap, split, analysis.rank_heads(cap), query="indemnity", referents=["Lessee", "Lessor"], commands=[])
+    html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"])), commands=[])
     assert "Most of this split sits on pieces both referents share (less)" in html
     assert "Most of that split sits on &#39;less&#39;, a token piece both referents share" in html
 

@@ -220,7 +220,7 @@ def investigate(
     """
     from inspector.capture.inputs import model_layout
     from inspector.intervene.contrast import model_has_lm_head
-    from inspector.ui.report import render_report
+    from inspector.ui.report import Sections, render_report
 
     if model_layout(loaded.model) != "encoder" and not output.given:
         raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
@@ -272,11 +272,10 @@ def investigate(
             commands += _where_commands(loaded.name, out, contrast, question.query, question.occurrence,
                                         _said_flag(out, said_args[""], "--output-file"), model_has_lm_head(loaded.model))
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
-    html = render_report(cap, split, rank, query=question.query, referents=list(question.referents), commands=commands,
-                         comparison=comparison, variants=variant_caps or None, weighting=weighting, moves=moves,
-                         rank_note=rank_note(rank.attrs.get("weighting", "attention")),
-                         matter=_matter.section(matter) if matter is not None else None, where=where_section,
-                         verdict=verdict, why=why)
+    html = render_report(cap, split, rank, question, commands=commands, sections=Sections(
+        comparison=comparison, variants=variant_caps or None, moves=moves,
+        rank_note=rank_note(rank.attrs.get("weighting", "attention")),
+        matter=_matter.section(matter) if matter is not None else None, where=where_section, verdict=verdict, why=why))
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
     # leaves the old folder as it was

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,12 +29,13 @@ from inspector.analysis import spans
 from inspector.analysis.explain import explain
 from inspector.analysis.keys import head_weights
 from inspector.analysis.moves import move_sentence
+from inspector.analysis.question import Question
 from inspector.analysis.split import NothingVisible, referent_split
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 from inspector.ui import views
 
-__all__ = ["MatterSection", "WhereSection", "render_matter_section", "render_report", "render_where_section", "table_data"]
+__all__ = ["MatterSection", "Sections", "WhereSection", "render_matter_section", "render_report", "render_where_section", "table_data"]
 
 LIMIT = 64  # heatmap rows and columns at most
 SPLIT_ROWS = 40  # split table rows shown (flagged rows always)
@@ -618,43 +620,49 @@ def _variants_section(capture: Capture, first: _Head | None, query: str, referen
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 
-def render_report(
-    capture: Capture,
-    split: pd.DataFrame,
-    rank: pd.DataFrame,
-    *,
-    query: str,
-    referents: list[str],
-    commands: list[str],
-    comparison: pd.DataFrame | None = None,
-    variants: dict[str, Capture] | None = None,
-    top: int = 3,
-    batch: int = 0,
-    title: str | None = None,
-    weighting: str = "attention",
-    moves: pd.DataFrame | None = None,
-    rank_note: str | None = None,
-    matter: MatterSection | None = None,
-    where: WhereSection | None = None,
-    verdict=None,
-    why=None,
-) -> str:
+@dataclass
+class Sections:
+    """The optional parts of a report, each made by its own stage: ``title`` (default: the query and referents),
+    ``comparison`` (:func:`inspector.investigate.debug.compare_captures` of every variant, with a ``variant``
+    column) and the variants' captures (``variants``), ``moves`` (:func:`~inspector.analysis.moves.variant_moves`),
+    ``rank_note`` (how heads were ranked), ``matter`` (:class:`MatterSection`), ``where`` (:class:`WhereSection`),
+    ``verdict`` (:class:`inspector.analysis.verdict.Verdict`) and ``why`` (the top culprit's
+    :class:`inspector.intervene.logit_parts.LogitParts`)."""
+
+    title: str | None = None
+    comparison: pd.DataFrame | None = None
+    variants: dict[str, Capture] | None = None
+    moves: pd.DataFrame | None = None
+    rank_note: str | None = None
+    matter: MatterSection | None = None
+    where: WhereSection | None = None
+    verdict: Any = None
+    why: Any = None
+
+
+def render_report(capture: Capture, split: pd.DataFrame, rank: pd.DataFrame, question: Question, *,
+                  commands: list[str] | tuple[str, ...] = (), sections: Sections | None = None, top: int = 3,
+                  batch: int = 0) -> str:
     """One self-contained HTML document for a split-head investigation (see the module docstring), rendered
     from the Jinja2 template ``templates/report.html.j2`` with autoescaping (every token text, name and
     command is escaped by the template engine).
 
     ``split`` and ``rank`` are :func:`~inspector.analysis.split_heads` and
-    :func:`~inspector.analysis.rank_heads` tables of ``capture`` (batch row ``batch``); ``top`` heads get a
-    card. ``weighting`` is the heatmaps' and shadings' (``attention`` or ``value-norm``, as the split's);
-    ``moves`` (:func:`~inspector.investigate.variant_moves`) puts one sentence per flagged head and variant
+    :func:`~inspector.analysis.rank_heads` tables of ``capture`` (batch row ``batch``) for ``question``
+    (:class:`~inspector.analysis.question.Question`: its query, referents and weighting, the heatmaps' and
+    shadings' weights as the split's); ``top`` heads get a card; ``commands`` reproduce the run. Of
+    ``sections`` (:class:`Sections`): ``moves`` (:func:`~inspector.investigate.variant_moves`) puts one sentence per flagged head and variant
     first in the summary and the variants section; ``rank_note`` says how heads were ranked; ``matter``
     adds the "Does it matter?" section before "Reproduce", and ``where`` the "Where did the word come from?" section after it;
     ``verdict`` (:class:`inspector.analysis.verdict.Verdict`) leads the report: its sentence, the heads by exact
     effect (culprits first) and the top culprits' cards, before the split cards (hypotheses), and the step-by-step
     view is the top culprit's. A head that cannot be shown gets a card saying
     why (never an exception); weights are float32 as captured, shown to 4 decimals, exact in ``data-w``."""
-    referents = [r.strip() for r in referents if r.strip()]
-    title = title or f"Attention report: {query!r} between {_and(referents) if referents else '—'}"
+    sec = sections or Sections()
+    query, referents, weighting = question.query or "", list(question.referents), question.weighting
+    comparison, variants, moves, matter, where, verdict, why = (sec.comparison, sec.variants, sec.moves, sec.matter,
+                                                                 sec.where, sec.verdict, sec.why)
+    title = sec.title or f"Attention report: {query!r} between {_and(referents)}"
     model = capture.meta.get("model", {})
     shown, n_flagged = _shown(split, top)
     heads: list[tuple[_Head | None, dict, str | None]] = []
@@ -682,7 +690,7 @@ def render_report(
         "referent_plot": _referent_plot(split, referents),
         "weighting": weighting, "n_flagged": n_flagged, "cards": cards,
         "steps": _steps(capture, first, batch) if first is not None else None,
-        **_tables(split, rank), "rank_note": rank_note or "",
+        **_tables(split, rank), "rank_note": sec.rank_note or "",
         "variants": _variants_section(capture, first, query, referents, batch, comparison, variants, moves),
         "matter": _matter_data(matter) if matter is not None else None,
         "where": _where_data(capture, where, batch) if where is not None else None,
