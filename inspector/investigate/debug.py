@@ -256,8 +256,7 @@ def investigate(
         from inspector.investigate import matter as _matter
         from inspector.investigate.verdict import verdict_of
 
-        matter = _matter.does_it_matter(loaded, cap, source, split, contrast=contrast, query=question.query,
-                                        occurrence=question.occurrence, variants=variants, top=top,
+        matter = _matter.does_it_matter(loaded, cap, source, split, question, variants=variants, top=top,
                                         global_tokens=global_tokens)
         verdict = verdict_of(cap, matter, question)
         from inspector.investigate.verdict import why_of

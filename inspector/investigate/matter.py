@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from inspector.analysis.question import Question
 from inspector.capture.inputs import encode, encode_with_globals
 from inspector.errors import InspectorError
 from inspector.intervene import effects as _effects
@@ -64,17 +65,20 @@ def said_kwargs(model, tokenizer, cap: Capture, source: str) -> dict:
     return {"target_ids": [ids]}
 
 
-def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, contrast: str | tuple[str, str],
-                   query: str | None = None, occurrence: int | None = None, variants: dict[str, str] | None = None,
-                   top: int = 10, global_tokens: list[str] | None = None) -> Matter:
-    """Effects of the flagged and top heads on the contrast, and of patching them from each variant (the
-    output exactly as ``cap`` fed it, :func:`said_kwargs`), every pass marking ``global_tokens`` (LED, Longformer)."""
+def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, question: Question, *,
+                   variants: dict[str, str] | None = None, top: int = 10, global_tokens: list[str] | None = None) -> Matter:
+    """Effects of the flagged and top heads on the question's contrast, and of patching them from each variant
+    (the output exactly as ``cap`` fed it, :func:`said_kwargs`), every pass marking ``global_tokens`` (LED,
+    Longformer). Raises :class:`InspectorError` when the question has no contrast."""
+    if question.contrast is None:
+        raise InspectorError("does it matter? needs a contrast: pass --contrast RIGHT,WRONG")
     said = said_kwargs(loaded.model, loaded.tokenizer, cap, source)
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
     # without an LM head the contrast reads the investigation's query occurrence; with one, WRONG's first occurrence
     lm = model_has_lm_head(loaded.model)
-    return matter_of(loaded, source, flagged=flagged_keys, contrast=contrast, query=query,
+    occurrence = question.occurrence
+    return matter_of(loaded, source, flagged=flagged_keys, contrast=question.contrast, query=question.query,
                      contrast_occurrence=None if lm else occurrence, occurrence=occurrence, variants=variants, top=top,
                      global_tokens=global_tokens, **said)
 
