@@ -141,3 +141,97 @@ def test_rollout_through_pegasus_x_global_tokens_equals_hand_computation():
     df = attribute(_pegasus_x(), tiny.tokenizer(), TEXTS[0], TARGETS[0], contrast=("Lessor", "pay"), methods=["rollout"])
     assert 0 < df.attrs["rollout_global"] < 1  # the learned global tokens are no input token of the table
     assert df["rollout"].sum() + df.attrs["rollout_global"] == pytest.approx(1.0, abs=EXACT)
+
+
+# ---- integrated gradients adds up: steps raised until the gap is under IG_TOLERANCE, or "did not converge" -------
+@pytest.fixture(scope="module")
+def llama():
+    return tiny.build("llama")  # RMSNorm: from a zero embedding 20 points leave a gap of about 80% of M(x) - M(0)
+
+
+def test_integrated_gradients_raises_its_steps_until_the_gap_is_under_5_percent(llama, tokenizer):
+    from inspector.intervene.attribution import IG_TOLERANCE
+
+    df = attribute(llama, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"], steps=20)
+    a = df.attrs
+    first_steps, first_gap = a["ig_history"][0]
+    assert (first_steps, a["ig_start_steps"]) == (20, 20) and first_gap > 0.5  # 20 points leave most of it
+    assert [s for s, _ in a["ig_history"]] == [20 * 2 ** k for k in range(len(a["ig_history"]))]  # doubled
+    assert a["ig_steps"] > 20 and a["ig_converged"] is True
+    assert a["ig_relative_gap"] < IG_TOLERANCE == 0.05
+    assert a["ig_relative_gap"] == pytest.approx(abs(a["ig_delta"]) / abs(a["ig_difference"]))
+    assert abs(df["integrated_gradients"].sum() - a["ig_difference"]) <= IG_TOLERANCE * abs(a["ig_difference"])
+    # the table (and so its CSV) says it too
+    assert set(df["ig_steps"]) == {a["ig_steps"]} and set(df["ig_converged"]) == {True}
+    assert df["ig_relative_gap"].iloc[0] == pytest.approx(a["ig_relative_gap"])
+
+
+def test_integrated_gradients_says_when_it_did_not_converge(llama, tokenizer):
+    from inspector.intervene.attribution import ig_summary, methods_verdict
+
+    df = attribute(llama, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"], steps=20,
+                   max_steps=40)
+    a = df.attrs
+    assert a["ig_converged"] is False and a["ig_steps"] == a["ig_max_steps"] == 40
+    assert a["ig_relative_gap"] >= 0.05 and [s for s, _ in a["ig_history"]] == [20, 40]
+    assert set(df["ig_converged"]) == {False}
+    text = ig_summary(a)
+    assert "did NOT converge" in text and "--max-steps" in text
+    assert "neither method is exact here" in methods_verdict(a) and "adds up" not in methods_verdict(a)
+
+
+def test_integrated_gradients_batch_within_the_memory_budget_before_running(gpt2, tokenizer):
+    """The batch is sized from a count of activations made before any forward pass: by default as many points as the
+    budget holds; a batch over it, or a budget below one point, is refused in one line naming the flags."""
+    from inspector.capture.inputs import encode
+    from inspector.intervene.attribution import ig_memory, metric_for
+
+    enc = encode(gpt2, tokenizer, TEXT, OUT)
+    per_point = ig_memory(gpt2, enc, metric_for(gpt2, tokenizer, enc, contrast=("Lessee", "Lessor")))
+    assert per_point > 0
+    budget = 5.5 * per_point / 2 ** 30  # five points fit
+    df = attribute(gpt2, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"], steps=20,
+                   memory_gib=budget)
+    assert df.attrs["ig_batch_size"] == 5 and df.attrs["ig_converged"]
+    calls = []
+    hook = gpt2.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(InspectorError, match=r"--batch-size 8 .*over the --memory-budget .*lower --batch-size to 5"):
+            attribute(gpt2, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"],
+                      internal_batch_size=8, memory_gib=budget)
+        with pytest.raises(InspectorError, match="raise --memory-budget"):
+            attribute(gpt2, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"],
+                      memory_gib=0.5 * per_point / 2 ** 30)
+    finally:
+        hook.remove()
+    assert calls == []  # refused before the model ran
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"steps": 1}, "--steps must be"), ({"steps": 1_000_000}, "--steps must be"),
+    ({"steps": 20, "max_steps": 10}, "--max-steps must be"), ({"steps": 20, "max_steps": 100_000}, "--max-steps must be"),
+    ({"steps": 20, "batch_size": 0}, "--batch-size must be"), ({"steps": 20, "batch_size": -1}, "--batch-size must be"),
+    ({"steps": 20, "memory_gib": 0}, "--memory-budget must be"), ({"steps": 20, "memory_gib": float("nan")}, "--memory-budget"),
+])
+def test_integrated_gradients_options_are_bounded(kw, message):
+    from inspector.intervene.attribution import IG_MAX_STEPS, check_ig_options
+
+    with pytest.raises(InspectorError, match=message):
+        check_ig_options(**kw)
+    assert check_ig_options(20) == IG_MAX_STEPS and check_ig_options(500) == 500 and check_ig_options(20, 40) == 40
+
+
+def test_both_sides_by_magnitude_with_positions():
+    """The printout's sides: largest positive first, most negative first, a repeated token told apart by its index."""
+    import pandas as pd
+
+    from inspector.intervene.attribution import describe_token, side_text, sides
+
+    t = pd.DataFrame({"role": ["source"] * 5, "index": range(5), "token": ["less", "##ee", "less", "##or", "x"],
+                      "word": ["Lessee", "Lessee", "Lessor", "Lessor", "x"], "ig": [-0.3, 0.1, 0.5, -0.05, 1e-12]})
+    pos, neg = sides(t, "ig", 3)
+    assert pos["index"].tolist() == [2, 1] and neg["index"].tolist() == [0, 3]  # 1e-12 is on neither side
+    right, wrong = side_text(t, "ig", 3)
+    assert right.startswith("'less' (in 'Lessor', source token 2) +0.5")
+    assert wrong.startswith("'less' (in 'Lessee', source token 0) -0.3")
+    assert describe_token(t.iloc[4]) == "'x' (in 'x', source token 4)"

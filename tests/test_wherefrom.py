@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 from test_planted_routes import OUT, TEXT, planted_copy_gpt2
 
+from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
+from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.cli import main
 from inspector.intervene.routes import THRESHOLD, record, routes
@@ -73,6 +75,63 @@ def test_bob_most_drives_bob_over_carol_and_the_sentence_says_so(planted):
     assert "neither flagged" in wherefrom.sentence(w, 1, 7)
     text = wherefrom.summary_text(w)
     assert "Where did the word come from?" in text and "completeness gap" in text
+    # both sides: the source token that most drives carol over bob is named too, with its position
+    src = w.attribution[w.attribution["role"] == "source"]
+    low = src.loc[src["integrated_gradients"].idxmin()]
+    assert low["integrated_gradients"] < 0
+    assert (f"the one that most drives carol over bob is {low['token']!r} (source token {int(low['index'])}; "
+            f"{low['integrated_gradients']:+.4f})") in s
+    assert wherefrom.headline(w).startswith(s.split("; layer")[0])
+    assert "integrated gradients is the one that adds up" in text  # it converged: 32 points close the gap here
+
+
+TOKEN = re.compile(r"'([^']*)' \((?:in '([^']*)', )?(source|target) token (\d+)\) ([+-]\d+(?:\.\d+)?(?:e[+-]?\d+)?)")
+
+
+def _printed_sides(text: str, right: str, wrong: str) -> tuple[list, list]:
+    lines = text.splitlines()
+    pos = next(ln for ln in lines if ln.startswith(f"Source tokens that most drive {right} over {wrong} "))
+    neg = next(ln for ln in lines if ln.startswith(f"Source tokens that most drive {wrong} over {right} "))
+    return TOKEN.findall(pos.split(": ", 1)[1]), TOKEN.findall(neg.split(": ", 1)[1])
+
+
+def test_summary_names_both_sides_as_attribution_csv_says(planted, tmp_path):
+    """The printout's tokens towards RIGHT (positive) and towards WRONG (negative), largest magnitude first, are the
+    rows of attribution.csv with their values (float noise of a zero, under 1e-6 of the largest, on neither side)."""
+    w, _, _, _ = planted
+    wherefrom.write(tmp_path, w)
+    df = pd.read_csv(tmp_path / "attribution.csv", keep_default_na=False)
+    src = df[df["role"] == "source"]
+    floor = 1e-6 * src["integrated_gradients"].abs().max()
+    expected = (src[src["integrated_gradients"] > floor].sort_values("integrated_gradients", ascending=False),
+                src[src["integrated_gradients"] < -floor].sort_values("integrated_gradients"))
+    printed = _printed_sides(wherefrom.summary_text(w), "bob", "carol")
+    for side, exp in zip(printed, expected, strict=True):
+        exp = exp.head(wherefrom.TOP_TOKENS)
+        assert len(side) == len(exp) > 0
+        for (tok, word, role, index, value), row in zip(side, exp.to_dict("records"), strict=True):
+            assert (tok, word, role, int(index)) == (row["token"], row["word"], row["role"], row["index"])
+            assert float(value) == pytest.approx(row["integrated_gradients"], rel=1e-4)
+
+
+def test_a_gap_that_stays_open_is_said_and_not_headlined(tokenizer):
+    """Tiny Llama (RMSNorm): from a zero embedding, 20 points leave about 80% of M(x) - M(0), 40 about 11%. Capped at
+    40 the part says integrated gradients did not converge and claims neither method; uncapped it doubles to 80."""
+    llama = LoadedModel(tiny.build("llama"), tokenizer, "tiny-llama")
+    output = "The Lessor shall indemnify the Lessee."
+    cap = capture(llama.model, tokenizer, LEGAL, output)
+    split = pd.DataFrame({"site": ["model.layers.1.self_attn"], "layer": [1], "head": [0], "flagged": [True]})
+    capped = wherefrom.where_from(llama, cap, LEGAL, split, None, contrast=("Lessee", "Lessor"), steps=20, max_steps=40)
+    a = capped.attribution.attrs
+    assert a["ig_converged"] is False and a["ig_steps"] == 40 and a["ig_relative_gap"] >= 0.05
+    text = wherefrom.summary_text(capped)
+    assert "Integrated gradients did NOT converge: after 40 steps" in text and "is the one that adds up" not in text
+    assert "neither method is exact here" in text
+    assert "(integrated gradients did not converge: its gap is" in wherefrom.headline(capped)
+    w = wherefrom.where_from(llama, cap, LEGAL, split, None, contrast=("Lessee", "Lessor"), steps=20)
+    assert w.attribution.attrs["ig_converged"] is True and w.attribution.attrs["ig_steps"] == 80
+    assert "is the one that adds up" in wherefrom.summary_text(w) and "did not converge" not in wherefrom.headline(w)
+    assert "the one that most drives Lessor over Lessee is" in wherefrom.headline(w)
 
 
 def test_report_section_shades_by_the_exact_attribution_and_draws_the_route(planted):
@@ -97,8 +156,7 @@ def test_debug_prints_and_writes_the_part(tokenizer, tmp_path, capsys):
 
     gpt2 = LoadedModel(tiny.build("gpt2"), tokenizer, "tiny-gpt2")
     output = "The Lessor shall indemnify the Lessee."
-    inv = investigate(gpt2, LEGAL, output=output, query="indemnify", referents=["Lessee", "Lessor"], out_dir=tmp_path,
-                      contrast="Lessee,Lessor", top=2)
+    inv = investigate(gpt2, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor"), contrast="Lessee,Lessor"), Output.of(output), out_dir=tmp_path, top=2)
     assert inv.where is not None
     for name in ("attribution.csv", "route.csv", "route_heads.csv"):
         assert (tmp_path / name).is_file()
@@ -144,8 +202,7 @@ def test_debug_on_a_family_routes_do_not_decompose_says_so(tokenizer, tmp_path, 
     from inspector.investigate.debug import investigate
 
     opt = LoadedModel(tiny.build("opt"), tokenizer, "tiny-opt")
-    inv = investigate(opt, LEGAL, output="The Lessor shall indemnify the Lessee.", query="indemnify",
-                      referents=["Lessee", "Lessor"], out_dir=tmp_path, contrast="Lessee,Lessor", top=1)
+    inv = investigate(opt, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor"), contrast="Lessee,Lessor"), Output.of("The Lessor shall indemnify the Lessee."), out_dir=tmp_path, top=1)
     assert inv.matter is not None and inv.where is None and "'opt' is not among them" in inv.where_note
     assert not (tmp_path / "route.csv").exists() and "Where did the word come from?" not in (tmp_path / "report.html").read_text()
     _print_findings(inv)

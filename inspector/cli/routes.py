@@ -52,8 +52,27 @@ def _targets(args) -> list[Path]:
     return out
 
 
+def _sides_names(args) -> tuple[str, str]:
+    """How the printout names the two sides of a signed attribution: towards RIGHT and WRONG with a contrast."""
+    if args.contrast:
+        from inspector.intervene.contrast import parse
+
+        right, wrong = parse(args.contrast)
+        return f"towards {right} (RIGHT, positive)", f"towards {wrong} (WRONG, negative)"
+    return "raising the metric (positive)", "lowering it (negative)"
+
+
 def cmd_attribute(args) -> int:
-    from inspector.intervene.attribution import METHODS, attribute
+    from inspector.intervene.attribution import (
+        METHODS,
+        SIGNED_METHODS,
+        attribute,
+        check_ig_options,
+        describe_token,
+        ig_summary,
+        methods_verdict,
+        side_text,
+    )
     from inspector.store.files import write_csv
 
     source, _ = _inputs(args)
@@ -61,25 +80,36 @@ def cmd_attribute(args) -> int:
     unknown = [m for m in methods or () if m not in METHODS]
     if unknown or methods == []:
         raise InspectorError(f"unknown --methods {', '.join(unknown) or '(none)'}: use some of {','.join(METHODS)}")
+    check_ig_options(args.steps, args.max_steps, args.batch_size, args.memory_budget)  # bounds, before the model loads
     _targets(args)
     loaded = load_from_args(args)
     output, target_ids = _output(args, loaded, source)
     df = attribute(loaded.model, loaded.tokenizer, source, output, position=args.position, contrast=args.contrast,
                    query=args.query, occurrence=args.occurrence, methods=methods, steps=args.steps,
-                   internal_batch_size=args.batch_size, target_ids=target_ids)
-    for m, why in df.attrs.get("left_out", {}).items():
+                   internal_batch_size=args.batch_size, target_ids=target_ids, max_steps=args.max_steps,
+                   memory_gib=args.memory_budget, words=True)
+    a = df.attrs
+    for m, why in a.get("left_out", {}).items():
         status(f"left out {m}: {why}")
-    print(f"metric: {df.attrs['definition']} = {df.attrs['metric']:.6f}")
-    if "ig_delta" in df.attrs:
-        print(f"integrated gradients ({df.attrs['ig_steps']} steps): M(x) - M(0) = {df.attrs['ig_difference']:.6f}, "
-              f"completeness gap {df.attrs['ig_delta']:+.3g}")
+    print(f"metric: {a['definition']} = {a['metric']:.6f}")
+    if "ig_delta" in a:
+        print(ig_summary(a, fix="raise --max-steps"))
+    pos_name, neg_name = _sides_names(args)
     for m in [m for m in METHODS if m in df.columns]:
-        top = df.loc[df[m].idxmax()]
-        print(f"{m}: the largest is {top['token']!r} ({top['role']} token {top['index']}) = {top[m]:.5g}")
-        if df.attrs.get(f"{m}_global"):  # Pegasus-X's learned global tokens: no input token, so no row of the table
-            print(f"{m}: {df.attrs[f'{m}_global']:.5g} of the row is traced to the model's learned global tokens, "
+        if m in SIGNED_METHODS:  # both sides, by magnitude: what pushes towards RIGHT and what towards WRONG
+            pos, neg = side_text(df, m)
+            print(f"{m}: {pos_name}: {pos}; {neg_name}: {neg}")
+        else:  # shares of the row, without sign
+            top = df.sort_values(m, ascending=False, kind="stable").head(3)
+            print(f"{m} (shares of the row, no sign): the largest are "
+                  + ", ".join(describe_token(r, m, signed=False) for r in top.to_dict("records")))
+        if a.get(f"{m}_global"):  # Pegasus-X's learned global tokens: no input token, so no row of the table
+            print(f"{m}: {a[f'{m}_global']:.5g} of the row is traced to the model's learned global tokens, "
                   f"which are no input token and have no row below (the rows sum to {df[m].sum():.5g})")
-    print(format_table(df, digits=5))
+    if "ig_delta" in a and "input_x_gradient" in df.columns:
+        print(methods_verdict(a)[0].upper() + methods_verdict(a)[1:] + ".")
+    shown = df.drop(columns=[c for c in ("ig_steps", "ig_relative_gap", "ig_converged") if c in df.columns])
+    print(format_table(shown, digits=5))
     if args.csv:
         write_csv(args.csv, df)
         status(f"wrote {len(df)} rows to {args.csv}")
@@ -127,6 +157,16 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_commands(sub) -> None:
     """Register ``attribute`` and ``routes`` on the top-level sub-parsers."""
+    # integrated gradients' defaults and bounds, defined once there (the module loads torch only when it runs)
+    from inspector.intervene.attribution import (
+        IG_MAX_STEPS,
+        IG_MEMORY_GIB,
+        IG_STEPS,
+        IG_TOLERANCE,
+        STEPS_LIMIT,
+    )
+
+    tol = f"{IG_TOLERANCE * 100:g}%%"  # argparse formats help with %
     p = sub.add_parser("attribute", help="attribute one output token to the input tokens (gradients, rollout)")
     _common(p)
     p.add_argument("--position", type=int, help="without --contrast: the output token whose log-probability is explained "
@@ -134,8 +174,18 @@ def add_commands(sub) -> None:
     p.add_argument("--methods", help="comma-separated: input_x_gradient, integrated_gradients, rollout, value_rollout "
                                      "(default all; value_rollout left out, with a note, where the model's sites have "
                                      "no value norms: LED, Pegasus-X, LongT5...)")
-    p.add_argument("--steps", type=int, default=20, help="integrated gradients: points of the Gauss-Legendre rule")
-    p.add_argument("--batch-size", type=int, help="integrated gradients: points per forward pass (default all)")
+    p.add_argument("--steps", type=int, default=IG_STEPS,
+                   help=f"integrated gradients: Gauss-Legendre points of the first try (2..{STEPS_LIMIT}, default "
+                        f"{IG_STEPS}); doubled while the completeness gap is {tol} of M(x) - M(0) or more")
+    p.add_argument("--max-steps", type=int,
+                   help=f"integrated gradients: the doubling stops here; if the gap is still {tol} or more, "
+                        f"the printout and the CSV say it did not converge (--steps..{STEPS_LIMIT}, default "
+                        f"{IG_MAX_STEPS}, or --steps if larger)")
+    p.add_argument("--batch-size", type=int, help=f"integrated gradients: points per forward pass (1..{STEPS_LIMIT}; "
+                                                  "default: as many as --memory-budget holds)")
+    p.add_argument("--memory-budget", type=float, default=IG_MEMORY_GIB, metavar="GIB",
+                   help=f"integrated gradients: GiB of activations one batch of points may hold, estimated before it "
+                        f"runs (default {IG_MEMORY_GIB:g}); a larger batch is refused")
     p.add_argument("--csv", help="write one row per input token to this CSV file")
     p.set_defaults(func=cmd_attribute)
 

@@ -14,10 +14,17 @@ Methods, one column each, one row per input token (the source, and the earlier o
 * ``input_x_gradient``: ``sum_d x_d * dM/dx_d`` over the token's input embedding ``x`` (the word
   embedding the model adds position embeddings to), Captum's ``InputXGradient`` (Shrikumar et al. 2016);
 * ``integrated_gradients``: Captum's ``IntegratedGradients`` (Sundararajan et al. 2017, "Axiomatic
-  Attribution for Deep Networks") from an all-zero embedding baseline, ``steps`` points of the
-  Gauss-Legendre rule, evaluated in batches (``internal_batch_size``); its completeness gap (Captum's
+  Attribution for Deep Networks") from an all-zero embedding baseline, on the Gauss-Legendre rule,
+  evaluated in batches (``internal_batch_size`` points per forward pass). Its completeness gap (Captum's
   convergence delta, ``sum of attributions - (M(x) - M(baseline))``) is reported in
-  ``table.attrs["ig_delta"]`` next to ``table.attrs["ig_difference"]`` (``M(x) - M(baseline)``);
+  ``table.attrs["ig_delta"]`` next to ``table.attrs["ig_difference"]`` (``M(x) - M(baseline)``) and, as a
+  share of that difference, ``table.attrs["ig_relative_gap"]``. **Convergence rule**: starting at
+  ``steps`` points, the points are doubled (capped at ``max_steps``) until the relative gap is below
+  :data:`IG_TOLERANCE` (5%); ``attrs["ig_converged"]`` says whether it got there (when not, the
+  attributions do not add up to the difference, and :func:`ig_summary` / :func:`methods_verdict` say so
+  instead of crediting integrated gradients), ``attrs["ig_history"]`` lists ``(steps, relative gap)`` of
+  every try. The batch is sized, before anything runs, within a memory
+  budget (:func:`ig_memory`, :data:`IG_MEMORY_GIB`); a batch over it is refused naming the flags;
 * ``rollout`` and ``value_rollout``: :func:`inspector.analysis.rollout.rollout` of a lazy capture of the
   same pass, with raw and value-weighted weights, read at the row that produces the metric (the mean of
   the query word's rows for the cosine metric). Shares of 1, not units of the metric.
@@ -29,20 +36,38 @@ says along which path the information travelled (:mod:`inspector.intervene.route
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-
-import pandas as pd
-import torch
+from typing import TYPE_CHECKING
 
 from inspector.capture.inputs import Encoded, encode
 from inspector.errors import InspectorError
-from inspector.intervene import contrast as _contrast
-from inspector.intervene.seam import frozen
+
+if TYPE_CHECKING:  # torch and pandas load with the first attribution, not with the CLI's parser (its defaults are here)
+    import pandas as pd
+    import torch
 
 METHODS = ("input_x_gradient", "integrated_gradients", "rollout", "value_rollout")
 GRADIENT_METHODS = ("input_x_gradient", "integrated_gradients")
+SIGNED_METHODS = GRADIENT_METHODS  # the rollouts are shares of 1, without sign
 
-__all__ = ["METHODS", "Metric", "attribute", "embedding_inputs", "metric_for"]
+IG_TOLERANCE = 0.05  # integrated gradients has converged when |gap| < IG_TOLERANCE * |M(x) - M(baseline)|
+IG_FLOAT_GAP = 1e-6  # ... or when |gap| is within float32 rounding of the metric (a difference of about zero)
+IG_STEPS = 20  # the first try's Gauss-Legendre points (``--steps``)
+IG_MAX_STEPS = 256  # the doubling stops here (``--max-steps``; the default when ``steps`` is below it)
+STEPS_LIMIT = 1024  # the most points --steps / --max-steps accept (the rule's nodes alone take seconds beyond)
+IG_MEMORY_GIB = 8.0  # activations one batch of points may hold (``--memory-budget``, GiB)
+MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted
+# a rough count of the floats one point keeps for the backward pass (checked against the peak resident memory of
+# tiny models and MiniLM on CPU: within a factor of about 2, mostly above): every linear layer's output, twice (the
+# elementwise work beside it: activation, norm, residual); every head's attention matrix, three times under eager
+# attention (scores, weights, their gradient), once under a fused kernel (sdpa, flash: the transient one); the logits
+# the metric reads five times (float32 copy, log-softmax, their gradients)
+LINEAR_COPIES, EAGER_ATTENTION_COPIES, FUSED_ATTENTION_COPIES, LOGIT_COPIES = 2, 3, 1, 5
+
+__all__ = ["IG_MAX_STEPS", "IG_MEMORY_GIB", "IG_STEPS", "IG_TOLERANCE", "METHODS", "Metric", "STEPS_LIMIT", "attribute",
+           "check_ig_options", "describe_token", "embedding_inputs", "ig_adds_up", "ig_memory", "ig_summary", "methods_verdict",
+           "metric_for", "percent", "side_text", "sides"]
 
 
 class Metric:
@@ -65,6 +90,10 @@ def metric_for(model, tokenizer, encoded: Encoded, *, position: int | None = Non
     """The metric :func:`attribute` explains (module docstring). Raises :class:`InspectorError` when
     the contrast cannot be placed, when an encoder is given no contrast, or when ``position`` is not on
     the output axis."""
+    import torch
+
+    from inspector.intervene import contrast as _contrast
+
     lm = _contrast.model_has_lm_head(model)
     cap = _contrast.output_capture(encoded)
     if contrast is not None:
@@ -113,6 +142,8 @@ def embedding_inputs(model, encoded: Encoded) -> tuple[list[str], list[torch.Ten
 
 
 def _forward(model, names: list[str], rest: dict, metric: Metric, counter: list[int]):
+    import torch
+
     def f(*embeds):
         n = embeds[0].shape[0]
         kw = {k: (v.expand(n, *v.shape[1:]) if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == 1 else v)
@@ -124,7 +155,101 @@ def _forward(model, names: list[str], rest: dict, metric: Metric, counter: list[
     return f
 
 
-def _gradient_columns(model, names, embeds, rest, metric, methods, steps, internal_batch_size, counter) -> tuple[dict, dict]:
+def check_ig_options(steps: int, max_steps: int | None = None, batch_size: int | None = None,
+                     memory_gib: float = IG_MEMORY_GIB) -> int:
+    """Check integrated gradients' options (the CLI calls it before the model loads) and return the cap on
+    points: ``max_steps``, or by default :data:`IG_MAX_STEPS` (``steps`` when that is larger). Raises
+    :class:`InspectorError`, one line naming the flag and its bounds."""
+    import math
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= STEPS_LIMIT:
+        raise InspectorError(f"--steps must be a whole number from 2 to {STEPS_LIMIT} (Gauss-Legendre points of the "
+                             f"first try), got {steps}")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
+                                  or not steps <= max_steps <= STEPS_LIMIT):
+        raise InspectorError(f"--max-steps must be a whole number from --steps ({steps}) to {STEPS_LIMIT}, got {max_steps}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or not 1 <= batch_size <= STEPS_LIMIT):
+        raise InspectorError(f"--batch-size must be a whole number from 1 to {STEPS_LIMIT} (points per forward pass), "
+                             f"got {batch_size}")
+    if isinstance(memory_gib, bool) or not isinstance(memory_gib, (int, float)) or not math.isfinite(memory_gib) \
+            or not 0 < memory_gib <= MEMORY_LIMIT_GIB:
+        raise InspectorError(f"--memory-budget must be more than 0 and at most {MEMORY_LIMIT_GIB:g} GiB, got {memory_gib}")
+    return max(IG_MAX_STEPS, steps) if max_steps is None else max_steps
+
+
+def _config_int(config, *names: str) -> int:
+    return next((v for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and v > 0), 0)
+
+
+def ig_memory(model, encoded: Encoded, metric: Metric) -> int:
+    """A rough count, made before anything runs, of the bytes one integrated-gradients point keeps for its
+    backward pass: every linear layer's output at every position it sees (:data:`LINEAR_COPIES` copies), every
+    head's attention matrix (``heads x queries x keys`` per layer, from the config; :data:`EAGER_ATTENTION_COPIES`
+    or :data:`FUSED_ATTENTION_COPIES` copies), and the logits the metric reads (:data:`LOGIT_COPIES`; one row where
+    the model takes ``logits_to_keep``), in the model's float size (at least float32: the inputs are float32). A
+    batch of ``B`` points holds about ``B`` times this."""
+    from torch import nn
+
+    n_src = len(next(r for r in encoded.records if r.role == "source").ids)
+    n_tgt = sum(len(r.ids) for r in encoded.records if r.role == "target")
+    enc_dec = encoded.layout == "encoder-decoder"
+    n_dec = n_tgt if enc_dec else n_src + n_tgt
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    encoder = {id(m) for m in model.get_encoder().modules()} if enc_dec else set()
+    linear = 0
+    for m in model.modules():
+        if m is head:
+            continue
+        width = m.out_features if isinstance(m, nn.Linear) else getattr(m, "nf", 0) if type(m).__name__ == "Conv1D" else 0
+        linear += int(width) * (n_src if id(m) in encoder else n_dec)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = _config_int(config, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+    if enc_dec:
+        enc_layers = _config_int(config, "encoder_layers", "num_layers", "num_hidden_layers")
+        dec_layers = _config_int(config, "decoder_layers", "num_decoder_layers", "num_hidden_layers")
+        dec_heads = _config_int(config, "decoder_attention_heads") or heads
+        attention = enc_layers * heads * n_src ** 2 + dec_layers * dec_heads * (n_tgt ** 2 + n_tgt * n_src)
+    else:
+        attention = _config_int(config, "num_hidden_layers", "n_layer", "num_layers") * heads * n_dec ** 2
+    vocab = int(head.weight.shape[0]) if head is not None and getattr(head, "weight", None) is not None else 0
+    rows = 1 if "logits_to_keep" in metric.extra else n_dec
+    eager = getattr(model.config, "_attn_implementation", "eager") in (None, "eager")
+    copies = EAGER_ATTENTION_COPIES if eager else FUSED_ATTENTION_COPIES
+    floats = LINEAR_COPIES * linear + copies * attention + LOGIT_COPIES * rows * vocab
+    size = max(next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4), 4)  # inputs are float32
+    return int(floats * size)
+
+
+def _ig_batch(per_point: int, max_steps: int, batch_size: int | None, memory_gib: float) -> int:
+    """Points per forward pass: ``batch_size`` (checked against the budget), else as many as the budget holds (at
+    most ``max_steps``). Raises :class:`InspectorError`, one line naming the limit and the flags that change it."""
+    budget = memory_gib * 2 ** 30
+    fits = int(budget // max(per_point, 1))
+    each = f"about {per_point / 2 ** 20:.3g} MiB of activations a point"
+    if batch_size is None:
+        if fits < 1:
+            raise InspectorError(f"integrated gradients needs {each}, over the --memory-budget of {memory_gib:g} GiB: "
+                                 f"raise --memory-budget to at least {per_point / 2 ** 30:.3g}")
+        return min(fits, max_steps)
+    used = min(batch_size, max_steps)
+    if used * per_point > budget:
+        fix = f"lower --batch-size to {fits} or less, or raise --memory-budget" if fits >= 1 else \
+            f"raise --memory-budget to at least {used * per_point / 2 ** 30:.3g}"
+        raise InspectorError(f"integrated gradients with --batch-size {batch_size} would hold about "
+                             f"{used * per_point / 2 ** 30:.3g} GiB of activations ({each}), over the --memory-budget of "
+                             f"{memory_gib:g} GiB: {fix}")
+    return used
+
+
+def _relative(delta: float, diff: float) -> float:
+    if diff != 0:
+        return abs(delta) / abs(diff)
+    return 0.0 if delta == 0 else float("inf")
+
+
+def _gradient_columns(model, names, embeds, rest, metric, methods, steps, max_steps, batch, counter) -> tuple[dict, dict]:
+    import torch
     from captum.attr import InputXGradient, IntegratedGradients
 
     f = _forward(model, names, rest, metric, counter)
@@ -135,18 +260,30 @@ def _gradient_columns(model, names, embeds, rest, metric, methods, steps, intern
         cols["input_x_gradient"] = torch.cat([a[0].sum(-1) for a in got]).double()
     if "integrated_gradients" in methods:
         base = tuple(torch.zeros_like(e) for e in inputs)
-        got, delta = IntegratedGradients(f).attribute(inputs, baselines=base, n_steps=steps, method="gausslegendre",
-                                                      internal_batch_size=internal_batch_size,
-                                                      return_convergence_delta=True)
-        cols["integrated_gradients"] = torch.cat([a[0].sum(-1) for a in got]).double()
         with torch.no_grad():
-            diff = float(f(*inputs)[0] - f(*base)[0])
-        attrs.update(ig_delta=float(delta[0]), ig_difference=diff, ig_steps=steps)
+            diff = float(f(*inputs)[0].double() - f(*base)[0].double())
+        ig, history, n = IntegratedGradients(f), [], steps
+        while True:
+            got = ig.attribute(inputs, baselines=base, n_steps=n, method="gausslegendre", internal_batch_size=batch)
+            total = float(sum(a.detach().double().sum() for a in got))
+            delta = total - diff
+            rel = _relative(delta, diff)
+            history.append((n, rel))
+            converged = rel < IG_TOLERANCE or abs(delta) <= IG_FLOAT_GAP
+            if converged or n >= max_steps:
+                break
+            n = min(2 * n, max_steps)
+        cols["integrated_gradients"] = torch.cat([a[0].sum(-1) for a in got]).double()
+        attrs.update(ig_delta=delta, ig_difference=diff, ig_relative_gap=rel, ig_converged=converged, ig_steps=n,
+                     ig_start_steps=steps, ig_max_steps=max_steps, ig_tolerance=IG_TOLERANCE, ig_history=history,
+                     ig_batch_size=batch)
     return cols, attrs
 
 
 def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric, methods, labels,
                      chosen: bool = True) -> tuple[dict, dict]:
+    import torch
+
     from inspector.analysis.rollout import rollout
     from inspector.capture.recorder import capture
 
@@ -184,8 +321,9 @@ def _no_value_norms(cap) -> str | None:
 
 def attribute(model, tokenizer, text: str, target: str | None = None, *, position: int | None = None,
               contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-              methods: tuple[str, ...] | list[str] | None = None, steps: int = 20, internal_batch_size: int | None = None,
-              target_ids: list[list[int]] | None = None) -> pd.DataFrame:
+              methods: tuple[str, ...] | list[str] | None = None, steps: int = IG_STEPS, internal_batch_size: int | None = None,
+              target_ids: list[list[int]] | None = None, max_steps: int | None = None,
+              memory_gib: float = IG_MEMORY_GIB, words: bool = False) -> pd.DataFrame:
     """Attribute one metric of ``model`` on ``text`` (and ``target``) to its input tokens.
 
     Returns a DataFrame, one row per input token that can affect the metric (every source token; on the
@@ -193,26 +331,43 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
     source, then output), ``role``, ``index`` (within the role), ``token``, then one column per method
     (module docstring). ``attrs``: ``metric`` (its value), ``definition``, ``position`` (the output
     position explained, or None), ``forward_calls`` (forward passes the gradient methods ran) and, with
-    integrated gradients, ``ig_delta``, ``ig_difference``, ``ig_steps``; with rollout, ``rollout_global`` /
+    integrated gradients, ``ig_delta`` (the completeness gap), ``ig_difference`` (``M(x) - M(0)``),
+    ``ig_relative_gap`` (``|gap| / |difference|``), ``ig_converged`` (below :data:`IG_TOLERANCE`, or within float
+    rounding), ``ig_steps`` (the points of the try reported), ``ig_start_steps``, ``ig_max_steps``, ``ig_tolerance``,
+    ``ig_history`` (``(steps, relative gap)`` of each try: ``steps``, doubled up to ``max_steps``, default
+    :data:`IG_MAX_STEPS` or ``steps`` if larger) and ``ig_batch_size`` (points per forward pass:
+    ``internal_batch_size``, else as many as ``memory_gib`` holds by :func:`ig_memory`); the table then ends with the
+    columns ``ig_steps``, ``ig_relative_gap`` and ``ig_converged`` (the same on every row) so that a CSV of it
+    says whether the split adds up. ``words=True`` adds a column ``word`` after ``token``: the
+    whitespace-delimited word of its text the token lies in ('' for special tokens). With rollout, ``rollout_global`` /
     ``value_rollout_global``, the share traced to tokens that are no input (Pegasus-X's learned global tokens;
     0 elsewhere), so that the column plus it sums to 1. ``methods=None`` runs every method the model allows:
     ``value_rollout`` is left out where a site has no value norms (LED, Pegasus-X, LongT5...), the reason in
     ``attrs["left_out"]`` (method -> why); asked for by name there, it is refused.
 
     Raises :class:`InspectorError` for an unknown method, a metric that cannot be placed
-    (:func:`metric_for`), or a batch of texts (one text at a time).
+    (:func:`metric_for`), a batch of texts (one text at a time), integrated gradients' options out of bounds
+    (:func:`check_ig_options`) or a batch of points over the memory budget (before any point runs).
     """
+    import pandas as pd
+    import torch
+
+    from inspector.intervene.seam import frozen
+
     chosen, methods = methods is not None, list(METHODS if methods is None else methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise InspectorError(f"unknown attribution method(s) {', '.join(unknown) or '(none)'}: use {', '.join(METHODS)}")
-    if steps < 2:
-        raise InspectorError(f"--steps must be at least 2, got {steps}")
+    ig = "integrated_gradients" in methods
+    if ig:
+        max_steps = check_ig_options(steps, max_steps, internal_batch_size, memory_gib)
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
     if len({r.batch for r in encoded.records}) != 1:
         raise InspectorError("attribute explains one text at a time: pass one text, not a list")
     metric = metric_for(model, tokenizer, encoded, position=position, contrast=contrast, query=query, occurrence=occurrence)
     labels, tokens = _labels(encoded, metric)
+    # the batch of points is sized (or refused) within the memory budget before anything runs
+    batch = _ig_batch(ig_memory(model, encoded, metric), max_steps, internal_batch_size, memory_gib) if ig else None
     was_training = model.training
     model.eval()
     counter = [0]
@@ -225,7 +380,7 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
                 value = float(metric.value(model(**rest, **dict(zip(names, embeds, strict=True)), **metric.extra,
                                                  use_cache=False)))
             if any(m in GRADIENT_METHODS for m in methods):
-                got, attrs = _gradient_columns(model, names, embeds, rest, metric, methods, steps, internal_batch_size, counter)
+                got, attrs = _gradient_columns(model, names, embeds, rest, metric, methods, steps, max_steps, batch, counter)
                 keep = _joint_index(encoded, labels)
                 cols.update({k: v[keep] for k, v in got.items()})
     finally:
@@ -235,7 +390,11 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
         cols.update(got)
         attrs.update(more)
     table = pd.DataFrame({"position": range(len(labels)), "role": [r for r, _ in labels], "index": [i for _, i in labels],
-                          "token": tokens, **{m: cols[m].detach().numpy() for m in methods if m in cols}})
+                          "token": tokens, **({"word": _words(encoded, labels)} if words else {}),
+                          **{m: cols[m].detach().numpy() for m in methods if m in cols}})
+    if "ig_steps" in attrs:  # a CSV of the table says whether integrated gradients adds up
+        table = table.assign(ig_steps=attrs["ig_steps"], ig_relative_gap=attrs["ig_relative_gap"],
+                             ig_converged=attrs["ig_converged"])
     table.attrs.update(metric=value, definition=metric.definition, position=metric.position, forward_calls=counter[0], **attrs)
     return table
 
@@ -264,5 +423,89 @@ def _labels(encoded: Encoded, metric: Metric) -> tuple[list[tuple[str, int]], li
 def _joint_index(encoded: Encoded, labels: list[tuple[str, int]]) -> torch.Tensor:
     """Index of each label in the concatenation of the gradient inputs (source embeddings, then the
     decoder's for an encoder-decoder; a decoder-only model's one input holds prompt and continuation)."""
+    import torch
+
     n_src = len(next(r for r in encoded.records if r.role == "source").ids)
     return torch.tensor([i if role == "source" else n_src + i for role, i in labels], dtype=torch.long)
+
+
+def _words(encoded: Encoded, labels: list[tuple[str, int]]) -> list[str]:
+    """The whitespace-delimited word of its text each labelled token lies in ('' for special tokens)."""
+    recs = {r.role: r for r in encoded.records}
+    out = []
+    for role, i in labels:
+        rec = recs[role]
+        off = rec.offsets[i] if i < len(rec.offsets) else None
+        out.append(next((m.group() for m in re.finditer(r"\S+", rec.text) if off and m.start() <= off[0] < m.end()), ""))
+    return out
+
+
+# ---- words for a printout: both sides, the convergence ------------------------------------------------------
+TOP_SIDES = 3  # tokens named on each side in the ``attribute`` printout
+NEGLIGIBLE = 1e-6  # a value this small against the largest magnitude is named on neither side
+
+
+def percent(share: float) -> str:
+    """A share as a percentage with three significant digits (``0.98%``, ``30.9%``, ``1.23e-05%``)."""
+    return f"{share * 100:.3g}%"
+
+
+def sides(table: pd.DataFrame, method: str, k: int = TOP_SIDES) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``k`` rows of ``table`` of largest positive ``method`` value (largest first: towards RIGHT, raising the
+    metric) and the ``k`` of most negative (most negative first: towards WRONG). A value within
+    :data:`NEGLIGIBLE` of the largest magnitude (float rounding of a zero: a token the metric cannot see) is on
+    neither side."""
+    values = table[method].astype(float)
+    floor = NEGLIGIBLE * float(values.abs().max()) if len(values) else 0.0
+    pos = table[values > floor].sort_values(method, ascending=False, kind="stable").head(k)
+    neg = table[values < -floor].sort_values(method, ascending=True, kind="stable").head(k)
+    return pos, neg
+
+
+def describe_token(row, method: str | None = None, digits: int = 5, signed: bool = True, note: str = "") -> str:
+    """``'less' (in 'Lessor', source token 7)``, followed by ``method``'s value (``+0.20063``; without its sign
+    when not ``signed``) when given: a token told apart from its repeats by its role and index, and the word it
+    lies in when the table has ``word``. ``note`` goes inside the parentheses, after a semicolon."""
+    word = row.get("word", "") if hasattr(row, "get") else ""
+    where = (f"in {word!r}, " if isinstance(word, str) and word else "") + f"{row['role']} token {int(row['index'])}"
+    value = "" if method is None else f" {float(row[method]):{'+' if signed else ''}.{digits}g}"
+    return f"{row['token']!r} ({where}{'; ' + note if note else ''}){value}"
+
+
+def side_text(table: pd.DataFrame, method: str, k: int = TOP_SIDES, digits: int = 5) -> tuple[str, str]:
+    """``sides`` in words: the positive side's tokens, the negative side's (``(none)`` where a side is empty)."""
+    pos, neg = sides(table, method, k)
+    return tuple(", ".join(describe_token(r, method, digits) for r in side.to_dict("records")) or "(none)"
+                 for side in (pos, neg))
+
+
+def ig_summary(attrs: dict, fix: str = "raise --max-steps") -> str:
+    """Integrated gradients' completeness in one sentence: the points, ``M(x) - M(0)``, the gap and its share of it,
+    and whether it converged (below :data:`IG_TOLERANCE`); when it did not, says so plainly and ``fix``."""
+    gap, diff, rel, n = attrs["ig_delta"], attrs["ig_difference"], attrs["ig_relative_gap"], attrs["ig_steps"]
+    tol = attrs.get("ig_tolerance", IG_TOLERANCE)
+    tried = ", ".join(f"{s}: {percent(r)}" for s, r in attrs.get("ig_history", [])) or f"{n}: {percent(rel)}"
+    tries = f" (steps tried, relative gap: {tried})" if len(attrs.get("ig_history", [])) > 1 else ""
+    if attrs.get("ig_converged", rel < tol):
+        why = f"below the {tol:.0%} tolerance" if rel < tol else "the gap is within float rounding"
+        return (f"integrated gradients ({n} steps, from a zero embedding): M(x) - M(0) = {diff:.6f}, completeness gap "
+                f"{gap:+.3g}, {percent(rel)} of it: converged, {why}{tries}")
+    return (f"integrated gradients did NOT converge: after {n} steps (the cap, max steps {attrs.get('ig_max_steps', n)}) "
+            f"its completeness gap {gap:+.3g} is {percent(rel)} of M(x) - M(0) = {diff:.6f} (tolerance {tol:.0%}), so its "
+            f"attributions do not add up to the difference: {fix}, or read them as rough{tries}")
+
+
+def ig_adds_up(attrs: dict) -> bool:
+    """Whether integrated gradients ran and converged (its attributions add up to ``M(x) - M(0)``)."""
+    return "ig_delta" in attrs and bool(attrs.get("ig_converged", False))
+
+
+def methods_verdict(attrs: dict) -> str:
+    """What to believe where input x gradient and integrated gradients disagree: integrated gradients when it
+    converged, neither (naming the gap) when it did not."""
+    if ig_adds_up(attrs):
+        return (f"where the two disagree, integrated gradients is the one that adds up (its gap is "
+                f"{percent(attrs['ig_relative_gap'])} of M(x) - M(0), below {attrs.get('ig_tolerance', IG_TOLERANCE):.0%})")
+    return (f"neither method is exact here: integrated gradients did not converge (its gap is "
+            f"{percent(attrs['ig_relative_gap'])} of M(x) - M(0) after {attrs['ig_steps']} steps) and input x gradient is "
+            "first order")

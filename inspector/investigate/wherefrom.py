@@ -6,8 +6,10 @@ Given the investigation's capture, its split table, the "Does it matter?" result
 without an LM head, as :func:`inspector.intervene.attribution.attribute` uses), :func:`where_from` computes
 
 * the attribution of the metric to every input token (:func:`~inspector.intervene.attribution.attribute`,
-  input x gradient and integrated gradients with :data:`STEPS` points: modest, so the part stays cheap;
-  its completeness gap is reported) -> ``attribution.csv``;
+  input x gradient and integrated gradients from :data:`STEPS` points: modest, so the part stays cheap,
+  doubled while the completeness gap is 5% of ``M(x) - M(0)`` or more, up to
+  :data:`~inspector.intervene.attribution.IG_MAX_STEPS`; the gap and whether it converged are reported)
+  -> ``attribution.csv``;
 * the information-flow route of the position the metric reads (:func:`~inspector.intervene.routes.routes`,
   threshold :data:`~inspector.intervene.routes.THRESHOLD`) -> ``route.csv``;
 * for every flagged head and the :data:`TOP_EFFECT` heads of largest exact effect, whether it lies on the
@@ -30,14 +32,28 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from inspector.intervene.attribution import attribute
+from inspector.intervene.attribution import (
+    IG_TOLERANCE,
+    attribute,
+    describe_token,
+    ig_adds_up,
+    ig_summary,
+    methods_verdict,
+    percent,
+    side_text,
+    sides,
+)
 from inspector.intervene.contrast import model_has_lm_head
 from inspector.intervene.routes import THRESHOLD, heads_on_route, record, routes
 from inspector.investigate.matter import said_kwargs
 from inspector.store.capture_file import Capture
 
-STEPS = 32  # integrated gradients' Gauss-Legendre points (the demo's completeness gap: 10 -> 100%, 20 -> 15%, 32 -> 1.2%)
-IG_BATCH = 16  # points per forward pass: two passes, memory bounded on long inputs
+# integrated gradients' first try, in Gauss-Legendre points (the demo's completeness gap: 10 -> 100%, 20 -> 15%,
+# 32 -> 1.2%); doubled up to attribution.IG_MAX_STEPS while the gap is IG_TOLERANCE (5%) of M(x) - M(0) or more, as
+# the `inspector attribute --steps STEPS --batch-size IG_BATCH` the report writes does
+STEPS = 32
+IG_BATCH = 16  # points per forward pass: two passes a try, memory bounded on long inputs
+TOP_TOKENS = 5  # source tokens the printout names on each side (towards RIGHT, towards WRONG)
 TOP_EFFECT = 5  # heads of largest |effect| checked against the route, besides every flagged head
 METHODS = ("input_x_gradient", "integrated_gradients")
 SHADE_METHOD = "integrated_gradients"
@@ -87,11 +103,14 @@ def _words(cap: Capture, attr: pd.DataFrame) -> list[str]:
 
 def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, *, contrast: str | tuple[str, str],
                query: str | None = None, occurrence: int | None = None, steps: int = STEPS,
-               top_effect: int = TOP_EFFECT, threshold: float = THRESHOLD, verdict=None) -> WhereFrom:
+               top_effect: int = TOP_EFFECT, threshold: float = THRESHOLD, verdict=None,
+               max_steps: int | None = None) -> WhereFrom:
     """Attribution, route and the flagged / top-effect heads on it (module docstring). ``matter`` is the
     investigation's :class:`~inspector.investigate.matter.Matter` (its effects table gives the top-effect
     heads and their exact effects), or None. Two forward passes for the route and attribution's
-    baseline, plus integrated gradients' (``steps`` points in one batch) and one for input x gradient.
+    baseline, plus integrated gradients' (``steps`` points, :data:`IG_BATCH` a pass, more tries with doubled
+    points until the gap is below 5% or ``max_steps``, default
+    :data:`~inspector.intervene.attribution.IG_MAX_STEPS`) and one for input x gradient.
     Raises :class:`~inspector.errors.InspectorError` where the contrast cannot be placed or the model's
     residual cannot be decomposed (:func:`~inspector.intervene.routes.record`, by name)."""
     from inspector.intervene.contrast import parse
@@ -103,7 +122,7 @@ def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, *
     occ = None if lm else occurrence  # as "Does it matter?": with an LM head, WRONG's first occurrence
     attr = attribute(model, tokenizer, source, said.get("target"), target_ids=said.get("target_ids"),
                      contrast=(right, wrong), query=query, occurrence=occ, methods=METHODS, steps=steps,
-                     internal_batch_size=IG_BATCH)
+                     internal_batch_size=IG_BATCH, max_steps=max_steps)
     attr.insert(4, "word", _words(cap, attr))
     graph = record(model, tokenizer, source, said.get("target"), target_ids=said.get("target_ids"))
     route = routes(model, tokenizer, source, said.get("target"), target_ids=said.get("target_ids"),
@@ -132,13 +151,38 @@ def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, *
     return WhereFrom(right=right, wrong=wrong, attribution=attr, route=route, heads=on[HEAD_COLUMNS], threshold=threshold)
 
 
+def _source(w: WhereFrom) -> pd.DataFrame:
+    return w.attribution[w.attribution["role"] == "source"]
+
+
+def _drivers(w: WhereFrom) -> str:
+    """The source tokens that most drive RIGHT over WRONG and WRONG over RIGHT by integrated gradients, in words
+    (with the word each lies in and its source index), and, when integrated gradients did not converge, that."""
+    pos, neg = sides(_source(w), SHADE_METHOD, 1)
+    if len(pos):
+        r = pos.iloc[0]
+        right = (f"The source token that most drives {w.right} over {w.wrong} is "
+                 f"{describe_token(r, note=f'integrated gradients {r[SHADE_METHOD]:+.4f}')}")
+    else:
+        right = f"No source token drives {w.right} over {w.wrong} by integrated gradients"
+    if len(neg):
+        r = neg.iloc[0]
+        wrong = f"the one that most drives {w.wrong} over {w.right} is {describe_token(r, note=f'{r[SHADE_METHOD]:+.4f}')}"
+    else:
+        wrong = f"none drives {w.wrong} over {w.right}"
+    a = w.attribution.attrs
+    caveat = "" if ig_adds_up(a) or "ig_delta" not in a else (
+        f" (integrated gradients did not converge: its gap is {percent(a['ig_relative_gap'])} of M(x) - M(0) after "
+        f"{a['ig_steps']} steps, tolerance {a.get('ig_tolerance', IG_TOLERANCE):.0%})")
+    return f"{right}, and {wrong}{caveat}"
+
+
 def sentence(w: WhereFrom, layer: int, head: int, site: str | None = None) -> str:
-    """One sentence: the source token that most drives RIGHT over WRONG, and whether ``layer``/``head`` lies
-    on the route (with its best share against the threshold)."""
-    top = w.top_source()
+    """One sentence: the source tokens that most drive RIGHT over WRONG and WRONG over RIGHT (with a caveat when
+    integrated gradients did not converge), and whether ``layer``/``head`` lies on the route (with its best share
+    against the threshold)."""
+    first = _drivers(w)
     row = w.head(layer, head)
-    first = (f"The source token that most drives {w.right} over {w.wrong} is {top['token']!r} (in {top['word']!r}, source "
-             f"token {int(top['index'])}; integrated gradients {top[SHADE_METHOD]:+.4f})")
     if row is None:
         return first + f"; layer {layer} head {head} is neither flagged nor among the top heads by effect."
     verdict = "lies" if row["on_route"] else "does not lie"
@@ -149,27 +193,33 @@ def sentence(w: WhereFrom, layer: int, head: int, site: str | None = None) -> st
 
 
 def headline(w: WhereFrom) -> str:
-    """:func:`sentence` for the first flagged head (else the first listed one); without any, its first half."""
+    """:func:`sentence` for the first flagged head (else the first listed one); without any, its first half (the
+    tokens that drive either way)."""
     flagged = w.heads[w.heads["flagged"].astype(bool)]
     rows = flagged if len(flagged) else w.heads
     if not len(rows):
-        return sentence(w, -1, -1).split(";")[0] + "."
+        return _drivers(w) + "."
     return sentence(w, int(rows.iloc[0]["layer"]), int(rows.iloc[0]["head"]))
 
 
 def summary_text(w: WhereFrom, format_table=lambda df, digits: df.to_string(index=False)) -> str:
-    """The part as plain text, for the terminal (``format_table(df, digits)`` formats a table)."""
+    """The part as plain text, for the terminal (``format_table(df, digits)`` formats a table): the metric,
+    integrated gradients' convergence, the :data:`TOP_TOKENS` source tokens on each side (towards RIGHT: positive,
+    towards WRONG: negative, by magnitude; each with its source index and word, the numbers of
+    ``attribution.csv``), input x gradient's first on each side, which method to believe, the route and the heads."""
     a = w.attribution.attrs
-    src = w.attribution[w.attribution["role"] == "source"]
-    best = src.sort_values(SHADE_METHOD, ascending=False).head(5)
+    src = _source(w)
+    pos, neg = side_text(src, SHADE_METHOD, TOP_TOKENS)
+    ig = ig_summary(a, fix="rerun the report's `inspector attribute` command with a larger --max-steps")
     lines = [f"\nWhere did the word come from? metric: {a['definition']} = {a['metric']:.6f}",
-             f"Integrated gradients ({a['ig_steps']} steps, from a zero embedding): M(x) - M(0) = {a['ig_difference']:.6f}, "
-             f"completeness gap {a['ig_delta']:+.3g}. Source tokens that most drive {w.right} over {w.wrong}: "
-             + ", ".join(f"{t!r} (in {wd!r}) {v:+.4f}" for t, wd, v in zip(best["token"], best["word"], best[SHADE_METHOD],
-                                                                           strict=True))]
-    ixg = src.loc[src["input_x_gradient"].idxmax()]
-    lines.append(f"Input x gradient (local, first order) puts {ixg['token']!r} (in {ixg['word']!r}) first "
-                 f"({ixg['input_x_gradient']:+.4f}); where the two disagree, integrated gradients is the one that adds up.")
+             ig[0].upper() + ig[1:] + ".",
+             f"Source tokens that most drive {w.right} over {w.wrong} (integrated gradients, positive): {pos}.",
+             f"Source tokens that most drive {w.wrong} over {w.right} (integrated gradients, negative): {neg}."]
+    ixg_pos, ixg_neg = (side.iloc[0] if len(side) else None for side in sides(src, "input_x_gradient", 1))
+    first = [f"{describe_token(r, 'input_x_gradient')} towards {name}" for r, name in ((ixg_pos, w.right), (ixg_neg, w.wrong))
+             if r is not None]
+    lines.append(f"Input x gradient (local, first order) puts first {' and '.join(first) or 'no token on either side'}; "
+                 f"{methods_verdict(a)}.")
     n_att = int((w.route["kind"] == "attention").sum())
     lines.append(f"Route of position {w.route.attrs.get('position')}: {len(w.route)} edges above {w.threshold} "
                  f"({n_att} attention). Flagged and top-effect heads (on_route: the head's own share of an edge into a "

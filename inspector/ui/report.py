@@ -174,8 +174,9 @@ def _where_data(capture: Capture, w: WhereSection, batch: int = 0) -> dict:
     except InspectorError as exc:
         plot_error = str(exc)
     a = w.attribution.attrs
-    ig = (f"Integrated gradients ({a['ig_steps']} steps from a zero embedding): M(x) - M(0) = {a['ig_difference']:.6f}, "
-          f"completeness gap {a['ig_delta']:+.3g}." if "ig_delta" in a else "")
+    from inspector.intervene.attribution import ig_summary
+
+    ig = ig_summary(a)[0].upper() + ig_summary(a)[1:] + "." if "ig_relative_gap" in a else ""
     return {"sentence": w.sentence, "definition": a.get("definition", ""), "metric": f"{a.get('metric', float('nan')):.6f}",
             "ig": ig, "scale": f"{scale:.4g}", "shaded": {"texts": texts}, "position": w.route.attrs.get("position"),
             "n_edges": len(w.route), "threshold": w.threshold, "svg": Markup(svg) if svg else None, "plot_error": plot_error,
