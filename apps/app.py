@@ -37,6 +37,7 @@ PAGES = {
     "split": st.Page("split.py", title="Split finder"),
     "compare": st.Page("compare.py", title="Compare"),
     "routes": st.Page("routes_page.py", title="Routes"),
+    "sources": st.Page("sources_page.py", title="Sources"),
     "bertviz": st.Page("bertviz_view.py", title="bertviz"),
     "corpus": st.Page("corpus_page.py", title="Corpus"),
 }

@@ -7,7 +7,7 @@
     >>> inspector.rank_heads(inspector.load("run.safetensors"))
 
 The package is a stack of stages, each a sub-package that imports only the ones below it (checked by the
-import-linter contract in ``pyproject.toml``; README "Layout")::
+import-linter contract in ``pyproject.toml``; docs/development.md, "Layout")::
 
     cli -> investigate -> ui -> corpus -> intervene -> analysis -> capture -> store -> errors
 
@@ -35,11 +35,14 @@ _API = {
     "ablate": "inspector.intervene.effects", "effects": "inspector.intervene.effects",
     "patch": "inspector.intervene.effects",
     "attribute": "inspector.intervene.attribution", "routes": "inspector.intervene.routes",
+    "sources": "inspector.intervene.sources", "decompose": "inspector.intervene.logit_parts",
+    "Question": "inspector.analysis.question", "Output": "inspector.capture.output",
+    "investigate": "inspector.investigate.debug",
 }
 _MODULES = {"show": "inspector.ui.show"}
 
 __all__ = sorted([*_API, *_MODULES, "InspectorError"])
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

@@ -16,15 +16,18 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from inspector.cli import routes as routes_cli
+from inspector.cli import sources as sources_cli
 from inspector.cli import why as why_cli
 from inspector.cli.common import (
     Parser,
+    Terminated,
     add_lift_option,
     add_model_options,
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
     check_global_texts,
+    check_outputs,
     check_word_in,
     cmd_app,
     format_table,
@@ -34,6 +37,8 @@ from inspector.cli.common import (
     positive_int,
     read_text,
     status,
+    terminate_as_interrupt,
+    writes_stdout,
 )
 from inspector.errors import InspectorError
 from inspector.store.schema import STORAGE_DTYPES
@@ -694,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_effects_commands(sub)
     routes_cli.add_commands(sub)
     why_cli.add_commands(sub)
+    sources_cli.add_commands(sub)
     return parser
 
 
@@ -703,14 +709,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     stdout = sys.stdout
-    sys.stdout = EscapingStream(stdout)  # no control character from a file reaches the terminal raw
+    # no control character from a file reaches the terminal raw; with an output to `-`, standard output holds
+    # that data alone and everything printed besides goes to standard error
+    sys.stdout = EscapingStream(sys.stderr, data=stdout) if writes_stdout(args) else EscapingStream(stdout)
     try:
-        code = args.func(args)
+        check_outputs(args)  # two outputs on one path, before anything runs
+        with terminate_as_interrupt():  # SIGTERM cleans up every write as Ctrl-C does
+            code = args.func(args)
         sys.stdout.flush()
         return code
     except InspectorError as exc:
         print(f"inspector: error: {escape(str(exc))}", file=sys.stderr)
         return 2
+    except Terminated as exc:
+        print("inspector: terminated", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("inspector: interrupted", file=sys.stderr)
         return 130
