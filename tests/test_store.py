@@ -160,7 +160,7 @@ def test_schema1_files_open_and_give_the_same_numbers(name, arch, text, target, 
 
 
 def _readme_reader(path, site_name: str, batch: int) -> torch.Tensor:
-    """A reader written from README "Capture file format" alone (no inspector import): weights
+    """A reader written from "Capture file format" (docs/file-format.md) alone (no inspector import): weights
     ``[head, query, key]`` of one site and batch row of a lazy schema-2 capture."""
     import json
 

@@ -169,7 +169,7 @@ def test_value_weighting_takes_the_sinks_out_of_the_minilm_ranking(minilm):
     raw = analysis.rank_heads(cap)
     weighted = analysis.rank_heads(cap, weighting="value-norm")
     assert len(raw) == len(weighted) == 72
-    assert (raw["label"] == "sink").sum() == 24 and (weighted["label"] == "sink").sum() == 0  # as the README says
+    assert (raw["label"] == "sink").sum() == 24 and (weighted["label"] == "sink").sum() == 0  # as docs/metrics.md says
     assert all(s.out_proj == s.name.replace(".attention.self", ".attention.output.dense") for s in cap.sites)
 
 
