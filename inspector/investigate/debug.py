@@ -270,7 +270,8 @@ def investigate(
         if where is not None:
             commands += _where_commands(loaded.name, out, contrast, question.query, question.occurrence,
                                         _said_flag(out, said_args[""], "--output-file"), model_has_lm_head(loaded.model))
-    comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()]) if comparisons else None
+    comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()],
+                           ignore_index=True) if comparisons else None
     html = render_report(cap, split, rank, question, commands=commands, sections=Sections(
         comparison=comparison, variants=variant_caps or None, moves=moves,
         rank_note=rank_note(rank.attrs.get("weighting", "attention")),

@@ -71,7 +71,7 @@ def comparison_frame(comparison: pd.DataFrame, top: int) -> pd.DataFrame:
     cols = [c for c in comparison.columns if _SCORE.match(str(c))]
     if not cols:
         return pd.DataFrame(columns=["head", "capture", "split_score", "order"])
-    df = comparison
+    df = comparison.reset_index(drop=True)  # several variants' tables concatenated repeat index labels
     change = next((c for c in ("split_change", "change") if c in df.columns), None)
     if change is not None:
         df = df.reindex(df[change].abs().sort_values(ascending=False, kind="stable").index)
