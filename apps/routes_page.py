@@ -70,10 +70,32 @@ except Exception as exc:  # a model that loads but cannot run
 ss.routes_graph = g
 top = "decoder" if "decoder" in g.stacks else next(iter(g.stacks))
 tokens = g.tokens[top]
+
+
+def opening_row(top: str, n: int) -> int:
+    """The position the page opens on: the row the run is about. The row a debug run's verdict reads
+    (``verdict.top["query_row"]``) while its top culprit is the selected head; else the selected query row;
+    each only where it is a position of the traced stack ``top``. Else the last token."""
+    v = ss.get("verdict")
+    picked = getattr(v, "top", None) if v is not None else None
+    rows = []
+    if picked is not None and (picked["site"], int(picked["head"])) == (ss.sel_site, int(ss.sel_head)):
+        rows.append((picked["site"], int(picked["query_row"])))
+    rows.append((c.site.name, int(c.qi)))
+    for site_name, row in rows:
+        try:
+            on_top = c.cap.site(site_name).stack == top
+        except InspectorError:
+            continue
+        if on_top and 0 <= row < n:
+            return row
+    return n - 1
+
+
 if ss.get("routes_pos") is None or not 0 <= int(ss.routes_pos) < len(tokens):
-    ss.routes_pos = len(tokens) - 1
+    ss.routes_pos = opening_row(top, len(tokens))
 left, right = st.columns([3, 1])
-left.selectbox("Output token (its top residual state is traced)", list(range(len(tokens))), key="routes_pos",
+left.selectbox("Output token (its top residual state is traced; opens on the selected query)", list(range(len(tokens))), key="routes_pos",
                format_func=lambda i: views.token_label(i, tokens[i]),
                help="A position of the " + ("decoder" if top == "decoder" else "input") + ": its final state, and "
                     "every edge into the states that built it whose importance is above the threshold.")

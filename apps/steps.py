@@ -3,8 +3,6 @@ as weights only, the query's weights and why there are no steps)."""
 
 from __future__ import annotations
 
-import json
-
 import altair as alt
 import pandas as pd
 import shared
@@ -12,6 +10,7 @@ import streamlit as st
 
 from inspector.analysis.explain import check_against_capture, explain
 from inspector.errors import InspectorError
+from inspector.store.files import strict_json
 from inspector.ui import views
 
 c = shared.current()
@@ -48,7 +47,7 @@ if not exp.steps:  # a site stored as weights only: the row's weights, and why t
     c1, c2, _ = st.columns([1, 1.3, 1.7])
     c1.download_button("Download CSV", views.csv_bytes(exp.table), file_name=f"explain-{site.name}-h{head}-q{qi}.csv",
                        mime="text/csv", key="dl_explain", on_click="ignore")
-    c2.download_button("Download JSON", json.dumps(exp.to_json(), indent=2) + "\n",
+    c2.download_button("Download JSON", strict_json(exp.to_json(), indent=2, ensure_ascii=False) + "\n",
                        file_name=f"explain-{site.name}-h{head}-q{qi}.json", mime="application/json",
                        key="dl_explain_json", on_click="ignore", help="The same JSON as `inspector explain --json`.")
     st.stop()
@@ -78,7 +77,7 @@ st.dataframe(
 c1, c2, _ = st.columns([1, 1.3, 1.7])
 c1.download_button("Download CSV", views.csv_bytes(exp.table), file_name=f"explain-{site.name}-h{head}-q{qi}.csv",
                    mime="text/csv", key="dl_explain", on_click="ignore")
-c2.download_button("Download JSON", json.dumps(exp.to_json(), indent=2) + "\n",
+c2.download_button("Download JSON", strict_json(exp.to_json(), indent=2, ensure_ascii=False) + "\n",
                    file_name=f"explain-{site.name}-h{head}-q{qi}.json", mime="application/json", key="dl_explain_json",
                    on_click="ignore", help="The same JSON as `inspector explain --json`.")
 out = pd.DataFrame({"dim": range(len(exp.output)), "output": exp.output})

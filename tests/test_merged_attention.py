@@ -69,3 +69,25 @@ def test_merged_attention_is_one_site_over_target_then_source(tmp_path):
 def _rows(w, real):
     """``[real query, head, key]``: the rows of real (non-padding) queries."""
     return w.permute(0, 2, 1, 3)[real]
+
+
+def test_the_merged_site_is_labelled_by_its_own_part_causal(tmp_path, capsys):
+    """Issue 29: the merged site's kind is that of its own part (the decoder's tokens, causal), not "self": its
+    target part hides every later target token (the source part is all visible, as cross-attention)."""
+    from inspector.cli import main
+
+    model = _t5gemma2()
+    cap = capture(model, tiny.tokenizer(), TEXTS, TARGETS, weights=False)
+    merged = [s for s in cap.sites if s.module_class == "T5Gemma2MergedAttention"]
+    assert merged and {s.kind for s in merged} == {"causal"}
+    assert {s.kind for s in cap.sites if s.stack == "encoder"} == {"self"}
+    n_tgt = cap.records("target", 0).ids.__len__()
+    for b in (0, 1):
+        w = cap.weights(merged[0], batch=b)  # [head, query, key]: no target key after its query has weight
+        later = torch.ones(n_tgt, n_tgt, dtype=torch.bool).triu_(1)
+        assert float(w[:, :, :n_tgt][:, later].abs().max()) == 0.0
+    path = cap.save(tmp_path / "tg.safetensors")
+    assert main(["info", str(path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("model.decoder.layers")]
+    assert rows and all("causal" in r for r in rows)
+    assert set(rank_heads(load(path))["kind"]) == {"self", "causal"}

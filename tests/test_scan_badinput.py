@@ -477,3 +477,31 @@ def test_corpus_app_stopped_with_sigterm_stops_its_streamlit_child(base, tmp_pat
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+# ---- damaged scan folders: parts whose columns do not merge (issue 29) -----------------------------------
+@pytest.mark.parametrize("name, new", [
+    ("row", lambda col: col.cast(pa.int32())),
+    ("tokens", lambda col: col.cast(pa.uint8())),
+    ("id", lambda col: col.cast(pa.string())),
+    ("row", lambda col: pa.array([2**63 + 5] * len(col), pa.uint64())),  # no int64 holds it
+])
+def test_a_documents_part_of_another_integer_or_string_type_resumes_or_is_one_line(name, new, base, tmp_path, capsys,
+                                                                                  bert_folder):
+    """pyarrow's ArrowTypeError "Unable to merge" ended a resume in a traceback: a narrower type that holds the
+    same values is widened (the resume gives the uninterrupted result), and one that cannot be merged is one
+    line naming the part."""
+    data, out = base
+    folder = copy(out, tmp_path)
+    part = folder / "_documents" / "part-00001.parquet"
+    table = pq.read_table(part)
+    pq.write_table(table.set_column(table.schema.get_field_index(name), name, new(table.column(name))), part)
+    for argv in (resume_argv(data, folder, bert_folder), ["corpus", folder]):
+        line = one_line(capsys, argv)
+        if line is not None:
+            assert "_documents/part-00001.parquet" in line and "Unable to merge" not in line.split(":")[0], line
+        elif argv[0] == "scan":
+            got = pd.read_parquet(folder / "documents.parquet")
+            want = pd.read_parquet(out / "documents.parquet")
+            assert got[["id", "row", "tokens", "status"]].astype(str).equals(want[["id", "row", "tokens", "status"]].astype(str))
+    assert temporary_files(folder) == []

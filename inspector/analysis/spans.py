@@ -13,10 +13,11 @@ import re
 import weakref
 from dataclasses import dataclass
 
+from inspector.capture.inputs import token_index
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 
-_INDEX = re.compile(r"^@(\d+)(?:-(\d+))?$")
+_INDEX = re.compile(r"^@([0-9]+)(?:-([0-9]+))?$")  # the form of capture.inputs.token_index
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,10 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
 
 def _find(capture: Capture, site: Site, phrase: str, which: str, *, batch: int, case_sensitive: bool,
           role: str | None) -> list[Occurrence]:
-    m = _INDEX.match(phrase.strip())
-    if m:
+    span = token_index(phrase, "token index")  # one line for a number of thousands of digits
+    if span is not None:
         axis = capture.axis(site, which, batch)
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        lo, hi = span
         if not 0 <= lo <= hi < len(axis):
             raise InspectorError(f"token index {phrase} is outside the {which} axis of {site.name} (0..{len(axis) - 1})")
         if role is not None and axis[lo][0].role != role:  # an index of the other part of the axis

@@ -410,6 +410,11 @@ def _target_records(model, tokenizer, layout: str, n_texts: int, targets: list[s
         else:
             tgt = _tokenize(tokenizer, targets, add_special=False, padding_side="right")
             tgt_records = _records(tokenizer, tgt, targets, "target")
+            for r, text in zip(tgt_records, targets, strict=True):  # e.g. a zero-width space: nothing to append
+                if all(r.padding):
+                    shown = text if len(text) <= 40 else text[:40] + "..."
+                    raise InspectorError(f"the target (output) text {ascii(shown)} gives no token with this model's "
+                                         "tokenizer: give text it keeps, or leave the target out")
         for r in tgt_records:
             r.type_ids = None
     else:
@@ -501,7 +506,25 @@ def _input_device(model):
         return next(model.parameters()).device
 
 
-_TOKEN_INDEX = re.compile(r"^@(\d+)(?:-(\d+))?$")
+_TOKEN_INDEX = re.compile(r"^@([0-9]+)(?:-([0-9]+))?$")
+MAX_INDEX_DIGITS = 9  # no axis has a billion tokens; int() of thousands of digits raises (and costs) instead
+
+
+def token_index(spec: str, what: str = "token index") -> tuple[int, int] | None:
+    """``@i`` or ``@i-j`` (ASCII digits) as ``(i, j)`` (``(i, i)`` for ``@i``); None for a spec of another form (a
+    word). The one parser of token indices (``--global``, ``--query``, ``--referents``, the app). Raises
+    :class:`InspectorError` (one line, ``what`` naming the option) for a number of more than
+    :data:`MAX_INDEX_DIGITS` digits, before any conversion."""
+    m = _TOKEN_INDEX.match(spec.strip())
+    if not m:
+        return None
+    longest = max(len(g) for g in m.groups() if g)
+    if longest > MAX_INDEX_DIGITS:
+        shown = spec.strip()
+        shown = shown if len(shown) <= 24 else shown[:20] + "..."
+        raise InspectorError(f"{what} {shown} has a number of {longest:,} digits: write @I or @I-J with I and J from 0 "
+                             f"to {10 ** MAX_INDEX_DIGITS - 1}")
+    return int(m.group(1)), int(m.group(2) or m.group(1))
 
 
 def global_attention_mask(model, encoded: Encoded, spans: list[str]) -> torch.Tensor:
@@ -556,9 +579,9 @@ def _check_global_entry(spec: str) -> None:
         raise InspectorError("--global has an empty entry: give comma-separated words or token indices like @0,@5")
     if spec.startswith("@") and not _TOKEN_INDEX.match(spec):  # '@-1', '@x', '@1-': meant as an index, not a word
         raise InspectorError(f"--global {spec} is no token index: give @i or @i-j with i and j from 0 (e.g. @0 or @3-5)")
-    m = _TOKEN_INDEX.match(spec)
-    if m and m.group(2) is not None and int(m.group(2)) < int(m.group(1)):
-        raise InspectorError(f"--global {spec} runs backwards: give the first position first, e.g. @{m.group(2)}-{m.group(1)}")
+    span = token_index(spec, "--global")
+    if span is not None and span[1] < span[0]:
+        raise InspectorError(f"--global {spec} runs backwards: give the first position first, e.g. @{span[1]}-{span[0]}")
 
 
 def _word_pattern(spec: str) -> re.Pattern:
@@ -578,9 +601,9 @@ def _not_in_message(spec: str, text: str | None, where: str | None = None) -> st
 
 def _span_positions(rec: InputRecord, spec: str) -> list[int]:
     """The token positions of one ``--global`` entry in one source record (see :func:`global_attention_mask`)."""
-    m = _TOKEN_INDEX.match(spec)
-    if m:  # token positions as on the source axis (padding included; padding itself is never marked)
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+    span = token_index(spec, "--global")
+    if span is not None:  # token positions as on the source axis (padding included; padding itself is never marked)
+        lo, hi = span
         if not lo <= hi < len(rec.ids):
             raise InspectorError(f"--global {spec} is outside the {len(rec.ids)} tokens (0..{len(rec.ids) - 1}) of the "
                                  f"source text {_excerpt(rec.text)}")

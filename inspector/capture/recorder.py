@@ -261,6 +261,7 @@ class Recorder:
         stack, kind = self._where(module, base, query, key, attention_mask, kwargs.get("position_bias"))
         q_roles, k_roles = self.roles[stack if self.encoder_decoder else "none"] if kind != "cross" else self.roles["cross"]
         q_roles, k_roles = self._axes(module, base, query, key, attention_mask, q_roles, k_roles)
+        kind = self._own_part_kind(kind, q_roles, k_roles, attention_mask, kwargs.get("position_bias"), int(query.shape[-2]))
         heads, kv_heads = query.shape[1], key.shape[1]
         scaling = kwargs.get("scaling")
         scaling = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
@@ -420,6 +421,22 @@ class Recorder:
         seen = row if row.dtype == torch.bool else row > masks.MASKED
         n_own = self.lengths[q_roles[0]]
         return n_own > 1 and bool(seen[start]) and not bool(seen[start + 1]) and bool(seen[other])
+
+    def _own_part_kind(self, kind: str, q_roles: list[str], k_roles: list[str], mask, bias, q_len: int) -> str:
+        """The kind of a call whose keys are the query's own input and another's, concatenated (T5Gemma2's merged
+        self + cross attention: the decoder's tokens, then the source's): that of its own part, read from the mask
+        on those keys (causal for T5Gemma2's decoder), not of the whole square-less call. Other calls keep ``kind``."""
+        if kind == "cross" or len(q_roles) != 1 or len(k_roles) < 2 or q_roles[0] not in k_roles:
+            return kind
+        start = sum(self.lengths.get(r, 0) for r in k_roles[:k_roles.index(q_roles[0])])
+        n = self.lengths.get(q_roles[0], 0)
+
+        def own(m):
+            return m[..., start:start + n] if isinstance(m, torch.Tensor) and m.dim() == 4 and m.shape[-1] >= start + n else None
+
+        if own(mask) is None and own(bias) is None:
+            return kind
+        return kind_from_mask(own(mask), own(bias), q_len, n) or kind
 
     def _lengths_text(self) -> str:
         return ", ".join(f"{r} {n} tokens" for r, n in self.lengths.items())

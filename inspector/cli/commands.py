@@ -317,6 +317,9 @@ def cmd_ablate(args) -> int:
         parse_contrast(args.contrast)  # a malformed contrast is reported before the model loads
     source = read_text(args.source, args.source_file, "source")
     variant = read_text(None, args.patch_from, "--patch-from") if args.patch_from else None
+    if variant is not None and not variant.strip():  # named here: the source check below would blame --source
+        raise InspectorError(f"the --patch-from file {args.patch_from!r} is empty: give a version of the source text "
+                             "to patch the heads from")
     if variant is not None:
         check_word_in(args.query, variant, f"the --patch-from file {args.patch_from}")
     if not source or not source.strip():

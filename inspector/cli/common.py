@@ -4,6 +4,7 @@ model loads, loading the model named by the arguments, printing a table, and sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -76,6 +77,9 @@ def parse_variants(items: list[str] | None, query: str | None = None) -> dict[st
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
             raise InspectorError(f"variant name {name!r} must be letters, digits, '_', '-' or '.', e.g. --variant quoted=FILE")
         out[name] = read_utf8(file, "variant")
+        if not out[name].strip():
+            raise InspectorError(f"the variant file {file!r} (--variant {name}=...) is empty: give a version of the "
+                                 "source text")
         check_word_in(query, out[name], f"the variant file {file} (--variant {name}=...)")
     return out
 
@@ -149,6 +153,96 @@ def check_before_loading(*, capture_file: str | None = None, out_dir: str | None
     if referents is not None and len({r.strip() for r in referents.split(",") if r.strip()}) < 2:
         raise InspectorError(f"give at least two different referents, e.g. --referents Lessee,Lessor (got {referents!r})")
     site_patterns(sites)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is as Ctrl-C is (a kind of KeyboardInterrupt), so every
+    write cleans up as on Ctrl-C: a temporary file is removed, a half-built results folder too, and what was
+    there before stays. ``signum`` is the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` (once; a repeat is ignored, so the clean-up
+    it starts is not cut short) instead of ending the process on the spot, which would leave ``.tmp`` files and
+    ``.NAME.*.new`` folders behind. Only in the main thread, and only for a signal whose handler is the default."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised: list[int] = []
+
+    def handler(signum, frame) -> None:
+        if not raised:
+            raised.append(signum)
+            raise Terminated(signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+# the options that name a file a command writes (capture's and plot's -o are their one output; debug's -o a folder)
+OUTPUT_OPTIONS = ("csv", "json", "matter_csv", "patch_csv")
+
+
+def outputs(args) -> dict[str, str]:
+    """``{--flag: path}`` of the files this command line writes (:data:`OUTPUT_OPTIONS` given)."""
+    return {f"--{name.replace('_', '-')}": str(getattr(args, name)) for name in OUTPUT_OPTIONS
+            if getattr(args, name, None)}
+
+
+def check_outputs(args) -> None:
+    """Refuse, before anything runs, two outputs of one command on one path (``-`` twice, the same file by two
+    spellings or through a link): the second write would silently replace the first. Devices such as
+    ``/dev/null`` may take several."""
+    import os
+
+    from inspector.store.files import is_special, is_stdout
+
+    seen: dict[str, str] = {}
+    for flag, path in outputs(args).items():
+        if not is_stdout(path) and is_special(Path(path)) and Path(path).resolve() == Path(os.devnull).resolve():
+            continue
+        key = path if is_stdout(path) else os.path.realpath(os.path.expanduser(path))
+        if key in seen:
+            where = "standard output" if is_stdout(path) else repr(path)
+            raise InspectorError(f"{seen[key]} and {flag} both write {where}: give each output its own file")
+        seen[key] = flag
+    for flag, path in inputs(args).items():  # an output over a text the command reads would lose that text
+        key = os.path.realpath(os.path.expanduser(path))
+        if key in seen and not is_special(Path(path)):
+            raise InspectorError(f"{seen[key]} would write over {flag} {path!r}, which this command reads: write elsewhere")
+
+
+# the options that name a text file a command reads (their files must not be written over by an output)
+INPUT_OPTIONS = ("source_file", "output_file", "text_file", "target_file", "patch_from")
+
+
+def inputs(args) -> dict[str, str]:
+    """``{--flag: path}`` of the text files this command line reads (``--variant NAME=FILE`` included)."""
+    out = {f"--{name.replace('_', '-')}": str(getattr(args, name)) for name in INPUT_OPTIONS if getattr(args, name, None)}
+    for item in getattr(args, "variant", None) or []:
+        if isinstance(item, str) and "=" in item:
+            out[f"--variant {item.partition('=')[0]}"] = item.partition("=")[2]
+    return out
+
+
+def writes_stdout(args) -> bool:
+    """Whether one of the command's outputs is ``-``: then standard output holds that data alone."""
+    return any(path == "-" for path in outputs(args).values())
 
 
 def load_from_args(args):

@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from inspector.errors import InspectorError
-from inspector.store.files import check_writable, temp_beside, write_error, write_text
+from inspector.store.files import check_writable, strict_json, temp_beside, write_error, write_text
 from inspector.store.schema import STORAGE_DTYPES  # the names, without torch
 
 FORMAT = 1
@@ -336,7 +336,7 @@ class ScanFolder:
         meta = self.meta
         try:
             if not info.is_file() or self.moved:  # first, so a folder whose first write fails is still a new folder
-                write_text(info, json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
+                write_text(info, strict_json({"format": FORMAT, **meta}, indent=2) + "\n")
             (self.out / "heads").mkdir(exist_ok=True)
             (self.out / "_documents").mkdir(exist_ok=True)
             # in-flight work of a stopped scan: a heads part without its documents part
@@ -404,8 +404,29 @@ def _documents_table(out: Path):
         return pa.table({"id": pa.array([], pa.string()), "row": pa.array([], pa.int64()),
                          "tokens": pa.array([], pa.int64()), "status": pa.array([], pa.string()),
                          "error": pa.array([], pa.string())})
-    table = pa.concat_tables(tables, promote_options="default")
+    try:  # a part written with narrower types (int32 rows, small strings) is widened to the others'
+        table = pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise _unmergeable(out, tables, exc) from None
     return table.take(pc.sort_indices(table, [("row", "ascending")]))  # Arrow's sort is stable
+
+
+def _unmergeable(out: Path, tables: list, exc: Exception) -> InspectorError:
+    """The one line for ``_documents/`` parts whose columns cannot be merged into one table (pyarrow's
+    "Unable to merge"): it names the first part that does not merge with those before it."""
+    import pyarrow as pa
+
+    parts = [p for _, p in sorted(_parts(out / "_documents").items())]
+    bad = parts[-1]
+    for i in range(1, len(tables)):
+        try:
+            pa.concat_tables(tables[: i + 1], promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            bad = parts[i]
+            break
+    return InspectorError(f"{bad}'s columns do not merge with the other parts' ({str(exc).splitlines()[0][:100]}): "
+                          "delete it and its heads part, then resume the scan to redo its documents, or scan into a "
+                          "new folder")
 
 
 class Committer:

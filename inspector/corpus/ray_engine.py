@@ -10,7 +10,7 @@ resuming works as with the local engine.
 ``address`` joins an existing cluster (``ray://head:10001``, ``auto``); without it a Ray instance
 already started in this process is used, or a local one is started (bound to 127.0.0.1, no
 dashboard) and shut down when the scan ends. Every node needs inspector and its model installed
-(``pip install inspector[ray]``). The documents still to scan are handed to Ray :data:`WINDOW` at a time
+(``pip install 'attention-inspector[ray]'``). The documents still to scan are handed to Ray :data:`WINDOW` at a time
 (one Dataset each, its actors loading the model anew), so the driver and Ray's object store hold at most
 that many, whatever the corpus's size.
 
@@ -170,7 +170,7 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
         import ray
         import ray.data
     except ImportError:
-        raise InspectorError("--engine ray needs Ray: pip install 'inspector[ray]' (or use --engine local)") from None
+        raise InspectorError("--engine ray needs Ray: pip install 'attention-inspector[ray]' (or use --engine local)") from None
     from itertools import islice
 
     docs = iter(docs)

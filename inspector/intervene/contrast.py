@@ -169,12 +169,48 @@ def _site_with(capture: Capture, role: str) -> Site:
     raise InspectorError(f"no attention site has {role} queries: the contrast cannot be located")
 
 
-def parse(spec: str) -> tuple[str, str]:
-    """``RIGHT,WRONG`` into its two words."""
-    parts = [p.strip() for p in spec.split(",")]
-    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
-        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {spec!r}")
-    return parts[0], parts[1]
+# characters no tokenizer spells a word with: controls, format characters (zero-width, bidi, soft hyphen),
+# surrogates, private use, unassigned; and a word needs one character that is not a combining mark either
+_INVISIBLE = ("Cc", "Cf", "Cs", "Co", "Cn")
+_MARKS = ("Mn", "Me", "Mc")
+
+
+def parse(spec: str | tuple[str, str]) -> tuple[str, str]:
+    """``RIGHT,WRONG`` (or a pair) into its two words, by the question's rule
+    (:func:`inspector.analysis.question.parse_contrast`), and refused as well, before any model loads, when a
+    word holds an invisible or control character of any kind (Unicode categories Cc, Cf, Cs, Co, Cn: a soft
+    hyphen, a bidi mark, a C1 control) or only combining marks: such a word tokenizes to nothing, so the
+    metric would be read at the next word and labelled with this one. Raises :class:`InspectorError`."""
+    import unicodedata
+
+    from inspector.analysis.question import parse_contrast
+
+    words = parse_contrast(spec)
+    for word in words:
+        if any(unicodedata.category(c) in _INVISIBLE for c in word):
+            raise InspectorError(f"--contrast words must not hold invisible or control characters; got {_shown(word)}")
+        if all(unicodedata.category(c) in _MARKS or c.isspace() for c in word):
+            raise InspectorError(f"--contrast word {_shown(word)} is only combining marks, which tokenize to nothing: "
+                                 "give a word with letters, digits or symbols")
+    return words
+
+
+def _shown(word: str) -> str:
+    """``word`` quoted with every character outside printable ASCII as an escape, so a message shows it."""
+    return ascii(word)
+
+
+def check_tokens(tokenizer, word: str, what: str) -> None:
+    """Refuse a contrast word that this tokenizer turns into no token of its own (it drops or normalises away
+    every character: an accent alone for an uncased WordPiece, say): the metric would be read at the next
+    word. ``what`` names the word's part (RIGHT or WRONG)."""
+    try:
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+    except Exception:  # a tokenizer that cannot encode it gives no token either
+        ids = []
+    if not ids:
+        raise InspectorError(f"--contrast {what} word {_shown(word)} gives no token with this model's tokenizer (it "
+                             "drops every character of it), so no position could read it: pick a word the tokenizer keeps")
 
 
 def resolve(capture: Capture, tokenizer, output, right: str, wrong: str, *, query: str | None = None,
@@ -182,9 +218,13 @@ def resolve(capture: Capture, tokenizer, output, right: str, wrong: str, *, quer
     """Locate the contrast in the pass ``capture`` describes (or :func:`output_capture`'s); ``output`` is
     that pass's model output, or a bool: whether the model has an LM head.
 
-    Raises :class:`InspectorError` when WRONG is not in the output, RIGHT cannot stand in its place,
-    or (no LM head) the query or a referent is not in the source.
+    Raises :class:`InspectorError` when a word breaks :func:`parse`'s rule or gives no token
+    (:func:`check_tokens`), WRONG is not in the output, RIGHT cannot stand in its place, or (no LM head) the query
+    or a referent is not in the source.
     """
+    right, wrong = parse((right, wrong))
+    for word, what in ((right, "RIGHT"), (wrong, "WRONG")):
+        check_tokens(tokenizer, word, what)
     if (output if isinstance(output, bool) else has_lm_head(output)):
         return _resolve_logit(capture, tokenizer, right, wrong, occurrence=occurrence, batch=batch)
     if not query:
@@ -199,6 +239,9 @@ def resolve(capture: Capture, tokenizer, output, right: str, wrong: str, *, quer
         if not found:
             raise InspectorError(spans.not_found_message(capture, site, word, "key", "contrast word", batch))
         refs.append(tuple(p for o in found for p in o.positions))
+        if not refs[-1]:
+            raise InspectorError(f"--contrast word {_shown(word)} is in the source but covers no token of it: pick a "
+                                 "word the tokenizer keeps")
     return Contrast(right=right, wrong=wrong, kind="cosine", query=query, query_positions=tuple(occ.positions),
                     right_positions=refs[0], wrong_positions=refs[1])
 
@@ -217,6 +260,9 @@ def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occur
     if not 1 <= k <= len(found):
         raise InspectorError(f"{wrong!r} occurs {len(found)} times in the {what}, so --occurrence must be 1..{len(found)}")
     occ = found[k - 1]
+    if not occ.positions:
+        raise InspectorError(f"WRONG word {_shown(wrong)} is in the {what} but covers no token of it, so no position "
+                             "says it: pick a word the tokenizer keeps")
     if not getattr(tokenizer, "is_fast", False):
         raise InspectorError("the contrast needs a fast tokenizer (character offsets) to place RIGHT where WRONG stands")
     rec = capture.records(role, batch)

@@ -6,7 +6,7 @@ block-local site, whose weights are stored compactly: :mod:`inspector.store.band
 masks (``<mask>.key_padding``, ``<mask>.packed``, ``<mask>.bias``, ``<mask>.globals``; see :mod:`inspector.store.masks`);
 the header's
 ``__metadata__`` holds one key, ``inspector``, whose value is a JSON document (schema, model
-provenance, inputs, sites and mask specs; see README "Capture file format"). Schema 1 files (one
+provenance, inputs, sites and mask specs; see docs/file-format.md). Schema 1 files (one
 dense float ``<site>/mask`` tensor per mask) still open. Files are written atomically (temporary
 file, then rename) and opened memory-mapped, so a head's rows can be read without loading the rest;
 every file is checked on open (:mod:`inspector.store.validate`) and every row read is checked too.
@@ -360,7 +360,7 @@ def save(capture: Capture, path: str | os.PathLike, *, force: bool = False) -> P
     from safetensors.torch import save as save_bytes
     from safetensors.torch import save_file
 
-    from inspector.store.files import is_special, is_stdout, plain_mode, write_atomic
+    from inspector.store.files import is_special, is_stdout, plain_mode, strict_json, write_atomic
 
     if not is_stdout(path):
         path = Path(path)
@@ -368,7 +368,7 @@ def save(capture: Capture, path: str | os.PathLike, *, force: bool = False) -> P
             raise InspectorError(f"capture files end in .safetensors; got {path.name!r}: rename the output (-o run.safetensors)")
         check_replaceable(path, force)
     tensors = {name: capture.tensors[name].contiguous() for name in capture.tensors.keys()}
-    metadata = {"inspector": json.dumps(capture.header(), ensure_ascii=False)}
+    metadata = {"inspector": strict_json(capture.header(), ensure_ascii=False)}  # no NaN: strict readers take it
 
     def fill(tmp: str) -> None:
         save_file(tensors, tmp, metadata=metadata)

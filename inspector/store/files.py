@@ -8,6 +8,10 @@
   :class:`~inspector.errors.InspectorError` line naming the target; the old file is kept.
 * A folder of results (``inspector debug``) is built beside the target and swapped in whole
   (:func:`swap_folder`), so it never mixes two runs and a failure midway leaves the old folder intact.
+* SIGTERM and SIGHUP stop a command as Ctrl-C does (``inspector.cli`` raises them as KeyboardInterrupt), so
+  each of these clean-ups runs: no ``.tmp`` file and no half-built ``.NAME.*.new`` folder is left.
+* CSV text cells follow one rule (:func:`csv_cell`): a cell that a spreadsheet would run as a formula gets a
+  leading ``'``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import shutil
 import stat
@@ -85,8 +90,12 @@ def plain_mode(tmp: str) -> None:
 def temp_beside(path: Path) -> str:
     """A temporary file next to ``path``, with plain permissions."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    plain_mode(tmp)
+    try:
+        os.close(fd)
+        plain_mode(tmp)
+    except BaseException:  # a signal (SIGTERM raises as Ctrl-C does) or a refused chmod: no file left behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return tmp
 
 
@@ -161,19 +170,37 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 LIST_COLUMNS = ("query_positions", "rows_flagged", "row_split_scores")  # list cells of the split table
+# a spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...), +cmd|..., @SUM(...))
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+CSV_QUOTE = "'"
+
+
+def csv_cell(value: Any) -> Any:
+    """The CSV rule for text, in one place: a string cell that starts with ``=``, ``+``, ``-``, ``@``, a tab or a
+    carriage return (which a spreadsheet would run as a formula), or with ``'`` itself, gets one ``'`` in front;
+    reading it back, drop one leading ``'`` from a text cell that has it. Anything else (numbers, booleans,
+    missing values, other strings) is returned as it is."""
+    if isinstance(value, str) and value.startswith((*FORMULA_START, CSV_QUOTE)):
+        return CSV_QUOTE + value
+    return value
 
 
 def csv_text(df: pd.DataFrame, joined: tuple[str, ...] = LIST_COLUMNS) -> str:
     """``df`` as CSV text with the list cells of the ``joined`` columns (a query's positions, its rows'
     split scores) written space-separated: lists travel as lists in Python and are joined only here. A
-    table whose ``attrs`` name its ``weighting`` (rank, split) gets it as a last column, ``weighting``."""
+    table whose ``attrs`` name its ``weighting`` (rank, split) gets it as a last column, ``weighting``.
+    Every text column (object or string dtype: tokens, words, site names, labels, messages) goes through
+    :func:`csv_cell`, so text from a capture, a tokenizer or a corpus never starts a formula in a spreadsheet;
+    numeric and boolean columns are written as they are."""
     listy = [c for c in joined if c in df.columns]
     if "weighting" in df.attrs and "weighting" not in df.columns:  # a rank or split table says its weighting
         df = df.assign(weighting=df.attrs["weighting"])
-    if listy:
-        df = df.copy()
-        for c in listy:
-            df[c] = df[c].map(lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+    df = df.copy()
+    for c in listy:
+        df[c] = df[c].map(lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+    for c in df.columns:
+        if pd.api.types.is_object_dtype(df[c]) or pd.api.types.is_string_dtype(df[c]):
+            df[c] = df[c].map(csv_cell)
     return df.to_csv(index=False)
 
 
@@ -182,9 +209,29 @@ def write_csv(path: str | os.PathLike, df: pd.DataFrame) -> Path:
     return write_text(path, csv_text(df))
 
 
+def finite(data: Any) -> Any:
+    """``data`` with every float that is no number (NaN, infinity) replaced by None, in nested dicts, lists and
+    tuples: what strict JSON can hold."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite(v) for v in data]
+    return data
+
+
+def strict_json(data: Any, **kwargs) -> str:
+    """``data`` as strict JSON (``json.dumps(..., allow_nan=False)``): NaN and infinity become ``null``
+    (:func:`finite`), never the ``NaN`` a strict reader rejects. Every JSON document inspector writes (capture
+    headers, ``--json`` files, ``scan.json``, the app's downloads) goes through here."""
+    return json.dumps(finite(data), allow_nan=False, **kwargs)
+
+
 def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as indented JSON (UTF-8, non-ASCII kept) to ``path`` atomically; returns the path."""
-    return write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    """Write ``data`` as indented strict JSON (:func:`strict_json`; UTF-8, non-ASCII kept) to ``path`` atomically;
+    returns the path."""
+    return write_text(path, strict_json(data, indent=2, ensure_ascii=False) + "\n")
 
 
 # ---- folders --------------------------------------------------------------------------------
@@ -214,9 +261,9 @@ def swap_folder(path: str | os.PathLike, marker: str) -> Iterator[Path]:
         work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent))
     except OSError as exc:
         raise write_error(path, exc) from None
-    umask = os.umask(0)
-    os.umask(umask)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
         os.chmod(work, 0o777 & ~umask)
         yield work
         old = None

@@ -4,6 +4,7 @@ of one role of one batch row). Both are plain dataclasses that travel as JSON in
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -53,7 +54,8 @@ class Site:
     head_map: list[int]  # query head -> kv head
     d_head: int
     d_v: int
-    scaling: float
+    # NaN in memory for a site stored as weights only (no Q/K to scale); null in the header (strict JSON)
+    scaling: float | None
     query_input: list[str]  # roles whose tokens, concatenated, are the query axis
     key_input: list[str]
     query_len: int
@@ -82,14 +84,21 @@ class Site:
         return f"{self.name}/{part}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The site as a JSON-ready dict (the capture file's header stores it)."""
-        return asdict(self)
+        """The site as a JSON-ready dict (the capture file's header stores it): strict JSON, so a scaling that is
+        no number (a weights-only site's NaN) is None."""
+        d = asdict(self)
+        if isinstance(d["scaling"], float) and not math.isfinite(d["scaling"]):
+            d["scaling"] = None
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Site:
-        """A site from :meth:`to_dict`; unknown keys are ignored."""
+        """A site from :meth:`to_dict`; unknown keys are ignored; a null scaling is NaN (weights only)."""
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        site = cls(**{k: v for k, v in d.items() if k in known})
+        if site.scaling is None:
+            site.scaling = math.nan
+        return site
 
     def _repr_html_(self) -> str:
         from inspector.store.display import site_html

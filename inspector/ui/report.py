@@ -589,11 +589,24 @@ def _shown(split: pd.DataFrame, top: int) -> tuple[pd.DataFrame, int]:
     return shown.head(top), 0
 
 
+# the split table's columns that carry its point, shown first: at 1400 px its 20+ columns ran past the window and
+# split_score and flagged were cut (the rest scroll in the table's box; the CSV keeps split_heads' order)
+SPLIT_LEAD = ["site", "layer", "head", "split_score", "flagged", "lift", "referent_mass", "chance_mass", "driving_row", "query"]
+
+
+def lead_columns(df: pd.DataFrame, lead: list[str], prefixes: tuple[str, ...] = ("weight:",)) -> pd.DataFrame:
+    """``df`` with the ``lead`` columns it has first, then those starting with ``prefixes``, then the rest in
+    their order: a wide table's verdict before its detail."""
+    first = [c for c in lead if c in df.columns]
+    first += [c for c in df.columns if c not in first and str(c).startswith(prefixes)]
+    return df[first + [c for c in df.columns if c not in first]]
+
+
 def _tables(split: pd.DataFrame, rank: pd.DataFrame) -> dict:
     """The split table (its first :data:`SPLIT_ROWS` rows and every flagged row) and the ranking's first
     :data:`RANK_ROWS` heads."""
     keep = (np.arange(len(split)) < SPLIT_ROWS) | (split["flagged"].astype(bool).to_numpy() if "flagged" in split.columns else False)
-    split_shown = split[keep]
+    split_shown = lead_columns(split[keep], SPLIT_LEAD)
     flags = split_shown["flagged"].astype(bool).tolist() if "flagged" in split.columns else [False] * len(split_shown)
     return {"split_note": f"{len(split_shown)} of {len(split)} site × head rows, highest split score first; flagged rows highlighted.",
             "split": table_data(split_shown.reset_index(drop=True), row_class=lambda i, _r: "flag" if flags[i] else "",

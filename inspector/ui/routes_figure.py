@@ -42,17 +42,21 @@ def edge_data(edges: pd.DataFrame) -> pd.DataFrame:
 
 
 def route_chart(edges: pd.DataFrame, *, width: int = 640, height: int = 480):
-    """The Altair chart (module docstring); its data is :func:`edge_data`."""
+    """The Altair chart (module docstring); its data is :func:`edge_data` (text columns encoded as
+    :mod:`inspector.ui.vega_text` says, decoded by the chart's own transforms)."""
     import altair as alt
+
+    from inspector.ui import vega_text
 
     data = edge_data(edges)
     colour = alt.Color("kind:N", scale=alt.Scale(domain=list(KIND_COLOURS), range=list(KIND_COLOURS.values())))
-    lines = alt.Chart(data).mark_rule().encode(
+    # token and site text reaches Vega as data, never as markup (inspector.ui.vega_text)
+    lines = vega_text.chart(data).mark_rule().encode(
         x=alt.X("x:Q", title="position"), y=alt.Y("y:Q", title="level (residual state after each sub-layer)"),
         x2="x2:Q", y2="y2:Q", color=colour, strokeWidth=alt.StrokeWidth("importance:Q", scale=alt.Scale(range=[0.5, 6])),
         tooltip=["kind", "layer", "site", "heads", "from", "to", alt.Tooltip("importance:Q", format=".3f")])
     lines = lines.add_params(alt.selection_point(name="edgepick", fields=["stack", "to_level", "x", "x2"], on="click"))
-    nodes = alt.Chart(node_data(data)).mark_circle(size=40, color="black").encode(
+    nodes = vega_text.chart(node_data(data)).mark_circle(size=40, color="black").encode(
         x="x:Q", y="y:Q", tooltip=["token", "x", "stack", "level"]).add_params(
         alt.selection_point(name="nodepick", fields=["stack", "level", "x"], on="click"))
     return (lines + nodes).properties(width=width, height=height, title="information-flow route")

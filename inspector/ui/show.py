@@ -13,8 +13,11 @@ Every value drawn is the capture's own float32 weight (``Capture.weights``), or 
 ``weighting="value-norm"`` the value-weighted weight (:func:`inspector.analysis.head_weights`); a
 word's row is the mean of its tokens' rows (:func:`inspector.analysis.split.word_row`).
 Charts are ``altair.Chart`` objects: in Jupyter they display inline (``alt.renderers.enable("svg")``
-keeps them offline); their data is a tidy DataFrame (``chart.data``). Altair and vl-convert are
-imported here only (the ``notebook`` extra).
+keeps them offline); their data is a tidy DataFrame (``chart.data``). Text from the capture (tokens, site
+names) is carried as data, never as markup, by every renderer and HTML writer: in the spec its ``%``, ``<``,
+``>`` and ``&`` are ``%25``, ``%3C``, ``%3E``, ``%26`` (so ``chart.data``'s text columns hold them so), undone by
+the chart's own Vega transforms before anything is drawn (:mod:`inspector.ui.vega_text`). Altair and
+vl-convert are imported here only (the ``notebook`` extra).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import pandas as pd
 
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-from inspector.ui import views
+from inspector.ui import vega_text, views
 
 WINDOW = 64  # query rows and keys drawn by default
 MASKED_COLOUR = "#e4e4e4"
@@ -82,18 +85,20 @@ def head_heatmap(capture: Capture, site: Site | str, head: int, *, query: int | 
     site = _site(capture, site)
     df = heatmap_data(capture, site, head, query=query, occurrence=occurrence, window=window, batch=batch,
                       weighting=weighting)
-    q_order = list(dict.fromkeys(df["query_label"]))
-    k_order = list(dict.fromkeys(df["key_label"]))
-    return alt.Chart(df).mark_rect().encode(
-        x=alt.X("key_label:N", sort=k_order, title="key", axis=alt.Axis(labelAngle=-60, labelLimit=120)),
-        y=alt.Y("query_label:N", sort=q_order, title="query", axis=alt.Axis(labelLimit=140)),
+    n_queries, n_keys = df["query_index"].nunique(), df["key_index"].nunique()
+    # rows and keys in text order, sorted by their index (a list of labels would put token text in the spec)
+    return vega_text.chart(df).mark_rect().encode(
+        x=alt.X("key_label:N", sort=alt.EncodingSortField("key_index", op="min"), title="key",
+                axis=alt.Axis(labelAngle=-60, labelLimit=120)),
+        y=alt.Y("query_label:N", sort=alt.EncodingSortField("query_index", op="min"), title="query",
+                axis=alt.Axis(labelLimit=140)),
         color=alt.condition("datum.visible", alt.Color("weight:Q", title="weight",
                                                        scale=alt.Scale(scheme="blues", domain=[0, 1]),
                                                        legend=alt.Legend(values=[0, 0.25, 0.5, 0.75, 1], format=".2f")),
                             alt.value(MASKED_COLOUR)),
         tooltip=["query_index:O", "query_token:N", "key_index:O", "key_token:N", alt.Tooltip("weight:Q", format=".4f")],
-    ).properties(title=f"{site.name} · head {head} · {weighting} weights", width=cell * len(k_order),
-                 height=cell * len(q_order))
+    ).properties(title=vega_text.title(f"{site.name} · head {head} · {weighting} weights"), width=cell * n_keys,
+                 height=cell * n_queries)
 
 
 def query_data(capture: Capture, site: Site | str, head: int, query: int | str, *, occurrence: int | None = None,
@@ -128,12 +133,14 @@ def query_weights(capture: Capture, site: Site | str, head: int, query: int | st
     q_tokens = capture.tokens(site, "query", batch)
     rows = " ".join(q_tokens[p] for p in pos)
     what = f"query {pos[0]} {rows!r}" if len(pos) == 1 else f"mean of query rows {' '.join(map(str, pos))} {rows!r}"
-    return alt.Chart(df).mark_bar().encode(
-        x=alt.X("key_label:N", sort=list(df["key_label"]), title="key", axis=alt.Axis(labelAngle=-60, labelLimit=120)),
+    return vega_text.chart(df).mark_bar().encode(
+        x=alt.X("key_label:N", sort=alt.EncodingSortField("key_index", op="min"), title="key",
+                axis=alt.Axis(labelAngle=-60, labelLimit=120)),
         y=alt.Y("weight:Q", title=f"weight ({weighting})", scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("kind:N", title="key", scale=alt.Scale(domain=["token", "special"], range=["#1f77b4", "#aaaaaa"])),
         tooltip=["key_index:O", "key_token:N", alt.Tooltip("weight:Q", format=".4f")],
-    ).properties(title=f"{site.name} · head {head} · {what} · {weighting} weights", width=bar * len(df), height=220)
+    ).properties(title=vega_text.title(f"{site.name} · head {head} · {what} · {weighting} weights"), width=bar * len(df),
+                 height=220)
 
 
 def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.DataFrame | None = None,
@@ -152,7 +159,7 @@ def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.
     lo, hi = views.metric_domain(metric, max(s.key_len for s in capture.sites))
     panels = []
     for group, part in df.groupby("group", sort=False):
-        base = alt.Chart(part).encode(x=alt.X("head:O", axis=alt.Axis(labelAngle=0, orient="top")), y=alt.Y("layer:O"))
+        base = vega_text.chart(part).encode(x=alt.X("head:O", axis=alt.Axis(labelAngle=0, orient="top")), y=alt.Y("layer:O"))
         cells = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
             color=alt.Color(f"{metric}:Q", title=views.GRID_METRICS[metric],
                             scale=alt.Scale(scheme="viridis", domain=[lo, hi], clamp=True),
@@ -161,7 +168,7 @@ def head_grid(capture: Capture, metric: str = "normalized_entropy", *, rank: pd.
         text = base.mark_text(fontSize=9).encode(
             text=alt.Text(f"{metric}:Q", format=".2f"),
             color=alt.condition(f"datum['{metric}'] > {(lo + hi) / 2!r}", alt.value("black"), alt.value("white")))
-        panels.append((cells + text).properties(title=f"{group} attention", width=cell * part["head"].nunique(),
+        panels.append((cells + text).properties(title=vega_text.title(f"{group} attention"), width=cell * part["head"].nunique(),
                                                  height=cell * 0.8 * part["layer"].nunique()))
     return alt.vconcat(*panels) if len(panels) > 1 else panels[0]
 

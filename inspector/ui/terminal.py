@@ -29,10 +29,24 @@ def escape(text: str, keep: str = "") -> str:
 
 class EscapingStream:
     """A text stream that escapes control characters other than newline and tab on their way out; binary
-    writes through ``.buffer`` (a capture written to ``-``) pass untouched."""
+    writes through ``.buffer`` (a capture written to ``-``) pass untouched. With ``data`` (the real standard
+    output, where a command writes its CSV or JSON to ``-``), ``.buffer`` is that stream's and the text goes to
+    ``stream`` (standard error): the data is then alone on standard output."""
 
-    def __init__(self, stream: TextIO):
+    def __init__(self, stream: TextIO, data: TextIO | None = None):
         self._stream = stream
+        self._data = data
+
+    @property
+    def buffer(self):
+        """The binary stream that data written to ``-`` goes to."""
+        return (self._data if self._data is not None else self._stream).buffer
+
+    def flush(self) -> None:
+        """Flush the text stream (and the data stream, when separate)."""
+        self._stream.flush()
+        if self._data is not None:
+            self._data.flush()
 
     def write(self, text: str) -> int:
         """Write ``text`` with control characters escaped (newline and tab kept); returns ``len(text)``."""

@@ -37,8 +37,9 @@ BERTVIZ_MAX_TOKENS = 64  # bertviz embeds every weight as JSON: a 64-token windo
 # bertviz's model view draws one SVG line per weight of every head (layers x heads x window^2): 6 x 12 heads
 # at 64 tokens are 295k lines, about 10 s in Chromium before anything shows; at 32 tokens 74k lines, 2.6 s
 MODEL_VIEW_MAX_TOKENS = 32
-# the app recomputes a lazy capture's weights (Overview ranks every head): a crafted file of 2 MB can declare
-# 2.4e9 of them and hold the server for minutes, so the app refuses more than this many before any work
+# the app recomputes a lazy capture's weights and expands a banded (long-document) site's compact band to every
+# key (Overview ranks every head): a crafted file of 2 MB can declare 2.4e9 of them and hold the server for
+# minutes, so the app refuses more than this many before any work
 APP_MAX_RECOMPUTED = 1_000_000_000
 VENDOR_FILES = {  # what bertviz's HTML would fetch from cdnjs, as installed by `make assets`
     "requirejs": "requirejs/require.js",
@@ -506,14 +507,19 @@ def vendor_scripts(vendor_dir: str | Path) -> dict[str, str]:
     return out
 
 
-# bertviz draws at a fixed width (the model view 970 px): in a narrower frame or notebook cell its last heads
-# were cut off. Each bertviz SVG gets a viewBox from its own width and height, so CSS scales it to fit.
+# bertviz's model view draws at a fixed width (970 px): in a narrower frame or notebook cell its last heads were
+# cut off. Each bertviz SVG drawn at a fixed size in pixels gets a viewBox from that width and height, so CSS
+# scales it down to fit. An SVG whose width or height is relative (the head view's width="100%") already follows
+# its container and keeps its own coordinates: read as a viewBox, "100%" made 100 units fill the frame and drew
+# the head view ~9x too large (tokens 100+ px tall, most heads outside the frame).
 FIT_WIDTH = (
-    '<style>[id^="bertviz-"] svg{max-width:100%;height:auto}</style>\n'
+    '<style>[id^="bertviz-"] svg[viewBox]{max-width:100%;height:auto}</style>\n'
     "<script>(function () {"
+    "var px = /^\\s*[0-9.]+\\s*(px)?\\s*$/;"
     "function fit() { document.querySelectorAll('[id^=\"bertviz-\"] svg:not([viewBox])').forEach(function (s) {"
     "var w = s.getAttribute('width'), h = s.getAttribute('height');"
-    "if (w && h) { s.setAttribute('viewBox', '0 0 ' + parseFloat(w) + ' ' + parseFloat(h)); } }); }"
+    "if (px.test(w || '') && px.test(h || '')) {"
+    " s.setAttribute('viewBox', '0 0 ' + parseFloat(w) + ' ' + parseFloat(h)); } }); }"
     "new MutationObserver(fit).observe(document.documentElement, {childList: true, subtree: true});"
     "})();</script>\n"
 )
@@ -590,20 +596,27 @@ _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s'\"\\/:,;)]+)+[\\/]?")
 
 
 def recomputed_weights(capture: Capture) -> int:
-    """How many attention weights the views recompute for ``capture``: batch x heads x queries x keys summed over
-    the sites that store no weights (read from the header alone: nothing is computed)."""
+    """How many attention weights the views make for ``capture`` beyond those the file stores as they are:
+    batch x heads x queries x keys summed over the sites that store no weights (recomputed from Q and K) and the
+    banded or block-local sites (long documents: their compact band and global rows are expanded to every key).
+    Read from the header alone: nothing is computed."""
     return sum(capture.batch_size * s.num_heads * s.query_len * s.key_len for s in capture.sites
-               if "weights" not in s.parts)
+               if "weights" not in s.parts or s.band is not None)
 
 
-def check_app_work(capture: Capture, limit: int = APP_MAX_RECOMPUTED) -> None:
-    """Refuse, in one line naming the fix, a capture whose weights the app would recompute past ``limit``
-    (:func:`recomputed_weights`; default :data:`APP_MAX_RECOMPUTED`): before any work is done."""
+def check_app_work(capture: Capture, limit: int | None = None) -> None:
+    """Refuse, in one line naming the fix, a capture whose weights the app would recompute or expand past ``limit``
+    (:func:`recomputed_weights`; default :data:`APP_MAX_RECOMPUTED`, read when called): before any work is done."""
+    limit = APP_MAX_RECOMPUTED if limit is None else limit
     n = recomputed_weights(capture)
     if n > limit:
-        raise InspectorError(f"this capture has no stored weights and declares {n:,} of them to recompute (heads x "
-                             f"queries x keys over {len(capture.sites)} sites), more than the app's bound of {limit:,}: "
-                             "capture a shorter text (or with stored weights), or use the CLI (inspector rank FILE)")
+        lazy = sum(1 for s in capture.sites if "weights" not in s.parts)
+        banded = sum(1 for s in capture.sites if s.band is not None)
+        what = " and ".join(w for w in (f"{lazy} without stored weights" if lazy else "",
+                                        f"{banded} banded (long-document)" if banded else "") if w)
+        raise InspectorError(f"this capture declares {n:,} attention weights to recompute or expand (heads x queries x "
+                             f"keys over its {what} sites), more than the app's bound of {limit:,}: capture a shorter "
+                             "text (or with stored weights), or use the CLI (inspector rank FILE)")
 
 
 def app_error(exc: BaseException) -> str:
