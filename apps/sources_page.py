@@ -71,4 +71,4 @@ try:
     st.altair_chart(sources_view.chart(result, method=method), width="stretch")
 except ImportError:
     st.caption("(the chart needs Altair: pip install inspector[plots])")
-st.download_button("units.csv", result.table.to_csv(index=False), file_name="units.csv", mime="text/csv")
+st.download_button("units.csv", views.csv_bytes(result.table), file_name="units.csv", mime="text/csv")
