@@ -66,7 +66,8 @@ def test_the_verdict_names_the_head_that_causes_the_error(trained, tmp_path):
         right, wrong, said = _contrast(kind, item)
         source = item["prompt" if kind == "decoder" else "source"]
         out = tmp_path / f"case{n}"
-        inv = investigate(loaded, source, Question(None, (right, wrong), contrast=(right, wrong)), Output.of(said),
+        parties = (right, wrong) if kind == "decoder" else (item["right_party"], item["wrong_party"])
+        inv = investigate(loaded, source, Question(None, parties, contrast=(right, wrong)), Output.of(said),
                           out_dir=out, top=64)
         v = inv.verdict
         assert v.top is not None, item
@@ -81,7 +82,7 @@ def test_the_verdict_names_the_head_that_causes_the_error(trained, tmp_path):
         first = pd.read_csv(out / "culprits.csv").iloc[0]
         assert _key(first) == _key(head)
         html = (out / "report.html").read_text()
-        card = re.search(r'class="card head culprit" data-site="([^"]+)" data-head="(\d+)" data-rank="1"', html)
+        card = re.search(r'class="card (?:head )?culprit" data-site="([^"]+)" data-head="(\d+)" data-rank="1"', html)
         assert card and (card[1], int(card[2])) == (first["site"], int(first["head"]))
         n_heads = len(v.table)
     assert n_heads >= 12
@@ -92,8 +93,9 @@ def test_the_cli_printout_names_the_causing_head_first(trained, tmp_path, capsys
     item, head, _ = cases[0]
     right, wrong, said = _contrast(kind, item)
     source = item["prompt" if kind == "decoder" else "source"]
+    parties = f"{right},{wrong}" if kind == "decoder" else f"{item['right_party']},{item['wrong_party']}"
     code = main(["debug", "--model", str(gt.PARTIES / kind), "--source", source, "--output", said,
-                 "--referents", f"{right},{wrong}", "--contrast", f"{right},{wrong}", "--top", "64", "-o", str(tmp_path / "o")])
+                 "--referents", parties, "--contrast", f"{right},{wrong}", "--top", "64", "-o", str(tmp_path / "o")])
     printed = capsys.readouterr().out
     assert code == 0
     named = re.search(r"layer (\d+) head (\d+) \(([^)]+)\)", printed)

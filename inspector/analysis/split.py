@@ -192,10 +192,11 @@ def split_heads(
     rows: list[dict] = []
     problems: list[str] = []
     hidden = 0  # sites where the query and referents are found but its mask hides every referent from it
+    missing_query: list[str] = []  # sites whose query axis lacks the query: said only when no site has it
     for site in candidates:
         if query_index is None and not spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive,
                                                   role=query_role):
-            problems.append(spans.not_found_message(capture, site, query, "query", "query", batch))
+            missing_query.append(spans.not_found_message(capture, site, query, "query", "query", batch))
             continue
         if query_index is not None and not 0 <= query_index < site.query_len:
             problems.append(f"query index {query_index} is outside {site.name}'s query axis (0..{site.query_len - 1})")
@@ -230,6 +231,7 @@ def split_heads(
                                                   else f"query index {query_index}"))
         if problems and hidden == len(problems):
             raise NoReferentVisible(problems[0])
+        problems += missing_query
         raise InspectorError(problems[0] if problems else "no attention site matches the --sites filter")
     df = pd.DataFrame(rows)
     df["_cross"] = df["kind"] != "cross"

@@ -526,7 +526,8 @@ def _verdict_data(capture: Capture, verdict, batch: int, heads: list, why=None) 
     for (h, row, err), r in zip(heads, verdict.culprits.to_dict("records"), strict=False):
         sig = f"{r['signature']} · effect {float(r['effect']):+.4f} · {_v.signature_sentence(r, verdict.right, verdict.wrong)}"
         if h is None:
-            cards.append({"site": row["site"], "head": row["head"], "error": err, "signature": sig})
+            cards.append({"site": row["site"], "head": row["head"], "error": err, "signature": sig, "rank": int(r["rank"]),
+                          "title": f"layer {int(r['layer'])} head {int(r['head'])} · {r['site']}"})
             continue
         card = _head_card(capture, h, [verdict.right, verdict.wrong], batch, False)
         card.update(title=f"layer {int(r['layer'])} head {int(r['head'])} · {r['site']}", signature=sig,
