@@ -84,15 +84,25 @@ def parse_variants(items: list[str] | None, query: str | None = None) -> dict[st
     return out
 
 
-def positive_int(value: str) -> int:
-    """An argparse type: a whole number >= 1 (``--top``, ``--window``, ``--batch-size``, ``--workers``)."""
+def whole_number(value: str, minimum: int) -> int:
+    """``value`` as a whole number of at least ``minimum``, else :class:`argparse.ArgumentTypeError` (one line)."""
     try:
         n = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    if n < minimum:
+        raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {n}")
     return n
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: a whole number >= 1 (``--top``, ``--window``, ``--batch-size``, ``--workers``)."""
+    return whole_number(value, 1)
+
+
+def token_index_arg(value: str) -> int:
+    """An argparse type: a token index, a whole number >= 0 (``why --head``, ``--query-position``)."""
+    return whole_number(value, 0)
 
 
 def int_list(value: str | None, what: str) -> list[int] | None:

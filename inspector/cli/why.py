@@ -15,21 +15,14 @@ from inspector.cli.common import (
     positive_int,
     read_text,
     status,
+    token_index_arg,
 )
 from inspector.errors import InspectorError
 
 SUM_CHECK = 1e-5  # logit units: what the sum of the terms may differ from the model's own difference by
 
 
-def _index(value: str) -> int:
-    """An argparse type: a token index (a whole number >= 0)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
-    return n
+_index = token_index_arg  # an argparse type: a token index (a whole number >= 0)
 
 
 def _position_list(value: str) -> list[int]:
