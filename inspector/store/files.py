@@ -185,6 +185,13 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
+def csv_cell_read(value: Any) -> Any:
+    """:func:`csv_cell` undone: one leading ``'`` dropped from a text cell that has it."""
+    if isinstance(value, str) and value.startswith(CSV_QUOTE):
+        return value[1:]
+    return value
+
+
 def csv_text(df: pd.DataFrame, joined: tuple[str, ...] = LIST_COLUMNS) -> str:
     """``df`` as CSV text with the list cells of the ``joined`` columns (a query's positions, its rows'
     split scores) written space-separated: lists travel as lists in Python and are joined only here. A

@@ -48,7 +48,11 @@ def read_verdict(folder: str | Path) -> Verdict | None:
         raise InspectorError(f"the verdict in {folder.name} lacks {', '.join(missing + bad)}: run inspector debug again")
     if not math.isfinite(float(info["metric"])):
         raise InspectorError(f"the verdict in {folder.name} has a metric that is not a finite number")
+    from inspector.store.files import csv_cell_read
+
     table = table[COLUMNS].copy()
+    for c in ("site", "stack", "kind", "direction", "signature", "query_token"):
+        table[c] = table[c].map(csv_cell_read)
     table["rank"] = table["rank"].astype("Int64")
     table["query_token"] = table["query_token"].fillna("").astype(str)
     rule = info.get("rule") or {}
