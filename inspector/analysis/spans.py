@@ -13,11 +13,9 @@ import re
 import weakref
 from dataclasses import dataclass
 
-from inspector.capture.inputs import token_index
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-
-_INDEX = re.compile(r"^@([0-9]+)(?:-([0-9]+))?$")  # the form of capture.inputs.token_index
+from inspector.store.words import is_token_index, times, token_index, word_pattern
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,7 @@ def find(capture: Capture, site: Site, phrase: str, which: str = "key", *, batch
     per capture (a capture's records do not change). Raises :class:`InspectorError` for a token index off
     the axis, or a text without character offsets (a slow tokenizer)."""
     axis = tuple(site.query_input if which == "query" else site.key_input)
-    key = (axis, batch, phrase, case_sensitive, role, None if not _INDEX.match(phrase.strip()) else (site.name, which))
+    key = (axis, batch, phrase, case_sensitive, role, None if not is_token_index(phrase) else (site.name, which))
     memo = _FOUND.setdefault(capture, {})
     if key not in memo:
         memo[key] = _find(capture, site, phrase, which, batch=batch, case_sensitive=case_sensitive, role=role)
@@ -59,8 +57,7 @@ def _find(capture: Capture, site: Site, phrase: str, which: str, *, batch: int, 
         if role is not None and axis[lo][0].role != role:  # an index of the other part of the axis
             return []
         return [Occurrence(phrase, axis[lo][0].role, tuple(range(lo, hi + 1)))]
-    flags = 0 if case_sensitive else re.IGNORECASE
-    pattern = re.compile(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", flags)
+    pattern = word_pattern(phrase, case_sensitive)
     found: list[Occurrence] = []
     start = 0
     for axis_role in site.query_input if which == "query" else site.key_input:
@@ -144,8 +141,9 @@ def resolve_query(capture: Capture, site: Site, phrase: str | None, *, index: in
         raise InspectorError(not_found_message(capture, site, phrase, "query", "query", batch))
     if occurrence is None:
         if len(found) > 1:
-            raise InspectorError(f"query {phrase!r} occurs {len(found)} times: pick one with --occurrence 1..{len(found)}")
+            raise InspectorError(f"query {phrase!r} occurs {times(len(found))}: pick one with --occurrence 1..{len(found)}")
         return found[0]
     if not 1 <= occurrence <= len(found):
-        raise InspectorError(f"query {phrase!r} occurs {len(found)} times, so --occurrence must be 1..{len(found)}")
+        raise InspectorError(f"query {phrase!r} occurs {times(len(found))}, so --occurrence must be "
+                              + ("1" if len(found) == 1 else f"1..{len(found)}"))
     return found[occurrence - 1]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inspector.errors import InspectorError
 from inspector.store.schema import InputRecord
+from inspector.store.words import MAX_INDEX_DIGITS, TOKEN_INDEX, occurs_in, positions_in, token_index  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
@@ -506,25 +506,7 @@ def _input_device(model):
         return next(model.parameters()).device
 
 
-_TOKEN_INDEX = re.compile(r"^@([0-9]+)(?:-([0-9]+))?$")
-MAX_INDEX_DIGITS = 9  # no axis has a billion tokens; int() of thousands of digits raises (and costs) instead
-
-
-def token_index(spec: str, what: str = "token index") -> tuple[int, int] | None:
-    """``@i`` or ``@i-j`` (ASCII digits) as ``(i, j)`` (``(i, i)`` for ``@i``); None for a spec of another form (a
-    word). The one parser of token indices (``--global``, ``--query``, ``--referents``, the app). Raises
-    :class:`InspectorError` (one line, ``what`` naming the option) for a number of more than
-    :data:`MAX_INDEX_DIGITS` digits, before any conversion."""
-    m = _TOKEN_INDEX.match(spec.strip())
-    if not m:
-        return None
-    longest = max(len(g) for g in m.groups() if g)
-    if longest > MAX_INDEX_DIGITS:
-        shown = spec.strip()
-        shown = shown if len(shown) <= 24 else shown[:20] + "..."
-        raise InspectorError(f"{what} {shown} has a number of {longest:,} digits: write @I or @I-J with I and J from 0 "
-                             f"to {10 ** MAX_INDEX_DIGITS - 1}")
-    return int(m.group(1)), int(m.group(2) or m.group(1))
+_TOKEN_INDEX = TOKEN_INDEX  # the one form of a token index (inspector.store.words)
 
 
 def global_attention_mask(model, encoded: Encoded, spans: list[str]) -> torch.Tensor:
@@ -570,7 +552,7 @@ def check_global_words(spans: list[str], text: str, where: str) -> None:
     Raises :class:`InspectorError` naming the entry and the text."""
     for spec in (s.strip() for s in spans):
         _check_global_entry(spec)
-        if not _TOKEN_INDEX.match(spec) and not _word_pattern(spec).search(text):
+        if not _TOKEN_INDEX.match(spec) and not occurs_in(text, spec):
             raise InspectorError(_not_in_message(spec, text, where))
 
 
@@ -582,10 +564,6 @@ def _check_global_entry(spec: str) -> None:
     span = token_index(spec, "--global")
     if span is not None and span[1] < span[0]:
         raise InspectorError(f"--global {spec} runs backwards: give the first position first, e.g. @{span[1]}-{span[0]}")
-
-
-def _word_pattern(spec: str) -> re.Pattern:
-    return re.compile(r"(?<!\w)" + re.escape(spec) + r"(?!\w)")
 
 
 def _excerpt(text: str, size: int = 40) -> str:
@@ -608,12 +586,7 @@ def _span_positions(rec: InputRecord, spec: str) -> list[int]:
             raise InspectorError(f"--global {spec} is outside the {len(rec.ids)} tokens (0..{len(rec.ids) - 1}) of the "
                                  f"source text {_excerpt(rec.text)}")
         return [i for i in range(lo, hi + 1) if not rec.padding[i]]
-    pattern = _word_pattern(spec)
-    out = []
-    for match in pattern.finditer(rec.text):
-        out += [i for i, off in enumerate(rec.offsets)
-                if off is not None and not rec.padding[i] and off[0] < match.end() and off[1] > match.start()]
-    return out
+    return [i for found in positions_in(rec, spec) for i in found]
 
 
 def encode_with_globals(model, tokenizer, text, target=None, *, target_ids=None, global_tokens: list[str] | None = None):

@@ -37,11 +37,18 @@ def read_text(value: str | None, file: str | None, what: str) -> str | None:
     return read_utf8(file, what) if file is not None else value
 
 
-def check_word_in(word: str | None, text: str, where: str) -> None:
-    """Refuse (before a model loads) a query word that is not in ``text`` at all, naming ``where`` the text is
-    from. Case-blind: a necessary condition only; the analysis decides on tokens."""
-    if word is not None and word.strip() and word.strip().casefold() not in text.casefold():
-        raise InspectorError(f"the word {word.strip()!r} is not in {where}: pick a word every text holds, or fix the file")
+def check_word_in(word: str | None, text: str, where: str, *, case_sensitive: bool = True) -> None:
+    """Refuse (before a model loads) a word that is not in ``text``, naming ``where`` the text is from, by the
+    analysis's own rule (:func:`inspector.store.words.occurs_in`: whole-word, case-sensitive unless
+    ``case_sensitive`` is false). A token index (``@7``) is checked once the text is tokenized."""
+    from inspector.store.words import is_token_index, occurs_in
+
+    if word is None or not word.strip() or is_token_index(word):
+        return
+    if not occurs_in(text, word, case_sensitive):
+        rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
+        raise InspectorError(f"the word {word.strip()!r} is not in {where} ({rule}): pick a word every text holds, "
+                             "or fix the file")
 
 
 def check_global_texts(spans: str | None, texts: dict[str, str | None]) -> None:

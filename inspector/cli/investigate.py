@@ -127,6 +127,7 @@ def cmd_debug(args) -> int:
         investigate,
     )
     from inspector.store.files import check_folder_target
+    from inspector.store.words import occurs_in
     if args.query is None and not args.contrast:
         raise InspectorError("debug needs --query WORD, or --contrast RIGHT,WRONG (the query then defaults to the row "
                              "the contrast is read at)")
@@ -136,7 +137,7 @@ def cmd_debug(args) -> int:
     output = Output(text=read_text(args.output, args.output_file, "output"), generate=args.generate)
     # the query is looked up in the output first: only a word the output cannot hold must be in each variant
     in_output = args.query is None or args.generate or (output.text is not None
-                                                        and args.query.strip().casefold() in output.text.casefold())
+                                                        and occurs_in(output.text, args.query, question.case_sensitive))
     variants = parse_variants(args.variant, None if in_output else args.query)
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")

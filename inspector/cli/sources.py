@@ -73,9 +73,9 @@ def _output(args):
                              "FILE) or --generate N")
     out = Output(text=text, generate=args.generate)
     if text is not None and args.span is not None:
-        import re
+        from inspector.store.words import occurs_in
 
-        if not re.search(r"(?<!\w)" + re.escape(args.span.strip()) + r"(?!\w)", text):
+        if not occurs_in(text, args.span):
             raise InspectorError(f"--span {args.span!r} is not in the output (whole-word, case-sensitive): pass a word "
                                  "or sentence the output says")
     return out

@@ -35,6 +35,8 @@ from inspector.analysis import spans
 from inspector.capture.inputs import InputRecord
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
+from inspector.store.specs import contrast_words
+from inspector.store.words import times
 
 
 def has_lm_head(output) -> bool:
@@ -169,30 +171,13 @@ def _site_with(capture: Capture, role: str) -> Site:
     raise InspectorError(f"no attention site has {role} queries: the contrast cannot be located")
 
 
-# characters no tokenizer spells a word with: controls, format characters (zero-width, bidi, soft hyphen),
-# surrogates, private use, unassigned; and a word needs one character that is not a combining mark either
-_INVISIBLE = ("Cc", "Cf", "Cs", "Co", "Cn")
-_MARKS = ("Mn", "Me", "Mc")
-
-
 def parse(spec: str | tuple[str, str]) -> tuple[str, str]:
     """``RIGHT,WRONG`` (or a pair) into its two words, by the question's rule
     (:func:`inspector.analysis.question.parse_contrast`), and refused as well, before any model loads, when a
     word holds an invisible or control character of any kind (Unicode categories Cc, Cf, Cs, Co, Cn: a soft
     hyphen, a bidi mark, a C1 control) or only combining marks: such a word tokenizes to nothing, so the
     metric would be read at the next word and labelled with this one. Raises :class:`InspectorError`."""
-    import unicodedata
-
-    from inspector.analysis.question import parse_contrast
-
-    words = parse_contrast(spec)
-    for word in words:
-        if any(unicodedata.category(c) in _INVISIBLE for c in word):
-            raise InspectorError(f"--contrast words must not hold invisible or control characters; got {_shown(word)}")
-        if all(unicodedata.category(c) in _MARKS or c.isspace() for c in word):
-            raise InspectorError(f"--contrast word {_shown(word)} is only combining marks, which tokenize to nothing: "
-                                 "give a word with letters, digits or symbols")
-    return words
+    return contrast_words(spec)
 
 
 def _shown(word: str) -> str:
@@ -258,7 +243,8 @@ def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occur
         raise InspectorError(spans.not_found_message(capture, site, wrong, "query", f"WRONG word (in the {what})", batch))
     k = occurrence or 1
     if not 1 <= k <= len(found):
-        raise InspectorError(f"{wrong!r} occurs {len(found)} times in the {what}, so --occurrence must be 1..{len(found)}")
+        raise InspectorError(f"{wrong!r} occurs {times(len(found))} in the {what}, so --occurrence must be "
+                             + ("1" if len(found) == 1 else f"1..{len(found)}"))
     occ = found[k - 1]
     if not occ.positions:
         raise InspectorError(f"WRONG word {_shown(wrong)} is in the {what} but covers no token of it, so no position "

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspector.errors import InspectorError
+from inspector.store.words import word_pattern
 
 if TYPE_CHECKING:
     import numpy as np
@@ -111,10 +112,6 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _word(phrase: str) -> re.Pattern:
-    return re.compile(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)")
-
-
 def _excerpt(text: str, size: int = 48) -> str:
     return repr(text if len(text) <= size else text[:size] + "...")
 
@@ -139,7 +136,7 @@ def unit_spans(text: str, units: Sequence[str | tuple[int, int]] | str | None = 
             phrase = item.strip()
             if not phrase:
                 raise InspectorError("a unit phrase is empty: give a word or phrase of the source")
-            hit = next((m for m in _word(phrase).finditer(text)
+            hit = next((m for m in word_pattern(phrase).finditer(text)
                         if not any(m.start() < b and m.end() > a for a, b in spans)), None)
             if hit is None:
                 raise InspectorError(f"the unit {phrase!r} is not in the source {_excerpt(text)} (whole-word, "
@@ -212,7 +209,7 @@ def _output_span(rec, span: str | tuple[int, int] | None) -> tuple[int, int, lis
         return 0, len(rec.text), real
     if isinstance(span, str):
         phrase = span.strip()
-        m = _word(phrase).search(rec.text) if phrase else None
+        m = word_pattern(phrase).search(rec.text) if phrase else None
         if m is None:
             raise InspectorError(f"the span {span!r} is not in the output {_excerpt(rec.text)} (whole-word, "
                                  "case-sensitive): pass a word or sentence the output says")

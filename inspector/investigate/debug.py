@@ -8,7 +8,6 @@ live in :mod:`inspector.cli.investigate`.
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from inspector.errors import InspectorError
 from inspector.investigate.defaults import DEBUG_TOP
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
+from inspector.store.words import occurs_in
 
 LEGAL_SOURCE = (
     "The Lessee shall indemnify the Lessor against all claims arising from the use of the premises. "
@@ -81,8 +81,7 @@ def roles_of(cap: Capture, question: Question) -> tuple[str | None, str]:
     if question.query_index is not None:
         return None, ref_role
     has_target = any(r.role == "target" for r in cap.inputs)
-    flags = 0 if question.case_sensitive else re.IGNORECASE
-    if has_target and re.search(r"(?<!\w)" + re.escape(question.query) + r"(?!\w)", cap.records("target").text, flags):
+    if has_target and occurs_in(cap.records("target").text, question.query, question.case_sensitive):
         return "target", ref_role
     return "source", ref_role
 

@@ -14,7 +14,6 @@ every file is checked on open (:mod:`inspector.store.validate`) and every row re
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -91,6 +90,15 @@ class Capture:
         # the last K read by recompute(), keyed by (tensor name, batch, kv heads): reading a chunk of query
         # rows after another then reads K once per site instead of once per chunk
         self._k_cache: tuple[tuple, torch.Tensor] | None = None
+
+    def __repr__(self) -> str:
+        """One line a notebook or a REPL shows: the model, the batch, the tokens per role, the sites and the storage,
+        e.g. ``<Capture of 'minilm': 1 row, source 14 tokens, 6 sites x 12 heads, lazy (Q/K/V + mask)>``."""
+        lengths = ", ".join(f"{role} {len(self.records(role).ids)} tokens" for role in self.roles())
+        heads = sorted({s.num_heads for s in self.sites})
+        shape = f"{len(self.sites)} sites x {heads[0]} heads" if len(heads) == 1 else f"{len(self.sites)} sites"
+        rows = f"{self.batch_size} row{'s' if self.batch_size != 1 else ''}"
+        return f"<Capture of {self.model_name!r}: {rows}, {lengths or 'no inputs'}, {shape}, {self.storage()}>"
 
     # ---- metadata -------------------------------------------------------------------------
     @property
@@ -377,24 +385,8 @@ def save(capture: Capture, path: str | os.PathLike, *, force: bool = False) -> P
     return write_atomic(path, fill, lambda f: f.write(save_bytes(tensors, metadata=metadata)))
 
 
-def is_capture_file(path: Path) -> bool:
-    """True when ``path`` is a safetensors file whose header carries an inspector document (read within
-    the header bound; nothing else is parsed)."""
-    try:
-        n = validate.header_length(path)
-        with open(path, "rb") as f:
-            f.seek(8)
-            header = json.loads(f.read(n))
-        return isinstance(header, dict) and "inspector" in (header.get("__metadata__") or {})
-    except (OSError, ValueError, RecursionError):
-        return False
-
-
-def check_replaceable(path: Path, force: bool = False) -> None:
-    """Refuse to replace an existing regular file that is not a capture (unless ``force``)."""
-    if not force and path.is_file() and not is_capture_file(path):
-        raise InspectorError(f"{path} exists and is not an inspector capture (it may be a model's weights): choose another "
-                             "name, or pass --force to replace it")
+# torch-free, so the command line checks an output before it imports torch; part of this module's API
+from inspector.store.header import check_replaceable, is_capture_file  # noqa: E402,F401
 
 
 def load(path: str | os.PathLike) -> Capture:
