@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import importlib
 
-# the sub-package inspector.capture is loaded first, so that the name ``capture`` below stays the function
-from inspector import capture as _capture_package  # noqa: F401
+# ``inspector.capture`` is the sub-package, and calling it captures (see inspector/capture/__init__.py), so
+# ``inspector.capture(model, tokenizer, text)`` and ``import inspector.capture as c`` both mean what they say
+from inspector import capture  # noqa: F401  (part of the API)
 from inspector.errors import InspectorError  # noqa: F401  (part of the API)
-
-del capture  # noqa: F821  (the import above bound the sub-package; the API's ``capture`` is the function)
 
 _API = {
     "Capture": "inspector.store", "Site": "inspector.store", "InputRecord": "inspector.store",

@@ -68,7 +68,8 @@ def test_shared_kv_saves_and_the_eager_function_is_the_one_called(tmp_path):
     x = torch.randn(1, 5, 16)
     with torch.no_grad():
         ref = model(x)
-    sites, tensors, out = record(model, {"x": x}, {"none": (["source"], ["source"])}, lengths={"source": 5})
+    rec = record(model, {"x": x}, {"none": (["source"], ["source"])}, lengths={"source": 5})
+    sites, tensors, out = rec.sites, rec.tensors, rec.output
     (site,) = sites
     assert site.eager_function == f"{__name__}.shared_eager"
     assert torch.equal(tensors["attn/k"], tensors["attn/v"])

@@ -7,6 +7,7 @@ import torch
 
 from inspector.capture import capture
 from inspector.capture.generation import generate_target
+from inspector.capture.output import Output
 
 import tiny
 from conftest import LEGAL
@@ -24,7 +25,7 @@ def _allowed_only(tokenizer, extra=()):
 def test_generated_tokens_are_the_models_greedy_choices(name, tokenizer):
     model = tiny.build(name)
     ids = generate_target(model, tokenizer, LEGAL, 6)
-    cap = capture(model, tokenizer, LEGAL, target_ids=ids)
+    cap = capture(model, tokenizer, LEGAL, Output.of(ids=ids))
     tgt = cap.records("target")
     logits = cap.output.logits[0]
     if model.config.is_encoder_decoder:
@@ -44,7 +45,7 @@ def test_generation_capture_equals_capture_of_the_text_as_target(name, tokenizer
         gen = dict(suppress_tokens=_allowed_only(tokenizer, [101, 102]), forced_bos_token_id=101, forced_eos_token_id=102,
                    sequence_bias={(101,): -1000.0}, min_new_tokens=4)  # [CLS] only where forced
     ids = generate_target(model, tokenizer, LEGAL, 7, **gen)
-    generated = capture(model, tokenizer, LEGAL, target_ids=ids)
+    generated = capture(model, tokenizer, LEGAL, Output.of(ids=ids))
     text = generated.records("target").text
     given = capture(model, tokenizer, LEGAL, text)
     assert given.records("target").ids == generated.records("target").ids, "the generated text must re-tokenize alike"
@@ -58,7 +59,7 @@ def test_generation_capture_equals_capture_of_the_text_as_target(name, tokenizer
 def test_cross_attention_of_generated_output_matches_eager(tokenizer):
     model = tiny.build("t5")
     ids = generate_target(model, tokenizer, LEGAL, 5)
-    cap = capture(model, tokenizer, LEGAL, target_ids=ids)
+    cap = capture(model, tokenizer, LEGAL, Output.of(ids=ids))
     eager = tiny.build("t5", attn="eager")
     src = tokenizer(LEGAL, return_tensors="pt")
     with torch.no_grad():

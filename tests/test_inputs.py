@@ -11,6 +11,7 @@ from inspector import analysis
 from inspector.capture import attn_implementation, capture
 from inspector.capture.generation import generate_target
 from inspector.capture.inputs import _prefix_offsets, encode, records_from_ids
+from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.store import load
 
@@ -159,7 +160,7 @@ def test_byte_level_generated_output_through_capture():
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=4, n_positions=64)).eval()
     ids = tok(TRICKY, add_special_tokens=False)["input_ids"]
-    cap = capture(model, tok, "The", target_ids=[ids])
+    cap = capture(model, tok, "The", Output(ids=(tuple(ids),)))
     rec = cap.records("target")
     assert rec.offsets == [list(o) for o in tok(TRICKY, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
     df = analysis.split_heads(cap, "\u00c9lan", ["The", "Lessee"], query_role="target")
@@ -185,7 +186,7 @@ def test_generate_beyond_positions_is_refused_with_the_largest_n(tmp_path, token
         generate_target(model, tokenizer, prompt, 8)
     ids = generate_target(model, tokenizer, prompt, 6, min_new_tokens=6)
     assert len(ids[0]) == 6
-    capture(model, tokenizer, prompt, target_ids=ids)  # the largest N that fits is captured whole
+    capture(model, tokenizer, prompt, Output.of(ids=ids))  # the largest N that fits is captured whole
     folder = tmp_path / "gpt2"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

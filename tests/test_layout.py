@@ -61,7 +61,9 @@ def test_help_and_argument_errors_load_no_heavy_library(argv):
 
 def test_import_inspector_is_light_until_a_function_is_used():
     loaded, _ = _heavy_after("import inspector\nassert callable(inspector.capture)\n")
-    assert "torch" in loaded  # the function itself needs torch: it was loaded when first named
+    assert loaded == []  # the callable package imports the recorder (and torch) when it is called
+    loaded, _ = _heavy_after("import inspector\nassert callable(inspector.rank_heads)\n")
+    assert "torch" in loaded  # a function that needs torch loads it when first named
     loaded, _ = _heavy_after("import inspector\nimport inspector.cli\n")
     assert loaded == []
 
@@ -111,3 +113,21 @@ def test_the_corpus_api_is_named_as_readme_names_it():
     from inspector.corpus import queries
 
     assert isinstance(queries, types.ModuleType) and callable(queries.queries)
+
+
+def test_the_capture_package_is_the_package_and_calling_it_captures():
+    """``import inspector.capture as c`` gives the package (its submodules import through it), and
+    ``inspector.capture(model, tokenizer, text)`` is :func:`inspector.capture.recorder.capture`."""
+    import types
+
+    import inspector
+    import inspector.capture as c
+    import inspector.capture.recorder as recorder
+
+    assert isinstance(c, types.ModuleType) and c is inspector.capture
+    assert c.capture is recorder.capture and c.record is recorder.record
+    import tiny
+
+    model = tiny.build("gpt2")
+    cap = inspector.capture(model, tiny.tokenizer(), "The Lessee shall pay the Lessor.", weights=False)
+    assert repr(cap).startswith("Capture of ") and "; source " in repr(cap)

@@ -1,4 +1,5 @@
-"""The capture engine: record Q, K, V and attention weights at transformers' attention seam.
+"""The capture engine: record Q, K, V and attention weights at transformers' attention seam
+(:mod:`inspector.capture.interface` registers the seam; this module records what passes through it).
 
 transformers 5.x routes the attention of most model families through ``ALL_ATTENTION_FUNCTIONS``
 with per-head query, key and value (after rotary embeddings, before grouped K/V heads are
@@ -22,167 +23,37 @@ restored on every exit path, exceptions included.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import re
-import sys
-import threading
-from contextvars import ContextVar
 from typing import Any
 
 import torch
 
 from inspector.capture import banded
 from inspector.capture.inputs import Encoded, encode_with_globals
+from inspector.capture.interface import (  # noqa: F401  (re-exported: part of this module's API)
+    ACTIVE,
+    HANDLED_KWARGS,
+    IMPL,
+    LOCK,
+    NEUTRAL_KWARGS,
+    attn_implementation,
+    eager_function,
+    fast_attention,
+    model_configs,
+    registered_functions,
+)
+from inspector.capture.options import CaptureOptions
+from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.store import masks, schema
 from inspector.store.capture_file import Capture, Site
+from inspector.store.specs import site_patterns  # noqa: F401  (torch-free, for the CLI; part of this module's API)
 
-IMPL = "inspector"
 STORAGE_DTYPES = {name: getattr(torch, name) for name in schema.STORAGE_DTYPES}
-# Keyword arguments that attention functions receive but that do not change the weights (the mask
-# already encodes sliding windows for eager/sdpa).
-_NEUTRAL_KWARGS = {
-    "dropout", "scaling", "is_causal", "sliding_window", "output_attentions", "position_ids", "cache_position",
-    "use_cache", "return_dict", "layer_idx", "head_mask", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-    "max_length_k", "position_embeddings", "output_hidden_states", "token_type_ids", "output_router_logits",
-}
-_HANDLED_KWARGS = {"softcap", "position_bias"}
 _CROSS_NAMES = ("crossattention", "encoder_attn", "encdecattention", "cross_attn", "cross_attention")
 
-ACTIVE: ContextVar[Recorder | None] = ContextVar("inspector_recorder", default=None)
-LOCK = threading.RLock()
-_registrations = 0
-
-
-def _dispatch(module, query, key, value, attention_mask, **kwargs):
-    """The function registered as ``attn_implementation="inspector"``."""
-    recorder = ACTIVE.get()
-    if recorder is None:  # another thread's model is being captured; this one just runs normally
-        return fast_attention(module, query, key, value, attention_mask, **kwargs)
-    return recorder(module, query, key, value, attention_mask, **kwargs)
-
-
-def fast_attention(module, query, key, value, attention_mask, **kwargs):
-    """The attention function registered for a pass that needs no weights (``weights=False`` or the
-    intervention seam): transformers' SDPA kernel where the call allows it (no softcap or unusual
-    keyword), else eager. Arguments and return as transformers' attention interface: ``query``
-    ``[batch, head, query, d_head]``, ``key``/``value`` ``[batch, kv_head, key, d_head]``; returns
-    ``(output [batch, query, head, d_head], weights or None)``."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if kwargs.get("softcap") is not None or any(v is not None for k, v in kwargs.items() if k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS):
-        return eager_function(module)(module, query, key, value, attention_mask, **kwargs)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-_INTERFACE_DEFAULT = re.compile(
-    r"(?:get_interface\(\s*[^,()]+,|getattr\(\s*ALL_ATTENTION_FUNCTIONS\s*,\s*[^,()]+,)\s*([A-Za-z_][\w.]*)\s*\)")
-
-
-def _named_eager(cls):
-    """The eager function ``cls.forward`` falls back to in ``ALL_ATTENTION_FUNCTIONS.get_interface(impl, fn)``
-    (read from its source and resolved in its module), or None."""
-    import inspect
-
-    forward = getattr(cls, "forward", None)
-    try:
-        source = inspect.getsource(forward)
-    except (OSError, TypeError):
-        return None
-    found = _INTERFACE_DEFAULT.search(source)
-    if found is None:
-        return None
-    obj: Any = getattr(forward, "__globals__", {})
-    for i, part in enumerate(found.group(1).split(".")):
-        obj = obj.get(part) if i == 0 else getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj if callable(obj) else None
-
-
-def eager_function(module):
-    """The eager attention function the module itself falls back to: the one its ``forward`` names in
-    ``ALL_ATTENTION_FUNCTIONS.get_interface(...)`` (e.g. ``simple_eager_attention_forward``), else the
-    ``eager_attention_forward`` of its own modeling file (or a parent class's)."""
-    named = _named_eager(type(module))
-    if named is not None:
-        return named
-    for cls in type(module).__mro__:
-        mod = sys.modules.get(cls.__module__)
-        fn = getattr(mod, "eager_attention_forward", None) if mod is not None else None
-        if fn is not None:
-            return fn
-    raise InspectorError(
-        f"{type(module).__name__} calls the attention interface but its modeling file has no eager_attention_forward: "
-        "this architecture is not supported yet"
-    )
-
-
-@contextlib.contextmanager
-def registered_functions():
-    """Register the recording attention and its (eager, additive) mask for the duration."""
-    global _registrations
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-    from transformers.modeling_utils import AttentionInterface
-
-    with LOCK:
-        if _registrations == 0:
-            AttentionInterface.register(IMPL, _dispatch)
-            AttentionMaskInterface.register(IMPL, eager_mask)
-        _registrations += 1
-    try:
-        yield
-    finally:
-        with LOCK:
-            _registrations -= 1
-            if _registrations == 0:
-                # GeneralInterface has no unregister; its class-level mapping is the registry
-                AttentionInterface._global_mapping.pop(IMPL, None)
-                AttentionMaskInterface._global_mapping.pop(IMPL, None)
-
-
-def _configs(model) -> list[Any]:
-    from transformers import PretrainedConfig
-
-    seen: dict[int, Any] = {}
-    stack = [getattr(m, "config", None) for m in model.modules()]
-    while stack:
-        c = stack.pop()
-        if isinstance(c, PretrainedConfig) and id(c) not in seen:
-            seen[id(c)] = c
-            stack += [getattr(c, k, None) for k in getattr(c, "sub_configs", {})]
-    return list(seen.values())
-
-
-@contextlib.contextmanager
-def attn_implementation(model, name: str):
-    """Point every config of ``model`` at attention implementation ``name``; restore on exit."""
-    configs = _configs(model)
-    saved = [(c, c.__dict__.get("_attn_implementation_internal")) for c in configs]
-    try:
-        for c in configs:
-            c._attn_implementation_internal = name
-        yield
-    finally:
-        for c, value in saved:
-            c._attn_implementation_internal = value
-
-
-def site_patterns(sites: list[str] | None) -> list[re.Pattern] | None:
-    """The ``--sites`` patterns compiled (shell-style globs over site names), or None for every site.
-
-    Raises :class:`InspectorError` naming the bad pattern."""
-    if not sites:
-        return None
-    out = []
-    for p in sites:
-        try:
-            out.append(re.compile(p))
-        except re.error as exc:
-            raise InspectorError(f"--sites {p!r} is not a valid regular expression ({exc}): escape special characters") from None
-    return out
 
 
 def site_depth(module, base: str, call: int) -> int:
@@ -209,7 +80,7 @@ class Recorder:
         self.lengths = dict(lengths or {})  # tokens per role (batch row 0; rows are padded alike)
         self.padding: dict[str, list[list[bool]]] = {}  # per role, per batch row: which tokens are padding
         # configs whose model ran sdpa before the capture: lazy calls of other modules run their eager function
-        self.sdpa_configs = {id(c) for c in _configs(model) if c._attn_implementation == "sdpa"}
+        self.sdpa_configs = {id(c) for c in model_configs(model) if c._attn_implementation == "sdpa"}
         self.model_sdpa = id(model.config) in self.sdpa_configs
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         self.weights = weights
@@ -247,7 +118,7 @@ class Recorder:
         ):
             return self._lazy(module, query, key, value, attention_mask, kwargs)[1:]
 
-        extra = sorted(k for k, v in kwargs.items() if v is not None and k not in _NEUTRAL_KWARGS | _HANDLED_KWARGS)
+        extra = sorted(k for k, v in kwargs.items() if v is not None and k not in NEUTRAL_KWARGS | HANDLED_KWARGS)
         summed = (self.forward_sums is not None and not (self.weights or extra)
                   and self.forward_sums.applies(query, key, value, self.dtype))
         if summed:  # computed below, once the site and its mask are recorded (inspector.corpus.forward_sums)
@@ -610,45 +481,52 @@ def _config_hash(config) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@dataclasses.dataclass
+class Recording:
+    """What :func:`record` returns: the sites, the tensors (named as in the capture file), the model's own output,
+    the mask specs the sites name, the pseudo-inputs their axes name (Pegasus-X's learned global tokens, role
+    ``global``: role -> number of tokens) and a note (``{"module", "class", "reason"}``) per attention module that
+    returned no probability map (also warned about, never dropped silently)."""
+
+    sites: list[Site]
+    tensors: dict[str, torch.Tensor]
+    output: Any
+    masks: dict[str, dict] = dataclasses.field(default_factory=dict)
+    pseudo: dict[str, int] = dataclasses.field(default_factory=dict)
+    notes: list[dict[str, str]] = dataclasses.field(default_factory=list)
+
+
 def record(
     model,
     model_kwargs: dict[str, Any],
     roles: dict[str, tuple[list[str], list[str]]],
+    options: CaptureOptions | None = None,
     *,
-    weights: bool = True,
-    dtype: str = "float32",
-    layers: list[int] | None = None,
-    sites: list[str] | None = None,
-    progress: bool = False,
     lengths: dict[str, int] | None = None,
-    notes: list[dict[str, str]] | None = None,
-    masks: dict[str, dict] | None = None,
     padding: dict[str, list[list[bool]]] | None = None,
-    value_norms: bool = True,
     forward_sums=None,
-    pseudo: dict[str, int] | None = None,
-) -> tuple[list[Site], dict[str, torch.Tensor], Any]:
-    """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call.
+) -> Recording:
+    """Run one forward pass of ``model`` on ``model_kwargs`` while recording every attention call, as ``options``
+    say (:class:`~inspector.capture.options.CaptureOptions`; its ``global_tokens`` are the caller's to encode).
 
-    Returns the sites, the tensors (named as in the capture file) and the model's own output.
-    ``lengths`` (tokens per role) lets every site's axes be checked against the inputs. Attention
-    modules that make no call through the interface are captured weights-only from a second, eager
-    pass with ``output_attentions`` (named after the module); any that return no probability map are
-    appended to ``notes`` (``{"module", "class", "reason"}``) and warned about, never dropped silently.
-    The mask specs the sites name are added to ``masks`` when given, and the pseudo-inputs their axes
-    name (Pegasus-X's learned global tokens, role ``global``: role -> number of tokens) to ``pseudo``. ``value_norms=False`` skips the
-    value norms (each site's ``value_norm_note`` then says so). ``forward_sums`` (a
-    :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they run.
+    ``roles``: per stack (``encoder``, ``decoder``, ``cross``, ``none``), the roles of its query and key axes.
+    ``lengths`` (tokens per role) lets every site's axes be checked against the inputs; ``padding`` (per role,
+    per batch row, which tokens are padding) is kept for the value norms and the scan. Attention modules that
+    make no call through the interface are captured weights-only from a second, eager pass with
+    ``output_attentions`` (named after the module). ``forward_sums`` (a
+    :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they
+    run. Raises :class:`InspectorError` for a selection that matches no site or a layer the model lacks.
     """
-    notes = [] if notes is None else notes
-    _check_selection(model, dtype, layers, sites)
+    options = options or CaptureOptions()
+    notes: list[dict[str, str]] = []
+    _check_selection(model, options)
     bar = None
-    if progress:
+    if options.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="capturing attention", unit="site", leave=False, total=_expected_sites(model) if not (layers or sites) else None)
-    recorder = _recorder(model, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, bar=bar, lengths=lengths,
-                         value_norms=value_norms, padding=padding, forward_sums=forward_sums)
+        bar = tqdm(desc="capturing attention", unit="site", leave=False,
+                   total=_expected_sites(model) if not (options.layers or options.sites) else None)
+    recorder = _recorder(model, roles, options, bar=bar, lengths=lengths, padding=padding, forward_sums=forward_sums)
     was_training = model.training
     if was_training or any(m.training for m in model.modules()):
         model.eval()
@@ -665,7 +543,8 @@ def record(
             if missing:  # attention modules that bypass the interface: their output_attentions maps, by module
                 _weights_only_pass(model, model_kwargs, recorder, missing, notes)
             if not recorder._calls and not recorder.sites:
-                return _fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[dtype], layers=layers, sites=sites)
+                return Recording(*_fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[options.dtype],
+                                            layers=options.layers, sites=options.sites))
     finally:
         if was_training:
             model.train(True)
@@ -673,34 +552,29 @@ def record(
             bar.close()
     if not recorder.sites:
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
-    if masks is not None:
-        masks.update(recorder.masks)
-    if pseudo is not None:
-        pseudo.update(recorder.pseudo)
-    return recorder.sites, recorder.tensors, output
+    return Recording(recorder.sites, recorder.tensors, output, dict(recorder.masks), dict(recorder.pseudo), notes)
 
 
-def _check_selection(model, dtype: str, layers: list[int] | None, sites: list[str] | None) -> None:
-    """Refuse an unknown storage dtype, a bad site pattern or a layer the model lacks before any work
-    (raises :class:`InspectorError` naming the fix)."""
-    if dtype not in STORAGE_DTYPES:
-        raise InspectorError(f"unknown storage dtype {dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
-    site_patterns(sites)
+def _check_selection(model, options: CaptureOptions) -> None:
+    """Refuse a bad site pattern or a layer the model lacks before any work (raises :class:`InspectorError`
+    naming the fix); the dtype was checked by the options."""
+    site_patterns(list(options.sites) if options.sites is not None else None)
     n_layers = _num_layers(model)
-    if layers is not None and n_layers is not None:
-        bad = [i for i in layers if not 0 <= i < n_layers]
+    if options.layers is not None and n_layers is not None:
+        bad = [i for i in options.layers if not 0 <= i < n_layers]
         if bad:
             raise InspectorError(f"layer {bad[0]} does not exist: {type(model).__name__} has layers 0..{n_layers - 1}")
 
 
-def _recorder(model, roles, *, weights: bool, dtype: str, layers, sites, bar, lengths, value_norms: bool, padding,
-              forward_sums) -> Recorder:
+def _recorder(model, roles, options: CaptureOptions, *, bar, lengths, padding, forward_sums) -> Recorder:
     """A :class:`Recorder` for one pass, with its output projections (value norms), padding and rank sums set."""
     from inspector.capture.value_norm import NotRecorded, OutputProjections
 
-    recorder = Recorder(model, weights=weights, dtype=STORAGE_DTYPES[dtype], layers=set(layers) if layers is not None else None,
-                        sites=sites, roles=roles, progress=bar, lengths=lengths)
-    recorder.projections = OutputProjections(model) if value_norms else NotRecorded()
+    recorder = Recorder(model, weights=options.weights, dtype=STORAGE_DTYPES[options.dtype],
+                        layers=set(options.layers) if options.layers is not None else None,
+                        sites=list(options.sites) if options.sites is not None else None, roles=roles, progress=bar,
+                        lengths=lengths)
+    recorder.projections = OutputProjections(model) if options.value_norms else NotRecorded()
     recorder.padding = dict(padding or {})
     if forward_sums is not None:
         forward_sums.bind(recorder.masks, recorder.tensors)
@@ -852,72 +726,70 @@ def capture(
     model,
     tokenizer,
     text: str | list[str],
-    target: str | list[str] | None = None,
+    target: str | list[str] | Output | None = None,
     *,
-    target_ids: list[list[int]] | None = None,
-    weights: bool = True,
-    dtype: str = "float32",
-    layers: list[int] | None = None,
-    sites: list[str] | None = None,
+    options: CaptureOptions | None = None,
     model_name: str | None = None,
-    progress: bool = False,
-    value_norms: bool = True,
     forward_sums=None,
     extra_inputs: dict[str, Any] | None = None,
-    global_tokens: list[str] | None = None,
+    **fields: Any,
 ) -> Capture:
     """Capture per-layer, per-head Q, K, V and attention weights of ``model`` on ``text``.
 
-    ``target`` is the decoder side of an encoder-decoder (teacher-forced) or a continuation appended
-    to a decoder-only prompt. ``weights=False`` makes a lazy capture (Q/K/V and masks only).
-    ``layers`` and ``sites`` (regular expressions over site names) restrict what is recorded.
-    ``value_norms=False`` leaves out the value norms ``||v_j W_O^h||`` (a scan that reads attention only).
+    ``target`` is what the model said: the decoder side of an encoder-decoder (teacher-forced) or a continuation
+    appended to a decoder-only prompt, as a text, a list of texts (one per batch row) or an
+    :class:`~inspector.capture.output.Output` (text or token ids; generate first with
+    :func:`inspector.capture.generation.generate_target`). ``options`` (:class:`~inspector.capture.options.CaptureOptions`)
+    say what is recorded; its fields may also be given as keywords (``weights=False``, ``layers=[0]``,
+    ``sites=[...]``, ``dtype=``, ``value_norms=``, ``global_tokens=``, ``progress=``), which are checked as the
+    options check them (an unknown keyword is a ``TypeError``). ``weights=False`` makes a lazy capture (Q/K/V and
+    masks only); ``global_tokens`` marks LED's / Longformer's global tokens by word or ``@i`` index
+    (:func:`inspector.capture.inputs.global_attention_mask`, which raises :class:`InspectorError` for a model that
+    takes none) and is recorded under ``options.global``. ``model_name`` is kept in the provenance.
+
     The model's own output is kept on the returned capture as ``capture.output`` (not saved).
     ``forward_sums`` (lazy captures only) is a callable that takes the encoded input records and returns an
     object with ``applies``, ``bind`` and ``attend`` (the scan's :class:`inspector.corpus.forward_sums.ForwardSums`):
     it sums the rank metrics of every site it can while the model runs, each site's weights computed once,
     eagerly, for its output and its sums; it is kept on the capture as ``capture.forward_sums`` (not saved).
-    The capture stage does not import the scan: the scan hands this in.
-    ``extra_inputs`` are further model inputs, given as they are (LED's and Longformer's
-    ``global_attention_mask [batch, source]``, 1 = a global token). ``global_tokens`` builds that mask from
-    words or token indices of the source (``["@0", "Lessee"]``; :func:`inspector.capture.inputs.global_attention_mask`,
-    which raises :class:`InspectorError` for a model that takes none); the file records them under
-    ``options.global``.
+    The capture stage does not import the scan: the scan hands this in. ``extra_inputs`` are further model
+    inputs, given as they are (e.g. a ready ``global_attention_mask [batch, source]``, 1 = a global token).
     """
-    encoded = encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens)
+    if fields:
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(CaptureOptions)})
+        if unknown:
+            raise TypeError(f"capture() got unexpected keyword argument(s) {', '.join(unknown)}")
+        options = dataclasses.replace(options or CaptureOptions(), **fields)
+    options = options or CaptureOptions()
+    said = target.kwargs() if isinstance(target, Output) else {"target": target}
+    encoded = encode_with_globals(model, tokenizer, text, said.get("target"), target_ids=said.get("target_ids"),
+                                  global_tokens=list(options.global_tokens) if options.global_tokens else None)
     if extra_inputs:
         encoded.model_kwargs.update(extra_inputs)
     roles = roles_of(encoded)
     lengths = {r.role: len(r.ids) for r in encoded.records if r.batch == 0}
-    notes: list[dict[str, str]] = []
-    mask_specs: dict[str, dict] = {}
-    pseudo: dict[str, int] = {}
     taken = None
-    if forward_sums is not None and not weights:
+    if forward_sums is not None and not options.weights:
         taken = forward_sums(encoded.records)
-    site_list, tensors, output = record(
-        model, encoded.model_kwargs, roles, weights=weights, dtype=dtype, layers=layers, sites=sites, progress=progress,
-        lengths=lengths, notes=notes, masks=mask_specs, value_norms=value_norms, forward_sums=taken,
-        pseudo=pseudo, padding={role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
-                 for role in lengths},
-    )
+    padding = {role: [r.padding for r in sorted((r for r in encoded.records if r.role == role), key=lambda r: r.batch)]
+               for role in lengths}
+    rec = record(model, encoded.model_kwargs, roles, options, lengths=lengths, padding=padding, forward_sums=taken)
     batch = 1 + max(r.batch for r in encoded.records)
-    for role, count in pseudo.items():  # learned tokens a site's axes name, one record per batch row
+    for role, count in rec.pseudo.items():  # learned tokens a site's axes name, one record per batch row
         encoded.records.extend(banded.pseudo_records(role, count, batch))
     meta = {
         "model": _provenance(model, model_name),
         "layout": encoded.layout,
-        "options": {"weights": weights, "dtype": dtype, "layers": layers, "sites": sites, "value_norms": value_norms,
-                    **({"global": list(global_tokens)} if global_tokens else {})},
+        "options": options.header(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # the records' fields as InputRecord.to_dict gives them, without its deep copy (encode's lists are
         # fresh and used nowhere else; a deep copy costs ~30 ms per 1000 tokens)
         "inputs": [{f.name: getattr(r, f.name) for f in dataclasses.fields(r)} for r in encoded.records],
-        "masks": mask_specs,
+        "masks": rec.masks,
     }
-    if notes:  # attention modules that could not be captured, each named (also warned about)
-        meta["unrecorded"] = notes
-    cap = Capture(meta, site_list, tensors)
-    cap.output = output
+    if rec.notes:  # attention modules that could not be captured, each named (also warned about)
+        meta["unrecorded"] = rec.notes
+    cap = Capture(meta, rec.sites, rec.tensors)
+    cap.output = rec.output
     cap.forward_sums = taken
     return cap

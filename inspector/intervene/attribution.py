@@ -285,9 +285,10 @@ def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric,
     import torch
 
     from inspector.analysis.rollout import rollout
+    from inspector.capture.output import Output
     from inspector.capture.recorder import capture
 
-    cap = capture(model, tokenizer, text, target, target_ids=target_ids, weights=False,
+    cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=False,
                   value_norms="value_rollout" in methods)
     cols, attrs = {}, {}
     for name, weighting in (("rollout", "attention"), ("value_rollout", "value-norm")):

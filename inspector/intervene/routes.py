@@ -219,6 +219,7 @@ def record(model, tokenizer, text: str, target: str | None = None, *, target_ids
 
     Raises :class:`InspectorError` for an unsupported family, a list of texts, or blocks whose recorded
     output differs from the layout's sum (the residual is not what the family's layout says)."""
+    from inspector.capture.output import Output
     from inspector.capture.recorder import capture
 
     if not isinstance(text, str):
@@ -227,7 +228,7 @@ def record(model, tokenizer, text: str, target: str | None = None, *, target_ids
     encode(model, tokenizer, text, target, target_ids=target_ids)  # user mistakes before the hooks go on
     handles = _hooks(model, stacks)
     try:
-        cap = capture(model, tokenizer, text, target, target_ids=target_ids, weights=False, value_norms=False)
+        cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=False, value_norms=False)
     finally:
         for h in handles:
             h.remove()

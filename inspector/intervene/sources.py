@@ -730,9 +730,10 @@ def _attention(model, tokenizer, text, target, target_ids, global_tokens, p: _Pr
     (cross-attention of an encoder-decoder; self-attention over the prompt of a decoder-only model) and rows."""
     import numpy as np
 
+    from inspector.capture.output import Output
     from inspector.capture.recorder import capture
 
-    cap = capture(model, tokenizer, text, target, target_ids=target_ids, weights=True, value_norms=False,
+    cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=True, value_norms=False,
                   global_tokens=global_tokens)
     if p.layout == "encoder-decoder":
         sites = [s for s in cap.sites if s.kind == "cross" and s.key_input == ["source"]]

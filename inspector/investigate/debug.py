@@ -21,7 +21,7 @@ from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
-from inspector.investigate.defaults import DEBUG_TOP
+from inspector.investigate.defaults import DEBUG_TOP, MARKER
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
 from inspector.store.words import occurs_in
@@ -35,7 +35,6 @@ LEGAL_QUOTED = (
     'arising from the use of the premises." Such indemnity survives termination.'
 )
 KEYS = ["site", "stack", "kind", "layer", "head"]
-MARKER = "report.html"  # every investigation folder has one; a folder without it is not replaced
 
 
 @dataclass
@@ -150,7 +149,7 @@ def _capture_one(loaded, source: str, output: Output, progress: bool, global_tok
 
         target_ids = generate_target(loaded.model, loaded.tokenizer, source, output.generate, global_tokens=global_tokens)
         said = {}
-    return capture(loaded.model, loaded.tokenizer, source, said.get("target"), target_ids=target_ids or said.get("target_ids"),
+    return capture(loaded.model, loaded.tokenizer, source, Output.of(said.get("target"), ids=target_ids or said.get("target_ids")),
                    model_name=loaded.name, progress=progress, global_tokens=global_tokens)
 
 

@@ -93,12 +93,12 @@ class Capture:
 
     def __repr__(self) -> str:
         """One line a notebook or a REPL shows: the model, the batch, the tokens per role, the sites and the storage,
-        e.g. ``<Capture of 'minilm': 1 row, source 14 tokens, 6 sites x 12 heads, lazy (Q/K/V + mask)>``."""
-        lengths = ", ".join(f"{role} {len(self.records(role).ids)} tokens" for role in self.roles())
+        e.g. ``Capture of 'minilm' (1 row; source 14 tokens; 6 sites x 12 heads; lazy (Q/K/V + mask))``."""
+        lengths = "; ".join(f"{role} {len(self.records(role).ids)} tokens" for role in self.roles())
         heads = sorted({s.num_heads for s in self.sites})
         shape = f"{len(self.sites)} sites x {heads[0]} heads" if len(heads) == 1 else f"{len(self.sites)} sites"
         rows = f"{self.batch_size} row{'s' if self.batch_size != 1 else ''}"
-        return f"<Capture of {self.model_name!r}: {rows}, {lengths or 'no inputs'}, {shape}, {self.storage()}>"
+        return f"Capture of {self.model_name!r} ({rows}; {lengths or 'no inputs'}; {shape}; {self.storage()})"
 
     # ---- metadata -------------------------------------------------------------------------
     @property

@@ -1,0 +1,152 @@
+"""The attention seam: the attention function inspector registers with transformers, and the context managers
+that point a model at it.
+
+transformers 5.x routes the attention of most model families through ``ALL_ATTENTION_FUNCTIONS``. While
+:func:`registered_functions` and :func:`attn_implementation` are active, a model's configs name ``"inspector"``
+(:data:`IMPL`), registered with ``AttentionInterface`` as a dispatcher to the recorder of the current context
+(:data:`ACTIVE`, a ``ContextVar``; :mod:`inspector.capture.recorder` sets it) or, for any other call, to
+:func:`fast_attention`; the matching mask function (the eager, additive mask) is registered with
+``AttentionMaskInterface`` -- without it masks are silently skipped and causal models would see the future.
+Every change is undone on every exit path; registrations are counted, so nested and concurrent uses share one.
+The intervention seam (:mod:`inspector.intervene.seam`) uses the same registration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import threading
+from contextvars import ContextVar
+from typing import Any
+
+from inspector.errors import InspectorError
+
+IMPL = "inspector"
+# Keyword arguments that attention functions receive but that do not change the weights (the mask
+# already encodes sliding windows for eager/sdpa).
+NEUTRAL_KWARGS = {
+    "dropout", "scaling", "is_causal", "sliding_window", "output_attentions", "position_ids", "cache_position",
+    "use_cache", "return_dict", "layer_idx", "head_mask", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+    "max_length_k", "position_embeddings", "output_hidden_states", "token_type_ids", "output_router_logits",
+}
+HANDLED_KWARGS = {"softcap", "position_bias"}
+
+ACTIVE: ContextVar[Any] = ContextVar("inspector_recorder", default=None)
+LOCK = threading.RLock()
+_registrations = 0
+
+
+def _dispatch(module, query, key, value, attention_mask, **kwargs):
+    """The function registered as ``attn_implementation="inspector"``."""
+    recorder = ACTIVE.get()
+    if recorder is None:  # another thread's model is being captured; this one just runs normally
+        return fast_attention(module, query, key, value, attention_mask, **kwargs)
+    return recorder(module, query, key, value, attention_mask, **kwargs)
+
+
+def fast_attention(module, query, key, value, attention_mask, **kwargs):
+    """The attention function registered for a pass that needs no weights (``weights=False`` or the
+    intervention seam): transformers' SDPA kernel where the call allows it (no softcap or unusual
+    keyword), else eager. Arguments and return as transformers' attention interface: ``query``
+    ``[batch, head, query, d_head]``, ``key``/``value`` ``[batch, kv_head, key, d_head]``; returns
+    ``(output [batch, query, head, d_head], weights or None)``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if kwargs.get("softcap") is not None or any(v is not None for k, v in kwargs.items() if k not in NEUTRAL_KWARGS | HANDLED_KWARGS):
+        return eager_function(module)(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+_INTERFACE_DEFAULT = re.compile(
+    r"(?:get_interface\(\s*[^,()]+,|getattr\(\s*ALL_ATTENTION_FUNCTIONS\s*,\s*[^,()]+,)\s*([A-Za-z_][\w.]*)\s*\)")
+
+
+def _named_eager(cls):
+    """The eager function ``cls.forward`` falls back to in ``ALL_ATTENTION_FUNCTIONS.get_interface(impl, fn)``
+    (read from its source and resolved in its module), or None."""
+    import inspect
+
+    forward = getattr(cls, "forward", None)
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return None
+    found = _INTERFACE_DEFAULT.search(source)
+    if found is None:
+        return None
+    obj: Any = getattr(forward, "__globals__", {})
+    for i, part in enumerate(found.group(1).split(".")):
+        obj = obj.get(part) if i == 0 else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if callable(obj) else None
+
+
+def eager_function(module):
+    """The eager attention function the module itself falls back to: the one its ``forward`` names in
+    ``ALL_ATTENTION_FUNCTIONS.get_interface(...)`` (e.g. ``simple_eager_attention_forward``), else the
+    ``eager_attention_forward`` of its own modeling file (or a parent class's)."""
+    named = _named_eager(type(module))
+    if named is not None:
+        return named
+    for cls in type(module).__mro__:
+        mod = sys.modules.get(cls.__module__)
+        fn = getattr(mod, "eager_attention_forward", None) if mod is not None else None
+        if fn is not None:
+            return fn
+    raise InspectorError(
+        f"{type(module).__name__} calls the attention interface but its modeling file has no eager_attention_forward: "
+        "this architecture is not supported yet"
+    )
+
+
+@contextlib.contextmanager
+def registered_functions():
+    """Register the recording attention and its (eager, additive) mask for the duration."""
+    global _registrations
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    with LOCK:
+        if _registrations == 0:
+            AttentionInterface.register(IMPL, _dispatch)
+            AttentionMaskInterface.register(IMPL, eager_mask)
+        _registrations += 1
+    try:
+        yield
+    finally:
+        with LOCK:
+            _registrations -= 1
+            if _registrations == 0:
+                # GeneralInterface has no unregister; its class-level mapping is the registry
+                AttentionInterface._global_mapping.pop(IMPL, None)
+                AttentionMaskInterface._global_mapping.pop(IMPL, None)
+
+
+def model_configs(model) -> list[Any]:
+    """Every ``PretrainedConfig`` of ``model`` (its modules' and their sub-configs), each once."""
+    from transformers import PretrainedConfig
+
+    seen: dict[int, Any] = {}
+    stack = [getattr(m, "config", None) for m in model.modules()]
+    while stack:
+        c = stack.pop()
+        if isinstance(c, PretrainedConfig) and id(c) not in seen:
+            seen[id(c)] = c
+            stack += [getattr(c, k, None) for k in getattr(c, "sub_configs", {})]
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def attn_implementation(model, name: str):
+    """Point every config of ``model`` at attention implementation ``name``; restore on exit."""
+    configs = model_configs(model)
+    saved = [(c, c.__dict__.get("_attn_implementation_internal")) for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation_internal = name
+        yield
+    finally:
+        for c, value in saved:
+            c._attn_implementation_internal = value
