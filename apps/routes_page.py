@@ -9,7 +9,7 @@ from shared import PERSIST, ss
 
 from inspector.errors import InspectorError
 from inspector.intervene.routes import THRESHOLD, record, routes
-from inspector.investigate.matter import said_kwargs
+from inspector.investigate.matter import said_output
 from inspector.ui import views
 from inspector.ui.routes_figure import head_at, route_chart
 
@@ -23,8 +23,7 @@ def graph(cap_key: str, _cap, model_name: str):
     del cap_key  # the cache key
     lm = shared.get_model(model_name)
     source = _cap.records("source").text
-    said = said_kwargs(lm.model, lm.tokenizer, _cap, source)
-    return record(lm.model, lm.tokenizer, source, said.get("target"), target_ids=said.get("target_ids"))
+    return record(lm.model, lm.tokenizer, source, said_output(lm.model, lm.tokenizer, _cap, source))
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -79,7 +78,7 @@ def opening_row(top: str, n: int) -> int:
     v = ss.get("verdict")
     picked = getattr(v, "top", None) if v is not None else None
     rows = []
-    if picked is not None and (picked["site"], int(picked["head"])) == (ss.sel_site, int(ss.sel_head)):
+    if picked is not None and (picked["site"], int(picked["head"])) == (c.site.name, int(c.head)):
         rows.append((picked["site"], int(picked["query_row"])))
     rows.append((c.site.name, int(c.qi)))
     for site_name, row in rows:

@@ -9,10 +9,9 @@ import shared
 import streamlit as st
 from shared import ss
 
-from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.intervene.sources import ABLATIONS, ABLATIONS_RANGE, HOLDOUT, MODES, sources
-from inspector.investigate.matter import said_kwargs
+from inspector.investigate.matter import said_output
 from inspector.ui import sources_view, views
 
 c = shared.current()
@@ -20,7 +19,7 @@ key = shared.capture_key()
 cap = c.cap
 if "target" not in cap.roles():
     st.info("This capture has no output (an encoder, or a prompt alone): source attribution explains an output's "
-            "log-probability. Capture a decoder-only or encoder-decoder model with --target or --generate.")
+            "log-probability. Capture a decoder-only or encoder-decoder model with --output (what it said) or --generate.")
     st.stop()
 model_name = cap.meta.get("model", {}).get("name", "")
 source = cap.records("source").text
@@ -44,8 +43,7 @@ wanted = (key, span.strip(), int(n), mode)
 if run:
     try:
         lm = shared.get_model(model_name)
-        said = said_kwargs(lm.model, lm.tokenizer, cap, source)
-        out = Output.of(said.get("target"), ids=said.get("target_ids"))
+        out = said_output(lm.model, lm.tokenizer, cap, source)
         glob = cap.meta.get("options", {}).get("global")
         with st.spinner(f"{int(n)} ablations of {views.md_text(model_name)}, batched …"):
             result = sources(lm.model, lm.tokenizer, source, out, span=span.strip() or None, ablations=int(n),

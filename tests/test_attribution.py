@@ -235,3 +235,10 @@ def test_both_sides_by_magnitude_with_positions():
     assert right.startswith("'less' (in 'Lessor', source token 2) +0.5")
     assert wrong.startswith("'less' (in 'Lessee', source token 0) -0.3")
     assert describe_token(t.iloc[4]) == "'x' (in 'x', source token 4)"
+    # a word the text holds several times: each token says which occurrence it lies in
+    three = pd.DataFrame({"role": ["source"] * 6, "index": [0, 1, 2, 3, 4, 6], "token": ["less", "##or", "x", "less", "##or", "less"],
+                          "word": ["Lessor", "Lessor", "x", "Lessor", "Lessor", "Lessor"],
+                          "ig": [-0.3, -0.2, 0.0, -0.25, 0.1, -0.1]})
+    _, wrong = side_text(three, "ig", 3)
+    assert wrong == ("'less' (in the 1st 'Lessor' of 3, source token 0) -0.3, 'less' (in the 2nd 'Lessor' of 3, "
+                     "source token 3) -0.25, '##or' (in the 1st 'Lessor' of 3, source token 1) -0.2")

@@ -32,7 +32,7 @@ README_MAX_LINES = 250
 # pages other work writes and owns: their sh blocks may hold synopses ([--flag ...]), not commands
 OTHERS = {"why-it-attends.md", "attribution.md", "safety.md"}
 CHEAP = {"info", "explain", "rank", "split"}  # read a capture file, load no model
-WRITES = {"-o", "--output", "--csv", "--json"}
+WRITES = {"-o", "--out", "--output", "--csv", "--json"}
 
 
 def _hooks():

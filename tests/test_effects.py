@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from inspector.capture.inputs import encode
+from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.intervene import effects as E
 from inspector.intervene import seam as intervene
@@ -128,7 +129,7 @@ def test_regenerate_under_ablation_equals_zeroed_copy(tokenizer, arch, site, pro
     with torch.no_grad():
         _get(model, proj).weight.mul_(100)
     head = 1
-    res = E.ablate(model, tokenizer, SOURCE, heads=[(site, head)], generate=6)
+    res = E.ablate(model, tokenizer, SOURCE, Output(generate=6), heads=[(site, head)])
     twin = _zero_head_columns(model, proj, head, 8, conv1d)
 
     def text(m):
@@ -176,8 +177,8 @@ def test_patching_every_head_gives_the_variants_output(tokenizer, arch):
 
 def test_patching_from_the_same_text_changes_nothing_and_regenerates_the_same(tokenizer):
     model = tiny.build("gpt2")
-    res = E.patch(model, tokenizer, SOURCE, SOURCE, heads=[("transformer.h.1.attn", 1), ("transformer.h.0.attn", 3)],
-                  generate=6)
+    res = E.patch(model, tokenizer, SOURCE, SOURCE, Output(generate=6),
+                  heads=[("transformer.h.1.attn", 1), ("transformer.h.0.attn", 3)])
     assert torch.allclose(res.output.logits, res.before.logits, atol=TOL, rtol=0)
     assert res.generated["after"] == res.generated["before"]
 

@@ -76,7 +76,7 @@ OTHER = "The Tenant shall indemnify the Lessor. The Lessee pays."  # no 'against
 @pytest.mark.parametrize("args, message", [
     (["debug", "--source", SOURCE, "--output", "It pays.", "--query", "indemnify", "--referents", "Lessee,Lessor",
       "--variant", "q={other}", "-o", "{tmp}/out"], "--global 'against' is not in the --variant q file"),
-    (["effects", "--source", SOURCE, "--output", "It pays.", "--contrast", "Lessee,Lessor", "--variant", "q={other}",
+    (["effects", "--source", SOURCE, "--output", "The Lessor pays.", "--contrast", "Lessee,Lessor", "--variant", "q={other}",
       "--csv", "-"], "--global 'against' is not in the --variant q file"),
     (["ablate", "--source", SOURCE, "--output", "It pays.", "--heads", "x:0", "--patch-from", "{other}"],
      "--global 'against' is not in the --patch-from file"),

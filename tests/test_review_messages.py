@@ -82,13 +82,13 @@ def test_given_output_and_a_generated_text_that_tokenizes_back_point_at_their_fi
     out = tmp_path / "run"
     inv = investigate(loaded, SOURCE, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of("The Lessee pays."), variants={"quoted": QUOTED}, out_dir=out)
     captures = [c for c in inv.commands if c.startswith("inspector capture")]
-    assert all(f"--target-file {out / 'output.txt'}" in c for c in captures), captures
+    assert all(f"--output-file {out / 'output.txt'}" in c for c in captures), captures
     assert not (out / "output-quoted.txt").exists()  # nothing generated: the variant reads the same output
     again = tmp_path / "again"
     again.mkdir()
     _rerun(captures, out, again, capsys)
     inv = investigate(loaded, QUOTED, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(generate=8), out_dir=tmp_path / "g")
-    assert f"--target-file {tmp_path / 'g' / 'output.txt'}" in inv.commands[0]  # '£5 £5 ...' tokenizes back
+    assert f"--output-file {tmp_path / 'g' / 'output.txt'}" in inv.commands[0]  # '£5 £5 ...' tokenizes back
     _rerun(inv.commands[:1], tmp_path / "g", again, capsys)
 
 

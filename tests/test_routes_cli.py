@@ -62,7 +62,13 @@ def test_mistakes_before_loading(argv, message, capsys):
 
 
 # ---- attribute: both sides, as the CSV says; integrated gradients' convergence; bounds -----------------------------
-TOKEN = re.compile(r"'([^']*)' \((?:in '([^']*)', )?(source|target) token (\d+)\) ([+-]\d+(?:\.\d+)?(?:e[+-]?\d+)?)")
+TOKEN = re.compile(r"'([^']*)' \((?:in (?:the \d+\w\w )?'([^']*)'(?: of \d+)?, )?(source|target) token (\d+)\) "
+                   r"([+-]\d+(?:\.\d+)?(?:e[+-]?\d+)?)")
+
+
+def unwrapped(out: str) -> str:
+    """The printout with its wrapped lines joined again (a continuation line starts with two spaces)."""
+    return re.sub(r"\n  (?! )", " ", out)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +85,7 @@ def _attribute(model_dir, tmp_path, capsys, *extra):
                  "--methods", "input_x_gradient,integrated_gradients", "--csv", str(out), *extra])
     got = capsys.readouterr()
     assert code == 0, got.err
-    return got.out, pd.read_csv(out, keep_default_na=False)
+    return unwrapped(got.out), pd.read_csv(out, keep_default_na=False)
 
 
 def test_attribute_raises_the_steps_and_prints_both_sides_as_the_csv_says(llama_dir, tmp_path, capsys):
@@ -95,7 +101,7 @@ def test_attribute_raises_the_steps_and_prints_both_sides_as_the_csv_says(llama_
     assert "where the two disagree, integrated gradients is the one that adds up" in out.lower()
     for m in ("input_x_gradient", "integrated_gradients"):
         head = f"{m}: towards Lessee (RIGHT, positive): "
-        line = next(ln for ln in out.splitlines() if ln.startswith(head))
+        line = next(ln for ln in unwrapped(out).splitlines() if ln.startswith(head))
         right, wrong = line.removeprefix(head).split("; towards Lessor (WRONG, negative): ")
         for side, text in ((df[df[m] > 0].sort_values(m, ascending=False), right),
                            (df[df[m] < 0].sort_values(m), wrong)):

@@ -33,7 +33,7 @@ def planted(tokenizer):
     loaded = LoadedModel(model, tokenizer, "planted-gpt2")
     cap = capture(model, tokenizer, TEXT, OUT)
     split = pd.DataFrame({"site": [COPY[0], IDLE[0]], "layer": [1, 0], "head": [0, 0], "flagged": [True, True]})
-    w = wherefrom.where_from(loaded, cap, TEXT, split, None, contrast=("bob", "carol"))
+    w = wherefrom.where_from(loaded, cap, TEXT, split, None, Question(None, contrast=("bob", "carol")))
     return w, cap, bob, row
 
 
@@ -121,14 +121,16 @@ def test_a_gap_that_stays_open_is_said_and_not_headlined(tokenizer):
     output = "The Lessor shall indemnify the Lessee."
     cap = capture(llama.model, tokenizer, LEGAL, output)
     split = pd.DataFrame({"site": ["model.layers.1.self_attn"], "layer": [1], "head": [0], "flagged": [True]})
-    capped = wherefrom.where_from(llama, cap, LEGAL, split, None, contrast=("Lessee", "Lessor"), steps=20, max_steps=40)
+    question = Question(None, contrast=("Lessee", "Lessor"))
+    capped = wherefrom.where_from(llama, cap, LEGAL, split, None, question,
+                                  options=wherefrom.WhereOptions(steps=20, max_steps=40))
     a = capped.attribution.attrs
     assert a["ig_converged"] is False and a["ig_steps"] == 40 and a["ig_relative_gap"] >= 0.05
     text = wherefrom.summary_text(capped)
     assert "Integrated gradients did NOT converge: after 40 steps" in text and "is the one that adds up" not in text
     assert "neither method is exact here" in text
     assert "(integrated gradients did not converge: its gap is" in wherefrom.headline(capped)
-    w = wherefrom.where_from(llama, cap, LEGAL, split, None, contrast=("Lessee", "Lessor"), steps=20)
+    w = wherefrom.where_from(llama, cap, LEGAL, split, None, question, options=wherefrom.WhereOptions(steps=20))
     assert w.attribution.attrs["ig_converged"] is True and w.attribution.attrs["ig_steps"] == 80
     assert "is the one that adds up" in wherefrom.summary_text(w) and "did not converge" not in wherefrom.headline(w)
     assert "the one that most drives Lessor over Lessee is" in wherefrom.headline(w)

@@ -9,30 +9,15 @@ referent is parsed once, under one rule, and nothing downstream parses it again.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from inspector.analysis.keys import check_weighting
 from inspector.analysis.split import SplitRule, clean_referents
 from inspector.errors import InspectorError
+from inspector.store.specs import parse_contrast  # noqa: F401  (the one rule, torch-free; part of this module's API)
+from inspector.store.words import token_index
 
-_INDEX = re.compile(r"^@(\d{1,9})$")
 ROLES = ("source", "target")
-
-
-def parse_contrast(spec: str | tuple[str, str] | None) -> tuple[str, str] | None:
-    """``"RIGHT,WRONG"`` (or a pair) into its two words; None stays None. Raises :class:`InspectorError` unless
-    the two are different words that are not blank and hold a printable character (a zero-width space or a
-    control character tokenizes to nothing, so the metric would be read at another word)."""
-    if spec is None:
-        return None
-    parts = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec)]
-    visible = [re.sub(r"[\u200b-\u200f\u2060\ufeff\x00-\x1f\x7f]", "", p) for p in parts]
-    if len(parts) != 2 or not all(visible) or parts[0] == parts[1]:
-        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {spec!r}")
-    if visible != parts:
-        raise InspectorError(f"--contrast words must not hold invisible or control characters; got {spec!r}")
-    return parts[0], parts[1]
 
 
 @dataclass(frozen=True)
@@ -41,15 +26,16 @@ class Question:
 
     ``query``: a word or phrase (whole-word, :attr:`case_sensitive`), or ``@I`` for token index I on the
     query axis; None lets an investigation choose (the row its contrast is read at). ``occurrence``: which
-    occurrence of the query word, 1-based. ``referents``: two or more different words. ``contrast``:
+    occurrence of the query word, 1-based. ``referents``: two or more different words, or none for a question
+    that asks no split (an intervention's contrast: the split functions then refuse it). ``contrast``:
     ``(RIGHT, WRONG)`` or None. ``query_role`` / ``referent_role``: ``source`` or ``target`` (None: where an
     investigation finds them). ``weighting``: ``attention`` or ``value-norm`` (Kobayashi et al. 2020).
 
-    Raises :class:`InspectorError` (one line naming the fix) for fewer than two referents, an occurrence
+    Raises :class:`InspectorError` (one line naming the fix) for a single referent or a repeated one, an occurrence
     below 1 or with a token index, an unknown role or weighting, or a contrast that is not two words."""
 
     query: str | None
-    referents: tuple[str, ...]
+    referents: tuple[str, ...] = ()
     occurrence: int | None = None
     contrast: tuple[str, str] | None = None
     query_role: str | None = None
@@ -60,12 +46,14 @@ class Question:
 
     def __post_init__(self) -> None:
         refs = self.referents.split(",") if isinstance(self.referents, str) else list(self.referents)
-        object.__setattr__(self, "referents", tuple(clean_referents(refs)))
+        # no referents: a question that asks no split (an intervention's contrast); else two or more different ones
+        object.__setattr__(self, "referents", tuple(clean_referents(refs)) if any(r.strip() for r in refs) else ())
         if self.query is not None:
             q = self.query.strip()
             if not q:
                 raise InspectorError("the query is empty: pass --query WORD (or @I for token index I)")
-            if q.startswith("@") and not _INDEX.match(q):
+            span = token_index(q, "query")
+            if q.startswith("@") and (span is None or span[0] != span[1]):
                 raise InspectorError(f"query {self.query!r} is not a token index: write @I with I from 0 to 999999999")
             object.__setattr__(self, "query", q)
         if self.occurrence is not None:
@@ -83,8 +71,8 @@ class Question:
     @property
     def query_index(self) -> int | None:
         """The token index of a query written ``@I``, else None."""
-        m = _INDEX.match(self.query or "")
-        return int(m.group(1)) if m else None
+        span = token_index(self.query or "", "query")
+        return span[0] if span is not None and span[0] == span[1] else None
 
     @property
     def right(self) -> str | None:

@@ -28,7 +28,6 @@ Pure functions: a capture in, a pandas DataFrame out; no I/O, no model.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -46,6 +45,7 @@ from inspector.analysis.keys import (
 from inspector.errors import InspectorError
 from inspector.store import masks
 from inspector.store.capture_file import Capture, Site
+from inspector.store.specs import check_thresholds, clean_referents  # noqa: F401  (torch-free; API here too)
 
 SPLIT_COLUMNS = ["site", "stack", "kind", "layer", "head", "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
 # after the weights: the aggregate verdict, the per-row rule, the shared pieces (then pieces:<ref>...)
@@ -79,10 +79,7 @@ class SplitRule:
     min_lift: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("min_split", "min_mass", "min_lift"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise InspectorError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+        check_thresholds(min_split=self.min_split, min_mass=self.min_mass, min_lift=self.min_lift)
 
     def describe(self) -> str:
         """The rule in words, printed from the thresholds :meth:`passes` applies (the CLI, the report and
@@ -263,15 +260,6 @@ def left_out_message(names: list[str], left_out: dict[str, str], weighting: str,
 
 
 # ---- one query's rows over the referents ---------------------------------------------------------
-def clean_referents(referents: list[str]) -> list[str]:
-    """The referents stripped of surrounding spaces, blanks dropped; InspectorError unless two or more
-    different ones remain."""
-    refs = [r.strip() for r in referents if r.strip()]
-    if len(refs) < 2 or len(set(refs)) != len(refs):
-        raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
-    return refs
-
-
 def find_referents(capture: Capture, site: Site, referents: list[str], *, batch: int = 0, case_sensitive: bool = True,
                    role: str | None = None) -> dict[str, list[int]]:
     """Each referent's key positions at ``site`` (every occurrence, subword tokens included);

@@ -87,3 +87,19 @@ def check_room(model, tokenizer, enc: Encoded, max_new_tokens: int) -> None:
         if max_new_tokens > room:
             raise InspectorError(f"{name}'s decoder has {limit} positions, one taken by its start token, so at most {room} "
                                  f"tokens can be generated: use --generate {room} or less")
+
+
+def fixed_output(model, tokenizer, source: str, output, *, global_tokens: list[str] | None = None):
+    """``output`` (an :class:`~inspector.capture.output.Output`) with nothing left to generate: its text or ids as
+    given, or the ids :func:`generate_target` gives for ``Output(generate=N)``, so that every pass of an analysis
+    reads the same output. Raises :class:`InspectorError` for an encoder-decoder without an output (it produces
+    text: the fix is ``--output`` or ``--generate N``)."""
+    from inspector.capture.inputs import model_layout
+    from inspector.capture.output import Output
+
+    if output.generate:
+        return Output.of(ids=generate_target(model, tokenizer, source, output.generate, global_tokens=global_tokens))
+    if model_layout(model) == "encoder-decoder" and not output.given:
+        raise InspectorError(f"{type(model).__name__} is an encoder-decoder: pass what it said with --output, or "
+                             "--generate N")
+    return output

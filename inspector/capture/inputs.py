@@ -389,7 +389,7 @@ def _check_request(model, layout: str, texts: list[str], seconds: list[str] | No
     if targets is not None and len(targets) != len(texts):
         raise InspectorError(f"{len(texts)} texts but {len(targets)} targets: give one target per text")
     if (targets is not None or target_ids is not None) and layout == "encoder":
-        raise InspectorError(f"{type(model).__name__} is an encoder: it has no output side, so drop --target/--generate")
+        raise InspectorError(f"{type(model).__name__} is an encoder: it has no output side, so drop --output/--generate")
 
 
 def _target_records(model, tokenizer, layout: str, n_texts: int, targets: list[str] | None,

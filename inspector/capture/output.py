@@ -49,6 +49,16 @@ class Output:
         ``generate``); ``ids`` may be a list of lists."""
         return cls(text=text, ids=tuple(tuple(r) for r in ids) if ids is not None else None, generate=generate or None)
 
+    @classmethod
+    def coerce(cls, value: str | Output | None) -> Output:
+        """``value`` as an :class:`Output`: an Output as it is, a text as ``Output(text=...)``, None as no output."""
+        return value if isinstance(value, Output) else cls.of(value)
+
+    @property
+    def id_lists(self) -> list[list[int]] | None:
+        """The given ids as lists (the encoding functions' ``target_ids``), or None."""
+        return [list(r) for r in self.ids] if self.ids is not None else None
+
     @property
     def given(self) -> bool:
         """Whether there is an output at all (text, ids, or tokens to generate)."""

@@ -121,20 +121,101 @@ def int_list(value: str | None, what: str) -> list[int] | None:
         raise InspectorError(f"--{what} takes comma-separated integers like 0,3,5; got {value!r}") from None
 
 
-def format_table(df: pd.DataFrame, digits: int = 4) -> str:
+# one wording per concept, for every command that takes it
+CAPTURE_HELP = "a capture file (.safetensors) written by `inspector capture`"
+QUERY_HELP = "the query: a word or phrase of the text (whole-word, case-sensitive), or token indices @i / @i-j"
+QUERY_INDEX_HELP = "the query token's position on the site's query axis"
+OCCURRENCE_HELP = "which occurrence of the query word to use, from 1 (needed when it occurs more than once)"
+
+
+def add_batch_row_option(p: argparse.ArgumentParser) -> None:
+    """``--batch ROW``: which row of a capture's batch to read (not a batch size: that is ``--batch-size``)."""
+    p.add_argument("--batch", type=int, default=0, metavar="ROW",
+                   help="which row of the capture's batch to analyse, from 0 (default 0); not a batch size")
+
+
+TOP_ROWS = 20  # rows a table prints by default (--top N, --all); the CSV and JSON outputs hold every row
+
+
+def add_rows_options(p: argparse.ArgumentParser, what: str = "rows", *, top: bool = True, default: int | None = TOP_ROWS,
+                     full: str = "--csv FILE") -> None:
+    """``--top N`` (the first N rows printed; default :data:`TOP_ROWS`) and ``--all`` (every row), as every
+    command that prints a table takes them; ``top=False`` adds ``--all`` alone (a command whose ``--top``
+    means more than the rows printed)."""
+    also = f"; {full} writes them all" if full else ""
+    if top:
+        p.add_argument("--top", type=positive_int, default=default, metavar="N",
+                       help=f"print only the first N {what} (default {default}){also}; the table never gets wider "
+                            "than the terminal")
+    p.add_argument("--all", dest="all_rows", action="store_true",
+                   help=f"print every {what}, not only the first --top N (still cut to the terminal's width)")
+
+
+def rows_shown(args, default: int | None = TOP_ROWS) -> int | None:
+    """How many rows the command prints: None (every row) with ``--all``, else ``--top``."""
+    return None if getattr(args, "all_rows", False) else getattr(args, "top", default)
+
+
+def format_table(df: pd.DataFrame, digits: int = 4, *, width: int | None = None, lead: tuple[str, ...] = (),
+                 full: str | None = None) -> str:
+    """``df`` as text at most ``width`` characters wide (default: the terminal's,
+    :func:`inspector.ui.terminal.terminal_width`): the ``lead`` columns (the answer) first, floats to ``digits``
+    places, strings escaped; columns that do not fit are left out, named on a last line (``full``: where they are)."""
     import pandas as pd
 
     if df.empty:
         return "(no rows)"
-    from inspector.ui.terminal import escape
+    from inspector.ui.terminal import escape, fit_table, terminal_width, wrap
 
-    shown = df.copy()
-    for col in shown.columns:
-        if pd.api.types.is_float_dtype(shown[col]):
-            shown[col] = shown[col].map(lambda x: "" if pd.isna(x) else f"{x:.{digits}f}")
-        elif shown[col].dtype == object:  # strings from a file: no control character reaches the terminal
-            shown[col] = shown[col].map(lambda x: escape(x) if isinstance(x, str) else x)
-    return shown.to_string(index=False)
+    width = terminal_width() if width is None else width
+    names = [str(c) for c in df.columns]
+    first = [names.index(c) for c in dict.fromkeys(lead) if c in names]
+    order = first + [i for i in range(len(names)) if i not in first]
+
+    def cell(x) -> str:
+        if x is None or (not isinstance(x, (list, tuple, dict)) and not hasattr(x, "__len__") and pd.isna(x)):
+            return ""
+        return escape(x if isinstance(x, str) else str(x))
+
+    header, numeric, columns = [], [], []
+    for i in order:
+        col = df.iloc[:, i]
+        header.append(escape(names[i]))
+        if pd.api.types.is_float_dtype(col):
+            columns.append(["" if pd.isna(x) else f"{x:.{digits}f}" for x in col])
+        else:
+            columns.append([cell(x) for x in col])
+        numeric.append(pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col))
+    lines, left = fit_table(header, [list(r) for r in zip(*columns, strict=True)], numeric, width, lead=len(first))
+    if left:
+        lines += wrap(f"({len(left)} column{'s' if len(left) != 1 else ''} left out to fit {width} characters: "
+                      + ", ".join(left) + (f"; {full} has every column" if full else "") + ")", width)
+    return "\n".join(lines)
+
+
+def say(text: str, width: int | None = None, indent: str = "") -> None:
+    """Print ``text`` wrapped to ``width`` characters (default: the terminal's), continuation lines after ``indent``."""
+    from inspector.ui.terminal import terminal_width, wrap
+
+    print("\n".join(wrap(text, terminal_width() if width is None else width, indent)))
+
+
+def print_table(df: pd.DataFrame, rows: int | None = None, *, digits: int = 4, lead: tuple[str, ...] = (),
+                by: str | None = None, what: str = "rows", full: str | None = "--csv FILE",
+                width: int | None = None) -> None:
+    """Print ``df`` as :func:`format_table` does, at most ``rows`` rows (None: every row): the first ones, or with
+    ``by`` those of largest ``|by|``, largest first; then a line saying how many there are and how to see them all."""
+    from inspector.ui.terminal import terminal_width, wrap
+
+    width = terminal_width() if width is None else width
+    shown = df
+    if rows is not None and len(df) > rows:
+        shown = df.loc[df[by].abs().sort_values(ascending=False, kind="stable").index[:rows]] if by else df.head(rows)
+    print(format_table(shown, digits, width=width, lead=lead, full=full))
+    if len(shown) < len(df):
+        order = f", those of largest |{by}| first" if by else ""
+        print("\n".join(wrap(f"… {len(shown):,} of {len(df):,} {what} shown{order}; --all prints every one"
+                              + (f", {full} writes them all" if full else ""), width)))
 
 
 def status(msg: str) -> None:
@@ -155,8 +236,8 @@ def check_before_loading(*, capture_file: str | None = None, out_dir: str | None
                          referents: str | None = None, sites: list[str] | None = None) -> None:
     """Everything that can be checked without the model, checked before it loads (a large model takes
     minutes): the output path, the query, the referent count, the ``--sites`` patterns."""
-    from inspector.capture.recorder import site_patterns
     from inspector.store.files import check_target, is_special, is_stdout
+    from inspector.store.specs import site_patterns
 
     if capture_file is not None and not is_stdout(capture_file):
         out = Path(capture_file)
@@ -327,6 +408,16 @@ def supervise(cmd: list[str]) -> int:
 
 def cmd_app(args) -> int:
     """Serve the app; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the Streamlit child too (:func:`supervise`)."""
+    check_port(getattr(args, "port", None))  # before torch loads (issue 28): the port, the files' headers, site and head
+    check_occurrence(getattr(args, "occurrence", None))
+    if getattr(args, "referents", None) is not None:
+        check_referents_arg(args.referents)
+    if getattr(args, "file", None):
+        check_capture_arg(args.file, site=getattr(args, "site", None), head=getattr(args, "head", None))
+    elif getattr(args, "site", None) is not None or getattr(args, "head", None) is not None:
+        raise InspectorError("--site and --head open the app on a head of a capture: give the capture file too")
+    if getattr(args, "variant", None):
+        check_capture_arg(args.variant)
     from inspector.store.capture_file import load
 
     for what in ("file", "variant"):
@@ -347,10 +438,10 @@ def add_source_output_options(p: argparse.ArgumentParser, generated: str) -> Non
     ``ablate`` and ``effects`` take them."""
     s = p.add_mutually_exclusive_group(required=True)
     s.add_argument("--source", help="the document (encoder input or prompt)")
-    s.add_argument("--source-file")
+    s.add_argument("--source-file", metavar="FILE", help="read the document from this UTF-8 file")
     o = p.add_mutually_exclusive_group()
-    o.add_argument("--output", help="what the model said (teacher-forced)")
-    o.add_argument("--output-file")
+    o.add_argument("--output", metavar="TEXT", help="what the model said (teacher-forced)")
+    o.add_argument("--output-file", metavar="FILE", help="read what the model said from this UTF-8 file")
     o.add_argument("--generate", type=int, metavar="N", help=f"generate up to N tokens (greedy) and {generated}")
 
 
@@ -362,3 +453,127 @@ def add_lift_option(p: argparse.ArgumentParser) -> None:
 def add_weighting_option(p: argparse.ArgumentParser, what: str = "every weight") -> None:
     p.add_argument("--weighting", choices=["attention", "value-norm"], default="attention",
                    help=f"{what}: raw attention, or times ||v_j W_O^h|| renormalized per row (Kobayashi et al. 2020)")
+
+
+# ---- checks before torch, transformers or pandas load (issue 28) --------------------------------------------
+# Each command runs these first, in pure Python: a mistake costs a second, not an import of torch and a model.
+def check_capture_arg(path: str, *, batch: int | None = None, site: str | None = None, head: int | None = None,
+                      query_index: int | None = None) -> dict:
+    """The capture file ``path``'s inspector header (:func:`inspector.store.header.read`: a folder, a missing file,
+    a file that is no safetensors capture are one line), with ``--batch``, ``--site``, ``--head`` and
+    ``--query-index`` checked against it where given. What the header does not state clearly is left to the full
+    check when the file is opened."""
+    from inspector.store import header
+
+    meta = header.read(path)
+    if batch is not None:
+        rows = header.batch_size(meta)
+        if batch < 0 or (rows is not None and batch >= rows):
+            have = ("it has one row, 0" if rows == 1 else f"it has rows 0..{rows - 1}") if rows else "rows count from 0"
+            raise InspectorError(f"--batch {batch} is not a row of {path}: {have}")
+    if site is not None:
+        sites = header.sites(meta)
+        if sites and site not in sites:
+            near = ", ".join(sorted(sites)[:6])
+            raise InspectorError(f"no site {site!r} in {path}; sites are: {near}{' ...' if len(sites) > 6 else ''}")
+        d = sites.get(site, {})
+        n = d.get("num_heads")
+        if head is not None and (head < 0 or (isinstance(n, int) and head >= n)):
+            have = ("it has one head, 0" if n == 1 else f"it has heads 0..{n - 1}") if isinstance(n, int) else "heads count from 0"
+            raise InspectorError(f"head {head} does not exist at {site}: {have}")
+        q = d.get("query_len")
+        if query_index is not None and isinstance(q, int) and not 0 <= query_index < q:
+            raise InspectorError(f"query index {query_index} is outside {site}'s query axis (0..{q - 1})")
+    if query_index is not None and query_index < 0:
+        raise InspectorError(f"--query-index counts from 0, got {query_index}")
+    return meta
+
+
+def check_capture_words(path: str, meta: dict, words: list[str], what: str, roles: list[str] | None = None, *,
+                        batch: int = 0, case_sensitive: bool = True) -> None:
+    """Refuse a word (``what`` names it: query, referent) that none of the capture's texts in ``roles`` (all when
+    None) holds, by the analysis's rule (:func:`inspector.store.words.occurs_in`); token indices (``@7``) are
+    checked against the tokens later. Passes where the header names no text for those roles."""
+    from inspector.store import header
+    from inspector.store.words import is_token_index, occurs_in, token_index
+
+    for word in words:
+        if is_token_index(word):
+            token_index(word, "token index")  # a number of thousands of digits is one line now
+    texts = header.texts(meta, roles, batch)
+    if not texts:
+        return
+    for word in words:
+        if word.strip() and not is_token_index(word) and not any(occurs_in(t, word, case_sensitive) for t in texts.values()):
+            rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
+            raise InspectorError(f"{what} {word.strip()!r} is not in the {' + '.join(texts)} text of {path} ({rule}): check "
+                                 "the spelling or give token indices like @7")
+
+
+def check_in_text(word: str | None, text: str, what: str, where: str, *, case_sensitive: bool = True) -> None:
+    """Refuse ``word`` (``what`` names it: ``--query``, referent) when ``text`` (``where`` names it) does not hold it,
+    by the analysis's rule (:func:`inspector.store.words.occurs_in`); a token index (``@7``) is checked once the text
+    is tokenized."""
+    from inspector.store.words import is_token_index, occurs_in, token_index
+
+    if word is not None and is_token_index(word):
+        token_index(word, "token index")  # a number of thousands of digits is one line now
+    if word is None or not word.strip() or is_token_index(word) or occurs_in(text, word, case_sensitive):
+        return
+    rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
+    raise InspectorError(f"{what} {word.strip()!r} is not in {where} ({rule}): check the spelling, or pick a word "
+                         "the text says")
+
+
+def check_source_words(args, source: str) -> None:
+    """``ablate``, ``effects``, ``attribute``, ``routes``: the output text (``--output``/``--output-file``) not empty,
+    ``--query`` in the source (where a model without an LM head reads it), and --contrast's WRONG word where the
+    metric is read: in the output, or without one (and without ``--generate``) in the source."""
+    from inspector.store.specs import contrast_words
+
+    said = read_text(getattr(args, "output", None), getattr(args, "output_file", None), "output")
+    if said is not None and not said.strip():
+        raise InspectorError("the output text is empty: pass what the model said with --output, or --generate N")
+    check_in_text(getattr(args, "query", None), source, "--query", "the source text")
+    if getattr(args, "contrast", None) and not getattr(args, "generate", None):
+        wrong = contrast_words(args.contrast)[1]
+        check_in_text(wrong, said if said is not None else source, "--contrast's WRONG word",
+                      "the output" if said is not None else "the source text")
+
+
+def check_occurrence(occurrence: int | None) -> None:
+    """``--occurrence`` counts from 1."""
+    if occurrence is not None and occurrence < 1:
+        raise InspectorError(f"--occurrence counts from 1, got {occurrence}: give 1 for the first occurrence")
+
+
+def check_referents_arg(referents: str | None) -> list[str] | None:
+    """``--referents A,B`` as its words (two or more different ones, :func:`inspector.store.specs.clean_referents`)."""
+    from inspector.store.specs import clean_referents
+
+    return None if referents is None else clean_referents(referents.split(","))
+
+
+def check_output_arg(path: str | None, flag: str) -> None:
+    """An output file (``--csv``, ``--json``, ``-o``) that can be written: not a folder, in a folder that takes new
+    files, and not an existing ``.safetensors`` file (a capture or a model's weights a table would replace)."""
+    from inspector.store.files import check_target, is_stdout
+
+    if path is None or is_stdout(path):
+        return
+    if Path(path).suffix == ".safetensors" and Path(path).is_file():
+        raise InspectorError(f"{flag} {path} is a safetensors file (a capture or a model's weights) and would be replaced: "
+                             "write to another name, e.g. rank.csv")
+    check_target(Path(path))
+
+
+def check_rule_args(args) -> None:
+    """``--min-split``, ``--min-mass``, ``--min-lift``: finite numbers >= 0 (:func:`inspector.store.specs.check_thresholds`)."""
+    from inspector.store.specs import check_thresholds
+
+    check_thresholds(**{k: getattr(args, k) for k in ("min_split", "min_mass", "min_lift") if hasattr(args, k)})
+
+
+def check_port(port: int | None) -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise InspectorError(f"--port must be from 1 to 65535, got {port}")

@@ -8,18 +8,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inspector.cli.common import (
+    OCCURRENCE_HELP,
+    QUERY_HELP,
     add_lift_option,
     add_model_options,
+    add_rows_options,
     add_source_output_options,
     add_weighting_option,
     check_before_loading,
+    check_capture_arg,
+    check_capture_words,
     check_global_texts,
+    check_in_text,
+    check_occurrence,
+    check_output_arg,
+    check_port,
+    check_referents_arg,
+    check_rule_args,
+    check_word_in,
     cmd_app,
     format_table,
     load_from_args,
     parse_variants,
     positive_int,
+    print_table,
     read_text,
+    rows_shown,
 )
 from inspector.errors import InspectorError
 from inspector.investigate.defaults import DEBUG_TOP
@@ -121,29 +135,48 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
 
 
 def cmd_debug(args) -> int:
-    from inspector.capture.output import Output
-    from inspector.investigate.debug import (
-        MARKER,
-        investigate,
-    )
+    from inspector.investigate.defaults import MARKER
     from inspector.store.files import check_folder_target
+    from inspector.store.specs import contrast_words
     from inspector.store.words import occurs_in
+
+    # everything the texts and options can tell, before torch loads (issue 28), by the rules the run applies
     if args.query is None and not args.contrast:
         raise InspectorError("debug needs --query WORD, or --contrast RIGHT,WRONG (the query then defaults to the row "
                              "the contrast is read at)")
     check_before_loading(query=args.query, referents=args.referents)
-    question = _question(args, args.query)
+    refs = check_referents_arg(args.referents)
+    contrast = contrast_words(args.contrast) if args.contrast else None
+    check_occurrence(args.occurrence)
+    check_rule_args(args)
+    if args.generate is not None and args.generate < 1:
+        raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
     source = read_text(args.source, args.source_file, "source")
-    output = Output(text=read_text(args.output, args.output_file, "output"), generate=args.generate)
-    # the query is looked up in the output first: only a word the output cannot hold must be in each variant
-    in_output = args.query is None or args.generate or (output.text is not None
-                                                        and occurs_in(output.text, args.query, question.case_sensitive))
-    variants = parse_variants(args.variant, None if in_output else args.query)
+    said = read_text(args.output, args.output_file, "output")
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    # the query is looked up in the output first (case-sensitive, as the question reads it): only a word the output
+    # cannot hold must be in the source and in each variant
+    in_output = args.query is None or args.generate or (said is not None and occurs_in(said, args.query))
+    if not in_output:
+        check_in_text(args.query, source, "--query", "the source text" + (" nor in the output" if said is not None else ""))
+    for ref in refs:
+        check_in_text(ref, source, "referent", "the source text")
+    if contrast is not None and not args.generate:  # measured where the output (or, without one, the source) says WRONG
+        check_in_text(contrast[1], said if said is not None else source, "--contrast's WRONG word",
+                      "the output" if said is not None else "the source text")
+    variants = parse_variants(args.variant, None if in_output else args.query)
+    for name, text in variants.items():
+        for ref in refs:
+            check_word_in(ref, text, f"the --variant {name} file")
     check_global_texts(args.global_tokens, {"the source text": source,
                                             **{f"the --variant {name} file": text for name, text in variants.items()}})
     check_folder_target(Path(args.out), MARKER)  # before the model loads
+    from inspector.capture.output import Output
+    from inspector.investigate.debug import investigate
+
+    question = _question(args, args.query)
+    output = Output(text=said, generate=args.generate)
     loaded = load_from_args(args)
     inv = investigate(loaded, source, question, output, out_dir=args.out, variants=variants, progress=True, top=args.top,
                       global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None)
@@ -162,13 +195,21 @@ def _compare_names(given: str | None, a: str, b: str) -> tuple[str, str]:
 
 
 def cmd_compare(args) -> int:
-    from inspector.investigate.debug import (
-        compare_captures,
-    )
+    names = _compare_names(args.names, args.a, args.b)  # before any capture is read
+    if not args.query.strip():  # then each file's header, the words and the options, before torch loads (issue 28)
+        raise InspectorError("the query is empty: pass --query WORD (or @I for token index I)")
+    refs = check_referents_arg(args.referents)
+    check_occurrence(args.occurrence)
+    check_rule_args(args)
+    for file in (args.a, args.b):
+        meta = check_capture_arg(file)
+        check_capture_words(file, meta, [args.query], "query", [args.query_role] if args.query_role else None)
+        check_capture_words(file, meta, refs, "referent", ["source"])
+    check_output_arg(args.csv, "--csv")
+    from inspector.investigate.debug import compare_captures
     from inspector.store.capture_file import load
     from inspector.store.files import write_csv
 
-    names = _compare_names(args.names, args.a, args.b)  # before any capture is read
     question = _question(args, args.query)
     a, b = load(args.a), load(args.b)
     df = compare_captures(a, b, question, names=names)
@@ -177,16 +218,18 @@ def cmd_compare(args) -> int:
         print(f"wrote {len(df)} rows to {args.csv}", file=sys.stderr)
         if args.csv == "-":  # the CSV is the output
             return 0
-    print(format_table(df.head(args.top) if args.top else df))
+    print_table(df, rows_shown(args), what="heads",
+                lead=("site", "head", "split_change", *[c for c in df.columns if c.startswith("split_score")]))
     return 0
 
 
 def cmd_demo(args) -> int:
     """The seed's story on the trained summariser (default), or on the embedded MiniLM with ``--minilm``."""
-    from inspector.investigate.debug import MARKER
+    from inspector.investigate.defaults import MARKER
     from inspector.store.files import check_folder_target
 
-    check_folder_target(Path(args.out), MARKER)  # before the model loads
+    check_port(args.port)
+    check_folder_target(Path(args.out), MARKER)  # before the model loads, and before torch (issue 28)
     inv = _demo_minilm(args) if args.minilm else _demo_summariser(args)
     if args.no_app:
         return 0
@@ -239,49 +282,50 @@ def add_commands(sub) -> None:
     add_source_output_options(p, "inspect them")
     p.add_argument("--query", help="the word whose attention to inspect (looked up in the output first), or @I for token "
                                     "index I; with --contrast and an LM head, default: the row that predicts WRONG")
-    p.add_argument("--occurrence", type=int, help="which occurrence of the query word, from 1 (when it occurs more than once)")
+    p.add_argument("--occurrence", type=int, metavar="K", help=OCCURRENCE_HELP)
     p.add_argument("--referents", required=True, help="competing referents in the source, e.g. Lessee,Lessor")
     p.add_argument("--variant", action="append", metavar="NAME=FILE", help="another version of the source to compare")
-    p.add_argument("--min-split", type=float, default=0.2)
-    p.add_argument("--min-mass", type=float, default=0.25)
+    p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
+    p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
     add_lift_option(p)
     add_weighting_option(p, "the ranking's, the split's and the heatmaps' weights (one weighting per run)")
-    p.add_argument("-o", "--out", required=True, help="folder for the captures, CSVs and report.html")
+    p.add_argument("-o", "--out", required=True, metavar="FOLDER", help="folder for the captures, CSVs and report.html")
     p.add_argument("--contrast", metavar="RIGHT,WRONG",
                    help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
                         "(no LM head: on the query word's final representation), and \"Where did the word come from?\": "
                         "attribution of that metric to the source and the route of the row it reads")
     p.add_argument("--top", type=positive_int, default=DEBUG_TOP,
+                   metavar="K",
                    help=f"with --contrast: compute the exact effect of the top K heads by attribution patching, and of "
-                        f"every flagged head (default {DEBUG_TOP}); the verdict ranks those")
+                        f"every flagged head (default {DEBUG_TOP}); the verdict ranks and prints those")
     p.add_argument("--global", dest="global_tokens", metavar="SPANS",
                    help="LED/Longformer: global tokens of the source (and variants), comma-separated words or token "
                         "indices, e.g. @0 (as in `inspector capture`)")
     p.set_defaults(func=cmd_debug)
 
     p = sub.add_parser("compare", help="compare split scores of two captures of the same model")
-    p.add_argument("a")
-    p.add_argument("b")
-    p.add_argument("--query", required=True)
-    p.add_argument("--occurrence", type=int)
+    p.add_argument("a", help="the first capture file (.safetensors), e.g. the original")
+    p.add_argument("b", help="the second capture file of the same model, e.g. a variant of the source")
+    p.add_argument("--query", required=True, help=QUERY_HELP)
+    p.add_argument("--occurrence", type=int, metavar="K", help=OCCURRENCE_HELP)
     p.add_argument("--query-role", choices=["source", "target"],
                    help="look for the query only in the source or only in the output (default: the output first)")
-    p.add_argument("--referents", required=True)
-    p.add_argument("--min-split", type=float, default=0.2)
-    p.add_argument("--min-mass", type=float, default=0.25)
+    p.add_argument("--referents", required=True, help="comma-separated referent words or phrases, e.g. Lessee,Lessor")
+    p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
+    p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
     add_lift_option(p)
     add_weighting_option(p)
-    p.add_argument("--top", type=positive_int)
+    add_rows_options(p, "heads")
     p.add_argument("--names", metavar="A,B",
                    help="labels of the two captures in the columns, e.g. original,quoted (default: the files' names)")
-    p.add_argument("--csv")
+    p.add_argument("--csv", metavar="FILE", help="write the full table to this CSV file (- for standard output)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the seed's story on the trained lease summariser (a wrong summary, its culprits, "
                                     "its source sentence, prompt variants), then the app")
-    p.add_argument("--out", default="out", help="folder for the results (default out/)")
+    p.add_argument("-o", "--out", default="out", metavar="FOLDER", help="folder for the results (default out/)")
     p.add_argument("--no-app", action="store_true", help="do not start the app afterwards (for scripts)")
-    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--port", type=int, default=8501, help="port to serve the app on afterwards (default 8501)")
     p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address the app listens on (default 127.0.0.1)")
     add_weighting_option(p, "with --minilm: the ranking's, the split's and the app's weights (one weighting per run)")
     p.add_argument("--minilm", action="store_true",

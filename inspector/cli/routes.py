@@ -8,10 +8,15 @@ from pathlib import Path
 
 from inspector.cli.common import (
     add_model_options,
+    add_rows_options,
     add_source_output_options,
-    format_table,
+    check_output_arg,
+    check_source_words,
     load_from_args,
+    print_table,
     read_text,
+    rows_shown,
+    say,
     status,
 )
 from inspector.errors import InspectorError
@@ -22,25 +27,27 @@ def _inputs(args) -> tuple[str, bool]:
     if not source or not source.strip():
         raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
     if args.contrast:
-        from inspector.intervene.contrast import parse
+        from inspector.store.specs import contrast_words
 
-        parse(args.contrast)  # a malformed contrast is reported before the model loads
+        contrast_words(args.contrast)  # a malformed contrast is reported before torch loads (issue 28)
+    if args.occurrence is not None and args.occurrence < 1:
+        raise InspectorError(f"--occurrence counts from 1, got {args.occurrence}: give 1 for the first occurrence")
+    if args.position is not None and args.position < 0:
+        raise InspectorError(f"--position counts from 0, got {args.position}")
+    if args.generate is not None and args.generate < 1:
+        raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
+    check_source_words(args, source)
     return source, bool(args.contrast)
 
 
-def _output(args, loaded, source: str) -> tuple[str | None, list[list[int]] | None]:
-    from inspector.capture.inputs import model_layout
+def _output(args, loaded, source: str):
+    """What the model said as one :class:`~inspector.capture.output.Output`, generated here with ``--generate``
+    (:func:`inspector.capture.generation.fixed_output`: an encoder-decoder needs an output)."""
+    from inspector.capture.generation import fixed_output
+    from inspector.capture.output import Output
 
-    output = read_text(args.output, args.output_file, "output")
-    if output is not None and not output.strip():
-        raise InspectorError("the output text is empty: pass what the model said with --output, or --generate N")
-    if args.generate:
-        from inspector.capture.generation import generate_target
-
-        return None, generate_target(loaded.model, loaded.tokenizer, source, args.generate)
-    if model_layout(loaded.model) == "encoder-decoder" and output is None:
-        raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
-    return output, None
+    return fixed_output(loaded.model, loaded.tokenizer, source,
+                        Output(text=read_text(args.output, args.output_file, "output"), generate=args.generate))
 
 
 def _targets(args) -> list[Path]:
@@ -48,6 +55,7 @@ def _targets(args) -> list[Path]:
 
     out = [Path(p) for p in (getattr(args, "csv", None), getattr(args, "json", None)) if p]
     for p in out:
+        check_output_arg(str(p), "--csv" if str(p) == getattr(args, "csv", None) else "--json")
         check_target(p)
     return out
 
@@ -55,9 +63,9 @@ def _targets(args) -> list[Path]:
 def _sides_names(args) -> tuple[str, str]:
     """How the printout names the two sides of a signed attribution: towards RIGHT and WRONG with a contrast."""
     if args.contrast:
-        from inspector.intervene.contrast import parse
+        from inspector.store.specs import contrast_words
 
-        right, wrong = parse(args.contrast)
+        right, wrong = contrast_words(args.contrast)
         return f"towards {right} (RIGHT, positive)", f"towards {wrong} (WRONG, negative)"
     return "raising the metric (positive)", "lowering it (negative)"
 
@@ -72,6 +80,7 @@ def cmd_attribute(args) -> int:
         ig_summary,
         methods_verdict,
         side_text,
+        with_occurrences,
     )
     from inspector.store.files import write_csv
 
@@ -83,33 +92,36 @@ def cmd_attribute(args) -> int:
     check_ig_options(args.steps, args.max_steps, args.batch_size, args.memory_budget)  # bounds, before the model loads
     _targets(args)
     loaded = load_from_args(args)
-    output, target_ids = _output(args, loaded, source)
+    output = _output(args, loaded, source)
     df = attribute(loaded.model, loaded.tokenizer, source, output, position=args.position, contrast=args.contrast,
                    query=args.query, occurrence=args.occurrence, methods=methods, steps=args.steps,
-                   internal_batch_size=args.batch_size, target_ids=target_ids, max_steps=args.max_steps,
+                   internal_batch_size=args.batch_size, max_steps=args.max_steps,
                    memory_gib=args.memory_budget, words=True)
     a = df.attrs
     for m, why in a.get("left_out", {}).items():
         status(f"left out {m}: {why}")
-    print(f"metric: {a['definition']} = {a['metric']:.6f}")
+    # every line wrapped to the terminal's width, a continuation indented by two spaces
+    say(f"metric: {a['definition']} = {a['metric']:.6f}", indent="  ")
     if "ig_delta" in a:
-        print(ig_summary(a, fix="raise --max-steps"))
+        say(ig_summary(a, fix="raise --max-steps"), indent="  ")
     pos_name, neg_name = _sides_names(args)
     for m in [m for m in METHODS if m in df.columns]:
         if m in SIGNED_METHODS:  # both sides, by magnitude: what pushes towards RIGHT and what towards WRONG
             pos, neg = side_text(df, m)
-            print(f"{m}: {pos_name}: {pos}; {neg_name}: {neg}")
+            say(f"{m}: {pos_name}: {pos}; {neg_name}: {neg}", indent="  ")
         else:  # shares of the row, without sign
-            top = df.sort_values(m, ascending=False, kind="stable").head(3)
-            print(f"{m} (shares of the row, no sign): the largest are "
-                  + ", ".join(describe_token(r, m, signed=False) for r in top.to_dict("records")))
+            top = with_occurrences(df).sort_values(m, ascending=False, kind="stable").head(3)
+            say(f"{m} (shares of the row, no sign): the largest are "
+                + ", ".join(describe_token(r, m, signed=False) for r in top.to_dict("records")), indent="  ")
         if a.get(f"{m}_global"):  # Pegasus-X's learned global tokens: no input token, so no row of the table
-            print(f"{m}: {a[f'{m}_global']:.5g} of the row is traced to the model's learned global tokens, "
-                  f"which are no input token and have no row below (the rows sum to {df[m].sum():.5g})")
+            say(f"{m}: {a[f'{m}_global']:.5g} of the row is traced to the model's learned global tokens, "
+                f"which are no input token and have no row below (the rows sum to {df[m].sum():.5g})", indent="  ")
     if "ig_delta" in a and "input_x_gradient" in df.columns:
-        print(methods_verdict(a)[0].upper() + methods_verdict(a)[1:] + ".")
+        say(methods_verdict(a)[0].upper() + methods_verdict(a)[1:] + ".", indent="  ")
     shown = df.drop(columns=[c for c in ("ig_steps", "ig_relative_gap", "ig_converged") if c in df.columns])
-    print(format_table(shown, digits=5))
+    signed = [m for m in SIGNED_METHODS if m in shown.columns] or [m for m in METHODS if m in shown.columns]
+    print_table(shown, rows_shown(args), digits=5, by=signed[0] if signed else None, what="input tokens",
+                lead=("token", "word", "role", "index", *signed))
     if args.csv:
         write_csv(args.csv, df)
         status(f"wrote {len(df)} rows to {args.csv}")
@@ -117,25 +129,27 @@ def cmd_attribute(args) -> int:
 
 
 def cmd_routes(args) -> int:
-    from inspector.intervene.routes import routes
-    from inspector.store.files import write_csv, write_json
-
-    source, _ = _inputs(args)
+    source, _ = _inputs(args)  # these checks run before torch loads (issue 28)
     if not 0 <= args.threshold < 1:
         raise InspectorError(f"--threshold must be in [0, 1), got {args.threshold}")
     _targets(args)
+    from inspector.intervene.routes import routes
+    from inspector.store.files import write_csv, write_json
+
     loaded = load_from_args(args)
-    output, target_ids = _output(args, loaded, source)
+    output = _output(args, loaded, source)
     df = routes(loaded.model, loaded.tokenizer, source, output, position=args.position, contrast=args.contrast,
-                query=args.query, occurrence=args.occurrence, threshold=args.threshold, target_ids=target_ids)
+                query=args.query, occurrence=args.occurrence, threshold=args.threshold)
     attention = df[df["kind"] == "attention"]
     # an attention edge is a row with head -1 (its heads summed, the paper's edge); a head's own share is a row
     # with its head number, listed when above the threshold
     heads = attention[attention["head"] >= 0].groupby(["site", "head"])["importance"].max().sort_values(ascending=False)
-    print(f"route of position {df.attrs['position']}: {len(df)} edges above {args.threshold} "
-          f"({int((attention['head'] < 0).sum())} attention edges; {len(heads)} heads with their own share above it)")
-    for (site, head), imp in heads.head(10).items():
-        print(f"  {site}:{head}  max importance {imp:.3f}")
+    say(f"route of position {df.attrs['position']}: {len(df)} edges above {args.threshold} "
+        f"({int((attention['head'] < 0).sum())} attention edges; {len(heads)} heads with their own share above it)",
+        indent="  ")
+    if len(heads):
+        print_table(heads.rename("max_importance").reset_index(), rows_shown(args), digits=3, what="heads",
+                    full="--csv FILE")
     if args.csv:
         write_csv(args.csv, df)
         status(f"wrote {len(df)} edges to {args.csv}")
@@ -152,7 +166,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contrast", metavar="RIGHT,WRONG", help="the metric: logit(RIGHT) - logit(WRONG) where the output says "
                                                              "WRONG (no LM head: the cosine metric, with --query)")
     p.add_argument("--query", help="models without an LM head: the word whose final representation the contrast measures")
-    p.add_argument("--occurrence", type=int, help="which occurrence of WRONG (or of --query) to use, 1-based")
+    p.add_argument("--occurrence", type=int, metavar="K", help="which occurrence of WRONG (or of --query) to use, from 1 "
+                                                                "(default the first)")
 
 
 def add_commands(sub) -> None:
@@ -181,12 +196,14 @@ def add_commands(sub) -> None:
                    help=f"integrated gradients: the doubling stops here; if the gap is still {tol} or more, "
                         f"the printout and the CSV say it did not converge (--steps..{STEPS_LIMIT}, default "
                         f"{IG_MAX_STEPS}, or --steps if larger)")
-    p.add_argument("--batch-size", type=int, help=f"integrated gradients: points per forward pass (1..{STEPS_LIMIT}; "
-                                                  "default: as many as --memory-budget holds)")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help=f"integrated gradients: points per forward pass (1..{STEPS_LIMIT}; default: as many as "
+                        "--memory-budget holds)")
     p.add_argument("--memory-budget", type=float, default=IG_MEMORY_GIB, metavar="GIB",
                    help=f"integrated gradients: GiB of activations one batch of points may hold, estimated before it "
                         f"runs (default {IG_MEMORY_GIB:g}); a larger batch is refused")
-    p.add_argument("--csv", help="write one row per input token to this CSV file")
+    p.add_argument("--csv", metavar="FILE", help="write one row per input token to this CSV file")
+    add_rows_options(p, "input tokens (those of largest attribution when there are more)")
     p.set_defaults(func=cmd_attribute)
 
     p = sub.add_parser("routes", help="information-flow routes of one output position (Ferrando & Voita 2024)")
@@ -194,6 +211,7 @@ def add_commands(sub) -> None:
     p.add_argument("--position", type=int, help="the position whose top residual state is traced (default: the row the "
                                                 "contrast reads, else the last)")
     p.add_argument("--threshold", type=float, default=0.04, help="keep edges whose importance exceeds this (default 0.04)")
-    p.add_argument("--csv", help="write the route's edges to this CSV file")
-    p.add_argument("--json", help="write the route's edges to this JSON file")
+    p.add_argument("--csv", metavar="FILE", help="write the route's edges to this CSV file")
+    p.add_argument("--json", metavar="FILE", help="write the route's edges to this JSON file")
+    add_rows_options(p, "heads on the route", default=10)
     p.set_defaults(func=cmd_routes)

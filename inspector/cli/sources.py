@@ -10,11 +10,15 @@ from pathlib import Path
 
 from inspector.cli.common import (
     add_model_options,
+    add_rows_options,
     check_global_texts,
     format_table,
     load_from_args,
+    print_table,
     read_text,
     read_utf8,
+    rows_shown,
+    say,
     status,
 )
 from inspector.errors import InspectorError
@@ -109,23 +113,25 @@ def cmd_sources(args) -> int:
                 seed=args.seed, batch_size=args.batch_size, global_tokens=glob, holdout=args.holdout, mode=args.mode,
                 alpha=args.alpha, baselines=not args.no_baselines, ig_steps=args.ig_steps)
     if out.generate is not None:
-        print(f"generated: {r.output}")
-    print(f"span: {r.span['definition']} = {r.span['score']:.4f}")
-    print(f"{len(r.units)} units ({'sentences' if units is None else 'given'}), ablated by {r.mode}: {r.ablations} random "
-          f"ablations (each unit kept with probability 1/2, seed {r.seed}), LASSO alpha {r.alpha:g}")
+        say(f"generated: {r.output}", indent="  ")
+    say(f"span: {r.span['definition']} = {r.span['score']:.4f}", indent="  ")
+    say(f"{len(r.units)} units ({'sentences' if units is None else 'given'}), ablated by {r.mode}: {r.ablations} random "
+        f"ablations (each unit kept with probability 1/2, seed {r.seed}), LASSO alpha {r.alpha:g}", indent="  ")
     shown = r.table.assign(text=r.table["text"].map(_shorten))
-    print(format_table(shown, digits=4))
+    print_table(shown, rows_shown(args), digits=4, what="units")
     cols = ["method", "lds", *[f"top{k}_drop" for k in TOP_K], "units_ablated"]
-    print(f"\nfaithfulness (LDS: Spearman on {r.holdout} held-out ablations; top-k drop: nats lost when the k units "
-          "of largest score are ablated):")
+    print()
+    say(f"faithfulness (LDS: Spearman on {r.holdout} held-out ablations; top-k drop: nats lost when the k units "
+        "of largest score are ablated):", indent="  ")
     print(format_table(r.methods[cols], digits=4))
-    print(r.trust())
+    for line in r.trust().splitlines():
+        say(line, indent="  ")
     if r.ig is not None:
-        print(f"integrated gradients ({r.ig['steps']} steps, from the units' embeddings zeroed): f(x) - f(baseline) = "
-              f"{r.ig['difference']:.4f}, completeness gap {r.ig['gap']:+.3g} ({r.ig['relative_gap']:.1%})")
+        say(f"integrated gradients ({r.ig['steps']} steps, from the units' embeddings zeroed): f(x) - f(baseline) = "
+            f"{r.ig['difference']:.4f}, completeness gap {r.ig['gap']:+.3g} ({r.ig['relative_gap']:.1%})", indent="  ")
     fp = r.forward_passes
-    print("forward passes: " + ", ".join(f"{k} {v}" for k, v in fp.items() if k != "total" and v) +
-          f"; total {fp['total']} ({r.batch_size} masks a pass)")
+    say("forward passes: " + ", ".join(f"{k} {v}" for k, v in fp.items() if k != "total" and v) +
+        f"; total {fp['total']} ({r.batch_size} masks a pass)", indent="  ")
     for note in r.notes:
         status(f"note: {note}")
     if args.csv:
@@ -190,6 +196,7 @@ def add_commands(sub) -> None:
                    help="LED/Longformer: global tokens of the source (words or @i token indices, comma-separated), "
                         "marked in every pass")
     p.add_argument("--csv", metavar="FILE", help="write one row per unit (rank, weight, baselines, text) to this CSV file")
+    add_rows_options(p, "units")
     p.add_argument("--json", metavar="FILE", help="write the units, the methods' faithfulness, the options and the "
                                                   "forward passes to this JSON file")
     p.set_defaults(func=cmd_sources)

@@ -9,11 +9,13 @@ from pathlib import Path
 
 from inspector.cli.common import (
     add_model_options,
+    add_rows_options,
     add_source_output_options,
-    format_table,
     load_from_args,
-    positive_int,
+    print_table,
     read_text,
+    rows_shown,
+    say,
     status,
     token_index_arg,
 )
@@ -33,17 +35,13 @@ def _position_list(value: str) -> list[int]:
     return [_index(x) for x in items]
 
 
-def _target(args, loaded, source: str, output: str | None) -> tuple[str | None, list[list[int]] | None]:
-    """The decoder side: ``--output`` as given, or ``--generate N`` tokens; an encoder-decoder needs one of them."""
-    from inspector.capture.inputs import model_layout
+def _target(args, loaded, source: str, output: str | None):
+    """The decoder side as one :class:`~inspector.capture.output.Output`: ``--output`` as given, or ``--generate N``
+    tokens generated here (:func:`inspector.capture.generation.fixed_output`: an encoder-decoder needs one)."""
+    from inspector.capture.generation import fixed_output
+    from inspector.capture.output import Output
 
-    if args.generate:
-        from inspector.capture.generation import generate_target
-
-        return None, generate_target(loaded.model, loaded.tokenizer, source, args.generate)
-    if model_layout(loaded.model) == "encoder-decoder" and output is None:
-        raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
-    return output, None
+    return fixed_output(loaded.model, loaded.tokenizer, source, Output(text=output, generate=args.generate))
 
 
 def _shown(df):
@@ -51,7 +49,6 @@ def _shown(df):
 
 
 def cmd_why(args) -> int:
-    from inspector.intervene.logit_parts import decompose, site_names
     from inspector.store.files import check_target, write_csv
 
     source = read_text(args.source, args.source_file, "source")
@@ -64,27 +61,33 @@ def cmd_why(args) -> int:
         raise InspectorError("no --site given: pass an attention site as the capture names it, e.g. transformer.h.1.attn")
     if sorted(set(args.right_positions)) == sorted(set(args.wrong_positions)):
         raise InspectorError("--right-positions and --wrong-positions are the same tokens: give two different sets")
+    if args.generate is not None and args.generate < 1:
+        raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
     if args.csv:
         check_target(Path(args.csv))
+    from inspector.intervene.logit_parts import decompose, site_names
+
     loaded = load_from_args(args)
     site_names(loaded.model)  # an unsupported family is refused before the forward pass
-    output, target_ids = _target(args, loaded, source, output)
-    parts = decompose(loaded.model, loaded.tokenizer, source, output, target_ids=target_ids, site=args.site.strip(),
+    parts = decompose(loaded.model, loaded.tokenizer, source, _target(args, loaded, source, output), site=args.site.strip(),
                       head=args.head, query_position=args.query_position, right_positions=args.right_positions,
                       wrong_positions=args.wrong_positions)
-    print(f"{parts.site} head {parts.head} (K/V head {parts.kv_head}), query {parts.query_position} {parts.query_token!r}: "
-          f"WRONG {parts.wrong_positions} {' '.join(parts.wrong_tokens)!r} vs RIGHT {parts.right_positions} "
-          f"{' '.join(parts.right_tokens)!r}")
-    print(f"score(WRONG) = {parts.score_wrong:.6f}, score(RIGHT) = {parts.score_right:.6f} (scaled q.k, logit units; "
-          "the mean over each word's tokens)")
+    say(f"{parts.site} head {parts.head} (K/V head {parts.kv_head}), query {parts.query_position} {parts.query_token!r}: "
+        f"WRONG {parts.wrong_positions} {' '.join(parts.wrong_tokens)!r} vs RIGHT {parts.right_positions} "
+        f"{' '.join(parts.right_tokens)!r}", indent="  ")
+    say(f"score(WRONG) = {parts.score_wrong:.6f}, score(RIGHT) = {parts.score_right:.6f} (scaled q.k, logit units; "
+        "the mean over each word's tokens)", indent="  ")
     verdict = "ok" if abs(parts.gap) <= SUM_CHECK else "over"
-    print(f"difference s(WRONG) - s(RIGHT) = {parts.difference:+.6f}; sum of the {len(parts.terms)} terms = "
-          f"{parts.total:+.6f}; sum check: gap {parts.gap:+.2g} ({verdict}: |gap| <= {SUM_CHECK:g} expected)")
-    print(f"\ntowards WRONG (largest first):\n{format_table(_shown(parts.top(args.top, 'wrong')), digits=6)}")
-    print(f"\ntowards RIGHT (largest first):\n{format_table(_shown(parts.top(args.top, 'right')), digits=6)}")
+    say(f"difference s(WRONG) - s(RIGHT) = {parts.difference:+.6f}; sum of the {len(parts.terms)} terms = "
+        f"{parts.total:+.6f}; sum check: gap {parts.gap:+.2g} ({verdict}: |gap| <= {SUM_CHECK:g} expected)", indent="  ")
+    n = rows_shown(args) or len(parts.terms)
+    for side in ("wrong", "right"):
+        print(f"\ntowards {side.upper()} (largest first):")
+        print_table(_shown(parts.top(len(parts.terms), side)), n, digits=6, what="terms")
     for what, margin in (("query", parts.by_query), ("key", parts.by_key)):
-        top = margin.reindex(margin["term"].abs().sort_values(ascending=False).index).head(args.top)
-        print(f"\nby {what} component (largest magnitude first):\n{format_table(top, digits=6)}")
+        top = margin.reindex(margin["term"].abs().sort_values(ascending=False).index)
+        print(f"\nby {what} component (largest magnitude first):")
+        print_table(top, n, digits=6, what="components")
     if args.csv:
         write_csv(args.csv, parts.terms)
         status(f"wrote {len(parts.terms)} terms to {args.csv}")
@@ -104,6 +107,7 @@ def add_commands(sub) -> None:
                    help="RIGHT's token indices on the site's key axis (several: the mean score over them)")
     p.add_argument("--wrong-positions", type=_position_list, required=True, metavar="I[,J...]",
                    help="WRONG's token indices on the site's key axis")
-    p.add_argument("--top", type=positive_int, default=10, help="terms shown each way (default 10)")
-    p.add_argument("--csv", help="write every term (q_component, q_kind, k_component, k_kind, term) to this CSV file")
+    add_rows_options(p, "terms of each table", default=10)
+    p.add_argument("--csv", metavar="FILE",
+                   help="write every term (q_component, q_kind, k_component, k_kind, term) to this CSV file")
     p.set_defaults(func=cmd_why)

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from inspector.capture.inputs import Encoded, encode
+from inspector.capture.output import Output
 from inspector.errors import InspectorError
 
 if TYPE_CHECKING:  # torch and pandas load with the first attribution, not with the CLI's parser (its defaults are here)
@@ -285,7 +286,6 @@ def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric,
     import torch
 
     from inspector.analysis.rollout import rollout
-    from inspector.capture.output import Output
     from inspector.capture.recorder import capture
 
     cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=False,
@@ -320,12 +320,13 @@ def _no_value_norms(cap) -> str | None:
     return f"{site.name} has no value norms ({site.value_norm_note or 'not recorded in this capture'})"
 
 
-def attribute(model, tokenizer, text: str, target: str | None = None, *, position: int | None = None,
+def attribute(model, tokenizer, text: str, target: str | Output | None = None, *, position: int | None = None,
               contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
               methods: tuple[str, ...] | list[str] | None = None, steps: int = IG_STEPS, internal_batch_size: int | None = None,
-              target_ids: list[list[int]] | None = None, max_steps: int | None = None,
+              max_steps: int | None = None,
               memory_gib: float = IG_MEMORY_GIB, words: bool = False) -> pd.DataFrame:
-    """Attribute one metric of ``model`` on ``text`` (and ``target``) to its input tokens.
+    """Attribute one metric of ``model`` on ``text`` (and ``target``, what the model said: a text or an
+    :class:`~inspector.capture.output.Output` of text or token ids) to its input tokens.
 
     Returns a DataFrame, one row per input token that can affect the metric (every source token; on the
     output side the tokens up to the row the metric reads), columns ``position`` (on the joint axis:
@@ -362,6 +363,8 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, positio
     ig = "integrated_gradients" in methods
     if ig:
         max_steps = check_ig_options(steps, max_steps, internal_batch_size, memory_gib)
+    said = Output.coerce(target)
+    target, target_ids = said.text, said.id_lists
     encoded = encode(model, tokenizer, text, target, target_ids=target_ids)
     if len({r.batch for r in encoded.records}) != 1:
         raise InspectorError("attribute explains one text at a time: pass one text, not a list")
@@ -463,19 +466,51 @@ def sides(table: pd.DataFrame, method: str, k: int = TOP_SIDES) -> tuple[pd.Data
     return pos, neg
 
 
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def with_occurrences(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (with ``role``, ``index``, ``word``) with ``occurrence`` and ``occurrences``: which occurrence of its
+    word, in its role's text, each token lies in (1-based; the tokens of one occurrence are consecutive) and how
+    many there are, so that :func:`describe_token` tells the pieces of three ``Lessor`` apart."""
+    out = table.copy()
+    occ, count = [0] * len(out), [0] * len(out)
+    if "word" in out.columns and len(out):
+        order = sorted(range(len(out)), key=lambda i: (str(out["role"].iloc[i]), int(out["index"].iloc[i])))
+        seen: dict[tuple[str, str], int] = {}
+        last: tuple[str, str, int] | None = None
+        for i in order:
+            role, word, index = str(out["role"].iloc[i]), out["word"].iloc[i], int(out["index"].iloc[i])
+            if not isinstance(word, str) or not word:
+                continue
+            if last != (role, word, index - 1):  # a new run of the word: its next occurrence
+                seen[(role, word)] = seen.get((role, word), 0) + 1
+            occ[i], last = seen[(role, word)], (role, word, index)
+        for i in order:
+            word = out["word"].iloc[i]
+            count[i] = seen.get((str(out["role"].iloc[i]), word), 0) if isinstance(word, str) else 0
+    out["occurrence"], out["occurrences"] = occ, count
+    return out
+
+
 def describe_token(row, method: str | None = None, digits: int = 5, signed: bool = True, note: str = "") -> str:
     """``'less' (in 'Lessor', source token 7)``, followed by ``method``'s value (``+0.20063``; without its sign
     when not ``signed``) when given: a token told apart from its repeats by its role and index, and the word it
-    lies in when the table has ``word``. ``note`` goes inside the parentheses, after a semicolon."""
+    lies in when the table has ``word`` -- ``in the 2nd 'Lessor' of 3`` when the row says which occurrence
+    (:func:`with_occurrences`) of a word its text holds several times. ``note`` goes inside the parentheses,
+    after a semicolon."""
     word = row.get("word", "") if hasattr(row, "get") else ""
-    where = (f"in {word!r}, " if isinstance(word, str) and word else "") + f"{row['role']} token {int(row['index'])}"
+    k, n = (int(row.get("occurrence", 0) or 0), int(row.get("occurrences", 0) or 0)) if hasattr(row, "get") else (0, 0)
+    named = f"the {_ordinal(k)} {word!r} of {n}" if n > 1 and k else repr(word)
+    where = (f"in {named}, " if isinstance(word, str) and word else "") + f"{row['role']} token {int(row['index'])}"
     value = "" if method is None else f" {float(row[method]):{'+' if signed else ''}.{digits}g}"
     return f"{row['token']!r} ({where}{'; ' + note if note else ''}){value}"
 
 
 def side_text(table: pd.DataFrame, method: str, k: int = TOP_SIDES, digits: int = 5) -> tuple[str, str]:
     """``sides`` in words: the positive side's tokens, the negative side's (``(none)`` where a side is empty)."""
-    pos, neg = sides(table, method, k)
+    pos, neg = sides(with_occurrences(table), method, k)
     return tuple(", ".join(describe_token(r, method, digits) for r in side.to_dict("records")) or "(none)"
                  for side in (pos, neg))
 

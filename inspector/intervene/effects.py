@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from inspector.capture.inputs import encode_with_globals
+from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.intervene import contrast as _contrast
 from inspector.intervene import seam as intervene
@@ -59,18 +60,13 @@ class Outcome:
     generated: dict | None = None
 
 
-def _prepare(model, tokenizer, text, target, target_ids, generate, global_tokens=None):
-    from inspector.capture.generation import generate_target
+def _prepare(model, tokenizer, text: str, output: Output, global_tokens=None):
+    """The encoded input with the output fixed (generated first when ``output`` asks to generate,
+    :func:`inspector.capture.generation.fixed_output`). Returns ``(encoded, the output's token ids or None)``."""
+    from inspector.capture.generation import fixed_output
 
-    if generate:
-        if target is not None or target_ids is not None:
-            raise InspectorError("give either an output (--output) or --generate N, not both")
-        target_ids = generate_target(model, tokenizer, text, generate, global_tokens=global_tokens)
-    from inspector.capture.inputs import model_layout
-
-    if model_layout(model) == "encoder-decoder" and target is None and target_ids is None:
-        raise InspectorError(f"{type(model).__name__} is an encoder-decoder: pass what it said as the output, or generate N tokens")
-    return encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens), target_ids
+    output = fixed_output(model, tokenizer, text, output, global_tokens=global_tokens)
+    return encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **output.kwargs()), output.id_lists
 
 
 def _decode(tokenizer, ids: list[int]) -> str:
@@ -85,35 +81,36 @@ def _measure(capture, tokenizer, before, after, contrast, query, occurrence) -> 
     return _contrast.summary(c, float(c.value(before)), float(c.value(after)))
 
 
-def ablate(model, tokenizer, text: str, target: str | None = None, *, heads: list[tuple[str, int]], method: str = "zero",
-           contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-           target_ids: list[list[int]] | None = None, generate: int | None = None,
-           global_tokens: list[str] | None = None) -> Outcome:
-    """Run ``model`` on ``text`` (and ``target``) with ``heads`` (``[(site_name, head), ...]``) ablated.
+def ablate(model, tokenizer, text: str, target: str | Output | None = None, *, heads: list[tuple[str, int]],
+           method: str = "zero", contrast: str | tuple[str, str] | None = None, query: str | None = None,
+           occurrence: int | None = None, global_tokens: list[str] | None = None) -> Outcome:
+    """Run ``model`` on ``text`` (and ``target``, what the model said: a text or an
+    :class:`~inspector.capture.output.Output`) with ``heads`` (``[(site_name, head), ...]``) ablated.
 
     ``method``: ``zero`` (the head's slice of the attention output ``[batch, query, head, d_v]`` is
     set to 0 before the output projection) or ``mean`` (set to its mean over the site's non-padding
     query positions in the unablated pass). ``contrast``: ``"RIGHT,WRONG"`` (see
-    :mod:`inspector.intervene.contrast`; ``query`` is needed for models without an LM head). ``generate``:
-    generate up to N tokens (as :func:`inspector.capture.generation.generate_target`), analyse that output,
+    :mod:`inspector.intervene.contrast`; ``query`` is needed for models without an LM head).
+    ``Output(generate=N)``: generate up to N tokens (as :func:`inspector.capture.generation.generate_target`), analyse that output,
     and generate again under the ablation. ``global_tokens`` (LED, Longformer): the source's global tokens
     (:func:`encode_with_globals`), marked in every pass. Raises :class:`InspectorError` for an unknown site or
     head, an unknown method, or a contrast that cannot be placed.
     """
     if method not in intervene.METHODS:
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
-    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate, global_tokens)
+    output = Output.coerce(target)
+    encoded, target_ids = _prepare(model, tokenizer, text, output, global_tokens)
     clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"))
     grouped = intervene.check_heads(clean.capture.sites, heads, model)
     edited = intervene.run(model, encoded, intervene.ablation(clean.capture, grouped, method, clean.seam.outputs))
     out = Outcome(output=edited.output, before=clean.output, heads=list(heads), method=method, capture=clean.capture,
                   table=_contrast.logprob_table(clean.capture, clean.output, edited.output),
                   contrast=_measure(clean.capture, tokenizer, clean.output, edited.output, contrast, query, occurrence))
-    if generate:
+    if output.generate:
         from inspector.capture.generation import generate_target
 
         with intervene.seam(model, intervene.ablation(clean.capture, grouped, method, clean.seam.outputs)):
-            again = generate_target(model, tokenizer, text, generate, global_tokens=global_tokens)
+            again = generate_target(model, tokenizer, text, output.generate, global_tokens=global_tokens)
         out.generated = {"before": _decode(tokenizer, target_ids[0]), "after": _decode(tokenizer, again[0])}
     return out
 
@@ -179,21 +176,22 @@ def patch_seam(original: Capture, variant: Capture, variant_outputs: dict[str, t
     return intervene.Seam(replace=replace)
 
 
-def patch(model, tokenizer, text: str, variant: str, target: str | None = None, *, heads: list[tuple[str, int]],
-          contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-          target_ids: list[list[int]] | None = None, generate: int | None = None,
-          global_tokens: list[str] | None = None) -> Outcome:
+def patch(model, tokenizer, text: str, variant: str, target: str | Output | None = None, *,
+          heads: list[tuple[str, int]], contrast: str | tuple[str, str] | None = None, query: str | None = None,
+          occurrence: int | None = None, global_tokens: list[str] | None = None) -> Outcome:
     """Run the original with ``heads``' outputs taken from a run on ``variant`` with the same output.
 
-    The output (``target``, ``target_ids``, or generated from the original with ``generate``) is
+    The output (``target``: a text or an :class:`~inspector.capture.output.Output` of text, ids, or tokens to
+    generate from the original) is
     teacher-forced in both runs; the variant's head outputs go in at the positions :func:`align`
     gives. With ``generate``, the original is generated again under the patch: at output position t
     the head gets the variant's output for the original output's position t (teacher-forced), and
     nothing is patched past the original output's length. ``global_tokens``: as :func:`ablate` (original and
     variant alike).
     """
-    encoded, target_ids = _prepare(model, tokenizer, text, target, target_ids, generate, global_tokens)
-    venc = encode_with_globals(model, tokenizer, variant, target, target_ids=target_ids, global_tokens=global_tokens)
+    output = Output.coerce(target)
+    encoded, target_ids = _prepare(model, tokenizer, text, output, global_tokens)
+    venc = encode_with_globals(model, tokenizer, variant, output.text, target_ids=target_ids, global_tokens=global_tokens)
     clean = intervene.run(model, encoded)
     grouped = intervene.check_heads(clean.capture.sites, heads, model)
     var = intervene.run(model, venc, intervene.Seam(record=set(grouped)))
@@ -202,12 +200,12 @@ def patch(model, tokenizer, text: str, variant: str, target: str | None = None, 
     out = Outcome(output=edited.output, before=clean.output, heads=list(heads), method="patch", capture=clean.capture,
                   table=_contrast.logprob_table(clean.capture, clean.output, edited.output),
                   contrast=_measure(clean.capture, tokenizer, clean.output, edited.output, contrast, query, occurrence))
-    if generate:
+    if output.generate:
         from inspector.capture.generation import generate_target
 
         with intervene.seam(model, patch_seam(clean.capture, var.capture, var.seam.outputs, grouped, query=query,
                                               occurrence=occurrence)):
-            again = generate_target(model, tokenizer, text, generate, global_tokens=global_tokens)
+            again = generate_target(model, tokenizer, text, output.generate, global_tokens=global_tokens)
         out.generated = {"before": _decode(tokenizer, target_ids[0]), "after": _decode(tokenizer, again[0])}
     return out
 
@@ -230,9 +228,9 @@ class Effects:
     contrast: _contrast.Contrast
 
 
-def attribute(model, tokenizer, text: str, target: str | None = None, *, contrast: str | tuple[str, str],
-              query: str | None = None, occurrence: int | None = None, method: str = "zero",
-              target_ids: list[list[int]] | None = None, encoded=None, global_tokens: list[str] | None = None) -> Effects:
+def attribute(model, tokenizer, text: str, target: str | Output | None = None, *, contrast: str | tuple[str, str],
+              query: str | None = None, occurrence: int | None = None, method: str = "zero", encoded=None,
+              global_tokens: list[str] | None = None) -> Effects:
     """Attribution patching for every head: one forward pass (graph kept from the head outputs on,
     parameters frozen) and one backward pass.
 
@@ -245,7 +243,7 @@ def attribute(model, tokenizer, text: str, target: str | None = None, *, contras
     if method not in intervene.METHODS:
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
     right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
-    encoded = encoded or encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens)
+    encoded = encoded or encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
     c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong,
                           query=query, occurrence=occurrence)
     keep = _contrast.keep_kwargs(model, c)
@@ -288,16 +286,15 @@ def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads
     return out
 
 
-def effects(model, tokenizer, text: str, target: str | None = None, *, contrast: str | tuple[str, str],
+def effects(model, tokenizer, text: str, target: str | Output | None = None, *, contrast: str | tuple[str, str],
             query: str | None = None, occurrence: int | None = None, top: int = 10, method: str = "zero",
-            confirm: list[tuple[str, int]] | None = None, target_ids: list[list[int]] | None = None,
-            global_tokens: list[str] | None = None) -> Effects:
+            confirm: list[tuple[str, int]] | None = None, global_tokens: list[str] | None = None) -> Effects:
     """Every head ranked by attribution (:func:`attribute`), then the exact effect of ablating each
     of the ``top`` heads alone (and of every head in ``confirm``) in the ``effect`` column. ``global_tokens``:
     as :func:`ablate` (every pass marks them)."""
     if top < 0:
         raise InspectorError(f"--top must be 0 or more, got {top}")
-    encoded = encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens)
+    encoded = encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
     res = attribute(model, tokenizer, text, contrast=contrast, query=query, occurrence=occurrence, method=method,
                     encoded=encoded)
     table = res.table

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
 from inspector.intervene.routes import CHECK, FAMILIES, record
@@ -481,7 +482,7 @@ def _check_positions(cap, site, head: int, i: int, right: list[int], wrong: list
     return row
 
 
-def decompose(model, tokenizer, text: str, target: str | None = None, *, target_ids: list[list[int]] | None = None,
+def decompose(model, tokenizer, text: str, target: str | Output | None = None, *,
               site: str, head: int, query_position: int, right_positions, wrong_positions) -> LogitParts:
     """Decompose head ``head``'s score difference at ``site`` for query ``query_position`` between the keys
     ``wrong_positions`` and ``right_positions`` (token indices, an int or a list: the mean score over a list)
@@ -504,9 +505,10 @@ def decompose(model, tokenizer, text: str, target: str | None = None, *, target_
     fam = _FAMILIES[mt]
     prefixes = _prefixes(model)
     extra = _Extra(model, mt, site, prefixes)
-    _encode_first(model, tokenizer, text, target, target_ids)
+    said = Output.coerce(target)
+    _encode_first(model, tokenizer, text, said.text, said.id_lists)
     with extra:
-        g = record(model, tokenizer, text, target, target_ids=target_ids)
+        g = record(model, tokenizer, text, said)
     return _decompose(g, mt, fam, extra, site, sites[site], head, query_position, right, wrong)
 
 

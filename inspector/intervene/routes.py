@@ -42,6 +42,7 @@ import pandas as pd
 import torch
 
 from inspector.capture.inputs import encode
+from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture
@@ -214,17 +215,18 @@ def _hooks(model, stacks: dict[str, _Stack]):
     return handles
 
 
-def record(model, tokenizer, text: str, target: str | None = None, *, target_ids: list[list[int]] | None = None) -> Graph:
+def record(model, tokenizer, text: str, target: str | Output | None = None) -> Graph:
     """One forward pass: a lazy capture (Q, K, V, masks) and every residual state of every level (hooks).
 
     Raises :class:`InspectorError` for an unsupported family, a list of texts, or blocks whose recorded
     output differs from the layout's sum (the residual is not what the family's layout says)."""
-    from inspector.capture.output import Output
     from inspector.capture.recorder import capture
 
     if not isinstance(text, str):
         raise InspectorError("routes trace one text at a time: pass one text, not a list")
     stacks = _resolve_stacks(model)
+    said = Output.coerce(target)
+    target, target_ids = said.text, said.id_lists
     encode(model, tokenizer, text, target, target_ids=target_ids)  # user mistakes before the hooks go on
     handles = _hooks(model, stacks)
     try:
@@ -350,9 +352,9 @@ def _normalise(node: dict, keep_vectors: bool) -> None:
                              "site": name}
 
 
-def routes(model, tokenizer, text: str, target: str | None = None, *, position: int | None = None,
+def routes(model, tokenizer, text: str, target: str | Output | None = None, *, position: int | None = None,
            contrast: str | tuple[str, str] | None = None, query: str | None = None, occurrence: int | None = None,
-           threshold: float = THRESHOLD, target_ids: list[list[int]] | None = None, graph: Graph | None = None,
+           threshold: float = THRESHOLD, graph: Graph | None = None,
            stack: str | None = None) -> pd.DataFrame:
     """The route of one position's top residual state: every edge with importance above ``threshold``,
     found top-down (module docstring). Columns :data:`EDGE_COLUMNS`; ``attrs``: ``position``, ``threshold``,
@@ -366,7 +368,9 @@ def routes(model, tokenizer, text: str, target: str | None = None, *, position: 
     """
     if not 0 <= threshold < 1:
         raise InspectorError(f"--threshold must be in [0, 1), got {threshold}")
-    g = graph or record(model, tokenizer, text, target, target_ids=target_ids)
+    said = Output.coerce(target)
+    target, target_ids = said.text, said.id_lists
+    g = graph or record(model, tokenizer, text, said)
     top = stack or ("decoder" if "decoder" in g.stacks else next(iter(g.stacks)))
     if top not in g.stacks:
         raise InspectorError(f"stack {top!r} is not one of this model's ({', '.join(g.stacks)})")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +49,7 @@ from inspector.capture.recorder import (
 from inspector.errors import InspectorError
 from inspector.intervene import long_sites
 from inspector.store.capture_file import Capture, Site
+from inspector.store.specs import parse_heads  # noqa: F401  (the one rule, torch-free; part of this module's API)
 
 METHODS = ("zero", "mean")
 
@@ -320,22 +320,6 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
 
 
 # ---- heads -----------------------------------------------------------------------------------
-def parse_heads(spec: str, option: str = "--heads") -> list[tuple[str, int]]:
-    """``SITE:HEAD[,SITE:HEAD...]`` (the head after the last colon) into ``[(site, head), ...]``; raises
-    :class:`InspectorError` naming ``option`` for a malformed or empty list."""
-    out = []
-    for item in (x.strip() for x in spec.split(",")):
-        if not item:
-            continue
-        site, sep, head = item.rpartition(":")
-        if not sep or not site or not re.fullmatch(r"[0-9]{1,9}", head.strip()):  # not str.isdigit: '²' passes it
-            raise InspectorError(f"{option} takes SITE:HEAD[,SITE:HEAD...], e.g. encoder.layer.5.attention.self:9; got {item!r}")
-        out.append((site.strip(), int(head)))
-    if not out:
-        raise InspectorError(f"{option} is empty: name at least one head as SITE:HEAD")
-    return out
-
-
 def check_heads(sites: list[Site], heads: list[tuple[str, int]], model=None) -> dict[str, list[int]]:
     """Group ``heads`` by site after checking each exists; raises :class:`InspectorError` naming the fix.
 

@@ -142,15 +142,13 @@ def compare_captures(a: Capture, b: Capture, question: Question, *, names: tuple
 
 
 def _capture_one(loaded, source: str, output: Output, progress: bool, global_tokens: list[str] | None = None):
-    target_ids = None
-    said = output.kwargs()
     if output.generate:
         from inspector.capture.generation import generate_target
 
-        target_ids = generate_target(loaded.model, loaded.tokenizer, source, output.generate, global_tokens=global_tokens)
-        said = {}
-    return capture(loaded.model, loaded.tokenizer, source, Output.of(said.get("target"), ids=target_ids or said.get("target_ids")),
-                   model_name=loaded.name, progress=progress, global_tokens=global_tokens)
+        output = Output.of(ids=generate_target(loaded.model, loaded.tokenizer, source, output.generate,
+                                               global_tokens=global_tokens))
+    return capture(loaded.model, loaded.tokenizer, source, output, model_name=loaded.name, progress=progress,
+                   global_tokens=global_tokens)
 
 
 def resolve_question(loaded, cap: Capture, question: Question) -> tuple[Question, list[str]]:
@@ -264,7 +262,7 @@ def investigate(
                                      _said_flag(out, said_args[""], "--output-file"))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
                                             "passes do not take") if global_tokens else \
-            _where(loaded, cap, source, split, matter, contrast, question.query, question.occurrence, verdict)
+            _where(loaded, cap, source, split, matter, question, verdict)
         if where is not None:
             commands += _where_commands(loaded.name, out, contrast, question.query, question.occurrence,
                                         _said_flag(out, said_args[""], "--output-file"), model_has_lm_head(loaded.model))
@@ -311,8 +309,7 @@ def investigate(
                          notes=question_notes, why=why, why_note=why_note)
 
 
-def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contrast: str, query: str | None,
-           occurrence: int | None, verdict=None):
+def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, question: Question, verdict=None):
     """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
     model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
     from inspector.intervene.routes import FAMILIES
@@ -324,8 +321,7 @@ def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, contr
         return None, None, (f"routes decompose the residual of {', '.join(sorted(FAMILIES))} models; {mt!r} is not "
                             "among them")
     try:
-        w = wherefrom.where_from(loaded, cap, source, split, matter, contrast=contrast, query=query, occurrence=occurrence,
-                                 verdict=verdict)
+        w = wherefrom.where_from(loaded, cap, source, split, matter, question, verdict=verdict)
     except InspectorError as exc:  # e.g. blocks that do not add up as the family's layout says
         return None, None, str(exc)
     return w, WhereSection(attribution=w.attribution, route=w.route, heads=w.heads, sentence=wherefrom.headline(w),
@@ -341,9 +337,9 @@ def _said_arg(loaded, cap: Capture, source: str, file: str, generate: int | None
         return None
     if not generate:
         return "file", file
-    from inspector.investigate.matter import said_kwargs
+    from inspector.investigate.matter import said_output
 
-    return ("file", file) if "target" in said_kwargs(loaded.model, loaded.tokenizer, cap, source) else ("generate", generate)
+    return ("file", file) if said_output(loaded.model, loaded.tokenizer, cap, source).text is not None else ("generate", generate)
 
 
 def _said_flag(out: Path, said: tuple[str, str | int] | None, flag: str) -> str:
@@ -406,7 +402,7 @@ def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, sa
     role = f" --query-role {roles[0]}" if roles[0] else ""
     cmds = [
         f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
-        + _said_flag(out, said_args[""], "--target-file") + f"{glob} -o {cap}",
+        + _said_flag(out, said_args[""], "--output-file") + f"{glob} -o {cap}",
         f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
         + f" --csv {q(str(out / 'rank.csv'))}",
         f"inspector split {cap} --query {q(query)}{occ} --referents {refs}{role} "
@@ -419,7 +415,7 @@ def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, sa
     for name in variants:
         vcap = q(str(out / f"variant-{name}.safetensors"))
         cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
-                    + _said_flag(out, said_args[name], "--target-file") + f"{glob} -o {vcap}")
+                    + _said_flag(out, said_args[name], "--output-file") + f"{glob} -o {vcap}")
         cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ}{role} --referents {refs}{wt} "
                     f"--names {q('original,' + name)} --csv {q(str(out / f'compare-{name}.csv'))}")
     return cmds

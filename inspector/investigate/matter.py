@@ -21,6 +21,7 @@ import pandas as pd
 
 from inspector.analysis.question import Question
 from inspector.capture.inputs import encode, encode_with_globals
+from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.intervene import effects as _effects
 from inspector.intervene import seam as intervene
@@ -52,64 +53,66 @@ class Matter:
     row: int | None = None  # logit contrast: the output-axis row that predicts the contrasted token (None: cosine)
 
 
-def said_kwargs(model, tokenizer, cap: Capture, source: str) -> dict:
-    """The output exactly as the capture fed it: its text when that tokenizes to the same ids (so words are
-    found with the text's own casing), else its ids (e.g. generated tokens)."""
+def said_output(model, tokenizer, cap: Capture, source: str) -> Output:
+    """The output exactly as the capture fed it, as an :class:`~inspector.capture.output.Output`: its text when
+    that tokenizes to the same ids (so words are found with the text's own casing), else its ids (e.g. generated
+    tokens); no output when the capture has none."""
     if "target" not in cap.roles():
-        return {}
+        return Output()
     rec = cap.records("target")
     ids = [i for i, p in zip(rec.ids, rec.padding, strict=True) if not p]
     again = encode(model, tokenizer, source, rec.text).records
     if [r.ids for r in again if r.role == "target"] == [ids]:
-        return {"target": rec.text}
-    return {"target_ids": [ids]}
+        return Output(text=rec.text)
+    return Output.of(ids=[ids])
 
 
 def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, question: Question, *,
                    variants: dict[str, str] | None = None, top: int = 10, global_tokens: list[str] | None = None) -> Matter:
     """Effects of the flagged and top heads on the question's contrast, and of patching them from each variant
-    (the output exactly as ``cap`` fed it, :func:`said_kwargs`), every pass marking ``global_tokens`` (LED,
+    (the output exactly as ``cap`` fed it, :func:`said_output`), every pass marking ``global_tokens`` (LED,
     Longformer). Raises :class:`InspectorError` when the question has no contrast."""
     if question.contrast is None:
         raise InspectorError("does it matter? needs a contrast: pass --contrast RIGHT,WRONG")
-    said = said_kwargs(loaded.model, loaded.tokenizer, cap, source)
+    said = said_output(loaded.model, loaded.tokenizer, cap, source)
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     flagged_keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))
     # without an LM head the contrast reads the investigation's query occurrence; with one, WRONG's first occurrence
     lm = model_has_lm_head(loaded.model)
     occurrence = question.occurrence
-    return matter_of(loaded, source, flagged=flagged_keys, contrast=question.contrast, query=question.query,
-                     contrast_occurrence=None if lm else occurrence, occurrence=occurrence, variants=variants, top=top,
-                     global_tokens=global_tokens, **said)
+    return matter_of(loaded, source, said, question, flagged=flagged_keys, contrast_occurrence=None if lm else occurrence,
+                     variants=variants, top=top, global_tokens=global_tokens)
 
 
-def matter_of(loaded, source: str, *, flagged: list[tuple[str, int]], contrast: str | tuple[str, str],
-              query: str | None = None, contrast_occurrence: int | None = None, occurrence: int | None = None,
-              variants: dict[str, str] | None = None, top: int = 10, target: str | None = None,
-              target_ids: list[list[int]] | None = None, global_tokens: list[str] | None = None) -> Matter:
+def matter_of(loaded, source: str, output: Output | str | None, question: Question, *,
+              flagged: list[tuple[str, int]], contrast_occurrence: int | None = None,
+              variants: dict[str, str] | None = None, top: int = 10, global_tokens: list[str] | None = None) -> Matter:
     """The part from texts alone (behind ``inspector effects --confirm/--variant/--matter-csv``, which rebuilds
     what ``debug`` wrote): :func:`inspector.intervene.effects.effects` of the ``top`` heads by attribution and of
     ``flagged`` (listed with ``flagged`` true), then, per variant, each listed head and all of them patched in.
-    ``contrast_occurrence`` is the contrast's (WRONG's with an LM head, else the query's); ``occurrence`` the
-    query's, for aligning an encoder's patch. ``global_tokens`` (LED, Longformer): marked in the source and every
+    ``question`` gives the contrast (required), the query and its occurrence (for aligning an encoder's patch);
+    ``contrast_occurrence`` is the contrast's (WRONG's with an LM head, else the query's). ``global_tokens`` (LED, Longformer): marked in the source and every
     variant, in every pass. Raises :class:`InspectorError` for an unknown head or contrast."""
+    if question.contrast is None:
+        raise InspectorError("does it matter? needs a contrast: pass --contrast RIGHT,WRONG")
     model, tokenizer = loaded.model, loaded.tokenizer
-    said = {"target": target} if target is not None else ({"target_ids": target_ids} if target_ids is not None else {})
+    contrast, query, occurrence = question.contrast, question.query, question.occurrence
+    said = Output.coerce(output)
     flagged = list(dict.fromkeys((str(s), int(h)) for s, h in flagged))
-    res = _effects.effects(model, tokenizer, source, contrast=contrast, query=query, occurrence=contrast_occurrence,
-                           top=top, confirm=flagged, global_tokens=global_tokens, **said)
+    res = _effects.effects(model, tokenizer, source, said, contrast=contrast, query=query, occurrence=contrast_occurrence,
+                           top=top, confirm=flagged, global_tokens=global_tokens)
     table = res.table
     listed = table[table["effect"].notna()].copy()
     listed.insert(5, "flagged", [k in set(flagged) for k in zip(listed["site"], listed["head"], strict=True)])
     listed = listed.loc[listed["effect"].abs().sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
     keys = list(zip(listed["site"], listed["head"], strict=True))
 
-    encoded = encode_with_globals(model, tokenizer, source, **said, global_tokens=global_tokens)
+    encoded = encode_with_globals(model, tokenizer, source, **said.kwargs(), global_tokens=global_tokens)
     clean = intervene.run(model, encoded)
     before = float(res.contrast.value(clean.output))
     patches, notes = [], []
     for name, text in (variants or {}).items():
-        var = intervene.run(model, encode_with_globals(model, tokenizer, text, **said, global_tokens=global_tokens),
+        var = intervene.run(model, encode_with_globals(model, tokenizer, text, **said.kwargs(), global_tokens=global_tokens),
                             intervene.Seam(record={s for s, _ in keys}))
         column, ok = [], []
         for s, h in keys:
@@ -130,7 +133,7 @@ def matter_of(loaded, source: str, *, flagged: list[tuple[str, int]], contrast: 
             seam = _effects.patch_seam(clean.capture, var.capture, var.seam.outputs, grouped, query=query, occurrence=occurrence)
             after = float(res.contrast.value(intervene.run(model, encoded, seam).output))
             patches.append({"variant": name, "heads": len(ok), "before": before, "after": after, "change": after - before})
-    label = contrast if isinstance(contrast, str) else ",".join(contrast)
+    label = question.contrast_spec
     return Matter(contrast=label, definition=res.definition, metric=res.metric, effects=table, heads=listed,
                   patches=pd.DataFrame(patches, columns=["variant", "heads", "before", "after", "change"]),
                   disagreements=res.disagreements, top=top, notes=list(dict.fromkeys(notes)),

@@ -103,11 +103,11 @@ def _outcomes(loaded, inv, variants: dict[str, str], contrast: tuple[str, str], 
     """Per variant: its own regenerated summary, whether it is the right one, and, with the original (wrong)
     summary teacher-forced on the variant, the contrast metric and the top culprit's exact effect (and their
     change from the original)."""
-    from inspector.investigate.matter import matter_of, said_kwargs
+    from inspector.investigate.matter import matter_of, said_output
 
     v = inv.verdict
     top = v.top
-    said = said_kwargs(loaded.model, loaded.tokenizer, inv.capture, inv.capture.records("source").text)
+    said = said_output(loaded.model, loaded.tokenizer, inv.capture, inv.capture.records("source").text)
     flagged = [(top["site"], int(top["head"]))] if top is not None else []
     rows = []
     for name, text in variants.items():
@@ -117,7 +117,7 @@ def _outcomes(loaded, inv, variants: dict[str, str], contrast: tuple[str, str], 
             from inspector.store import load
 
             output = load(inv.variants[name]).records("target").text
-        m = matter_of(loaded, text, flagged=flagged, contrast=contrast, top=0, **said)
+        m = matter_of(loaded, text, said, Question(None, contrast=contrast), flagged=flagged, top=0)
         eff = float("nan")
         if top is not None:
             hit = m.effects[(m.effects["site"] == top["site"]) & (m.effects["head"] == int(top["head"]))]["effect"]

@@ -83,7 +83,7 @@ def why_of(loaded, cap: Capture, source: str, v: Verdict):
     from inspector.analysis import spans
     from inspector.intervene.logit_parts import decompose
     from inspector.intervene.routes import FAMILIES
-    from inspector.investigate.matter import said_kwargs
+    from inspector.investigate.matter import said_output
 
     top = v.top
     if top is None or top["signature"] == "not read" or int(top["query_row"]) < 0:
@@ -96,9 +96,9 @@ def why_of(loaded, cap: Capture, source: str, v: Verdict):
             for w in (v.right, v.wrong)}
     if not keys[v.right] or not keys[v.wrong]:
         return None, f"{v.right!r} or {v.wrong!r} has no key at {site.name}"
-    said = said_kwargs(loaded.model, loaded.tokenizer, cap, source)
+    said = said_output(loaded.model, loaded.tokenizer, cap, source)
     try:
-        parts = decompose(loaded.model, loaded.tokenizer, source, said.get("target"), target_ids=said.get("target_ids"),
+        parts = decompose(loaded.model, loaded.tokenizer, source, said,
                           site=site.name, head=int(top["head"]), query_position=int(top["query_row"]),
                           right_positions=keys[v.right], wrong_positions=keys[v.wrong])
     except InspectorError as exc:

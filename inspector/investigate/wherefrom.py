@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from inspector.analysis.question import Question
+from inspector.errors import InspectorError
 from inspector.intervene.attribution import (
     IG_TOLERANCE,
     attribute,
@@ -45,7 +47,7 @@ from inspector.intervene.attribution import (
 )
 from inspector.intervene.contrast import model_has_lm_head
 from inspector.intervene.routes import THRESHOLD, heads_on_route, record, routes
-from inspector.investigate.matter import said_kwargs
+from inspector.investigate.matter import said_output
 from inspector.store.capture_file import Capture
 
 # integrated gradients' first try, in Gauss-Legendre points (the demo's completeness gap: 10 -> 100%, 20 -> 15%,
@@ -59,8 +61,20 @@ METHODS = ("input_x_gradient", "integrated_gradients")
 SHADE_METHOD = "integrated_gradients"
 HEAD_COLUMNS = ["site", "layer", "head", "flagged", "effect", "best_share", "from_token", "to_token", "on_route"]
 
-__all__ = ["HEAD_COLUMNS", "STEPS", "TOP_EFFECT", "WhereFrom", "heads_on_route", "sentence", "summary_text",
+__all__ = ["HEAD_COLUMNS", "STEPS", "TOP_EFFECT", "WhereFrom", "WhereOptions", "heads_on_route", "sentence", "summary_text",
            "headline", "where_from", "write"]
+
+
+@dataclass(frozen=True)
+class WhereOptions:
+    """How far the part looks: integrated gradients from ``steps`` points (doubled up to ``max_steps``, default
+    :data:`~inspector.intervene.attribution.IG_MAX_STEPS`, while the gap is 5% or more), the route's importance
+    ``threshold`` (Ferrando & Voita 2024) and the ``top_effect`` heads of largest exact effect checked against it."""
+
+    steps: int = STEPS
+    max_steps: int | None = None
+    threshold: float = THRESHOLD
+    top_effect: int = TOP_EFFECT
 
 
 @dataclass
@@ -101,31 +115,30 @@ def _words(cap: Capture, attr: pd.DataFrame) -> list[str]:
     return out
 
 
-def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, *, contrast: str | tuple[str, str],
-               query: str | None = None, occurrence: int | None = None, steps: int = STEPS,
-               top_effect: int = TOP_EFFECT, threshold: float = THRESHOLD, verdict=None,
-               max_steps: int | None = None) -> WhereFrom:
+def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, question: Question, *, verdict=None,
+               options: WhereOptions = WhereOptions()) -> WhereFrom:
     """Attribution, route and the flagged / top-effect heads on it (module docstring). ``matter`` is the
     investigation's :class:`~inspector.investigate.matter.Matter` (its effects table gives the top-effect
-    heads and their exact effects), or None. Two forward passes for the route and attribution's
-    baseline, plus integrated gradients' (``steps`` points, :data:`IG_BATCH` a pass, more tries with doubled
-    points until the gap is below 5% or ``max_steps``, default
-    :data:`~inspector.intervene.attribution.IG_MAX_STEPS`) and one for input x gradient.
+    heads and their exact effects), or None. ``question`` gives the contrast (required), the query and its
+    occurrence (:class:`~inspector.analysis.question.Question`; its referents are not read here). Two forward passes for the route and attribution's
+    baseline, plus integrated gradients' (``options.steps`` points, :data:`IG_BATCH` a pass, more tries with doubled
+    points until the gap is below 5% or ``options.max_steps``, :class:`WhereOptions`) and one for input x gradient.
     Raises :class:`~inspector.errors.InspectorError` where the contrast cannot be placed or the model's
     residual cannot be decomposed (:func:`~inspector.intervene.routes.record`, by name)."""
-    from inspector.intervene.contrast import parse
-
+    if question.contrast is None:
+        raise InspectorError("where did the word come from? needs a contrast: pass --contrast RIGHT,WRONG")
     model, tokenizer = loaded.model, loaded.tokenizer
-    right, wrong = parse(contrast) if isinstance(contrast, str) else contrast
-    said = said_kwargs(model, tokenizer, cap, source)
+    (right, wrong), query, occurrence = question.contrast, question.query, question.occurrence
+    steps, max_steps, threshold, top_effect = options.steps, options.max_steps, options.threshold, options.top_effect
+    said = said_output(model, tokenizer, cap, source)
     lm = model_has_lm_head(model)
     occ = None if lm else occurrence  # as "Does it matter?": with an LM head, WRONG's first occurrence
-    attr = attribute(model, tokenizer, source, said.get("target"), target_ids=said.get("target_ids"),
+    attr = attribute(model, tokenizer, source, said,
                      contrast=(right, wrong), query=query, occurrence=occ, methods=METHODS, steps=steps,
                      internal_batch_size=IG_BATCH, max_steps=max_steps)
     attr.insert(4, "word", _words(cap, attr))
-    graph = record(model, tokenizer, source, said.get("target"), target_ids=said.get("target_ids"))
-    route = routes(model, tokenizer, source, said.get("target"), target_ids=said.get("target_ids"),
+    graph = record(model, tokenizer, source, said)
+    route = routes(model, tokenizer, source, said,
                    contrast=(right, wrong), query=query, occurrence=occ, threshold=threshold, graph=graph)
     flagged = split[split["flagged"].astype(bool)] if "flagged" in split.columns else split.iloc[:0]
     keys = list(dict.fromkeys(zip(flagged["site"], flagged["head"].astype(int), strict=True)))

@@ -27,11 +27,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from inspector.errors import InspectorError
+
+if TYPE_CHECKING:  # pandas is imported where a table is written: the checks here run before it loads (issue 28)
+    import pandas as pd
 
 STDOUT = "-"
 
@@ -199,6 +200,8 @@ def csv_text(df: pd.DataFrame, joined: tuple[str, ...] = LIST_COLUMNS) -> str:
     Every text column (object or string dtype: tokens, words, site names, labels, messages) goes through
     :func:`csv_cell`, so text from a capture, a tokenizer or a corpus never starts a formula in a spreadsheet;
     numeric and boolean columns are written as they are."""
+    import pandas as pd
+
     listy = [c for c in joined if c in df.columns]
     if "weighting" in df.attrs and "weighting" not in df.columns:  # a rank or split table says its weighting
         df = df.assign(weighting=df.attrs["weighting"])

@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import json
 import math
-import struct
 import types
 import typing
 from collections.abc import Callable
@@ -28,10 +27,9 @@ from typing import Any
 import torch
 
 from inspector.errors import InspectorError
+from inspector.store.header import HEADER_BASE, MAX_HEADER, header_length  # noqa: F401  (torch-free, for the CLI)
 from inspector.store.masks import visible_keys
 
-MAX_HEADER = 100_000_000  # safetensors' own limit on the header length
-HEADER_BASE = 16 << 20  # any header up to this size; beyond it, at most 1/16 of the tensor data
 INSPECTOR_BASE = 1 << 20  # the inspector JSON may always take this much (provenance, options)
 PER_TENSOR = 4096  # ... plus this much per tensor (site fields, mask specs)
 PER_TOKEN = 512  # ... plus this much per token of each record (id, token, offsets, flags, text)
@@ -48,26 +46,6 @@ def refuse(path: Path | str, where: str, problem: str) -> InspectorError:
 
 
 # ---- the header -----------------------------------------------------------------------------
-def header_length(path: Path) -> int:
-    """The safetensors header length, checked against the file size and a bound proportional to the data,
-    before any JSON is parsed."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if len(head) < 8:
-        raise InspectorError(f"{path} is not a readable capture file ({size} bytes, too short to be safetensors): make it "
-                             "again with `inspector capture`")
-    (n,) = struct.unpack("<Q", head)
-    if n > size - 8:
-        raise InspectorError(f"{path} is not a readable capture file (its header claims {n} bytes but the file has {size}); "
-                             "it may be truncated or not a capture: make it again with `inspector capture`")
-    data = size - 8 - n
-    if n > min(MAX_HEADER, HEADER_BASE + data // 16):
-        raise InspectorError(f"{path} has a {n}-byte header for {data} bytes of tensors, far more than a capture needs: "
-                             "refusing to parse it (a damaged or hostile file); capture again")
-    return n
-
-
 def inspector_budget(shapes: dict[str, list[int]]) -> int:
     """How many bytes of inspector JSON the tensors can need: a base, per tensor, and per token of each
     batch row's records (token axes read from the tensor shapes)."""
