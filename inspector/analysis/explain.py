@@ -149,9 +149,13 @@ def explain(capture: Capture, site: Site | str, head: int, query_index: int | st
         query, query_index = query_index, None
     site = capture.site(site) if isinstance(site, str) else site
     if query is not None:
-        return _explain_word(capture, site, head, query, occurrence=occurrence, referents=referents, batch=batch,
-                             case_sensitive=case_sensitive, query_role=query_role, referent_role=referent_role, rule=rule,
-                             weighting=weighting)
+        from inspector.analysis.question import Question
+        from inspector.analysis.split import SplitRule
+
+        question = Question(query, tuple(referents or ()), occurrence=occurrence, query_role=query_role,
+                            referent_role=referent_role, case_sensitive=case_sensitive, weighting=weighting,
+                            rule=rule or SplitRule())
+        return _explain_word(capture, site, head, question, batch=batch)
     if query_index is None:
         raise InspectorError("no query given: pass a query position or a word (--query-index I or --query WORD)")
     _refuse_word_options(occurrence=occurrence is not None, referents=bool(referents), query_role=query_role is not None,
@@ -170,10 +174,15 @@ def _refuse_word_options(**given: bool) -> None:
                              "not to one row (--query-index): give the word instead, e.g. --query indemnity")
 
 
-def _explain_word(capture: Capture, site: Site, head: int, query: str, *, occurrence, referents, batch, case_sensitive,
-                  query_role, referent_role, rule, weighting) -> WordExplanation:
+def _explain_word(capture: Capture, site: Site, head: int, question, *, batch: int) -> WordExplanation:
+    """Every row of the question's query word at ``site``/``head``, its aggregate row and, with referents, the
+    split verdict (``question``: a :class:`~inspector.analysis.question.Question`)."""
     from inspector.analysis import spans
     from inspector.analysis import split as analysis
+
+    query, occurrence, referents = question.query, question.occurrence, list(question.referents)
+    case_sensitive, query_role, referent_role = question.case_sensitive, question.query_role, question.referent_role
+    rule, weighting = question.rule, question.weighting
 
     occ = spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch, case_sensitive=case_sensitive,
                               role=query_role)

@@ -52,9 +52,10 @@ class Question:
             q = self.query.strip()
             if not q:
                 raise InspectorError("the query is empty: pass --query WORD (or @I for token index I)")
-            span = token_index(q, "query")
-            if q.startswith("@") and (span is None or span[0] != span[1]):
-                raise InspectorError(f"query {self.query!r} is not a token index: write @I with I from 0 to 999999999")
+            span = token_index(q, "query token index")
+            if q.startswith("@") and (span is None or span[1] < span[0]):
+                raise InspectorError(f"query {self.query!r} is not a token index: write @I (or @I-J, I <= J) with I "
+                                     "from 0 to 999999999")
             object.__setattr__(self, "query", q)
         if self.occurrence is not None:
             if isinstance(self.occurrence, bool) or not isinstance(self.occurrence, int) or self.occurrence < 1:

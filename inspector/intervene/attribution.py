@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inspector.capture.inputs import Encoded, encode
@@ -249,11 +250,24 @@ def _relative(delta: float, diff: float) -> float:
     return 0.0 if delta == 0 else float("inf")
 
 
-def _gradient_columns(model, names, embeds, rest, metric, methods, steps, max_steps, batch, counter) -> tuple[dict, dict]:
+@dataclass(frozen=True)
+class IGSchedule:
+    """Integrated gradients' points: ``steps`` first, doubled up to ``max_steps`` while the completeness gap is
+    :data:`IG_TOLERANCE` of ``M(x) - M(0)`` or more, ``batch`` points a forward pass (Captum's
+    ``internal_batch_size``)."""
+
+    steps: int
+    max_steps: int
+    batch: int
+
+
+def _gradient_columns(f, embeds, methods, schedule: IGSchedule) -> tuple[dict, dict]:
+    """Input x gradient and integrated gradients (Captum, Gauss-Legendre points) of the metric ``f`` (a function of
+    the embedding inputs) per input token, and integrated gradients' convergence record."""
     import torch
     from captum.attr import InputXGradient, IntegratedGradients
 
-    f = _forward(model, names, rest, metric, counter)
+    steps, max_steps, batch = schedule.steps, schedule.max_steps, schedule.batch
     cols, attrs = {}, {}
     inputs = tuple(e.float().requires_grad_(True) for e in embeds)
     if "input_x_gradient" in methods:
@@ -281,14 +295,14 @@ def _gradient_columns(model, names, embeds, rest, metric, methods, steps, max_st
     return cols, attrs
 
 
-def _rollout_columns(model, tokenizer, text, target, target_ids, metric: Metric, methods, labels,
+def _rollout_columns(model, tokenizer, text, said: Output, metric: Metric, methods, labels,
                      chosen: bool = True) -> tuple[dict, dict]:
     import torch
 
     from inspector.analysis.rollout import rollout
     from inspector.capture.recorder import capture
 
-    cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=False,
+    cap = capture(model, tokenizer, text, said, weights=False,
                   value_norms="value_rollout" in methods)
     cols, attrs = {}, {}
     for name, weighting in (("rollout", "attention"), ("value_rollout", "value-norm")):
@@ -384,13 +398,14 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
                 value = float(metric.value(model(**rest, **dict(zip(names, embeds, strict=True)), **metric.extra,
                                                  use_cache=False)))
             if any(m in GRADIENT_METHODS for m in methods):
-                got, attrs = _gradient_columns(model, names, embeds, rest, metric, methods, steps, max_steps, batch, counter)
+                got, attrs = _gradient_columns(_forward(model, names, rest, metric, counter), embeds, methods,
+                                               IGSchedule(steps, max_steps, batch))
                 keep = _joint_index(encoded, labels)
                 cols.update({k: v[keep] for k, v in got.items()})
     finally:
         model.train(was_training)
     if any(m in ("rollout", "value_rollout") for m in methods):
-        got, more = _rollout_columns(model, tokenizer, text, target, target_ids, metric, methods, labels, chosen)
+        got, more = _rollout_columns(model, tokenizer, text, said, metric, methods, labels, chosen)
         cols.update(got)
         attrs.update(more)
     table = pd.DataFrame({"position": range(len(labels)), "role": [r for r, _ in labels], "index": [i for _, i in labels],

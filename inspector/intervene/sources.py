@@ -763,31 +763,44 @@ def _as_output(output) -> Output:
     raise InspectorError("the output is an inspector.capture.output.Output (text, ids or generate N) or a text")
 
 
-def _prepare(model, tokenizer, text: str, out: Output, spans, given: bool, span, mode: str, batch_size: int | None,
-             global_tokens, counter: _Counter) -> tuple[_Problem, Any, str | None, list | None, tuple[int, int], list[str]]:
+@dataclass(frozen=True)
+class _Request:
+    """What :func:`sources` was asked, checked once: the output, the units' character spans (``given``: chosen by
+    the caller rather than the sentences), the output span, the ablation mode, masks a pass and global tokens."""
+
+    output: Output
+    spans: list
+    given: bool
+    span: Any
+    mode: str
+    batch_size: int | None
+    global_tokens: list[str] | None
+
+
+def _prepare(model, tokenizer, text: str, ask: _Request,
+             counter: _Counter) -> tuple[_Problem, Any, str | None, list | None, tuple[int, int], list[str]]:
     """Generate the output if asked, encode source and output, place the units and the span: the problem, the
     encoding, the output as the scoring passes read it (text or ids), the span's characters and notes."""
+    from inspector.capture.generation import fixed_output
     from inspector.capture.inputs import encode_with_globals
 
-    target, target_ids = out.text, [list(r) for r in out.ids] if out.ids is not None else None
-    if out.generate is not None:
-        from inspector.capture.generation import generate_target
-
-        counter.phase = "generate"
-        target_ids = generate_target(model, tokenizer, text, out.generate, global_tokens=global_tokens)
-        counter.phase = None
+    global_tokens = ask.global_tokens
+    counter.phase = "generate" if ask.output.generate is not None else None
+    out = fixed_output(model, tokenizer, text, ask.output, global_tokens=global_tokens)
+    counter.phase = None
+    target, target_ids = out.text, out.id_lists
     encoded = encode_with_globals(model, tokenizer, text, target, target_ids=target_ids, global_tokens=global_tokens)
     if len({r.batch for r in encoded.records}) != 1:
         raise InspectorError("sources attributes one text at a time: pass one source and one output")
     src = next(r for r in encoded.records if r.role == "source")
     tgt = next(r for r in encoded.records if r.role == "target")
-    units, notes = _units(src, spans, given=given)
-    a, b, span_idx = _output_span(tgt, span)
+    units, notes = _units(src, ask.spans, given=ask.given)
+    a, b, span_idx = _output_span(tgt, ask.span)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batch = batch_size or _auto_batch(model, len(src.ids), len(tgt.ids), encoded.layout, len(span_idx))
+    batch = ask.batch_size or _auto_batch(model, len(src.ids), len(tgt.ids), encoded.layout, len(span_idx))
     prob = _Problem(model=model, kwargs=dict(encoded.model_kwargs), layout=encoded.layout, n_src=len(src.ids),
                     n_tgt=len(tgt.ids), units=units, span_idx=span_idx, span_ids=[tgt.ids[i] for i in span_idx],
-                    mode=mode, batch=batch, pad_id=int(pad), output_text=tgt.text)
+                    mode=ask.mode, batch=batch, pad_id=int(pad), output_text=tgt.text)
     return prob, encoded, target, target_ids, (a, b), notes
 
 
@@ -865,14 +878,13 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
                              "attributed; use a decoder-only or encoder-decoder model")
     if not out.given:
         raise InspectorError("sources attributes an output: pass what the model said (--output TEXT) or --generate N")
-    spans = unit_spans(text, units)
-    given = not (units is None or (isinstance(units, str) and units == "sentences"))
+    ask = _Request(output=out, spans=unit_spans(text, units), given=not (units is None or units == "sentences"),
+                   span=span, mode=mode, batch_size=batch_size, global_tokens=global_tokens)
     was_training = model.training
     model.eval()
     try:
         with _Counter(model) as counter:
-            prob, encoded, target, target_ids, (a, b), notes = _prepare(
-                model, tokenizer, text, out, spans, given, span, mode, batch_size, global_tokens, counter)
+            prob, encoded, target, target_ids, (a, b), notes = _prepare(model, tokenizer, text, ask, counter)
             raw = _scorer(prob)
             phases = iter(["ablations", "held_out", "top_k"] if holdout else ["ablations", "top_k"])
 
