@@ -14,6 +14,26 @@ from pathlib import Path
 
 import streamlit as st
 
+st.set_page_config(page_title="inspector", page_icon="🔎", layout="wide")
+st.set_option("client.showErrorDetails", "type")  # an unexpected error never shows a traceback with server paths
+
+# The progress state, drawn in the main area before anything slow (importing torch and transformers, opening the
+# capture, the start selection's split finder, the first page): from the first paint until a page has been drawn
+# once, the main area shows what is being loaded, never nothing (issue 28).
+LOADING = st.empty()
+STARTING = not st.session_state.get("booted") or "pending_open" in st.session_state
+if STARTING:
+    _status = LOADING.status("Loading inspector …", expanded=True, state="running")
+    _status.write("importing torch and transformers (once per server) …" if "shared" not in sys.modules
+                  else "opening what the command line names …")
+
+
+def progress(text: str) -> None:
+    """Say in the progress state what is being loaded now."""
+    if STARTING:
+        _status.update(label=f"Loading inspector: {text}")
+
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pages' shared module (AppTest does not add it)
 
 import shared  # noqa: E402
@@ -24,8 +44,6 @@ from inspector.errors import InspectorError  # noqa: E402
 from inspector.store import load as load_capture  # noqa: E402
 from inspector.ui import views  # noqa: E402
 
-st.set_page_config(page_title="inspector", page_icon="🔎", layout="wide")
-st.set_option("client.showErrorDetails", "type")  # an unexpected error never shows a traceback with server paths
 shared.setup()
 
 # one line per page; a page is a standalone script under apps/ that calls shared.current() for the selection
@@ -43,7 +61,7 @@ PAGES = {
 }
 page = st.navigation(list(PAGES.values()), position="top")
 ss.problems = []
-shared.open_pending()
+shared.open_pending(page.url_path, progress)
 if ss.get("goto") in PAGES:
     target = PAGES[ss.pop("goto")]
     if target.url_path != page.url_path:
@@ -59,7 +77,7 @@ def search_labels(cap_key: str, _cap, site_name: str) -> list[str]:
 def find_query() -> None:
     """The token search's pick moves the query position; the search box empties again."""
     if ss.get("query_find") is not None:
-        ss.sel_query = int(ss.query_find)
+        shared.set_selection(query=int(ss.query_find))
         ss.query_find = None
 
 
@@ -132,27 +150,25 @@ with st.sidebar:
         st.divider()
         st.subheader("Selection")
         names = [s.name for s in cap.sites]
-        if ss.get("sel_site") not in names:
-            ss.sel_site = names[0]
+        sel = shared.sync_selection(cap)  # the one selection; the widgets below are bound to it by their keys
         short = {n: views.site_short(cap.site(n)) for n in names}
         unique = len(set(short.values())) == len(short)
         st.selectbox("Site (layer · kind · module)", names, key="sel_site",
                      format_func=lambda n: short[n] if unique else views.site_label(cap.site(n)))
-        site = cap.site(ss.sel_site)
+        site = cap.site(sel.site)
         st.caption(views.md_text(site.name))
-        if not 0 <= int(ss.get("sel_head", 0)) < site.num_heads:
-            ss.sel_head = 0
         st.selectbox("Head", list(range(site.num_heads)), key="sel_head")
         shared.weighting_switch()
         q_tokens = cap.tokens(site, "query")
-        shared.follow_query_axis(cap, site)
         # two ways to the query: its position (typed, or stepped with − and +), or a search over the tokens; the
         # position box is one small input, where a select box of every token costs a 2,000-token capture about a
         # quarter of a second of browser work on each pick (it opens, and filters its options on every key press)
         st.number_input("Query position", 0, site.query_len - 1, key="sel_query",
                         help="The query for the bars, the Q/K/V vectors and the step-by-step table: type a position and "
                              "press Enter, or step with − and +. A click on a heatmap cell chooses its query too.")
-        st.caption(f"«{views.md_text(q_tokens[int(ss.sel_query)])}», of positions 0..{site.query_len - 1}")
+        nth, of = shared.occurrence_of(q_tokens, sel.query)
+        st.caption(f"«{views.md_text(q_tokens[sel.query])}»" + (f", occurrence {nth} of {of}" if of > 1 else "")
+                   + f"; of positions 0..{site.query_len - 1}")
         # "contains": a plain substring filter; the default fuzzy match scores every option on each key press and
         # matches positions the user did not type
         st.selectbox("Find a query token", list(range(site.query_len)), key="query_find", index=None,
@@ -174,7 +190,18 @@ with st.sidebar:
 for msg in ss.problems:
     shared.show_error(msg)
 
+progress(f"drawing the {page.title} page …")
+drawn = False
 try:
     page.run()
+    drawn = True
 except Exception as exc:  # a capture that loads but breaks a view: an error box, no traceback, no server paths
+    drawn = True
     shared.show_error(f"this view cannot show the open capture: {views.app_error(exc)}")
+finally:
+    # the page is drawn (or it is the welcome text, stopped on purpose): the progress state goes; a run stopped
+    # by a click keeps it, and the next run draws it again
+    if drawn or (ss.capture is None and "pending_open" not in ss and not ss.get("goto")):
+        ss.booted = True
+        if STARTING:
+            LOADING.empty()

@@ -63,7 +63,7 @@ def split_scores(cap, path: str) -> dict[tuple[str, int], float] | None:
         memo = (path, run["query"], tuple(run["refs"]), run["rule"], ss.weighting)
         if ss.get("cmp_split", (None,))[0] != memo:
             try:
-                got = analysis.split_heads(cap, run["query"] or None, run["refs"], occurrence=int(ss.sp_occ) or None,
+                got = analysis.split_heads(cap, run["query"] or None, run["refs"], occurrence=shared.occurrence_arg(ss.sp_occ),
                                            sites=ss.sp_sites, rule=run["rule"], case_sensitive=not ss.sp_ignore_case,
                                            weighting=shared.weighting_of(cap))
             except InspectorError as exc:
@@ -109,6 +109,8 @@ scores = {"open": split_scores(c.cap, ss.path), "second": split_scores(other, ss
 def title(which: str, path: str, qi: int, tokens: list[str]) -> list[str]:
     said = scores[which]
     line = f"{which}: {Path(path).name} · query {qi} «{tokens[qi]}»"
+    nth, of = shared.occurrence_of(tokens, qi)
+    line += f" (occurrence {nth} of {of})" if of > 1 else ""  # counted from 1, as --occurrence counts
     if said is not None:
         score = said.get((c.site.name, c.head))
         line += f" · split score {score:.3f}" if score is not None and score == score else " · no split score here"

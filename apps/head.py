@@ -25,7 +25,7 @@ def on_heatmap_select(key: str) -> None:
     picked = ss[key]["selection"].get("cellpick") or []
     if picked:
         if "query_index" in picked[0]:
-            ss.sel_query = int(picked[0]["query_index"])
+            shared.set_selection(query=int(picked[0]["query_index"]))
         if "key_index" in picked[0]:
             ss.qkv_key = int(picked[0]["key_index"])
         ss.hm_picked = True  # the sidebar and the header follow: the page's fragment asks for a whole-app rerun

@@ -12,10 +12,11 @@ import argparse
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from inspector import analysis
 from inspector.capture.models import DEFAULT_MODEL, load_model
@@ -76,7 +77,7 @@ def setup() -> None:
         "metric": "normalized_entropy", "exclude_special": False,
         "hm_mode": "Window", "hm_size": 64, "hm_follow": True, "hm_q0": 0, "hm_k0": 0, "hm_topk": 5, "qkv_key": -1,
         "hm_scale": "0..1",
-        "sp_query": "", "sp_occ": 0, "sp_refs": "", "sp_pick": [], "sp_sites": "all", "sp_min_split": 0.2,
+        "sp_query": "", "sp_occ": None, "sp_refs": "", "sp_pick": [], "sp_sites": "all", "sp_min_split": 0.2,
         "sp_min_mass": 0.25, "sp_ignore_case": False, "sp_top": 10, "sp_min_lift": 2.0,
         "weighting": "attention",  # one weighting for every page (the sidebar's switch)
         "bv_view": "head view", "bv_start": 0, "bv_size": 32, "cmp_path": "",
@@ -85,7 +86,7 @@ def setup() -> None:
         args = app_args(sys.argv[1:])
         if args.file:
             ss.open_path = args.file
-            ss.pending_open = args
+            ss.pending_open = args  # kept until open_pending has applied all of it (a click may stop a run midway)
 
 
 def tmp_path(stem: str) -> Path:
@@ -125,8 +126,8 @@ def set_capture(cap: Capture, path: Path | str, source: str) -> None:
     except OSError:
         ss.cap_key = f"{path}|{id(cap)}"
     ss.rank, ss.split, ss.split_error, ss.bertviz_page = {}, None, None, None
-    ss.sel_site, ss.sel_head, ss.sel_query = first.name, 0, query
-    ss.sel_axis, ss.query_by_axis = query_axis(first), {}
+    ss.query_by_axis = {}
+    set_selection(Selection(first.name, 0, query))
     ss.verdict = None  # the verdict `inspector debug` wrote beside the capture (culprits.csv, verdict.json)
     try:
         from inspector.ui.verdict_view import read_verdict
@@ -158,24 +159,57 @@ def open_capture(path: str, source: str) -> bool:
     return True
 
 
-def open_pending() -> None:
+def open_pending(page: str | None = None, progress=None) -> None:
     """Open what the command line named; with ``--query`` and ``--referents`` run the split finder and
-    select its first flagged head, query and referents (what ``inspector demo`` passes)."""
-    args = ss.pop("pending_open", None)
+    select its first flagged head, query and referents (what ``inspector demo`` passes).
+
+    ``ss.pending_open`` stays until all of it is applied: a click during start-up stops a run at its next
+    Streamlit call, and the next run applies the start selection again from the beginning (it was once
+    popped first, and a click during the load lost the capture and its selection). ``page`` is the page this
+    run draws: the start page (``ss.goto``) is only switched to while the person has not chosen another page
+    in the meantime. ``progress(text)`` says what is being loaded."""
+    args = ss.get("pending_open")
+    if args is None:
+        return
+    ss.setdefault("pending_page", page)
+    user_page = page is not None and page != ss.pending_page  # a page clicked during start-up stays shown
+    say = progress or (lambda text: None)
     if isinstance(args, (str, Path)):  # a path alone (the Corpus page's "Capture" hands over the file it made)
         args = app_args([str(args)])
-    if args is None or not open_capture(args.file, getattr(args, "source", None) or "command line"):
+    say(f"opening the capture {Path(args.file).name} …")
+    try:
+        _apply_start(args, say)
+    finally:
+        if ss.get("start_applied"):
+            ss.pop("pending_open", None)
+            ss.pop("pending_page", None)
+            ss.pop("start_applied", None)
+            if user_page:
+                ss.pop("goto", None)
+
+
+def _apply_start(args, say) -> None:
+    """Open ``args.file`` and select what the arguments name (:func:`open_pending`); sets ``ss.start_applied``
+    once all of it is done, so an interrupted start is started again."""
+    ss.start_applied = False
+    if not open_capture(args.file, getattr(args, "source", None) or "command line"):
+        ss.start_applied = True
         return
+    _start_selection(args, say)
+    ss.start_applied = True
+
+
+def _start_selection(args, say) -> None:
     cap = ss.capture
     if args.site:
         try:
-            ss.sel_site = cap.site(args.site).name
+            set_selection(site=cap.site(args.site).name)
         except InspectorError as exc:
             ss.problems.append(views.app_error(exc))
     if getattr(args, "weighting", None):
         ss.weighting = args.weighting
-    if args.head is not None and 0 <= args.head < cap.site(ss.sel_site).num_heads:
-        ss.sel_head = args.head
+    if args.head is not None and 0 <= args.head < cap.site(selection().site).num_heads:
+        set_selection(head=args.head)
     if args.variant:
         open_variant(args.variant)
     top = ss.verdict.top if ss.get("verdict") is not None else None
@@ -184,8 +218,10 @@ def open_pending() -> None:
         select_head(top["site"], int(top["head"]), row if row >= 0 else None, goto="verdict")
         return
     if args.query and args.referents:
-        ss.sp_query, ss.sp_refs, ss.sp_occ = args.query, args.referents, int(args.occurrence or 0)
-        chosen = (ss.sel_site, ss.sel_head) if args.site and args.head is not None else None
+        ss.sp_query, ss.sp_refs, ss.sp_occ = args.query, args.referents, int(args.occurrence) if args.occurrence else None
+        sel = selection()
+        chosen = (sel.site, sel.head) if args.site and args.head is not None else None
+        say(f"running the split finder on «{args.query}» …")
         run_split()
         if ss.split_error:
             ss.problems.append(ss.split_error)
@@ -237,7 +273,7 @@ def run_split() -> None:
     refs = [r for r in ss.sp_refs.split(",") if r.strip()] + [f"@{i}" for i in ss.sp_pick]
     rule = analysis.SplitRule(min_split=float(ss.sp_min_split), min_mass=float(ss.sp_min_mass), min_lift=float(ss.sp_min_lift))
     try:
-        df = analysis.split_heads(cap, ss.sp_query.strip() or None, refs, occurrence=int(ss.sp_occ) or None,
+        df = analysis.split_heads(cap, ss.sp_query.strip() or None, refs, occurrence=occurrence_arg(ss.sp_occ),
                                   sites=ss.sp_sites, rule=rule, case_sensitive=not ss.sp_ignore_case,
                                   weighting=ss.weighting)
     except InspectorError as exc:
@@ -253,37 +289,115 @@ def run_split() -> None:
 
 
 # ---- selection ---------------------------------------------------------------------------------------
+# The selection is ONE value: ``ss.selection``, a frozen :class:`Selection`, replaced whole (never a field at a
+# time), set once from the run's start selection (:func:`open_pending`). The sidebar's widgets are bound to it
+# by their keys (``sel_site``, ``sel_head``, ``sel_query``): :func:`sync_selection` adopts what a widget changed
+# and writes the value back to the keys before they are drawn; the pages read only :func:`current`.
+SEL_KEYS = {"site": "sel_site", "head": "sel_head", "query": "sel_query"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The selected site, head and query position (on the site's query axis)."""
+
+    site: str
+    head: int
+    query: int
+
+
+def occurrence_arg(value) -> int | None:
+    """The split finder's Occurrence field as the analysis takes it: 1-based as on the command line, empty (None)
+    when the query occurs once."""
+    return int(value) if value not in (None, "") and int(value) >= 1 else None
+
+
+def occurrence_of(tokens: list[str], qi: int) -> tuple[int, int]:
+    """Which occurrence of its token the position ``qi`` is, counted from 1 as ``--occurrence`` counts, and how
+    many there are."""
+    token = tokens[qi]
+    return sum(1 for t in tokens[:qi] if t == token) + 1, sum(1 for t in tokens if t == token)
+
+
 def query_axis(site) -> str:
     """The identity of a site's query axis (its input roles): sites that share it share query positions."""
     return "|".join(site.query_input)
 
 
-def _remember_query() -> None:
-    """Note the query position under its axis, before the selection moves to another axis."""
-    if ss.get("sel_axis") is not None and "sel_query" in ss:
-        ss.query_by_axis = {**(ss.get("query_by_axis") or {}), ss.sel_axis: int(ss.sel_query)}
+def selection() -> Selection | None:
+    """The one selection (None while no capture is open)."""
+    return ss.get("selection")
 
 
-def follow_query_axis(cap, site) -> None:
-    """Keep the query position per query axis: moving to a site on another axis (an encoder's to a decoder's)
-    remembers the position left and restores the one last used there, else the first real token. Runs before
-    the position box is drawn."""
-    axis = query_axis(site)
-    if ss.get("sel_axis") != axis:
-        _remember_query()
-        ss.sel_axis = axis
-        ss.sel_query = (ss.get("query_by_axis") or {}).get(axis, first_query(cap, site))
-    if not 0 <= int(ss.get("sel_query", 0)) < site.query_len:
-        ss.sel_query = first_query(cap, site)
+def set_selection(new: Selection | None = None, **changes) -> Selection:
+    """Replace the selection (with ``new``, or the current one with ``changes``) and bind the sidebar's keys to it.
+    Where a widget has already been drawn in this run (the keys can no longer be written), the app runs again at
+    once, so the sidebar never shows another selection than the page."""
+    sel = new if new is not None else replace(ss.selection, **changes)
+    sel = Selection(str(sel.site), int(sel.head), int(sel.query))
+    old = ss.get("selection")
+    if old is not None and ss.get("capture") is not None and old.site != sel.site and "query" not in changes \
+            and new is None:
+        sel = _follow_axis(old, sel)
+    ss.selection = sel
+    _bind(sel)
+    return sel
+
+
+def _bind(sel: Selection) -> None:
+    try:
+        for field, key in SEL_KEYS.items():
+            if ss.get(key) != getattr(sel, field):
+                ss[key] = getattr(sel, field)
+    except StreamlitAPIException:  # the sidebar is drawn already: draw it again with this selection
+        st.rerun()
+    ss.sel_bound = sel
+
+
+def _follow_axis(old: Selection, sel: Selection) -> Selection:
+    """Moving to a site on another query axis (an encoder's to a decoder's) remembers the position left and
+    restores the one last used there, else the first real token."""
+    cap = ss.capture
+    a_old, a_new = query_axis(cap.site(old.site)), query_axis(cap.site(sel.site))
+    if a_old == a_new:
+        return sel
+    ss.query_by_axis = {**(ss.get("query_by_axis") or {}), a_old: int(old.query)}
+    return replace(sel, query=(ss.query_by_axis or {}).get(a_new, first_query(cap, cap.site(sel.site))))
+
+
+def sync_selection(cap: Capture) -> Selection:
+    """Before the sidebar's widgets are drawn: adopt what a widget (or a direct write to its key) changed since
+    the keys were bound, keep the selection valid for ``cap``, and bind the keys again."""
+    sel, bound = ss.get("selection"), ss.get("sel_bound")
+    if sel is None:
+        first = cap.sites[0]
+        sel = Selection(first.name, 0, first_query(cap, first))
+    changed = {f: ss[k] for f, k in SEL_KEYS.items()
+               if k in ss and ss[k] is not None and (bound is None or ss[k] != getattr(bound, f))}
+    names = [s.name for s in cap.sites]
+    new = replace(sel, **changed)
+    if new.site not in names:
+        new = replace(new, site=names[0])
+    if new.site != sel.site and "query" not in changed and sel.site in names:
+        new = _follow_axis(sel, new)
+    site = cap.site(new.site)
+    if not 0 <= int(new.head) < site.num_heads:
+        new = replace(new, head=0)
+    if not 0 <= int(new.query) < site.query_len:
+        new = replace(new, query=first_query(cap, site))
+    return set_selection(new)
 
 
 def select_head(site_name: str, head: int, query: int | None = None, goto: str | None = None) -> None:
-    """Point the sidebar selection at a head (a callback: runs before the widgets are drawn)."""
-    ss.sel_site, ss.sel_head = site_name, int(head)
-    if query is not None:  # a position on this site's query axis; the axis left keeps its own position
-        _remember_query()
-        ss.sel_query = int(query)
-        ss.sel_axis = query_axis(ss.capture.site(site_name))
+    """Point the selection at a head (a callback: runs before the widgets are drawn); ``query``: a position on
+    this site's query axis (the axis left keeps its own position)."""
+    if query is not None:
+        old = ss.get("selection")
+        if old is not None:
+            a_old = query_axis(ss.capture.site(old.site))
+            ss.query_by_axis = {**(ss.get("query_by_axis") or {}), a_old: int(old.query)}
+        set_selection(Selection(site_name, int(head), int(query)))
+    else:
+        set_selection(site=site_name, head=int(head))
     if goto is not None:
         ss.goto = goto
 
@@ -302,16 +416,19 @@ class Current:
 
 def current() -> Current:
     """The open capture and selection, with the selection header drawn; the welcome text and
-    ``st.stop()`` when no capture is open."""
+    ``st.stop()`` when no capture is open. The page reads the selection from here only."""
     cap = ss.capture
     if cap is None:
         welcome()
         st.stop()
-    site = cap.site(ss.sel_site)
-    head, qi = int(ss.sel_head), int(ss.sel_query)
+    sel = ss.get("selection") or sync_selection(cap)
+    site = cap.site(sel.site)
+    head, qi = int(sel.head), int(sel.query)
     q_tokens, k_tokens = cap.tokens(site, "query"), cap.tokens(site, "key")
+    nth, of = occurrence_of(q_tokens, qi)
+    occ = f" (occurrence {nth} of {of})" if of > 1 else ""
     st.markdown(f"#### {views.md_text(views.site_label(site))} · head {head} · query {qi} "
-                f"«{views.md_text(q_tokens[qi])}»")
+                f"«{views.md_text(q_tokens[qi])}»{occ}")
     return Current(cap, site, head, qi, q_tokens, k_tokens)
 
 

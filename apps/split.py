@@ -27,8 +27,9 @@ with st.form("split_form"):
     c1, c2, c3 = st.columns([2, 1, 3])
     c1.text_input("Query word", key="sp_query", placeholder="e.g. indemnity", persist_state=PERSIST,
                   help="A word or phrase of the text (whole word), or token indices like @7 or @7-9.")
-    c2.number_input("Occurrence", 0, 99, key="sp_occ", persist_state=PERSIST,
-                    help="Which occurrence of the query, 1-based; 0 when it occurs once.")
+    c2.number_input("Occurrence", 1, 99, key="sp_occ", persist_state=PERSIST, placeholder="1, 2, …",
+                    help="Which occurrence of the query, counted from 1 as `--occurrence` counts; empty when "
+                         "it occurs once.")
     c3.text_input("Referents (comma-separated)", key="sp_refs", placeholder="e.g. Lessee, Lessor", persist_state=PERSIST,
                   help="The competing words or phrases the query might refer to.")
     c4, c5, c6, c7 = st.columns([3, 1.2, 1, 1])

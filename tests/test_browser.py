@@ -62,15 +62,18 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60, log: Pat
 
 
 @contextlib.contextmanager
-def serve(tmp_path: Path, *app_args: str):
+def serve(tmp_path: Path, *app_args: str, env: dict[str, str] | None = None):
     """The app on a free localhost port, its temporary files under ``tmp_path/tmp``; stopped (SIGTERM)
-    whatever happens. Yields the URL."""
+    whatever happens. Yields the URL. ``env``: more environment variables for the server (a ``PYTHONPATH``
+    there comes before the checkout's)."""
     port = free_port()
     work, tmp = tmp_path / "work", tmp_path / "tmp"
     work.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
+    extra = dict(env or {})
+    path = os.pathsep.join(p for p in (extra.pop("PYTHONPATH", ""), str(ROOT)) if p)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(tmp),
-               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false", PYTHONPATH=str(ROOT))
+               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false", PYTHONPATH=path, **extra)
     log = (tmp_path / "streamlit.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true", "--server.port", str(port),

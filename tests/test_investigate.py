@@ -200,3 +200,32 @@ def test_debug_computes_the_originals_split_once(bart, tmp_path, monkeypatch):
     assert len(calls) == 3  # the original, then each variant once
     again = inv.comparisons["again"]  # the same text: the comparison reads the original's table, unchanged
     assert (again["split_change"].abs() < 1e-9).all() and len(again) == len(inv.split)
+
+
+def test_every_reproduce_command_parses_with_the_real_parser(bart, tmp_path):
+    """Every command an investigation writes (capture, rank, split, explain, compare, effects, attribute, routes)
+    parses with the CLI's own parser, with no unknown or misspelt flag: renaming a flag without its alias fails
+    here, not in a user's terminal. Each flag's value is what the investigation used."""
+    import argparse
+    import shlex
+
+    from inspector.cli import build_parser
+
+    q = Question(query="indemnify", referents=("Lessee", "Lessor"), contrast=("Lessee", "Lessor"))
+    inv = investigate(bart, LEGAL, q, Output.of(OUTPUT), variants={"quoted": QUOTED}, out_dir=tmp_path, top=2)
+    parser = build_parser()
+    seen = set()
+    for cmd in inv.commands:
+        argv = shlex.split(cmd)
+        assert argv[0] == "inspector", cmd
+        try:
+            args = parser.parse_args(argv[1:])
+        except SystemExit:
+            raise AssertionError(f"the reproduce command does not parse: {cmd}") from None
+        assert isinstance(args, argparse.Namespace)
+        seen.add(argv[1])
+        if getattr(args, "referents", None):
+            assert args.referents == "Lessee,Lessor", cmd
+        if argv[1] in ("split", "explain", "compare"):
+            assert args.query == "indemnify", cmd
+    assert {"capture", "rank", "split", "compare"} <= seen, seen
