@@ -5,7 +5,10 @@
 * :mod:`~inspector.analysis.split`: a query word's rows and the split detector (chance, lift, shared pieces);
 * :mod:`~inspector.analysis.spans`: words and phrases to token positions through the tokenizer's offsets;
 * :mod:`~inspector.analysis.explain`: one query's weights step by step;
-* :mod:`~inspector.analysis.moves`: what a variant did to the flagged heads, in words.
+* :mod:`~inspector.analysis.moves`: what a variant did to the flagged heads, in words;
+* :mod:`~inspector.analysis.question`: the :class:`~inspector.analysis.question.Question` a person asks, built once;
+* :mod:`~inspector.analysis.rollout`: attention rollout, raw and value-weighted (Abnar & Zuidema 2020);
+* :mod:`~inspector.analysis.verdict`: the verdict: heads ranked by exact effect, with their attention signature.
 
 Imports :mod:`inspector.store` only.
 """

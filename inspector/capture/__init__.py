@@ -4,6 +4,7 @@
   ``AttentionInterface`` (the seam) and the context managers that point a model at it;
 * :mod:`~inspector.capture.recorder`: the recorder behind the seam, :func:`capture` and :func:`record`;
 * :mod:`~inspector.capture.output`: what the model said (:class:`~inspector.capture.output.Output`);
+* :mod:`~inspector.capture.options`: what a capture records (:class:`~inspector.capture.options.CaptureOptions`);
 * :mod:`~inspector.capture.banded`: long-document attention read from the model and moved to tokens;
 * :mod:`~inspector.capture.inputs`: tokenization with offsets, special and padding flags, pairs, targets;
 * :mod:`~inspector.capture.models`: loading a model by folder or Hub id, offline first;

@@ -2,7 +2,9 @@
 
 * :mod:`~inspector.cli.common`: argument types and options, checks that run before a model loads, the app runner;
 * :mod:`~inspector.cli.commands`: the parser, ``main`` and the capture, analysis, intervention and corpus commands;
-* :mod:`~inspector.cli.investigate`: ``debug``, ``compare`` and ``demo``.
+* :mod:`~inspector.cli.investigate`: ``debug``, ``compare`` and ``demo``;
+* :mod:`~inspector.cli.routes`: ``attribute`` and ``routes``; :mod:`~inspector.cli.why`: ``why``;
+* :mod:`~inspector.cli.sources`: ``sources`` (ContextCite).
 
 Nothing imports this package. ``inspector --help`` and argument errors answer without importing torch,
 transformers or pandas: every command imports what it needs when it runs.

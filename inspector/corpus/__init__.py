@@ -6,7 +6,8 @@
 * :mod:`~inspector.corpus.folder`: the scan folder (atomic parts, commit records, resume);
 * :mod:`~inspector.corpus.scan`: ``inspector scan``; :mod:`~inspector.corpus.ray_engine`: the Ray Data engine;
 * :mod:`~inspector.corpus.queries`: DuckDB over a scan folder;
-* :mod:`~inspector.corpus.leases`: the generated demo corpus.
+* :mod:`~inspector.corpus.leases`: the generated demo corpus;
+* :mod:`~inspector.corpus.route_rows`: ``scan --routes``, the heads on each document's route.
 
 Imports :mod:`inspector.analysis`, :mod:`inspector.capture` and :mod:`inspector.store`.
 

@@ -4,7 +4,12 @@
   (zero and mean ablation, patching, recording head outputs);
 * :mod:`~inspector.intervene.contrast`: the log-probability table and the contrast metric;
 * :mod:`~inspector.intervene.effects`: :func:`ablate`, :func:`patch` and :func:`effects` (attribution
-  patching and exact effects).
+  patching and exact effects);
+* :mod:`~inspector.intervene.attribution`: input-token attribution (input x gradient, integrated gradients, rollout);
+* :mod:`~inspector.intervene.routes`: information-flow routes (Ferrando & Voita 2024);
+* :mod:`~inspector.intervene.logit_parts`: one head's score difference decomposed into residual parts;
+* :mod:`~inspector.intervene.sources`: ContextCite (random unit ablations, a sparse linear surrogate);
+* :mod:`~inspector.intervene.long_sites`: where long-document attention's head outputs enter the output projection.
 
 Imports :mod:`inspector.analysis`, :mod:`inspector.capture` and :mod:`inspector.store`.
 """

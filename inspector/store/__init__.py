@@ -5,7 +5,12 @@
 * :mod:`~inspector.store.masks`: compact mask specs, expanded on demand;
 * :mod:`~inspector.store.validate`: every header field and every row read is checked;
 * :mod:`~inspector.store.attention`: the seed's attention math, which a lazy capture recomputes weights with;
-* :mod:`~inspector.store.files`: atomic writes for every file inspector writes.
+* :mod:`~inspector.store.files`: atomic writes for every file inspector writes;
+* :mod:`~inspector.store.band`: banded and block-local attention stored compactly;
+* :mod:`~inspector.store.display`: the notebook display (``_repr_html_``) of captures, sites and explanations;
+* :mod:`~inspector.store.header`: a capture file's header read with json alone (checks before torch loads);
+* :mod:`~inspector.store.specs`: the torch-free rules of the command line's specs (contrast, referents, heads, sites);
+* :mod:`~inspector.store.words`: the one word matcher and token-index parser.
 
 Nothing here imports another stage of inspector.
 """
