@@ -131,3 +131,24 @@ def test_the_capture_package_is_the_package_and_calling_it_captures():
     model = tiny.build("gpt2")
     cap = inspector.capture(model, tiny.tokenizer(), "The Lessee shall pay the Lessor.", weights=False)
     assert repr(cap).startswith("Capture of ") and "; source " in repr(cap)
+
+
+def test_the_head_key_is_spelled_once():
+    """The columns that name a head (``inspector.store.schema.HEAD_KEY``) are written out in one place; every table
+    builds on that tuple, so the CLI, CSV, report, app and corpus name a head the same way (a table that shows
+    these columns in another order for reading, e.g. a route's edges, is not a key)."""
+    import ast
+
+    from inspector.store.schema import HEAD_KEY
+
+    found = []
+    for path in sorted((ROOT / "inspector").rglob("*.py")) + sorted((ROOT / "apps").glob("*.py")):
+        if path.name == "schema.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+                words = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                n = len(HEAD_KEY)
+                if any(tuple(words[i:i + n]) == HEAD_KEY for i in range(len(words) - n + 1)):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, f"the head key spelled out again (use inspector.store.schema.HEAD_KEY): {found}"

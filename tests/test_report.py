@@ -366,3 +366,21 @@ def test_split_table_lists_print_as_the_csv_writes_them(legal):
     assert rows[0][cols.index("query_positions")] == "24 25 26"
     scores = rows[0][cols.index("row_split_scores")]
     assert scores.strip("[]").split(", ") == [f"{x:.4f}" for x in split.iloc[0]["row_split_scores"]]
+
+
+def test_the_report_finds_the_referents_by_the_questions_case_rule(minilm):
+    """A split asked case-blind (``--ignore-case``) found 'lessee' in 'Lessee': the report reads the same keys (its
+    heatmap marks them and it shows the query's rows over them), not none by a case-sensitive second look-up."""
+    from inspector import analysis
+    from inspector.analysis.question import Question
+    from inspector.capture.recorder import capture
+
+    text = "The Lessee shall indemnify the Lessor against all claims."
+    cap = capture(minilm.model, minilm.tokenizer, text)
+    split = analysis.split_heads(cap, "indemnify", ["lessee", "lessor"], case_sensitive=False)
+    html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnify", ("lessee", "lessor"),
+                                                                        case_sensitive=False), commands=[])
+    assert "The query&#39;s rows over the referents" in html or "The query's rows over the referents" in html
+    top = split.iloc[0]
+    table = html[html.index(f'data-site="{top["site"]}" data-head="{int(top["head"])}"'):]
+    assert 'data-k="2" class="r"' in table[:4000]  # 'less' of 'Lessee', a referent key

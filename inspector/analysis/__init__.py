@@ -19,7 +19,6 @@ from inspector.analysis.keys import (
     head_weights,
     reweight_,
     value_norms_of,
-    visible,
     visible_keys,
     weighted_sites,
 )
@@ -47,5 +46,5 @@ __all__ = [
     "MASKED", "NoReferentVisible", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
     "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "nothing_visible_message", "piece", "query_rows", "rank_heads",
     "rank_heads_both", "referent_rows", "referent_split", "reweight_", "split_heads", "split_notes",
-    "value_norms_of", "visible", "visible_keys", "weighted_sites", "word_row",
+    "value_norms_of", "visible_keys", "weighted_sites", "word_row",
 ]

@@ -2,7 +2,7 @@
 explain, the views, the report and the corpus scan.
 
 * :func:`visible_keys`: boolean ``[1|head, query, key]``, the keys each query row can see (its mask and
-  padding; :func:`inspector.store.masks.visible_keys` is the rule, re-exported as ``visible``).
+  padding; :func:`inspector.store.masks.visible_by_mask` is the rule).
 * Weighting (``weighting="value-norm"``, Kobayashi et al. 2020, "Attention is Not Only a Weight"):
   each weight times the norm of what its key sends through the head, ``||v_j W_O^h||`` (the capture's
   ``<site>/value_norm``), renormalized per query row; ``"attention"`` (default) uses the raw weights.
@@ -18,16 +18,20 @@ import torch
 
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-from inspector.store.masks import MASKED  # noqa: F401  (the one definition; re-exported)
-from inspector.store.masks import visible_keys as visible
+from inspector.store.masks import (
+    MASKED,  # noqa: F401  (the one definition; re-exported)
+    visible_by_mask,
+)
 
 WEIGHTINGS = ("attention", "value-norm")
 
 
 def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k: torch.Tensor) -> torch.Tensor:
-    """Boolean ``[1 or head, query, key]``: keys each query row can see."""
+    """Boolean ``[1 or head, query, key]``: keys each query row ``queries`` of ``capture``'s batch row ``batch`` can
+    see at ``site``: its mask (:func:`inspector.store.masks.visible_by_mask`, the one rule) less the padding keys
+    ``pad_k [key]``."""
     n = len(range(*queries.indices(site.query_len)))
-    return visible(site, (~pad_k).expand(1, n, -1), capture.mask_rows(site, batch, queries),
+    return visible_by_mask(site, (~pad_k).expand(1, n, -1), capture.mask_rows(site, batch, queries),
                    torch.arange(*queries.indices(site.query_len)))
 
 

@@ -41,9 +41,10 @@ from inspector.analysis.keys import check_batch, reweight_, value_norms_of, visi
 from inspector.errors import InspectorError
 from inspector.store.attention import softmax_weights
 from inspector.store.capture_file import Capture, Site
+from inspector.store.schema import HEAD_KEY
 
 BLOCK_VALUES = 1 << 21  # rank_heads works on [head, query, key] blocks of at most this many values (8 MB float32)
-RANK_COLUMNS = ["site", "stack", "kind", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "self_mass",
+RANK_COLUMNS = [*HEAD_KEY, "entropy", "normalized_entropy", "sink_mass", "self_mass",
                 "prev_mass", "top_key", "top_key_index", "top_key_weight", "label"]
 
 

@@ -45,9 +45,10 @@ from inspector.analysis.keys import (
 from inspector.errors import InspectorError
 from inspector.store import masks
 from inspector.store.capture_file import Capture, Site
+from inspector.store.schema import HEAD_KEY
 from inspector.store.specs import check_thresholds, clean_referents  # noqa: F401  (torch-free; API here too)
 
-SPLIT_COLUMNS = ["site", "stack", "kind", "layer", "head", "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
+SPLIT_COLUMNS = [*HEAD_KEY, "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
 # after the weights: the aggregate verdict, the per-row rule, the shared pieces (then pieces:<ref>...)
 SPLIT_VERDICT_COLUMNS = ["referent_mass", "chance_mass", "lift", "split_score", "flagged", "driving_row", "row_split_scores",
                          "rows_flagged", "shared_pieces", "shared_share", "split_unshared", "mostly_shared"]

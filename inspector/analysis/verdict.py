@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from inspector.errors import InspectorError
+from inspector.store.schema import HEAD_KEY
 
 NEGLIGIBLE = 0.05  # |effect| below this share of the largest |effect| (or below 1e-6) is negligible
 TOWARDS_WRONG, TOWARDS_RIGHT, NEGLIGIBLE_LABEL, UNCONFIRMED = "towards WRONG", "towards RIGHT", "negligible", "not confirmed"
@@ -51,7 +52,7 @@ MEANING = {
     "elsewhere": "little of its weight is on either referent: the error travels through other tokens",
     "not read": "its attention at the row the metric reads is not available (another axis, or no referent visible)",
 }
-COLUMNS = ["rank", "site", "stack", "kind", "layer", "head", "effect", "attribution", "direction", "signature",
+COLUMNS = ["rank", *HEAD_KEY, "effect", "attribution", "direction", "signature",
            "weight_right", "weight_wrong", "wrong_share", "referent_mass", "split_score", "query_row", "query_token"]
 
 
@@ -133,10 +134,10 @@ def culprits(effects: pd.DataFrame, signatures: pd.DataFrame | None, *, right: s
     :func:`~inspector.analysis.split.split_heads` table whose referents are ``right`` and ``wrong`` (columns
     ``weight:<right>``, ``weight:<wrong>``, ``referent_mass``, ``split_score``, ``query_positions``, ``query``),
     read at the row the metric reads, or None. Raises :class:`InspectorError` when ``effects`` lacks a column."""
-    need = {"site", "stack", "kind", "layer", "head", "attribution", "effect"}
+    need = {*HEAD_KEY, "attribution", "effect"}
     if not need <= set(effects.columns):
         raise InspectorError(f"the effects table lacks {sorted(need - set(effects.columns))}")
-    t = effects[["site", "stack", "kind", "layer", "head", "effect", "attribution"]].copy()
+    t = effects[[*HEAD_KEY, "effect", "attribution"]].copy()
     t["head"] = t["head"].astype(int)
     t["layer"] = t["layer"].astype(int)
     wr, ww = f"weight:{right}", f"weight:{wrong}"

@@ -28,11 +28,11 @@ import pandas as pd
 import torch
 
 from inspector.analysis import spans
-from inspector.analysis.keys import visible
 from inspector.analysis.rank import LabelRule, RankSums
 from inspector.analysis.split import SplitRule, clean_referents, find_referents
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
+from inspector.store.masks import visible_by_mask
 
 _BATCH_BLOCK_VALUES = 1 << 21  # a [batch, head, rows, key] block of at most this many values (8 MB float32: passes over it stay in cache)
 _GROUP_OVERHEAD_VALUES = 1 << 16  # the fixed cost of one more block, in values of block (Python and small tensor operations)
@@ -87,7 +87,7 @@ class Axes:
             special_k, pad_k = self.tensors(tuple(site.key_input))
             _, pad_q = self.tensors(tuple(site.query_input))
             mask = None if site.mask is None else masks.dense(self.capture.masks[site.mask], self.capture.tensors).float()
-            vis = visible(site, ~pad_k[:, None, None, :], mask, torch.arange(site.query_len))
+            vis = visible_by_mask(site, ~pad_k[:, None, None, :], mask, torch.arange(site.query_len))
             self._flags[key] = (special_k, pad_k, pad_q, mask, vis)
         return self._flags[key]
 

@@ -35,8 +35,9 @@ import pandas as pd
 
 from inspector.corpus.folder import check_parts, committed_heads, read_info
 from inspector.errors import InspectorError
+from inspector.store.schema import HEAD_KEY
 
-KEYS = ["site", "stack", "kind", "layer", "head"]
+KEYS = list(HEAD_KEY)
 
 
 _GLOB = str.maketrans({c: f"[{c}]" for c in "[*?"})  # DuckDB reads each path as a glob: its wildcards as literals

@@ -34,6 +34,7 @@ import pandas as pd
 from inspector.corpus.documents import Document, error_line
 from inspector.corpus.forward_sums import ForwardSums
 from inspector.intervene.routes import THRESHOLD
+from inspector.store.schema import HEAD_KEY
 
 DOC_COLUMNS = ["id", "row", "tokens", "status", "error"]
 _POSITION_COLUMNS = {"top_key_index": "key"}  # rank columns holding a position on a site's key axis
@@ -159,7 +160,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
         for name in per_ref:
             list_name = "referent_weights" if name == "weight" else f"referent_{name}"
             extra[list_name] = split[[f"{name}:{r}" for r in refs]].to_numpy().tolist()
-        done = {c for cs in per_ref.values() for c in cs} | {"site", "stack", "kind", "layer", "head", "query_positions",
+        done = {c for cs in per_ref.values() for c in cs} | {*HEAD_KEY, "query_positions",
                                                                "driving_row", "rows_flagged"}
         for c in split.columns:
             if c not in done and c not in extra:

@@ -36,8 +36,9 @@ from inspector.errors import InspectorError
 from inspector.intervene import contrast as _contrast
 from inspector.intervene import seam as intervene
 from inspector.store.capture_file import Capture, Site
+from inspector.store.schema import HEAD_KEY
 
-EFFECT_COLUMNS = ["site", "stack", "kind", "layer", "head", "attribution", "effect"]
+EFFECT_COLUMNS = [*HEAD_KEY, "attribution", "effect"]
 
 
 @dataclass

@@ -24,6 +24,7 @@ from inspector.errors import InspectorError
 from inspector.investigate.defaults import DEBUG_TOP, MARKER
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
+from inspector.store.schema import HEAD_KEY
 from inspector.store.words import occurs_in
 
 LEGAL_SOURCE = (
@@ -34,7 +35,7 @@ LEGAL_QUOTED = (
     'The lease states, in the words of the clause: "The Lessee shall indemnify the Lessor against all claims '
     'arising from the use of the premises." Such indemnity survives termination.'
 )
-KEYS = ["site", "stack", "kind", "layer", "head"]
+KEYS = list(HEAD_KEY)
 
 
 @dataclass

@@ -27,8 +27,9 @@ from inspector.intervene import effects as _effects
 from inspector.intervene import seam as intervene
 from inspector.intervene.contrast import model_has_lm_head
 from inspector.store.capture_file import Capture
+from inspector.store.schema import HEAD_KEY
 
-HEAD_KEYS = ["site", "stack", "kind", "layer", "head"]
+HEAD_KEYS = list(HEAD_KEY)
 
 
 @dataclass

@@ -270,7 +270,7 @@ class Capture:
             # such value makes its row's sum non-finite: one reduction instead of the full check
             return w
         rows = range(*qs.indices(site.query_len))
-        vis = validate.visible(site, mask if mask is None or mask.shape[0] == 1 else mask[heads], rows)
+        vis = validate.visible_rows(site, mask if mask is None or mask.shape[0] == 1 else mask[heads], rows)
         pad_q, pad_k = self._padding(site, "query", batch)[qs], self._padding(site, "key", batch)
         validate.check_rows(str(self.source), site, w, vis & ~pad_k, heads, rows, code, skip=pad_q)
         return w

@@ -42,7 +42,7 @@ _CHUNK = 512  # query rows compared at a time when a mask is encoded
 MASKED = -1e4  # an additive mask value at or below this hides the key (the dtype minimum, -inf)
 
 
-def visible_keys(site, seen: torch.Tensor, mask: torch.Tensor | None, q_idx: torch.Tensor) -> torch.Tensor:
+def visible_by_mask(site, seen: torch.Tensor, mask: torch.Tensor | None, q_idx: torch.Tensor) -> torch.Tensor:
     """The keys each query row can see, the one definition every stage uses (validation, rank, split,
     the scan, the views): boolean ``[..., query, key]``.
 

@@ -10,6 +10,9 @@ from typing import Any
 
 # the dtypes a capture's tensors may be stored in (named here, without torch, for the CLI and the scan folder)
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+# the columns that name one head in every table inspector writes (rank, split, effects, verdict, the scan's rows):
+# the site's module path, its stack and kind, its layer and the head's index at the site
+HEAD_KEY = ("site", "stack", "kind", "layer", "head")
 
 
 @dataclass

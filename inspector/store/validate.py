@@ -28,7 +28,7 @@ import torch
 
 from inspector.errors import InspectorError
 from inspector.store.header import HEADER_BASE, MAX_HEADER, header_length  # noqa: F401  (torch-free, for the CLI)
-from inspector.store.masks import visible_keys
+from inspector.store.masks import visible_by_mask
 
 INSPECTOR_BASE = 1 << 20  # the inspector JSON may always take this much (provenance, options)
 PER_TENSOR = 4096  # ... plus this much per tensor (site fields, mask specs)
@@ -151,11 +151,11 @@ def _short(value: Any) -> str:
 
 
 # ---- rows -----------------------------------------------------------------------------------
-def visible(site, mask: torch.Tensor | None, queries: range) -> torch.Tensor:
-    """Boolean ``[1|head, query, key]``: keys each row can see (:func:`inspector.store.masks.visible_keys`
+def visible_rows(site, mask: torch.Tensor | None, queries: range) -> torch.Tensor:
+    """Boolean ``[1|head, query, key]``: keys each row can see (:func:`inspector.store.masks.visible_by_mask`
     with every key seen: padding is the caller's to remove)."""
     seen = torch.ones(1, len(queries), site.key_len, dtype=torch.bool)
-    return visible_keys(site, seen, mask, torch.tensor(list(queries), dtype=torch.long))
+    return visible_by_mask(site, seen, mask, torch.tensor(list(queries), dtype=torch.long))
 
 
 def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list[int], queries: range, dtype_code: str,

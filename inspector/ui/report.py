@@ -219,23 +219,27 @@ class _Head:
     positions: list[int]  # query positions on the site's query axis
     refs: dict[str, list[int]]  # referent -> key positions
     weighting: str = "attention"  # of the heatmap and the shading (analysis.head_weights)
+    case_sensitive: bool = True  # the question's rule, by which its words were found
 
 
-def _locate(capture: Capture, row: dict, query: str, referents: list[str], batch: int) -> _Head:
+def _locate(capture: Capture, row: dict, query: str, referents: list[str], batch: int,
+            case_sensitive: bool = True) -> _Head:
     """The shown head: its query positions (the split row's ``query_positions``, else the query's first
-    occurrence) and every referent's key positions."""
+    occurrence) and every referent's key positions, found by the question's case rule (as the split found them)."""
     site = capture.site(row["site"])
     given = [int(p) for p in (row.get("query_positions") or [])]
     if not given:
-        found = spans.find(capture, site, query, "query", batch=batch)
-        given = list(spans.resolve_query(capture, site, query, occurrence=1 if len(found) > 1 else None, batch=batch).positions)
+        found = spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive)
+        given = list(spans.resolve_query(capture, site, query, occurrence=1 if len(found) > 1 else None, batch=batch,
+                                         case_sensitive=case_sensitive).positions)
     refs: dict[str, list[int]] = {}
     for ref in referents:
         try:
-            refs[ref] = sorted({p for o in spans.find(capture, site, ref, "key", batch=batch) for p in o.positions})
+            refs[ref] = sorted({p for o in spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive)
+                                for p in o.positions})
         except InspectorError:
             refs[ref] = []
-    return _Head(site, int(row["head"]), row, given, refs)
+    return _Head(site, int(row["head"]), row, given, refs, case_sensitive=case_sensitive)
 
 
 def _query_weights(capture: Capture, h: _Head, batch: int) -> np.ndarray:
@@ -468,7 +472,7 @@ def _comparison_plot(comparison: pd.DataFrame, top: int = 10) -> dict | None:
 def _occurrence(capture: Capture, h: _Head, query: str, batch: int) -> int:
     """Which occurrence of the query (0-based) the head's query positions are; 0 when none matches."""
     try:
-        found = spans.find(capture, h.site, query, "query", batch=batch)
+        found = spans.find(capture, h.site, query, "query", batch=batch, case_sensitive=h.case_sensitive)
     except InspectorError:
         return 0
     return next((i for i, o in enumerate(found) if list(o.positions) == h.positions), 0)
@@ -480,11 +484,11 @@ def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[st
     out = {"name": name, "model": None if cap.model_name == main_model else cap.model_name, "error": None}
     try:
         site = cap.site(top.site.name)
-        occ = spans.find(cap, site, query, "query", batch=batch)
+        occ = spans.find(cap, site, query, "query", batch=batch, case_sensitive=top.case_sensitive)
         if not occ:
             raise InspectorError(f"query {query!r} is not in this variant")
         row = {"site": site.name, "head": top.head, "query_positions": list(occ[min(k, len(occ) - 1)].positions)}
-        h = _locate(cap, row, query, referents, batch)
+        h = _locate(cap, row, query, referents, batch, top.case_sensitive)
         h.weighting = top.weighting
         w = _query_weights(cap, h, batch)
         out["gives"] = " · ".join(f"{r} {w[p].sum():.4f}" for r, p in h.refs.items())
@@ -683,7 +687,7 @@ def render_report(capture: Capture, split: pd.DataFrame, rank: pd.DataFrame, que
     heads: list[tuple[_Head | None, dict, str | None]] = []
     for row in shown.to_dict("records"):
         try:
-            h = _locate(capture, row, query, referents, batch)
+            h = _locate(capture, row, query, referents, batch, question.case_sensitive)
             h.weighting = weighting
             heads.append((h, row, None))
         except InspectorError as exc:
