@@ -288,3 +288,40 @@ def test_unwritable_output_is_refused_before_the_model_loads(tmp_path, argv, mon
         line = _one_line(capsys.readouterr().err)
         assert "could not write" in line and "write elsewhere" in line, line
         assert {p.name: p.read_bytes() for p in ro.iterdir()} == old
+
+
+@pytest.mark.parametrize("existing, write, refused", [
+    (b"\x89PNG\r\n\x1a\n....", "csv", True),           # a table never replaces an image
+    (b"my notes about the run\nsecond line\n", "csv", True),  # nor someone's notes
+    (b"site,head\nx,1\n", "png", True),                # a figure never replaces a table
+    (b'{"a": 1}\n', "csv", True),
+    (b"PK\x03\x04 spreadsheet", "json", True),
+    (b"site,head\nx,1\n", "csv", False),               # an earlier table of the same kind is replaced
+    (b'{"a": 1}\n', "json", False),
+    (b"", "png", False),                               # an empty file too
+    (b"<svg xmlns='http://www.w3.org/2000/svg'></svg>", "svg", False),
+])
+def test_an_output_never_replaces_another_kind_of_file(tmp_path, existing, write, refused):
+    from inspector.store.files import write_bytes, write_csv, write_json
+
+    path = tmp_path / ("notes.txt" if b"notes" in existing else "target.csv")  # rank --csv notes.txt
+    path.write_bytes(existing)
+    data = {"csv": lambda: write_csv(path, pd.DataFrame({"a": [1]})), "json": lambda: write_json(path, {"b": 2}),
+            "png": lambda: write_bytes(path, b"\x89PNG\r\n\x1a\nnew"),
+            "svg": lambda: write_bytes(path, b"<svg xmlns='http://www.w3.org/2000/svg'><g/></svg>")}[write]
+    if refused:
+        with pytest.raises(InspectorError, match="exists and holds .*move it away or write to another name"):
+            data()
+        assert path.read_bytes() == existing  # nothing already saved is lost
+    else:
+        data()
+        assert path.read_bytes() != existing
+
+
+def test_a_one_column_table_is_a_table(tmp_path):
+    from inspector.store.files import write_csv
+
+    path = tmp_path / "one.csv"
+    write_csv(path, pd.DataFrame({"a": [1, 2]}))
+    write_csv(path, pd.DataFrame({"a": [3]}))
+    assert path.read_text() == "a\n3\n"

@@ -343,6 +343,15 @@ def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path
     # --csv writes one result: several are refused with one line, and the file is not written
     assert cli.main(["corpus", str(out), "--sql", two, "--csv", str(tmp_path / "two.csv")]) == 2
     assert "give one SELECT with --csv" in capsys.readouterr().err and not (tmp_path / "two.csv").exists()
+    # --sql reads: a statement that could write a file or change settings is refused before anything runs
+    target = tmp_path / "written.csv"
+    for bad in (f"COPY (SELECT 1) TO '{target}'", f"EXPORT DATABASE '{tmp_path / 'db'}'", "DROP VIEW heads",
+                f"PRAGMA profiling_output = '{target}'", "SET threads = 1", f"ATTACH '{tmp_path / 'x.db'}'",
+                f"SELECT 1; COPY (SELECT 2) TO '{target}'"):
+        assert cli.main(["corpus", str(out), "--sql", bad]) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is refused" in err[0], (bad, err)
+    assert not target.exists() and not (tmp_path / "db").exists() and not (tmp_path / "x.db").exists()
     # ... refused before any statement runs (the types say which statements give rows)
     with pytest.raises(Exception, match="writes one"):
         corpus.queries(out, "CREATE TABLE t AS SELECT 1 AS x; SELECT 1; SELECT 2", single=True)

@@ -121,6 +121,9 @@ def _run(con, sql: str, params: list | None = None) -> pd.DataFrame:
 
 
 _ASKING = {"SELECT", "EXPLAIN", "PRAGMA", "CALL"}  # DuckDB statement types that return rows (DESCRIBE, SHOW are SELECTs)
+# what --sql may run over the in-memory views: reading and deriving, never COPY / EXPORT (files), ATTACH (databases),
+# SET / PRAGMA (settings, e.g. a profiling output file), INSTALL / LOAD (extensions) or DROP
+_ALLOWED = {"SELECT", "EXPLAIN", "CREATE", "INSERT", "UPDATE", "DELETE"}
 
 
 def query(out_or_con, sql: str) -> pd.DataFrame:
@@ -135,7 +138,9 @@ def queries(out_or_con, sql: str, *, single: bool = False) -> list[tuple[str, pd
     """Run each statement of ``sql`` in order (a ``CREATE VIEW`` is seen by the next ones): ``(statement
     text, result)`` for each statement that asks for rows (``SELECT``, ``DESCRIBE``, ``EXPLAIN``, ...; a lone
     statement of another kind gives what DuckDB answers, e.g. a row count). Raises
-    ``InspectorError`` (one line) on a DuckDB error, naming the statement when there are several, and, with
+    ``InspectorError`` (one line) on a DuckDB error, naming the statement when there are several, before running
+    anything for a statement that could write files or change settings (COPY, EXPORT, ATTACH, SET, PRAGMA,
+    INSTALL, LOAD, DROP: only SELECT, EXPLAIN, CREATE, INSERT, UPDATE and DELETE run), and, with
     ``single``, before running anything when more than one statement asks for rows."""
     import duckdb
 
@@ -149,6 +154,11 @@ def queries(out_or_con, sql: str, *, single: bool = False) -> list[tuple[str, pd
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
         raise failed(exc) from None
+    refused = [st for st in statements if st.type.name not in _ALLOWED]
+    if refused:
+        kind = refused[0].type.name
+        raise InspectorError(f"--sql reads the scan: a {kind} statement is refused (it could write or change files or "
+                             "settings); use SELECT (and CREATE VIEW), and write a result with --csv FILE")
     asking = [st for st in statements if st.type.name in _ASKING]
     if single and len(asking) > 1:
         raise InspectorError(f"--sql gives {len(asking)} results and --csv writes one: give one SELECT with --csv, or "

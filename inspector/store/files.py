@@ -148,13 +148,72 @@ def write_atomic(path: str | os.PathLike, fill: Callable[[str], None], stream: C
     return path
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` with :func:`write_atomic`. Refuses (one line) to replace an existing
-    ``.safetensors`` file: a table, a JSON document or a figure never takes the place of a capture or
-    of a model's weights."""
-    if not is_stdout(path) and Path(path).suffix == ".safetensors" and Path(path).is_file():
-        raise InspectorError(f"{path} is a safetensors file (a capture or a model's weights) and would be replaced: "
-                             "write to another name, e.g. rank.csv")
+# what each kind of output may replace: an earlier output of the same kind, or an empty file
+_REPLACES = {"csv": {"csv"}, "json": {"json"}, "png": {"png"}, "svg": {"svg"}, "html": {"html"},
+             "text": {"text", "csv"}}
+_KIND_WORDS = {"csv": "a CSV table", "json": "a JSON document", "png": "a PNG image", "svg": "an SVG figure",
+               "html": "an HTML page", "text": "text", "jpeg": "a JPEG image", "gif": "a GIF image",
+               "pdf": "a PDF document", "zip": "a zip archive (e.g. a spreadsheet or a document)",
+               "safetensors": "a safetensors file (a capture or a model's weights)", "binary": "binary data"}
+
+
+def content_kind(head: bytes) -> str:
+    """The kind of data a file starts with (its first bytes ``head``): ``png``, ``jpeg``, ``gif``, ``pdf``,
+    ``zip``, ``safetensors``, ``json``, ``svg``, ``html``, ``csv`` (text whose first line holds a comma),
+    ``text``, ``binary`` or ``empty``. The magic numbers are the formats' own; text is UTF-8."""
+    if not head.strip():
+        return "empty"
+    for magic, kind in ((b"\x89PNG", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF8", "gif"), (b"%PDF", "pdf"),
+                        (b"PK\x03\x04", "zip")):
+        if head.startswith(magic):
+            return kind
+    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 0:
+        return "safetensors"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not merely a character cut at the end of the chunk
+            return "binary"
+        text = head[:exc.start].decode("utf-8")
+    start = text.lstrip("\ufeff \t\r\n")[:200].lower()
+    if start.startswith(("{", "[")):
+        return "json"
+    if start.startswith("<svg") or (start.startswith("<?xml") and "<svg" in text[:2000].lower()):
+        return "svg"
+    if start.startswith(("<!doctype html", "<html")):
+        return "html"
+    return "csv" if "," in text.split("\n", 1)[0] else "text"
+
+
+def check_replace(path: str | os.PathLike, kind: str) -> None:
+    """Refuse (one line, before anything is written) to replace an existing file that holds another kind of data
+    than the ``kind`` about to be written (``csv``, ``json``, ``png``, ``svg``, ``html``, ``text``): a figure never
+    takes the place of a table, a table never that of someone's notes, a capture or a model's weights. An empty
+    file, an earlier output of the same kind, ``-`` and devices may be replaced."""
+    if is_stdout(path):
+        return
+    path = Path(path)
+    try:
+        if not path.is_file():
+            return
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return  # the write reports what the system refuses
+    found = "safetensors" if path.suffix == ".safetensors" else content_kind(head)
+    if found == "text" and path.suffix.lower() in (".csv", ".tsv"):
+        found = "csv"  # a one-column table has no comma in its header
+    if found == "empty" or found in _REPLACES.get(kind, {kind}):
+        return
+    raise InspectorError(f"{path} exists and holds {_KIND_WORDS.get(found, found)}, not {_KIND_WORDS.get(kind, kind)}: "
+                         "it would be replaced; move it away or write to another name")
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, kind: str | None = None) -> Path:
+    """Write ``data`` with :func:`write_atomic`, after :func:`check_replace` (``kind``: what ``data`` is, by
+    default read from its first bytes, :func:`content_kind`): a table, a JSON document or a figure never takes
+    the place of another kind of file (a capture, a model's weights, an image, someone's notes)."""
+    check_replace(path, kind or content_kind(data[:4096]))
 
     def fill(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -165,9 +224,9 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return write_atomic(path, fill, lambda f: f.write(data))
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes`); returns the path."""
-    return write_bytes(path, text.encode("utf-8"))
+def write_text(path: str | os.PathLike, text: str, kind: str | None = None) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes`, ``kind`` as there); returns the path."""
+    return write_bytes(path, text.encode("utf-8"), kind)
 
 
 LIST_COLUMNS = ("query_positions", "rows_flagged", "row_split_scores")  # list cells of the split table
@@ -216,7 +275,7 @@ def csv_text(df: pd.DataFrame, joined: tuple[str, ...] = LIST_COLUMNS) -> str:
 
 def write_csv(path: str | os.PathLike, df: pd.DataFrame) -> Path:
     """Write ``df`` atomically as CSV (:func:`csv_text`); ``-`` writes to stdout."""
-    return write_text(path, csv_text(df))
+    return write_text(path, csv_text(df), "csv")
 
 
 def finite(data: Any) -> Any:
@@ -241,7 +300,7 @@ def strict_json(data: Any, **kwargs) -> str:
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     """Write ``data`` as indented strict JSON (:func:`strict_json`; UTF-8, non-ASCII kept) to ``path`` atomically;
     returns the path."""
-    return write_text(path, strict_json(data, indent=2, ensure_ascii=False) + "\n")
+    return write_text(path, strict_json(data, indent=2, ensure_ascii=False) + "\n", "json")
 
 
 # ---- folders --------------------------------------------------------------------------------
