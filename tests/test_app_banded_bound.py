@@ -46,7 +46,7 @@ def test_the_app_refuses_a_banded_capture_past_its_bound_before_any_work(led, tm
     path, cap = led
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(views, "APP_MAX_RECOMPUTED", views.recomputed_weights(cap) - 1)
+    monkeypatch.setattr(views.limits, "APP_MAX_RECOMPUTED", views.recomputed_weights(cap) - 1)  # read when called
     monkeypatch.setattr(sys, "argv", [str(APP)])
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()

@@ -6,6 +6,7 @@ what it lists (``tests/test_docs.py`` checks the reference against the parser)."
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -109,3 +110,86 @@ def test_shared_flags_mean_the_same_on_every_command():
             assert "--top" in opts and "--all" in opts, name
             assert "every" in opts["--all"].help, name
             assert opts["--top"].default is not None, f"{name}: --top has no default"
+
+
+def test_the_old_target_spellings_work_wherever_output_is_what_the_model_said():
+    """--target / --target-file are aliases of --output / --output-file on every command with --generate."""
+    for name, p in commands().items():
+        opts = options(p)
+        if "--generate" not in opts:
+            continue
+        assert opts["--target"] is opts["--output"] and opts["--target-file"] is opts["--output-file"], name
+    for name in ("scan", "plot"):  # there --output is a file (or the old name of -o): no --target alias of it
+        assert "--target" not in options(commands()[name]), name
+
+
+# the commands whose one output file is --csv (or explain's --json): -o/--out names it too
+ONE_OUTPUT = {"rank": "--csv", "split": "--csv", "explain": "--json", "corpus": "--csv", "ablate": "--csv",
+              "effects": "--csv", "attribute": "--csv", "why": "--csv"}
+
+
+def test_o_names_the_one_output_file_of_a_table_command():
+    for name, flag in ONE_OUTPUT.items():
+        opts = options(commands()[name])
+        assert opts["-o"] is opts[flag] is opts["--out"], name
+    for name in ("routes", "sources"):  # --csv and --json as equals: -o would be ambiguous
+        assert "-o" not in options(commands()[name]), name
+    assert build_parser().parse_args(["rank", "f.safetensors", "-o", "x.csv"]).csv == "x.csv"
+
+
+def test_all_with_top_is_refused_in_one_line(capsys):
+    for argv in (["rank", "f.safetensors", "--top", "3", "--all"], ["split", "f", "--query", "a", "--referents", "a,b",
+                                                                    "--all", "--top", "2"]):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--all" in err[0] and "--top" in err[0], err
+
+
+def test_an_unknown_flag_names_the_subcommands_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["rank", "f.safetensors", "--bogus"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--bogus" in err and "see `inspector rank --help`" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_help_texts_speak_plainly():
+    for name, p in commands().items():
+        for a in p._actions:
+            text = a.help or ""
+            assert not re.search(r"\bevery (heads|rows|keys|sites|terms|units|components)\b", text), (name, text)
+
+
+def test_info_says_unknown_library_versions_plainly(tmp_path, capsys):
+    """A capture whose provenance lacks the library versions: no 'transformers None, torch None'."""
+    import json
+    import struct
+    from pathlib import Path
+
+    from inspector.cli import main
+    from inspector.store import header
+
+    worked = Path(__file__).resolve().parent.parent / "fixtures" / "worked_example.safetensors"
+    raw = worked.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = json.loads(raw[8:8 + n])
+    assert "transformers" not in header.read(worked)["model"]
+    path = tmp_path / "w.safetensors"
+    blob = json.dumps(head).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out.splitlines()[0] and "versions unknown" in out.splitlines()[0], out
+
+
+def test_rank_with_csv_names_the_weighting_once(tmp_path, capsys):
+    from pathlib import Path
+
+    from inspector.cli import main
+
+    worked = Path(__file__).resolve().parent.parent / "fixtures" / "worked_example.safetensors"
+    assert main(["rank", str(worked), "-o", str(tmp_path / "r.csv")]) == 0
+    assert capsys.readouterr().err.count("heads ranked with attention weights") == 1
+    assert (tmp_path / "r.csv").is_file()

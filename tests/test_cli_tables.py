@@ -53,7 +53,7 @@ def printed(capsys, monkeypatch, width: int, argv: list[str]) -> list[str]:
 
 
 def site_rows(lines: list[str]) -> list[str]:
-    return [line for line in lines if line.startswith("model.")]
+    return [line for line in lines if re.match(r"m\w*\.\w+\.\w+\.\d", line)]  # a site, or one shortened to fit
 
 
 def key_rows(lines: list[str]) -> list[str]:
@@ -145,3 +145,16 @@ def test_model_tables_fit_and_stop_at_top(models, capsys, monkeypatch, name):
         assert re.search(r"… 1 of [\d,]+ [a-z ]+ shown", " ".join(lines)), (name, lines)
     lines = printed(capsys, monkeypatch, 100, [*argv, "--all"])
     assert not re.search(r"… [\d,]+ of [\d,]+ [a-z ]+ shown", " ".join(lines)), (name, lines)
+
+
+@pytest.mark.parametrize("width", (40, 60, 100))
+@pytest.mark.parametrize("name,answer", [("rank", "label"), ("split", "split_score"), ("info", "num_heads"),
+                                         ("explain", "weight")])
+def test_narrow_tables_keep_rows_apart_and_the_answer(captures, capsys, monkeypatch, name, answer, width):
+    lines = printed(capsys, monkeypatch, width, [*capture_commands(*captures)[name], "--all"])
+    first = {"rank": "site", "split": "site", "info": "name", "explain": "key_index"}[name]
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first] and "=" not in line)
+    assert answer in lines[start].split(), lines
+    rows = [line for line in lines[start + 1:] if not line.startswith(("(", "…")) and line.strip()]
+    rows = rows[: next((i for i, r in enumerate(rows) if not r[:1].isalnum() and not r.startswith(" ")), len(rows))]
+    assert len(set(rows)) == len(rows), rows

@@ -47,6 +47,8 @@ ALLOWED = {
     "corpus/batch_reduce.py:_keep_block_rows": "a hot loop over block rows: plain tensors, no value boxing",
     "corpus/ray_engine.py:ray_batches": "the Ray engine's settings as scan received them (address, actors, CPUs, "
                                         "device, remote code): handed to Ray Data's map_batches",
+    "cli/common.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
+                                         "word list, its role, case rule, occurrence and axis are each read here",
     "corpus/ray_engine.py:_map": "Ray Data's per-batch function: its arguments are what map_batches hands it",
 }
 

@@ -157,18 +157,28 @@ def families_table(path: Path = ROOT / "fixtures" / "families.json") -> str:
 
 
 def public_modules(package: str) -> list[str]:
-    """The public modules of one sub-package (no ``_`` in their name), sorted."""
+    """The public modules of one sub-package (no ``_`` in their name), sorted; a public sub-package of it is named,
+    then its own public modules (``inspector.ui.views``, ``inspector.ui.views.frames``, ...)."""
     folder = ROOT.joinpath(*package.split("."))
-    return [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py"))
-            if p.stem != "__init__" and not p.stem.startswith("_")]
+    found = [(p.stem, []) for p in folder.glob("*.py") if p.stem != "__init__" and not p.stem.startswith("_")]
+    found += [(p.name, public_modules(f"{package}.{p.name}")) for p in folder.iterdir()
+              if (p / "__init__.py").is_file() and not p.name.startswith("_")]
+    return [name for stem, inner in sorted(found) for name in (f"{package}.{stem}", *inner)]
+
+
+def is_package(module: str) -> bool:
+    """Whether a dotted module name of the checkout is a package (a folder with ``__init__.py``)."""
+    return ROOT.joinpath(*module.split("."), "__init__.py").is_file()
 
 
 def expand_api(markdown: str) -> str:
-    """Every ``<!-- api: PACKAGE -->`` replaced by the package's own block and one block per public module."""
+    """Every ``<!-- api: PACKAGE -->`` replaced by the package's own block and one block per public module; a
+    sub-package's block is its docstring only (its names are documented in its modules' blocks)."""
     def sub(m: re.Match) -> str:
         package = m.group(1)
         blocks = [f"::: {package}\n    options:\n      members: false\n      heading_level: 2\n"]
-        blocks += [f"::: {name}\n" for name in public_modules(package)]
+        blocks += [f"::: {name}\n    options:\n      members: false\n" if is_package(name) else f"::: {name}\n"
+                   for name in public_modules(package)]
         return "\n".join(blocks)
 
     return API_MARKER.sub(sub, markdown)

@@ -32,7 +32,7 @@ class Encoded:
 
 
 # model types whose checkpoints are usually encoders even though a causal-LM head exists for them
-_ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "electra", "camembert", "ernie", "rembert", "roc_bert", "xmod"}
+ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "electra", "camembert", "ernie", "rembert", "roc_bert", "xmod"}
 
 
 def config_layout(config, class_name: str = "") -> str:
@@ -44,7 +44,7 @@ def config_layout(config, class_name: str = "") -> str:
     names = " ".join([class_name] + list(getattr(config, "architectures", None) or []))
     if getattr(config, "is_decoder", False) or "CausalLM" in names or "LMHead" in names:
         return "decoder"
-    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and config.model_type not in _ENCODER_TYPES:
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and config.model_type not in ENCODER_TYPES:
         return "decoder"
     return "encoder"
 

@@ -524,7 +524,7 @@ def record(
     if options.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="capturing attention", unit="site", leave=False,
+        bar = tqdm(desc="capturing attention", unit="site", leave=False, disable=None,
                    total=_expected_sites(model) if not (options.layers or options.sites) else None)
     recorder = _recorder(model, roles, options, bar=bar, lengths=lengths, padding=padding, forward_sums=forward_sums)
     was_training = model.training

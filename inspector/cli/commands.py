@@ -37,6 +37,8 @@ from inspector.cli.common import (
     check_capture_arg,
     check_capture_words,
     check_global_texts,
+    check_listen,
+    check_model_capture,
     check_occurrence,
     check_output_arg,
     check_outputs,
@@ -47,8 +49,10 @@ from inspector.cli.common import (
     check_word_in,
     cmd_app,
     format_table,
+    generate_count,
     int_list,
     load_from_args,
+    model_config,
     parse_variants,
     positive_int,
     print_table,
@@ -87,6 +91,9 @@ def cmd_capture(args) -> int:
     glob = args.global_tokens.split(",") if args.global_tokens is not None else None
     if text is not None:
         check_global_texts(args.global_tokens, {"the source text": "\n".join(text) if isinstance(text, tuple) else text})
+    # the model's config.json, read with json: a path that is no model, a layer it lacks, an output for an encoder
+    check_model_capture(model_config(args.model), layers,
+                        target is not None or args.target_file is not None or args.generate is not None)
     import pandas as pd
 
     from inspector.capture.recorder import capture
@@ -128,11 +135,10 @@ def cmd_rank(args) -> int:
     _left_out(df)
     if args.csv:
         write_csv(args.csv, df)
-        status(f"wrote {len(df)} rows to {args.csv} (heads ranked with {args.weighting} weights)")
-        if args.csv == "-":  # the CSV is the output
-            return 0
-    print_table(df.drop(columns=["stack"] if (df["stack"] == "none").all() else []), rows_shown(args), what="heads",
-                lead=RANK_LEAD)
+        status(f"wrote {len(df)} rows to {args.csv}")
+    if args.csv != "-":  # else the CSV is the output
+        print_table(df.drop(columns=["stack"] if (df["stack"] == "none").all() else []), rows_shown(args), what="heads",
+                    lead=RANK_LEAD)
     status(f"heads ranked with {args.weighting} weights")
     return 0
 
@@ -144,6 +150,8 @@ CORPUS_LEAD = ("site", "head", "flagged_documents", "share_flagged", "documents"
 
 
 def cmd_split(args) -> int:
+    from inspector.store import header
+
     meta = check_capture_arg(args.file, batch=args.batch)  # before torch and pandas load (issue 28)
     if args.query is not None and not args.query.strip():
         raise InspectorError("the query is empty: pass --query WORD (or --query-index I)")
@@ -153,11 +161,15 @@ def cmd_split(args) -> int:
         raise InspectorError(f"--query-index counts from 0, got {args.query_index}")
     check_rule_args(args)
     case = not args.ignore_case
+    site_ds = header.sites(meta).values()  # an index past every site's axis is past the one split reads
+    longest = {k: max((d.get(k) for d in site_ds if isinstance(d.get(k), int)), default=None)
+               for k in ("query_len", "key_len")}
     if args.query is not None:
         check_capture_words(args.file, meta, [args.query], "query", [args.query_role] if args.query_role else None,
-                            batch=args.batch, case_sensitive=case)
+                            batch=args.batch, case_sensitive=case, occurrence=args.occurrence,
+                            axis=("query axis of every site", longest["query_len"]))
     check_capture_words(args.file, meta, refs, "referent", [args.referent_role] if args.referent_role else None,
-                        batch=args.batch, case_sensitive=case)
+                        batch=args.batch, case_sensitive=case, axis=("key axis of every site", longest["key_len"]))
     check_output_arg(args.csv, "--csv")
     from inspector import analysis
     from inspector.store.capture_file import load
@@ -175,7 +187,7 @@ def cmd_split(args) -> int:
         write_csv(args.csv, df)
         status(f"wrote {len(df)} rows to {args.csv}")
     if args.csv != "-":  # else the CSV is the output
-        lead = ("site", "head", "split_score", *[c for c in df.columns if c.startswith("weight:")], "lift", "flagged")
+        lead = ("site", "head", "split_score", "flagged", *[c for c in df.columns if c.startswith("weight:")], "lift")
         table = df.drop(columns=[c for c in df.columns if c.startswith("pieces:")])
         then = [c for c in ("referent_mass", "chance_mass", "query") if c in table.columns]  # next, as room allows
         table = table[[c for c in lead if c in table.columns] + then
@@ -208,9 +220,11 @@ def cmd_explain(args) -> int:
     site_d = header.sites(meta).get(args.site, {})
     q_roles, k_roles = site_d.get("query_input"), site_d.get("key_input")
     if args.query is not None and isinstance(q_roles, list):
-        check_capture_words(args.file, meta, [args.query], "query", q_roles, batch=args.batch)
+        check_capture_words(args.file, meta, [args.query], "query", q_roles, batch=args.batch, occurrence=args.occurrence,
+                            axis=(f"query axis of {args.site}", site_d.get("query_len")))
     if refs and isinstance(k_roles, list):
-        check_capture_words(args.file, meta, refs, "referent", k_roles, batch=args.batch)
+        check_capture_words(args.file, meta, refs, "referent", k_roles, batch=args.batch,
+                            axis=(f"key axis of {args.site}", site_d.get("key_len")))
     check_output_arg(args.json, "--json")
     from inspector.analysis import spans
     from inspector.analysis.explain import explain
@@ -302,7 +316,8 @@ def cmd_info(args) -> int:
     from inspector.ui.terminal import terminal_width
 
     width = terminal_width()
-    say(f"model: {m.get('name')} ({m.get('class')}), transformers {m.get('transformers')}, torch {m.get('torch')}", width)
+    versions = ", ".join(f"{lib} {m[lib]}" for lib in ("transformers", "torch") if m.get(lib))
+    say(f"model: {m.get('name')} ({m.get('class')}), " + (versions or "library versions unknown"), width)
     say(f"capture: {cap.storage()}, {len(cap.sites)} sites, batch {cap.batch_size}", width)
     for r in cap.inputs:  # the text's start, as much as the line holds
         start = f"input {r.role}[{r.batch}]: {len(r.ids)} tokens: "
@@ -448,6 +463,7 @@ def cmd_ablate(args) -> int:
     if args.csv:
         check_output_arg(args.csv, "--csv")
         check_target(Path(args.csv))
+    model_config(args.model)  # a --model path that is no model folder: one line, before torch
     from inspector.intervene import effects
     from inspector.store.files import write_csv
 
@@ -498,6 +514,7 @@ def cmd_effects(args) -> int:
         if target:
             check_output_arg(target, flag)
             check_target(Path(target))
+    model_config(args.model)  # a --model path that is no model folder: one line, before torch
     from inspector.intervene import effects
     from inspector.store.files import write_csv
 
@@ -560,7 +577,7 @@ def add_effects_commands(sub) -> None:
             p.add_argument("--heads", required=True, metavar="SITE:HEAD[,SITE:HEAD...]", help="heads to ablate or patch")
             p.add_argument("--patch-from", metavar="FILE", help="patch the heads with their outputs on this source (same output) instead of ablating")
             p.add_argument("--contrast", metavar="RIGHT,WRONG", help="also report logit(RIGHT) - logit(WRONG) where the output says WRONG")
-            p.add_argument("--csv", metavar="FILE", help="write the per-token table to this CSV file")
+            p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE", help="write the per-token table to this CSV file")
             add_rows_options(p, "output tokens (those whose log-probability changed most when there are more)")
         else:
             p.add_argument("--contrast", required=True, metavar="RIGHT,WRONG", help="the metric: logit(RIGHT) - logit(WRONG) where the output says WRONG")
@@ -568,7 +585,8 @@ def add_effects_commands(sub) -> None:
                            help="the first K heads by attribution: confirmed by exact ablation and printed (at least 10 "
                                 "printed; default 10); --csv FILE holds every head")
             add_rows_options(p, "heads", top=False)
-            p.add_argument("--csv", metavar="FILE", required=True, help="CSV with one row per site and head")
+            p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE", required=True,
+                           help="CSV with one row per site and head")
             p.add_argument("--confirm", metavar="SITE:HEAD[,SITE:HEAD...]",
                            help="also confirm these heads by exact ablation (debug confirms its flagged heads); "
                                 "--matter-csv marks them flagged")
@@ -663,10 +681,40 @@ def _check_scan(args, out: Path) -> None:
         data = Path(args.data)
         if not data.exists():
             raise InspectorError(f"corpus {args.data!r} does not exist: check the path")
-        kind_of(data)  # a folder of neither kind, or a file of no known format: one line
+        kind = kind_of(data)  # a folder of neither kind, or a file of no known format: one line
+        _check_corpus_fields(args, data, kind)
     if args.ray_address and args.engine != "ray":
         raise InspectorError("--ray-address needs --engine ray")
     check_rule_args(args)
+
+
+def _check_corpus_fields(args, data: Path, kind: str) -> None:
+    """A JSONL or CSV corpus read as far as its first rows with the json / csv modules (no pandas): an empty corpus,
+    and a ``--*-field`` that names no field of it, are one line. Other formats are left to the scan."""
+    import csv
+
+    from inspector.corpus.documents import Corpus, Fields, field_option
+
+    fields = Fields(text=args.text_field, target=args.target_field, query=args.query_field,
+                    referents=args.referents_field, id=args.id_field, occurrence=args.occurrence_field)
+    if kind == "jsonl":
+        Corpus(data, fields)  # pure Python for JSONL: no rows, or a field none of the first rows has
+        return
+    if kind != "csv" or not data.is_file():
+        return
+    try:
+        with open(data, encoding="utf-8", newline="") as f:
+            rows = csv.reader(f, delimiter="\t" if data.suffix.lower() == ".tsv" else ",")
+            columns = next(rows, None)
+            first = next((r for r in rows if r), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return  # the scan names the problem itself
+    if not columns or first is None:
+        raise InspectorError(f"{data.name} holds no rows: give a CSV file with a header line and one document a row")
+    missing = [c for c in fields.used() if c not in columns]
+    if missing:
+        raise InspectorError(f"{data.name} has no column {missing[0]!r}; its columns are {', '.join(columns[:12])}"
+                             f": pick one with --{field_option(fields, missing[0])}")
 
 
 def cmd_corpus(args) -> int:
@@ -679,6 +727,7 @@ def cmd_corpus(args) -> int:
         raise InspectorError(f"{out} holds no scan (no scan.json): give the folder written by `inspector scan ... -o OUT`")
     if args.app:
         check_port(args.port)
+        check_listen("127.0.0.1", args.port)
     if args.sql is not None and not args.sql.strip():
         raise InspectorError("--sql is empty: give a statement, e.g. --sql \"SELECT * FROM heads LIMIT 5\", or drop --sql "
                              "for the per-head summary")
@@ -754,7 +803,8 @@ def add_corpus_commands(sub) -> None:
     p = sub.add_parser("corpus", help="per-head statistics over a scanned corpus (DuckDB)")
     p.add_argument("out", help="folder written by `inspector scan`")
     p.add_argument("--sql", help="run this query over the views heads and documents instead")
-    p.add_argument("--csv", metavar="FILE", help="write the full result to this CSV file (- for standard output)")
+    p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE",
+                   help="write the full result to this CSV file (- for standard output)")
     add_rows_options(p)
     p.add_argument("--app", action="store_true", help="browse it in the Corpus page of the app instead")
     p.add_argument("--port", type=int, default=8501, help="port of the Corpus page (with --app)")
@@ -779,7 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of a decoder-only prompt")
     t.add_argument("--output-file", "--target-file", dest="target_file", metavar="FILE",
                    help="read what the model said from this UTF-8 file")
-    t.add_argument("--generate", type=int, metavar="N", help="generate up to N tokens (greedy) and capture them as the output")
+    t.add_argument("--generate", type=generate_count, metavar="N",
+                   help="generate up to N tokens (greedy) and capture them as the output")
     p.add_argument("--layers", help="comma-separated layer indices to record, e.g. 0,3,5 (default: all)")
     p.add_argument("--sites", nargs="+", metavar="REGEX", help="record only sites whose name matches one of these")
     p.add_argument("--no-weights", action="store_true", help="lazy capture: store Q/K/V and mask; weights are recomputed on demand")
@@ -800,7 +851,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sort", default="normalized_entropy", help="column to sort by (default normalized_entropy)")
     p.add_argument("--descending", action="store_true", help="sort largest first (default: smallest first)")
     add_batch_row_option(p)
-    p.add_argument("--csv", metavar="FILE", help="write the full table to this CSV file (- for standard output)")
+    p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE",
+                   help="write the full table to this CSV file (- for standard output)")
     add_weighting_option(p)
     p.set_defaults(func=cmd_rank)
 
@@ -825,7 +877,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cross-first", action="store_true", help="list cross-attention sites first")
     add_rows_options(p, "heads")
     add_batch_row_option(p)
-    p.add_argument("--csv", metavar="FILE", help="write the full table to this CSV file (- for standard output)")
+    p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE",
+                   help="write the full table to this CSV file (- for standard output)")
     p.set_defaults(func=cmd_split)
 
     p = sub.add_parser("explain", help="one head's weights for one query, step by step (weights only where the "
@@ -838,7 +891,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--query-index", type=int, metavar="I", help=QUERY_INDEX_HELP + ": that one row")
     p.add_argument("--occurrence", type=int, metavar="K", help=OCCURRENCE_HELP)
     add_batch_row_option(p)
-    p.add_argument("--json", metavar="FILE", help="write rows and output vector as JSON (every key; - for standard output)")
+    p.add_argument("--json", "-o", "--out", dest="json", metavar="FILE",
+                   help="write rows and output vector as JSON (every key; - for standard output)")
     p.add_argument("--referents", help="with --query: also give the split verdict for these referents, e.g. Lessee,Lessor")
     add_rows_options(p, "keys of each row (those of largest weight when there are more)", full="--json FILE")
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")

@@ -47,8 +47,8 @@ def check_word_in(word: str | None, text: str, where: str, *, case_sensitive: bo
         return
     if not occurs_in(text, word, case_sensitive):
         rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
-        raise InspectorError(f"the word {word.strip()!r} is not in {where} ({rule}): pick a word every text holds, "
-                             "or fix the file")
+        raise InspectorError(f"the word {word.strip()!r} is not in {where} ({rule}){nearest_hint(word, [text])}: pick a "
+                             "word every text holds, or fix the file")
 
 
 def check_global_texts(spans: str | None, texts: dict[str, str | None]) -> None:
@@ -71,6 +71,19 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"inspector: error: {message} (see `{self.prog} --help`)\n")
         sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse's, but an unrecognized argument is refused by the subcommand's own parser, so the line
+        names that command's help (``see `inspector rank --help```), not the top level's."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            owner: argparse.ArgumentParser = self
+            command = getattr(ns, "command", None)
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+                    owner = action.choices[command]
+            owner.error("unrecognized arguments: " + " ".join(extras))
+        return ns
 
 
 def parse_variants(items: list[str] | None, query: str | None = None) -> dict[str, str]:
@@ -143,12 +156,14 @@ def add_rows_options(p: argparse.ArgumentParser, what: str = "rows", *, top: boo
     command that prints a table takes them; ``top=False`` adds ``--all`` alone (a command whose ``--top``
     means more than the rows printed)."""
     also = f"; {full} writes them all" if full else ""
+    group = p.add_mutually_exclusive_group() if top else p  # --top N with --all: one line, not a --top ignored
     if top:
-        p.add_argument("--top", type=positive_int, default=default, metavar="N",
-                       help=f"print only the first N {what} (default {default}){also}; the table never gets wider "
-                            "than the terminal")
-    p.add_argument("--all", dest="all_rows", action="store_true",
-                   help=f"print every {what}, not only the first --top N (still cut to the terminal's width)")
+        group.add_argument("--top", type=positive_int, default=default, metavar="N",
+                           help=f"print only the first N {what} (default {default}){also}; the table never gets wider "
+                                "than the terminal")
+    group.add_argument("--all", dest="all_rows", action="store_true",
+                       help=f"print all {what}, every one, not only the first --top N (still cut to the terminal's "
+                            "width)")
 
 
 def rows_shown(args, default: int | None = TOP_ROWS) -> int | None:
@@ -157,7 +172,7 @@ def rows_shown(args, default: int | None = TOP_ROWS) -> int | None:
 
 
 def format_table(df: pd.DataFrame, digits: int = 4, *, width: int | None = None, lead: tuple[str, ...] = (),
-                 full: str | None = None) -> str:
+                 full: str | None = None, by: str | None = None) -> str:
     """``df`` as text at most ``width`` characters wide (default: the terminal's,
     :func:`inspector.ui.terminal.terminal_width`): the ``lead`` columns (the answer) first, floats to ``digits``
     places, strings escaped; columns that do not fit are left out, named on a last line (``full``: where they are)."""
@@ -186,7 +201,8 @@ def format_table(df: pd.DataFrame, digits: int = 4, *, width: int | None = None,
         else:
             columns.append([cell(x) for x in col])
         numeric.append(pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col))
-    lines, left = fit_table(header, [list(r) for r in zip(*columns, strict=True)], numeric, width, lead=len(first))
+    lines, left = fit_table(header, [list(r) for r in zip(*columns, strict=True)], numeric, width, lead=len(first),
+                            keep=tuple(i for i, c in enumerate(order) if names[c] == by))  # the rows' order stays
     if left:
         lines += wrap(f"({len(left)} column{'s' if len(left) != 1 else ''} left out to fit {width} characters: "
                       + ", ".join(left) + (f"; {full} has every column" if full else "") + ")", width)
@@ -211,7 +227,7 @@ def print_table(df: pd.DataFrame, rows: int | None = None, *, digits: int = 4, l
     shown = df
     if rows is not None and len(df) > rows:
         shown = df.loc[df[by].abs().sort_values(ascending=False, kind="stable").index[:rows]] if by else df.head(rows)
-    print(format_table(shown, digits, width=width, lead=lead, full=full))
+    print(format_table(shown, digits, width=width, lead=lead, full=full, by=by))
     if len(shown) < len(df):
         order = f", those of largest |{by}| first" if by else ""
         print("\n".join(wrap(f"… {len(shown):,} of {len(df):,} {what} shown{order}; --all prints every one"
@@ -344,10 +360,127 @@ def writes_stdout(args) -> bool:
 
 
 def load_from_args(args):
+    """The model ``--model`` names, loaded. A local path that is no model folder is refused first, in one line
+    (:func:`model_config`); the ``loading model`` line goes before the load only on a terminal, else after it
+    (an error while loading is then the one line on standard error)."""
+    import time
+
     from inspector.capture.models import load_model
 
-    status(f"loading model {args.model or 'embedded all-MiniLM-L6-v2'} ...")
-    return load_model(args.model, device=args.device, device_map=args.device_map, trust_remote_code=args.trust_remote_code)
+    model_config(getattr(args, "model", None))
+    name = args.model or "embedded all-MiniLM-L6-v2"
+    tty = _stderr_is_tty()
+    if tty:
+        status(f"loading model {name} ...")
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, device=getattr(args, "device", None), device_map=getattr(args, "device_map", None),
+                        trust_remote_code=getattr(args, "trust_remote_code", False))
+    if not tty:
+        status(f"loading model {name} ... done in {time.perf_counter() - t0:.1f} s")
+    return loaded
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def looks_like_path(name: str) -> bool:
+    """``--model`` names a local folder (not a Hub id): it starts with ``.``, ``/`` or ``~``, holds the platform's
+    own separator (where that is not ``/``, which Hub ids hold), or is an existing path."""
+    import os
+
+    return (name.startswith((".", "/", "~")) or (os.sep != "/" and os.sep in name)
+            or (os.altsep is not None and os.altsep != "/" and os.altsep in name) or Path(name).expanduser().exists())
+
+
+def model_config(name: str | None) -> dict | None:
+    """The ``config.json`` of the model ``--model`` names, read with json before torch loads (issue 28): the
+    embedded model's, a local folder's, or a Hub id's in the Hugging Face cache; None where it cannot be read
+    without the Hub. A local path that does not exist, is a file or holds no ``config.json`` is one line naming
+    the fix."""
+    import json
+
+    from inspector.capture.models import in_hub_cache, is_hub_id, resolve_model_name
+
+    try:
+        path = resolve_model_name(name)
+    except InspectorError:
+        return None
+    if name is not None and looks_like_path(str(name)):
+        folder = Path(path).expanduser()
+        if not folder.exists():
+            raise InspectorError(f"--model {name}: no such folder: give a model folder holding config.json, or a Hub id "
+                                 "such as owner/name")
+        if not folder.is_dir():
+            raise InspectorError(f"--model {name} is a file: give the model's folder (the one holding config.json)")
+        if not (folder / "config.json").is_file():
+            raise InspectorError(f"--model {name} holds no config.json: give the folder of a Hugging Face model "
+                                 "(config.json, weights and tokenizer)")
+        file = folder / "config.json"
+    elif name is None or Path(path).is_dir():
+        file = Path(path) / "config.json"
+    elif is_hub_id(path) and in_hub_cache(path):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            found = try_to_load_from_cache(path, "config.json")
+        except Exception:  # noqa: BLE001 - a malformed id: leave it to the load
+            return None
+        file = Path(found) if isinstance(found, str) else None
+    else:
+        return None
+    try:
+        config = json.loads(file.read_text(encoding="utf-8")) if file is not None else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers", "num_decoder_layers")
+
+
+def config_layers(config: dict) -> int | None:
+    """The largest layer count of any stack the config states (as the recorder counts them), or None."""
+    counts = [config.get(k) for k in LAYER_COUNTS]
+    counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool)]
+    return max(counts) if counts else None
+
+
+def config_class(config: dict) -> str:
+    arch = config.get("architectures")
+    if isinstance(arch, list) and arch and isinstance(arch[0], str):
+        return arch[0]
+    return str(config.get("model_type") or "the model")
+
+
+def config_is_encoder(config: dict) -> bool:
+    """True only where the config says for certain the model is an encoder (no output side): no encoder-decoder,
+    no decoder flag, an encoder's model type (BERT, RoBERTa, ...) and no architecture that generates."""
+    from inspector.capture.inputs import ENCODER_TYPES
+
+    arch = config.get("architectures") or []
+    names = " ".join(a for a in arch if isinstance(a, str)) if isinstance(arch, list) else ""
+    return (config.get("model_type") in ENCODER_TYPES and not config.get("is_encoder_decoder")
+            and not config.get("is_decoder") and not config.get("add_cross_attention")
+            and not any(k in names for k in ("CausalLM", "LMHead", "Generation", "Seq2Seq")))
+
+
+def check_model_capture(config: dict | None, layers: list[int] | None, output: bool) -> None:
+    """Against the model's config.json, before it loads: a ``--layers`` index it lacks, and ``--output`` /
+    ``--generate`` on an encoder, which has no output side."""
+    if config is None:
+        return
+    n = config_layers(config)
+    if layers and n is not None:
+        bad = [i for i in layers if not 0 <= i < n]
+        if bad:
+            raise InspectorError(f"layer {bad[0]} does not exist: {config_class(config)} has layers 0..{n - 1}: give "
+                                 f"--layers from 0 to {n - 1}")
+    if output and config_is_encoder(config):
+        raise InspectorError(f"{config_class(config)} is an encoder: it has no output side, so drop --output/--generate")
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -418,6 +551,7 @@ def cmd_app(args) -> int:
         raise InspectorError("--site and --head open the app on a head of a capture: give the capture file too")
     if getattr(args, "variant", None):
         check_capture_arg(args.variant)
+    check_listen(getattr(args, "host", None) or "127.0.0.1", args.port)  # before Streamlit's own traceback
     from inspector.store.capture_file import load
 
     for what in ("file", "variant"):
@@ -440,9 +574,23 @@ def add_source_output_options(p: argparse.ArgumentParser, generated: str) -> Non
     s.add_argument("--source", help="the document (encoder input or prompt)")
     s.add_argument("--source-file", metavar="FILE", help="read the document from this UTF-8 file")
     o = p.add_mutually_exclusive_group()
-    o.add_argument("--output", metavar="TEXT", help="what the model said (teacher-forced)")
-    o.add_argument("--output-file", metavar="FILE", help="read what the model said from this UTF-8 file")
-    o.add_argument("--generate", type=int, metavar="N", help=f"generate up to N tokens (greedy) and {generated}")
+    o.add_argument("--output", "--target", dest="output", metavar="TEXT",
+                   help="what the model said (teacher-forced; --target: the old name)")
+    o.add_argument("--output-file", "--target-file", dest="output_file", metavar="FILE",
+                   help="read what the model said from this UTF-8 file (--target-file: the old name)")
+    o.add_argument("--generate", type=generate_count, metavar="N", help=f"generate up to N tokens (greedy) and {generated}")
+
+
+def generate_count(value: str) -> int:
+    """An argparse type: ``--generate N``, a whole number from 1 to
+    :data:`inspector.capture.output.MAX_GENERATE` (a larger one is refused before anything loads)."""
+    from inspector.capture.output import MAX_GENERATE
+
+    n = whole_number(value, 1)
+    if n > MAX_GENERATE:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_GENERATE} tokens, got {value[:20]}"
+                                         f"{'...' if len(value) > 20 else ''}")
+    return n
 
 
 def add_lift_option(p: argparse.ArgumentParser) -> None:
@@ -490,24 +638,87 @@ def check_capture_arg(path: str, *, batch: int | None = None, site: str | None =
 
 
 def check_capture_words(path: str, meta: dict, words: list[str], what: str, roles: list[str] | None = None, *,
-                        batch: int = 0, case_sensitive: bool = True) -> None:
+                        batch: int = 0, case_sensitive: bool = True, occurrence: int | None = None,
+                        axis: tuple[str, int | None] | None = None) -> None:
     """Refuse a word (``what`` names it: query, referent) that none of the capture's texts in ``roles`` (all when
-    None) holds, by the analysis's rule (:func:`inspector.store.words.occurs_in`); token indices (``@7``) are
-    checked against the tokens later. Passes where the header names no text for those roles."""
+    None) holds, by the analysis's rule (:func:`inspector.store.words.occurs_in`), naming the nearest words; one
+    the texts hold but no token covers (an emoji read as ``[UNK]``); ``occurrence`` beyond the word's occurrences in
+    those texts (their count bounds what any site's axis holds); a token index (``@7``) past ``axis`` (its name and
+    length, where the header states it). Passes where the header names no text for those roles."""
     from inspector.store import header
-    from inspector.store.words import is_token_index, occurs_in, token_index
+    from inspector.store.words import is_token_index, matches, occurs_in, times, token_index
 
     for word in words:
         if is_token_index(word):
-            token_index(word, "token index")  # a number of thousands of digits is one line now
+            span = token_index(word, "token index")  # a number of thousands of digits is one line now
+            if span is not None and axis is not None and isinstance(axis[1], int) and span[1] >= axis[1]:
+                raise InspectorError(f"token index {word.strip()} is outside the {axis[0]} (0..{axis[1] - 1}): give "
+                                     f"@0 to @{axis[1] - 1}")
     texts = header.texts(meta, roles, batch)
     if not texts:
         return
+    rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
     for word in words:
-        if word.strip() and not is_token_index(word) and not any(occurs_in(t, word, case_sensitive) for t in texts.values()):
-            rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
-            raise InspectorError(f"{what} {word.strip()!r} is not in the {' + '.join(texts)} text of {path} ({rule}): check "
-                                 "the spelling or give token indices like @7")
+        if not word.strip() or is_token_index(word):
+            continue
+        if not any(occurs_in(t, word, case_sensitive) for t in texts.values()):
+            raise InspectorError(f"{what} {word.strip()!r} is not in the {' + '.join(texts)} text of {path} ({rule})"
+                                 f"{nearest_hint(word, texts.values())}: check the spelling or give token indices like @7")
+        records = _header_records(meta, list(texts), batch)
+        if records and not any(_covered(rec, a, b) for rec in records for a, b in matches(rec["text"], word, case_sensitive)):
+            unk = [i for rec in records for i in _unknown_tokens(rec)]
+            where = f" (the tokenizer reads it as {records[0]['tokens'][unk[0]]!s}, at @{unk[0]})" \
+                if unk and len(records) == 1 else ""
+            raise InspectorError(f"{what} {word.strip()!r} has no token of its own in {path}{where}: give token indices "
+                                 f"like @{unk[0] if unk else 7} instead")
+        if occurrence is not None and what == "query":
+            n = sum(len(matches(t, word, case_sensitive)) for t in texts.values())
+            if occurrence > n:
+                raise InspectorError(f"{what} {word.strip()!r} occurs {times(n)} in the {' + '.join(texts)} text of "
+                                     f"{path}, so --occurrence must be {'1' if n == 1 else f'1..{n}'}")
+
+
+def nearest_hint(word: str, texts) -> str:
+    """``; nearest: a, b`` -- the words of ``texts`` closest to ``word`` (difflib, as the analysis's own message
+    names them), or nothing where none is close."""
+    import difflib
+
+    found: set[str] = set()
+    for text in texts:
+        found.update(re.findall(r"\w+", text))
+    near = difflib.get_close_matches(word.strip(), sorted(found), n=4, cutoff=0.5)
+    return f"; nearest: {', '.join(near)}" if near else ""
+
+
+def _header_records(meta: dict, roles: list[str], batch: int) -> list[dict]:
+    """The header's input records of ``roles`` (batch row ``batch``) whose tokens, offsets and padding agree in
+    length; none where one of them does not (then the full check decides)."""
+    out = []
+    for r in meta.get("inputs") or []:
+        if not (isinstance(r, dict) and r.get("batch") == batch and r.get("role") in roles):
+            continue
+        toks, offs, pad = r.get("tokens"), r.get("offsets"), r.get("padding")
+        if not (isinstance(r.get("text"), str) and isinstance(toks, list) and isinstance(offs, list)
+                and len(toks) == len(offs) and (pad is None or (isinstance(pad, list) and len(pad) == len(offs)))):
+            return []
+        if not all(o is None or (isinstance(o, list) and len(o) == 2 and all(isinstance(x, int) for x in o)) for o in offs):
+            return []
+        if not any(o is not None for o in offs):  # no offsets (a slow tokenizer): the analysis says so itself
+            return []
+        out.append(r)
+    return out
+
+
+def _covered(rec: dict, start: int, end: int) -> bool:
+    """A token (not padding) of the header record ``rec`` overlaps characters ``[start, end)``."""
+    pad = rec.get("padding") or [False] * len(rec["offsets"])
+    return any(o is not None and not p and o[0] < end and o[1] > start for o, p in zip(rec["offsets"], pad, strict=True))
+
+
+def _unknown_tokens(rec: dict) -> list[int]:
+    """Positions of the record's unknown-word tokens (``[UNK]``, ``<unk>``: no character offsets)."""
+    return [i for i, (t, o) in enumerate(zip(rec["tokens"], rec["offsets"], strict=True))
+            if o is None and isinstance(t, str) and "unk" in t.lower()]
 
 
 def check_in_text(word: str | None, text: str, what: str, where: str, *, case_sensitive: bool = True) -> None:
@@ -521,8 +732,8 @@ def check_in_text(word: str | None, text: str, what: str, where: str, *, case_se
     if word is None or not word.strip() or is_token_index(word) or occurs_in(text, word, case_sensitive):
         return
     rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
-    raise InspectorError(f"{what} {word.strip()!r} is not in {where} ({rule}): check the spelling, or pick a word "
-                         "the text says")
+    raise InspectorError(f"{what} {word.strip()!r} is not in {where} ({rule}){nearest_hint(word, [text])}: check the "
+                         "spelling, or pick a word the text says")
 
 
 def check_source_words(args, source: str) -> None:
@@ -572,6 +783,35 @@ def check_rule_args(args) -> None:
     from inspector.store.specs import check_thresholds
 
     check_thresholds(**{k: getattr(args, k) for k in ("min_split", "min_mass", "min_lift") if hasattr(args, k)})
+
+
+def check_listen(host: str, port: int) -> None:
+    """Refuse, in one line naming the fix, an address that does not resolve or a port another program holds:
+    a socket is bound to ``host:port`` and closed again before the server starts."""
+    import errno
+    import socket
+
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, OSError) as exc:
+        raise InspectorError(f"--host {host!r} is not an address of this machine ({getattr(exc, 'strerror', None) or exc}):"
+                             " give a valid address, e.g. --host 127.0.0.1") from None
+    family, kind, proto, _, address = found[0]
+    with socket.socket(family, kind, proto) as sock:
+        if sys.platform != "win32":  # as the server binds (Tornado): a port in TIME_WAIT is free, a listening one is not
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except PermissionError:
+            raise InspectorError(f"port {port} needs more privileges on this machine: give --port 1024 or above, "
+                                 "e.g. --port 8501") from None
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise InspectorError(f"--host {host!r} is not an address of this machine: give one of its addresses, "
+                                     "e.g. --host 127.0.0.1") from None
+            raise InspectorError(f"port {port} on {host} is not available ({exc.strerror or exc}): another program "
+                                 f"holds it; give another with --port N, e.g. --port {port + 1 if port < 65535 else 8501}") \
+                from None
 
 
 def check_port(port: int | None) -> None:

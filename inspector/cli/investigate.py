@@ -77,12 +77,13 @@ def _print_verdict(inv: Investigation, top: int = 5) -> None:
     for line in lines[1:]:
         print(line)
     shown = v.table.head(max(top, len(v.culprits.head(top))))
-    cols = {"rank": "rank", "layer": "layer", "head": "head", "site": "site", "effect": "effect", "direction": "direction",
-            "signature": "signature", "weight_right": f"weight:{v.right}", "weight_wrong": f"weight:{v.wrong}",
+    # the columns the headline quotes first: the effect, the signature, the WRONG referent's weight, then RIGHT's
+    cols = {"rank": "rank", "layer": "layer", "head": "head", "site": "site", "effect": "effect", "signature": "signature",
+            "weight_wrong": f"weight:{v.wrong}", "weight_right": f"weight:{v.right}", "direction": "direction",
             "query_row": "row"}
     table = shown[list(cols)].rename(columns=cols)
     print(f"\nHeads by exact effect (culprits first; all {len(v.table)} in culprits.csv):")
-    print(format_table(table, digits=4))
+    print(format_table(table, digits=4, lead=tuple(table.columns[:8]), full="culprits.csv"))
 
 
 def _print_findings(inv: Investigation, top: int = 10) -> None:

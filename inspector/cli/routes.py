@@ -13,6 +13,7 @@ from inspector.cli.common import (
     check_output_arg,
     check_source_words,
     load_from_args,
+    model_config,
     print_table,
     read_text,
     rows_shown,
@@ -91,6 +92,7 @@ def cmd_attribute(args) -> int:
         raise InspectorError(f"unknown --methods {', '.join(unknown) or '(none)'}: use some of {','.join(METHODS)}")
     check_ig_options(args.steps, args.max_steps, args.batch_size, args.memory_budget)  # bounds, before the model loads
     _targets(args)
+    model_config(args.model)  # a --model path that is no model folder: one line, before torch
     loaded = load_from_args(args)
     output = _output(args, loaded, source)
     df = attribute(loaded.model, loaded.tokenizer, source, output, position=args.position, contrast=args.contrast,
@@ -133,6 +135,7 @@ def cmd_routes(args) -> int:
     if not 0 <= args.threshold < 1:
         raise InspectorError(f"--threshold must be in [0, 1), got {args.threshold}")
     _targets(args)
+    model_config(args.model)  # a --model path that is no model folder: one line, before torch
     from inspector.intervene.routes import routes
     from inspector.store.files import write_csv, write_json
 
@@ -202,7 +205,7 @@ def add_commands(sub) -> None:
     p.add_argument("--memory-budget", type=float, default=IG_MEMORY_GIB, metavar="GIB",
                    help=f"integrated gradients: GiB of activations one batch of points may hold, estimated before it "
                         f"runs (default {IG_MEMORY_GIB:g}); a larger batch is refused")
-    p.add_argument("--csv", metavar="FILE", help="write one row per input token to this CSV file")
+    p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE", help="write one row per input token to this CSV file")
     add_rows_options(p, "input tokens (those of largest attribution when there are more)")
     p.set_defaults(func=cmd_attribute)
 

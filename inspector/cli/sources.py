@@ -13,7 +13,9 @@ from inspector.cli.common import (
     add_rows_options,
     check_global_texts,
     format_table,
+    generate_count,
     load_from_args,
+    model_config,
     print_table,
     read_text,
     read_utf8,
@@ -107,6 +109,7 @@ def cmd_sources(args) -> int:
     for p in (args.csv, args.json):
         if p:
             check_target(Path(p))
+    model_config(args.model)  # a --model path that is no model folder: one line, before torch
     loaded = load_from_args(args)
     glob = args.global_tokens.split(",") if args.global_tokens is not None else None
     r = sources(loaded.model, loaded.tokenizer, source, out, span=args.span, units=units, ablations=args.ablations,
@@ -164,9 +167,10 @@ def add_commands(sub) -> None:
     s.add_argument("--source", help="the document (encoder input or prompt)")
     s.add_argument("--source-file", metavar="FILE", help="read the document from this UTF-8 file")
     o = p.add_mutually_exclusive_group()
-    o.add_argument("--output", help="what the model said (teacher-forced)")
-    o.add_argument("--output-file", metavar="FILE", help="read what the model said from this UTF-8 file")
-    o.add_argument("--generate", type=_whole(1, 4096), metavar="N",
+    o.add_argument("--output", "--target", dest="output", help="what the model said (teacher-forced; --target: the old name)")
+    o.add_argument("--output-file", "--target-file", dest="output_file", metavar="FILE",
+                   help="read what the model said from this UTF-8 file (--target-file: the old name)")
+    o.add_argument("--generate", type=generate_count, metavar="N",
                    help="generate up to N tokens (greedy) and attribute them")
     p.add_argument("--span", metavar="TEXT", help="the part of the output attributed: a word or sentence it says (first "
                                                   "whole-word occurrence; default the whole output)")

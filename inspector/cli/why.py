@@ -12,6 +12,7 @@ from inspector.cli.common import (
     add_rows_options,
     add_source_output_options,
     load_from_args,
+    model_config,
     print_table,
     read_text,
     rows_shown,
@@ -65,6 +66,7 @@ def cmd_why(args) -> int:
         raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
     if args.csv:
         check_target(Path(args.csv))
+    model_config(args.model)  # a --model path that is no model folder: one line, before torch
     from inspector.intervene.logit_parts import decompose, site_names
 
     loaded = load_from_args(args)
@@ -108,6 +110,6 @@ def add_commands(sub) -> None:
     p.add_argument("--wrong-positions", type=_position_list, required=True, metavar="I[,J...]",
                    help="WRONG's token indices on the site's key axis")
     add_rows_options(p, "terms of each table", default=10)
-    p.add_argument("--csv", metavar="FILE",
+    p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE",
                    help="write every term (q_component, q_kind, k_component, k_kind, term) to this CSV file")
     p.set_defaults(func=cmd_why)

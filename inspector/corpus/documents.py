@@ -101,12 +101,12 @@ class Corpus:
             if missing:
                 where = f"none of its first {n} rows" if n == _JSONL_CHECKED_ROWS else "no row"
                 raise InspectorError(f"{self.path.name} has no field {missing[0]!r} ({where} has it); its fields are "
-                                     f"{', '.join(seen[:12])}: pick one with --{_option(fields, missing[0])}")
+                                     f"{', '.join(seen[:12])}: pick one with --{field_option(fields, missing[0])}")
             return
         missing = [c for c in fields.used() if c not in self.columns]
         if missing:
             raise InspectorError(f"{self.path.name} has no column {missing[0]!r}; its columns are {', '.join(self.columns[:12])}"
-                                 f": pick one with --{_option(fields, missing[0])}")
+                                 f": pick one with --{field_option(fields, missing[0])}")
 
     def _jsonl_fields(self) -> tuple[list[str], int]:
         """The fields of the first ``_JSONL_CHECKED_ROWS`` object rows, in order of appearance, and how many
@@ -245,7 +245,7 @@ class Corpus:
             yield to_document(i, row, self.fields)
 
 
-def _option(fields: Fields, column: str) -> str:
+def field_option(fields: Fields, column: str) -> str:
     for name, value in fields.to_dict().items():
         if value == column:
             return f"{name}-field"

@@ -194,7 +194,8 @@ def scan(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, initial=skipped, desc="scanning", unit="doc", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=total, initial=skipped, desc="scanning", unit="doc", file=sys.stderr, dynamic_ncols=True,
+                   disable=None)
     scanned, errors = _commit_all(folder, results, bar)
     return ScanSummary(out=folder.out, total=total, skipped=skipped, scanned=scanned, errors=errors,
                        errors_before=errors_before)

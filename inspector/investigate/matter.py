@@ -142,19 +142,66 @@ def matter_of(loaded, source: str, output: Output | str | None, question: Questi
                   row=res.contrast.row if res.contrast.kind == "logit" else None)
 
 
-def summary_text(m: Matter, format_table=lambda df, digits: df.to_string(index=False)) -> str:
-    """The part as plain text, for the terminal (``format_table(df, digits)`` formats a table)."""
-    lines = [f"\nDoes it matter? metric: {m.definition} = {m.metric:.6f}",
-             f"Flagged heads and the top {m.top} by attribution; effect = exact change of the metric under zero ablation"
-             + (", patch_effect = change when the variant's outputs of that head are patched in" if m.patches.size else "")
-             + ":"]
+MATTER_LEAD = ("site", "layer", "head", "effect", "attribution")  # the terminal table's first columns
+
+
+def _unpatched(m: Matter) -> list[str]:
+    """The listed heads no variant could patch (``site:head``), from :attr:`Matter.notes`."""
+    heads = []
+    for note in m.notes:
+        _, _, rest = note.partition(": ")
+        head, sep, _ = rest.partition(" not patched: ")
+        if sep:
+            heads.append(head)
+    return list(dict.fromkeys(heads))
+
+
+def _why_unpatched(m: Matter) -> str:
+    """Why those heads could not be patched, in words that hold for all of them (their sites' names left out)."""
+    reasons = []
+    for note in m.notes:
+        _, _, rest = note.partition(": ")
+        head, sep, reason = rest.partition(" not patched: ")
+        if sep:
+            site = head.rpartition(":")[0]
+            reasons.append(reason.replace(f"{site}'s ", "their ").replace(site, "the site"))
+    return "; ".join(dict.fromkeys(reasons))
+
+
+def summary_text(m: Matter, format_table=lambda df, digits, **_: df.to_string(index=False),
+                 width: int | None = None) -> str:
+    """The part as plain text, for the terminal (``format_table(df, digits=, lead=)`` formats a table; its prose
+    wrapped to ``width``, default the terminal's). The heads a variant could not patch are summed up in one line
+    (the report's notes name each; their ``patch_effect`` cells in matter.csv are empty)."""
+    from inspector.ui.terminal import terminal_width, wrap
+
+    width = terminal_width() if width is None else width
+    heads = len(m.effects) if m.effects is not None else len(m.heads)
+    flagged = int(m.heads["flagged"].astype(bool).sum()) if "flagged" in m.heads.columns else 0
+    if m.top >= heads:
+        which = f"All {heads} heads"
+    else:
+        which = (f"The top {m.top} of {heads} heads by attribution"
+                 + (f" and the {flagged} flagged ({len(m.heads)} heads)" if flagged else ""))
+    listed = (which + ", largest |effect| first; effect = exact change of the metric under zero ablation"
+              + (", patch_effect = change when the variant's outputs of that head are patched in" if m.patches.size else "")
+              + ":")
+    text = [f"Does it matter? metric: {m.definition} = {m.metric:.6f}", listed]
     shown = m.heads.drop(columns=["stack"] if (m.heads["stack"] == "none").all() else [])
-    lines.append(format_table(shown, digits=5))
+    lead = tuple(c for c in MATTER_LEAD if c in shown.columns)
+    lead += tuple(c for c in shown.columns if c.startswith("patch_effect["))
+    lines = [""] + [part for t in text for part in wrap(t, width)]
+    lines.append(format_table(shown, digits=5, lead=lead, width=width))
+    left = _unpatched(m)
     for r in m.patches.itertuples(index=False):
-        lines.append(f"Patching the {r.heads} heads above together from variant {r.variant!r}: metric {r.before:.6f} -> "
-                     f"{r.after:.6f} ({r.change:+.6f})")
-    lines += m.notes
-    lines.append(_effects.describe_disagreements(m.disagreements))
+        which = (f"the {r.heads} heads with a patch_effect[{r.variant}]" if left else f"the {r.heads} heads above")
+        lines += wrap(f"Patching {which} together from variant {r.variant!r}: metric {r.before:.6f} -> "
+                      f"{r.after:.6f} ({r.change:+.6f})", width)
+    if left:
+        lines += wrap(f"Not patched: {len(left)} head{'s' if len(left) != 1 else ''} ({_why_unpatched(m)}); their "
+                      "patch_effect cells are empty.", width)
+    lines += [part for note in m.notes if " not patched: " not in note for part in wrap(note, width)]
+    lines += [part for t in _effects.describe_disagreements(m.disagreements).splitlines() for part in wrap(t, width)]
     return "\n".join(lines)
 
 

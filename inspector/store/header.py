@@ -77,6 +77,8 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     line (:class:`InspectorError`, the same as :func:`~inspector.store.capture_file.load` gives) for a folder, a
     missing file, a file too short or too large in its header to be a capture, a safetensors file without an
     inspector document, or one whose document is no JSON object."""
+    if not str(path).strip():  # Path("") is "." (a folder): say what is wrong, the path itself
+        raise InspectorError("the capture file's path is empty: give a capture file, e.g. run.safetensors")
     path = Path(path)
     if path.is_dir():
         raise InspectorError(f"{path} is a folder, not a capture file: give the .safetensors file inside it")
