@@ -47,6 +47,7 @@ def files(tmp_path_factory) -> Path:
     (d / "nomodel").mkdir()  # a folder without config.json
     (d / "contracts.jsonl").write_text('{"text": "The Lessee pays."}\n')
     (d / "empty.jsonl").write_text("\n")
+    (d / "broken.jsonl").write_text("{not json\n")
     (d / "header.csv").write_text("text,id\n")
     (d / "contracts.csv").write_text("text,id\nThe Lessee pays.,1\n")
     return d
@@ -130,6 +131,7 @@ CASES = [
     ("scan-min-split", "scan --demo -o {d}/scan --min-split=-0.5", "--min-split"),
     ("scan-jsonl-field", "scan {d}/contracts.jsonl -o {d}/scan --text-field txt", "--text-field"),
     ("scan-jsonl-empty", "scan {d}/empty.jsonl -o {d}/scan", "no rows"),
+    ("scan-jsonl-broken", "scan {d}/broken.jsonl -o {d}/scan", "line 1 is not a JSON object"),
     ("scan-csv-field", "scan {d}/contracts.csv -o {d}/scan --query-field q", "--query-field"),
     ("scan-csv-empty", "scan {d}/header.csv -o {d}/scan", "no rows"),
     ("corpus-missing", "corpus {d}/nope", "does not exist"),

@@ -698,6 +698,7 @@ def _check_corpus_fields(args, data: Path, kind: str) -> None:
     fields = Fields(text=args.text_field, target=args.target_field, query=args.query_field,
                     referents=args.referents_field, id=args.id_field, occurrence=args.occurrence_field)
     if kind == "jsonl":
+        _check_jsonl_objects(data)
         Corpus(data, fields)  # pure Python for JSONL: no rows, or a field none of the first rows has
         return
     if kind != "csv" or not data.is_file():
@@ -715,6 +716,36 @@ def _check_corpus_fields(args, data: Path, kind: str) -> None:
     if missing:
         raise InspectorError(f"{data.name} has no column {missing[0]!r}; its columns are {', '.join(columns[:12])}"
                              f": pick one with --{field_option(fields, missing[0])}")
+
+
+def _check_jsonl_objects(data: Path, first: int = 5) -> None:
+    """A JSONL corpus none of whose first ``first`` non-empty lines is a JSON object is not a corpus: one line naming
+    the first bad line (a corpus with some good lines records the bad ones as documents with errors, as it scans)."""
+    import json
+
+    if not data.is_file():
+        return
+    errors = []
+    try:
+        with open(data, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    if isinstance(json.loads(line), dict):
+                        return
+                    errors.append((number, "not an object"))
+                except ValueError as exc:
+                    errors.append((number, str(exc).split(":")[0]))
+                if len(errors) >= first:
+                    break
+    except (OSError, UnicodeDecodeError):
+        return  # the scan names the problem itself
+    if errors:
+        number, why = errors[0]
+        after = ", nor are the lines after it" if len(errors) > 1 else ""
+        raise InspectorError(f"{data.name} line {number} is not a JSON object ({why}){after}: a JSONL corpus holds one "
+                             'JSON object a line, e.g. {"id": "a", "text": "..."}')
 
 
 def cmd_corpus(args) -> int:
