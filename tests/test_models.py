@@ -119,7 +119,7 @@ def test_cli_checks_that_need_no_model_come_first(tmp_path):
     cases = [
         (["capture", *missing, "--text", "a", "-o", str(tmp_path / "x.txt")], ".safetensors"),
         (["capture", *missing, "--text", "a", "-o", str(tmp_path)], "is a folder"),
-        (["debug", *missing, "--source", "a", "--output", "c", "--query", "a", "--referents", "a,b", "-o", str(tmp_path / "f.txt")], "not a folder"),
+        (["debug", *missing, "--source", "a b", "--output", "c", "--query", "a", "--referents", "a,b", "-o", str(tmp_path / "f.txt")], "not a folder"),
         (["capture", *missing, "--text", "a", "--sites", "(", "-o", str(tmp_path / "x.safetensors")], "regular expression"),
         (["debug", *missing, "--source", "a b", "--output", "c", "--query", "a", "--referents", "b", "-o", str(tmp_path / "d")],
          "two different referents"),

@@ -412,7 +412,7 @@ def model_config(name: str | None) -> dict | None:
     if name is not None and looks_like_path(str(name)):
         folder = Path(path).expanduser()
         if not folder.exists():
-            raise InspectorError(f"--model {name}: no such folder: give a model folder holding config.json, or a Hub id "
+            raise InspectorError(f"--model {name} does not exist (no such folder): give a model folder holding config.json, or a Hub id "
                                  "such as owner/name")
         if not folder.is_dir():
             raise InspectorError(f"--model {name} is a file: give the model's folder (the one holding config.json)")

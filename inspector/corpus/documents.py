@@ -246,6 +246,7 @@ class Corpus:
 
 
 def field_option(fields: Fields, column: str) -> str:
+    """The ``scan`` option that names ``column`` under ``fields`` (e.g. ``output-field``; ``text-field`` by default)."""
     for name, value in fields.to_dict().items():
         if value == column:
             return f"{name}-field"

@@ -110,14 +110,20 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
 # ---- what a command names, against the header (each check passes what it cannot read: load decides then) --------
 def sites(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The header's sites by name (entries that are no object with a string name are left to the full check)."""
-    found = meta.get("sites")
+    found = meta.get("sites") if isinstance(meta, dict) else None
     return {d["name"]: d for d in found if isinstance(d, dict) and isinstance(d.get("name"), str)} \
         if isinstance(found, list) else {}
 
 
+def _inputs(meta: dict[str, Any]) -> list:
+    """The header's input records, or none where ``inputs`` is not a list (the full check on load names that)."""
+    found = meta.get("inputs") if isinstance(meta, dict) else None
+    return found if isinstance(found, list) else []
+
+
 def batch_size(meta: dict[str, Any]) -> int | None:
     """Rows in the captured batch, or None where the header does not say clearly."""
-    rows = [r.get("batch") for r in meta.get("inputs") or [] if isinstance(r, dict)]
+    rows = [r.get("batch") for r in _inputs(meta) if isinstance(r, dict)]
     if not rows or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in rows):
         return None
     return 1 + max(rows)
@@ -126,7 +132,7 @@ def batch_size(meta: dict[str, Any]) -> int | None:
 def texts(meta: dict[str, Any], roles: list[str] | tuple[str, ...] | None = None, batch: int = 0) -> dict[str, str]:
     """``{role: text}`` of batch row ``batch`` (only ``roles`` when given), from the header's input records."""
     out = {}
-    for r in meta.get("inputs") or []:
+    for r in _inputs(meta):
         if isinstance(r, dict) and r.get("batch") == batch and isinstance(r.get("text"), str) \
                 and isinstance(r.get("role"), str) and (roles is None or r["role"] in roles):
             out[r["role"]] = r["text"]
