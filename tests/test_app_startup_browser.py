@@ -142,6 +142,8 @@ def test_a_click_during_start_up_keeps_the_selection(legal_capture, tmp_path, sl
         wait_idle(page)
         expect(page).to_have_url(url + PATHS[clicked])  # the page clicked stays shown
         header = page.locator('[data-testid="stMain"] h4, [data-testid="stMain"] h1').first.inner_text()
+        # the sidebar is drawn in the same run as the page, after it: wait for its last selection widget
+        page.wait_for_selector('[data-testid="stSidebar"] input[aria-label="Query position"]', timeout=WAIT_MS * 2)
         side = page.evaluate(SIDEBAR_SELECTION)
     site, head, query = START_SELECTION
     assert f"{site} · head {head} · query {query} «##em»" in header, header  # the start selection is kept
