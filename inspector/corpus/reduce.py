@@ -89,14 +89,12 @@ def check_document(doc: Document) -> str | None:
     return None
 
 
-def _leading_padding(capture, site, which: str, batch: int) -> int:
-    """Padding positions in front of the document's first real token on a site axis (left padding)."""
-    n = 0
-    for rec, i in capture.axis(site, which, batch):
-        if not rec.padding[i]:
-            break
-        n += 1
-    return n
+def leading_padding(padding) -> np.ndarray:
+    """How many positions are padding before the first real token (left padding), along the last axis of the
+    boolean flags ``padding [..., position]`` (a tensor or array): int64 ``[...]``. The one count of the shift
+    taken off every position the scan reports (``top_key_index``, ``query_positions``, ``driving_row``,
+    ``rows_flagged``), by the per-document path and the fast path alike."""
+    return np.cumprod(np.asarray(padding, dtype=bool), axis=-1).sum(-1).astype(np.int64)
 
 
 def _real_tokens(capture, batch: int) -> int:
@@ -125,7 +123,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     for c in rank.columns:
         cols[c] = rank[c].to_numpy()[perm]
     sites = [sites[i] for i in perm]
-    key_shift = {s.name: _leading_padding(capture, s, "key", batch) for s in capture.sites}
+    key_shift = {s.name: int(leading_padding(capture.flags(s, "key", batch)[1])) for s in capture.sites}
     cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
     split = None
     if doc.query is not None:
@@ -138,7 +136,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
             out = pd.DataFrame(cols)
             out.attrs["note"] = f"no split: {exc}"
             return out
-        q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
+        q_shift = {s.name: int(leading_padding(capture.flags(s, "query", batch)[1])) for s in capture.sites}
         extra: dict[str, list] = {
             "query": split["query"].tolist(),
             "query_positions": [[int(p) - q_shift[site] for p in pos]
