@@ -6,14 +6,15 @@ document and site, which on short documents costs as much as the model's forward
 site's rank sums are the ones the capture took while the model ran (:mod:`inspector.corpus.forward_sums`), or
 where it took none, its weights are recomputed for the whole batch in blocks ``[batch, head, query rows,
 key]`` and fed to the same :class:`~inspector.analysis.RankSums`. The split of every document of the
-batch is then computed at once per axis pair (:class:`_GroupSplit`): the query rows a document's split
-reads (recomputed, or kept from the same blocks) for the heads of every site sharing the query and key
-axes, stacked ``[doc, head, row, key]``, each document's rows and referents padded to the batch's most
-and the padding masked out of every sum, mean and maximum; the numbers are those of
-:class:`~inspector.analysis.ReferentSplit` (same definitions, tests/test_batch_reduce.py checks them
-against the per-document path and against the rows of the code before, fixtures/scan_rows.json). The
-statistics are computed over the document's own rows and keys; padding is excluded as in the
-per-document path, and positions are shifted back by the padding in front of the document.
+batch is then computed at once per axis pair (:func:`_pair_split`) by the one definition of the split,
+:func:`inspector.analysis.split.split_statistics` (which :func:`~inspector.analysis.split_heads` calls on a
+batch of one): the query rows a document's split reads (recomputed, or kept from the same blocks) for the
+heads of every site sharing the query and key axes, stacked ``[doc, head, row, key]``, each document's rows
+and referents padded to the batch's most and masked out there. One writer, :func:`_split_columns`, turns
+those tensors into the heads rows' split columns, column by column; positions are shifted back by the
+padding in front of the document, counted once (:func:`inspector.corpus.reduce.leading_padding`).
+tests/test_batch_reduce.py checks the rows against the per-document path and against the rows of the code
+before (fixtures/scan_rows.json), and that corpus/ holds no second copy of the split's formulas.
 
 Where the fast path does not apply, :func:`batch_rows` says so and the caller uses the per-document
 path: a capture with stored weights or sites that cannot be recomputed, a non-finite weight in a real
@@ -27,18 +28,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from inspector.analysis import spans
+from inspector.analysis import spans, split
 from inspector.analysis.keys import visible
 from inspector.analysis.rank import LabelRule, RankSums
-from inspector.analysis.split import (
-    ReferentLayout,
-    SplitRule,
-    SplitStats,
-    clean_referents,
-    find_referents,
-    referent_keys,
-    split_statistics,
-)
+from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clean_referents, find_referents
 from inspector.corpus.reduce import leading_padding
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
@@ -439,7 +432,8 @@ def _pair_split(axes: Axes, key: tuple, members: dict[int, list[int]], queries: 
                 w[d, hs, :n] = kept[0]
                 vis[d, hs, :n] = kept[1]
     layouts = [ReferentLayout(queries[b].groups[key][1], axes.flags(tuple(key[1]), b)[2]) for b in docs]
-    stats = split_statistics(w, vis, referent_keys(layouts, k_len), rule, n_rows=torch.tensor(n_rows))
+    # the one definition of the statistics (called through the module: tests/test_batch_reduce.py checks it is this one)
+    stats = split.split_statistics(w, vis, split.referent_keys(layouts, k_len), rule, n_rows=torch.tensor(n_rows))
     return _PairSplit(docs, layouts, stats, n_rows, offsets)
 
 
@@ -479,7 +473,7 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
     n = len(batch_rows_) * n_all
     floats = {c: np.full(n, np.nan) for c in ("referent_mass", "chance_mass", "lift", "split_score", "shared_share",
                                                "split_unshared")}
-    flagged, flag_known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    flag_values, flag_known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     objects = {c: np.full(n, None, dtype=object) for c in SPLIT_COLUMNS if c not in floats and c != "flagged"}
     for key, pair in pairs.items():
         s = pair.stats
@@ -503,25 +497,25 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
                         ("split_score", "split_score"), ("shared_share", "shared_share"),
                         ("split_unshared", "split_unshared")):
             floats[c][dst] = getattr(s, name).numpy()[src_d, src_h]
-        flagged[dst] = s.flagged.numpy()[src_d, src_h]
+        flag_values[dst] = s.flagged.numpy()[src_d, src_h]
         flag_known[dst] = True
         objects["mostly_shared"][dst] = s.mostly_shared.numpy()[src_d, src_h].tolist()
         objects["driving_row"][dst] = positions.gather(1, s.driving.reshape(len(pair.docs), -1)).numpy()[src_d, src_h].tolist()
         # list cells: one Python list per row (the documents' own rows, referents and pieces only)
-        row_split = s.row_split.numpy()[src_d, src_h]  # [row of the frame, query row]
-        row_flagged = s.row_flagged.numpy()[src_d, src_h]
+        scores = s.row_split.numpy()[src_d, src_h]  # [row of the frame, query row]
+        passing = s.row_flagged.numpy()[src_d, src_h]
         weights = s.referent_weights.numpy()[src_d, src_h]
-        by_piece = s.piece_weights.numpy()[src_d, src_h].tolist()
+        piece_w = s.piece_weights.numpy()[src_d, src_h].tolist()
         pos_of = positions.numpy()[src_d]
         for k, (d, row) in enumerate(zip(src_d.tolist(), dst.tolist(), strict=True)):
             b = pair.docs[d]
             lay, r_n = pair.layouts[d], pair.n_rows[d]
             n_ref = len(lay.referents)
             objects["query_positions"][row] = pos_of[k, :r_n].tolist()
-            objects["rows_flagged"][row] = pos_of[k, :r_n][row_flagged[k, :r_n]].tolist()
-            objects["row_split_scores"][row] = row_split[k, :r_n].tolist()
+            objects["rows_flagged"][row] = pos_of[k, :r_n][passing[k, :r_n]].tolist()
+            objects["row_split_scores"][row] = scores[k, :r_n].tolist()
             objects["referent_weights"][row] = weights[k, :n_ref].tolist()
-            objects["referent_pieces"][row] = lay.pieces_text(by_piece[k])
+            objects["referent_pieces"][row] = lay.pieces_text(piece_w[k])
             objects["query"][row] = queries[b].groups[key][0].phrase
             objects["referents"][row] = queries[b].refs
             objects["shared_pieces"][row] = " ".join(sorted(lay.shared))
@@ -530,7 +524,7 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
         if c in floats:
             out[c] = floats[c]
         elif c == "flagged":
-            out[c] = pd.arrays.BooleanArray(flagged, ~flag_known)
+            out[c] = pd.arrays.BooleanArray(flag_values, ~flag_known)
         else:
             out[c] = objects[c].tolist()
     return out
