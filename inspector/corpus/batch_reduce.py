@@ -474,7 +474,7 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
     floats = {c: np.full(n, np.nan) for c in ("referent_mass", "chance_mass", "lift", "split_score", "shared_share",
                                                "split_unshared")}
     flag_values, flag_known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    objects = {c: np.full(n, None, dtype=object) for c in SPLIT_COLUMNS if c not in floats and c != "flagged"}
+    objects: dict[str, list] = {c: [None] * n for c in SPLIT_COLUMNS if c not in floats and c != "flagged"}
     for key, pair in pairs.items():
         s = pair.stats
         src_d, src_h, dst = [], [], []  # (document, stacked head) of the pair -> row of the frame
@@ -493,32 +493,38 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
         if not dst:
             continue
         src_d, src_h, dst = np.concatenate(src_d), np.concatenate(src_h), np.concatenate(dst)
-        for c, name in (("referent_mass", "referent_mass"), ("chance_mass", "chance_mass"), ("lift", "lift"),
-                        ("split_score", "split_score"), ("shared_share", "shared_share"),
-                        ("split_unshared", "split_unshared")):
-            floats[c][dst] = getattr(s, name).numpy()[src_d, src_h]
+        for c, column in floats.items():  # SplitStats' tensors of the same names
+            column[dst] = getattr(s, c).numpy()[src_d, src_h]
         flag_values[dst] = s.flagged.numpy()[src_d, src_h]
         flag_known[dst] = True
-        objects["mostly_shared"][dst] = s.mostly_shared.numpy()[src_d, src_h].tolist()
-        objects["driving_row"][dst] = positions.gather(1, s.driving.reshape(len(pair.docs), -1)).numpy()[src_d, src_h].tolist()
-        # list cells: one Python list per row (the documents' own rows, referents and pieces only)
-        scores = s.row_split.numpy()[src_d, src_h]  # [row of the frame, query row]
-        passing = s.row_flagged.numpy()[src_d, src_h]
-        weights = s.referent_weights.numpy()[src_d, src_h]
-        piece_w = s.piece_weights.numpy()[src_d, src_h].tolist()
-        pos_of = positions.numpy()[src_d]
-        for k, (d, row) in enumerate(zip(src_d.tolist(), dst.tolist(), strict=True)):
-            b = pair.docs[d]
-            lay, r_n = pair.layouts[d], pair.n_rows[d]
-            n_ref = len(lay.referents)
-            objects["query_positions"][row] = pos_of[k, :r_n].tolist()
-            objects["rows_flagged"][row] = pos_of[k, :r_n][passing[k, :r_n]].tolist()
-            objects["row_split_scores"][row] = scores[k, :r_n].tolist()
-            objects["referent_weights"][row] = weights[k, :n_ref].tolist()
-            objects["referent_pieces"][row] = lay.pieces_text(piece_w[k])
-            objects["query"][row] = queries[b].groups[key][0].phrase
-            objects["referents"][row] = queries[b].refs
-            objects["shared_pieces"][row] = " ".join(sorted(lay.shared))
+        # the object columns: Python values from one conversion per tensor, then one list per cell (each document's
+        # own rows, referents and pieces)
+        docs_k, rows_k = src_d.tolist(), dst.tolist()
+        pos_l = positions.tolist()
+        n_of = [pair.n_rows[d] for d in docs_k]
+        q_pos = [pos_l[d][:r] for d, r in zip(docs_k, n_of, strict=True)]
+        lays = [pair.layouts[d] for d in docs_k]
+        per_doc = {d: (queries[b].groups[key][0].phrase, list(queries[b].refs), " ".join(sorted(pair.layouts[d].shared)))
+                   for d, b in enumerate(pair.docs) if b in at}
+        values = {
+            "query": [per_doc[d][0] for d in docs_k],
+            "query_positions": q_pos,
+            "driving_row": positions.gather(1, s.driving).numpy()[src_d, src_h].tolist(),
+            "rows_flagged": [[p for p, f in zip(q, fs, strict=False) if f]
+                             for q, fs in zip(q_pos, s.row_flagged.numpy()[src_d, src_h].tolist(), strict=True)],
+            "referents": [per_doc[d][1] for d in docs_k],
+            "referent_weights": [ws[:len(lay.referents)] for ws, lay in
+                                 zip(s.referent_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)],
+            "referent_pieces": [lay.pieces_text(bp) for bp, lay in
+                                zip(s.piece_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)],
+            "row_split_scores": [rs[:r] for rs, r in zip(s.row_split.numpy()[src_d, src_h].tolist(), n_of, strict=True)],
+            "shared_pieces": [per_doc[d][2] for d in docs_k],
+            "mostly_shared": s.mostly_shared.numpy()[src_d, src_h].tolist(),
+        }
+        for c, vs in values.items():
+            col = objects[c]
+            for r, v in zip(rows_k, vs, strict=True):
+                col[r] = v
     out: dict[str, object] = {}
     for c in SPLIT_COLUMNS:
         if c in floats:
@@ -526,5 +532,5 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
         elif c == "flagged":
             out[c] = pd.arrays.BooleanArray(flag_values, ~flag_known)
         else:
-            out[c] = objects[c].tolist()
+            out[c] = objects[c]
     return out
