@@ -21,6 +21,12 @@ the part of ``referent_mass`` on them, ``split_unshared`` the split score with t
 ``mostly_shared`` is true when more than half the split score comes from them
 (``split_unshared < split_score / 2``).
 
+All of these numbers are computed in one place, :func:`split_statistics`, over a batch with a document
+axis (``[doc, head, row, key]`` weights, padding rows and referents masked out): :func:`split_heads` calls it
+on a batch of one document per site, the corpus scan (:mod:`inspector.corpus.batch_reduce`) on every
+document of a captured batch at once; the referents' layout (their keys, pieces and shared pieces) is
+:class:`ReferentLayout`, as indicator matrices :func:`referent_keys`.
+
 The rows of a query word (:func:`query_rows`) and their aggregate (:func:`word_row`) are defined here
 once, for split, explain, plot, show, report, app and scan; ``weighting`` as in :mod:`inspector.analysis.keys`.
 Pure functions: a capture in, a pandas DataFrame out; no I/O, no model.
