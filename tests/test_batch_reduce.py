@@ -205,6 +205,8 @@ def test_a_scan_batch_gives_the_rows_the_code_before_issue_21_gave(case):
     documents = [list(r) for r in result.documents.itertuples(index=False)]
     noted = {d[0]: d for d in documents if d[3] == "ok" and d[4].startswith("no split: ")}
     for d in saved["documents"]:
+        # and one wording since (e44c5de, store.words.times): a query found twice "occurs twice", not "occurs 2 times"
+        d[4] = d[4].replace("occurs 2 times", "occurs twice") if isinstance(d[4], str) else d[4]
         if d[0] in noted:
             assert d[3:] == ["error", noted[d[0]][4].removeprefix("no split: ")] and d[:3] == noted[d[0]][:3]
             d[3:] = noted[d[0]][3:]
@@ -231,3 +233,74 @@ def test_a_scan_batch_gives_the_rows_the_code_before_issue_21_gave(case):
     assert_same_rows(heads, want, tol=1e-6)
     assert documents == saved["documents"]
     assert len(want) > 0 and want["split_score"].notna().any(), "the reference holds split rows"
+
+
+# ---- one split: the scan computes it with inspector.analysis.split's code, and nowhere else -------------
+SPLIT_NAMES = {"referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared", "mostly_shared",
+               "flagged", "row_split", "row_lift", "row_mass", "row_chance", "per_row", "chance_row", "per_key", "agg",
+               "unshared", "by_piece", "driving", "rows_flagged"}
+
+
+def test_no_corpus_module_computes_the_split_statistics():
+    """corpus/ holds no second copy of the split's math: no ``topk`` (the split score's second largest weight), no
+    ``passes_all`` (the rule on tensors), no ``clamp_min`` (the lift's guard), no assignment to a name or attribute
+    named after a split statistic, and no function or class of its own named after one (``_GroupSplit``,
+    ``_second``, ...): such numbers come from :func:`inspector.analysis.split.split_statistics`."""
+    import ast
+    from pathlib import Path
+
+    import inspector.corpus
+
+    found = []
+    for path in sorted(Path(inspector.corpus.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Attribute) and node.attr in ("topk", "passes_all", "passes", "clamp_min", "kthvalue"):
+                found.append(f"{where} .{node.attr}")
+            targets = []
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    name = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else None
+                    if name in SPLIT_NAMES:
+                        found.append(f"{where} assigns {name}")
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and any(
+                    w in node.name.lower() for w in ("groupsplit", "doclayout", "second", "lift", "split_score", "chance")):
+                found.append(f"{where} defines {node.name}")
+    assert not found, f"corpus/ computes split statistics itself (use inspector.analysis.split): {found}"
+
+
+def test_the_scan_and_split_heads_compute_the_split_through_split_statistics(monkeypatch):
+    """The fast path's split goes through the one function of split.py: counted, it is called (once per axis
+    pair of the batch, not per document) and the rows stand; made to raise, the fast path raises. split_heads
+    goes through it too."""
+    import inspector.analysis.split as split
+
+    lm = LoadedModel(tiny.build("bert"), tiny.tokenizer(), "bert")
+    docs = docs_of(ROWS, Fields(query="query", referents="referents", id="id", occurrence="occurrence"))
+    cap, group = capture_batch(lm.model, lm.tokenizer, docs, Options()).captures[0]
+    before = batch_rows(cap, [d for _, d in group], Options())
+    calls = []
+    original = split.split_statistics
+
+    def counted(w, *args, **kw):
+        calls.append(tuple(w.shape))
+        return original(w, *args, **kw)
+
+    monkeypatch.setattr(split, "split_statistics", counted)
+    done, _ = batch_rows(cap, [d for _, d in group], Options())
+    assert len(calls) == 1 and calls[0][0] >= 3, f"one call for the batch's documents on BERT's one axis pair: {calls}"
+    for b, frame in before[0].items():
+        pd.testing.assert_frame_equal(done[b], frame)
+    calls.clear()
+    split.split_heads(cap, "indemnity", ["Lessee", "Lessor"], batch=0)
+    assert len(calls) == len(cap.sites) and all(c[0] == 1 for c in calls), "split_heads: a batch of one per site"
+
+    def refuse(*args, **kw):
+        raise RuntimeError("the split computed by split.split_statistics")
+
+    monkeypatch.setattr(split, "split_statistics", refuse)
+    with pytest.raises(RuntimeError, match="split.split_statistics"):
+        batch_rows(cap, [d for _, d in group], Options())

@@ -43,7 +43,6 @@ ALLOWED = {
     "intervene/logit_parts.py:_decompose": "the decomposition's inner step: tensors and positions read here",
     "intervene/routes.py:_attention_edges": "one attention block's edges (Ferrando & Voita 2024): tensors read here",
     "investigate/debug.py:_commands": "the reproduce commands: each argument is a part of the command line written",
-    "corpus/batch_reduce.py:__init__": "the batch split's tensors, built once per axis pair",
     "corpus/batch_reduce.py:_keep_block_rows": "a hot loop over block rows: plain tensors, no value boxing",
     "corpus/ray_engine.py:ray_batches": "the Ray engine's settings as scan received them (address, actors, CPUs, "
                                         "device, remote code): handed to Ray Data's map_batches",

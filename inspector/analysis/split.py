@@ -21,6 +21,12 @@ the part of ``referent_mass`` on them, ``split_unshared`` the split score with t
 ``mostly_shared`` is true when more than half the split score comes from them
 (``split_unshared < split_score / 2``).
 
+All of these numbers are computed in one place, :func:`split_statistics`, over a batch with a document
+axis (``[doc, head, row, key]`` weights, padding rows and referents masked out): :func:`split_heads` calls it
+on a batch of one document per site, the corpus scan (:mod:`inspector.corpus.batch_reduce`) on every
+document of a captured batch at once; the referents' layout (their keys, pieces and shared pieces) is
+:class:`ReferentLayout`, as indicator matrices :func:`referent_keys`.
+
 The rows of a query word (:func:`query_rows`) and their aggregate (:func:`word_row`) are defined here
 once, for split, explain, plot, show, report, app and scan; ``weighting`` as in :mod:`inspector.analysis.keys`.
 Pure functions: a capture in, a pandas DataFrame out; no I/O, no model.
@@ -297,82 +303,222 @@ def piece(token: str) -> str:
     return t.lstrip("Ġ▁ ") or t
 
 
-@dataclass
-class ReferentSplit:
-    """How a query's rows divide their weight among referents at one site, every head at once.
+# ---- the split statistics, for a batch of documents (one document is a batch of one) --------------
+class ReferentLayout:
+    """One document's referents on one key axis, as the split reads them: ``referents`` (referent -> key
+    positions, every occurrence), ``shared`` (the token pieces, :func:`piece`, found in two or more referents),
+    ``pieces`` (``(token, key positions)`` per distinct token of each referent, referent by referent, each
+    referent's in first-seen order; ``n_pieces`` how many each referent has) and ``unshared`` (per referent,
+    its key positions whose piece is not shared)."""
 
-    Shapes: ``per_row [head, row, referent]`` weights, ``chance_row [head, row, referent]`` chance,
-    ``per_key [head, key]`` the aggregate row's weights (the mean of the rows), all float64. The corpus
-    scan stacks the heads of several sites that share the query and key axes along ``head``; ``site``
-    is then None.
-    """
-
-    site: Site | None
-    query_positions: list[int]
-    referents: dict[str, list[int]]  # referent -> key positions
-    key_tokens: list[str]
-    per_row: torch.Tensor
-    chance_row: torch.Tensor
-    per_key: torch.Tensor
-    rule: SplitRule
-    weighting: str
-
-    def __post_init__(self) -> None:
-        # every head at once, so that row(head) only reads numbers out
-        toks = {r: [self.key_tokens[p] for p in pos] for r, pos in self.referents.items()}
+    def __init__(self, referents: dict[str, list[int]], key_tokens: list[str]):
+        self.referents = {r: list(p) for r, p in referents.items()}
+        toks = {r: [key_tokens[p] for p in pos] for r, pos in self.referents.items()}
         piece_of = {t: piece(t) for ts in toks.values() for t in set(ts)}
         seen: dict[str, int] = {}
         for ts in toks.values():
             for s in {piece_of[t] for t in ts}:
                 seen[s] = seen.get(s, 0) + 1
-        self.shared = {s for s, n in seen.items() if n >= 2}  # token strings found in two or more referents
-        w = self.per_key
-        self._pieces: dict[str, tuple[list[str], list[list[float]]]] = {}
-        unshared = []
+        self.shared = {s for s, n in seen.items() if n >= 2}
+        self.pieces: list[tuple[str, list[int]]] = []
+        self.n_pieces: list[int] = []
+        self.unshared: list[list[int]] = []
         for r, pos in self.referents.items():
             groups: dict[str, list[int]] = {}
             for p, t in zip(pos, toks[r], strict=True):
                 groups.setdefault(t, []).append(p)
-            by_piece = torch.stack([w[:, g].sum(-1) for g in groups.values()], dim=1)  # [head, piece]
-            self._pieces[r] = (list(groups), by_piece.tolist())
-            keep = [p for p, t in zip(pos, toks[r], strict=True) if piece_of[t] not in self.shared]
-            unshared.append(w[:, keep].sum(-1))
-        unshared_t = torch.stack(unshared, dim=1)  # [head, referent]
-        agg = self.per_row.mean(1)  # [head, referent]
-        row_mass = self.per_row.sum(-1)  # [head, row]
-        row_chance = self.chance_row.sum(-1)  # [head, row]
-        mass = agg.sum(-1)
-        chance = row_chance.mean(-1)
-        split = 2 * agg.topk(2, dim=-1).values[:, 1]
-        lift = torch.where(chance > 0, mass / chance.clamp_min(1e-300), torch.nan)
-        unshared_sum = unshared_t.sum(-1)
-        split_unshared = 2 * unshared_t.topk(2, dim=-1).values[:, 1]
-        row_split = 2 * self.per_row.topk(2, dim=-1).values[..., 1]  # [head, row]
-        row_lift = torch.where(row_chance > 0, row_mass / row_chance.clamp_min(1e-300), torch.nan)
-        self._agg = agg.tolist()
-        self._mass, self._chance, self._split, self._lift = mass.tolist(), chance.tolist(), split.tolist(), lift.tolist()
-        self._flagged = self.rule.passes_all(split, mass, lift).tolist()
-        self._shared_share = torch.where(mass > 0, 1 - unshared_sum / mass.clamp_min(1e-300), 0.0).tolist()
-        self._split_unshared = split_unshared.tolist()
-        self._mostly_shared = ((split > 0) & (split_unshared < split / 2) & bool(self.shared)).tolist()
-        self._row_split = row_split.tolist()
-        self._driving = row_split.argmax(-1).tolist()
-        # the rows that pass the rule alone, per head
-        self._rows_flagged = [[] for _ in range(row_split.shape[0])]
-        for h, i in torch.nonzero(self.rule.passes_all(row_split, row_mass, row_lift)).tolist():
-            self._rows_flagged[h].append(self.query_positions[i])
+            self.pieces += list(groups.items())
+            self.n_pieces.append(len(groups))
+            self.unshared.append([p for p, t in zip(pos, toks[r], strict=True) if piece_of[t] not in self.shared])
+        labels = [t.replace("{", "{{").replace("}", "}}") + "={:.4f}" for t, _ in self.pieces]
+        self.piece_lines: list[tuple] = []  # per referent: (format of its ``pieces:`` line, first piece, pieces)
+        o = 0
+        for k in self.n_pieces:
+            self.piece_lines.append((" ".join(labels[o:o + k]).format, o, k))  # one format call per head
+            o += k
+
+    def pieces_text(self, weights: list[float]) -> list[str]:
+        """Each referent's ``pieces:`` text (``less=0.0475 ##ee=0.0476``) from one head's piece weights
+        (:attr:`SplitStats.piece_weights`, in :attr:`pieces` order)."""
+        return [line(*weights[o:o + k]) for line, o, k in self.piece_lines]
+
+
+@dataclass(frozen=True)
+class ReferentKeys:
+    """The referents of a batch of documents on one key axis as indicator matrices (float64, 1 on a key that
+    belongs, else 0), each document's referents and pieces padded to the batch's most: ``referent
+    [doc, key, referent]``, ``unshared [doc, key, referent]`` (the keys whose piece is not shared),
+    ``piece [doc, key, piece]`` (:attr:`ReferentLayout.pieces` order); ``valid [doc, referent]`` which
+    referent columns are real, ``has_shared [doc]`` whether any piece is shared."""
+
+    referent: torch.Tensor
+    unshared: torch.Tensor
+    piece: torch.Tensor
+    valid: torch.Tensor
+    has_shared: torch.Tensor
+
+
+def referent_keys(layouts: list[ReferentLayout], key_len: int) -> ReferentKeys:
+    """:class:`ReferentKeys` of the documents' layouts on a key axis of ``key_len`` positions (one scatter each)."""
+    n_doc = len(layouts)
+    n_ref = max(len(lay.referents) for lay in layouts)
+    n_piece = max(len(lay.pieces) for lay in layouts)
+    at: dict[str, list[list[int]]] = {c: [[], [], []] for c in ("referent", "unshared", "piece")}  # (doc, key, column)
+
+    def add(c: str, d: int, positions: list[int], j: int) -> None:
+        at[c][0] += [d] * len(positions)
+        at[c][1] += positions
+        at[c][2] += [j] * len(positions)
+
+    valid = torch.zeros(n_doc, n_ref, dtype=torch.bool)
+    for d, lay in enumerate(layouts):
+        for j, pos in enumerate(lay.referents.values()):
+            add("referent", d, pos, j)
+            add("unshared", d, lay.unshared[j], j)
+        for j, (_, pos) in enumerate(lay.pieces):
+            add("piece", d, pos, j)
+        valid[d, :len(lay.referents)] = True
+    out = {}
+    for c, width in (("referent", n_ref), ("unshared", n_ref), ("piece", n_piece)):
+        t = torch.zeros(n_doc, key_len, width, dtype=torch.float64)
+        if at[c][0]:
+            t[at[c][0], at[c][1], at[c][2]] = 1.0
+        out[c] = t
+    return ReferentKeys(**out, valid=valid, has_shared=torch.tensor([bool(lay.shared) for lay in layouts]))
+
+
+@dataclass(frozen=True)
+class SplitStats:
+    """The split statistics of a batch (:func:`split_statistics`), float64 unless said, per document and head
+    (``[doc, head]``), per referent (``[doc, head, referent]``), per query row (``[doc, head, row]``):
+
+    * ``per_row [doc, head, row, referent]``, ``chance_row`` the same shape: each row's weight on each referent
+      and what uniform attention over its visible keys would give it; ``per_key [doc, head, key]`` the
+      aggregate row (the mean of the real rows);
+    * ``referent_weights [doc, head, referent]`` (the aggregate row's ``weight:<referent>``), ``referent_mass``,
+      ``chance_mass``, ``lift``, ``split_score``, ``flagged`` (bool), ``shared_share``, ``split_unshared``,
+      ``mostly_shared`` (bool), ``driving`` (int64, the row index with the highest row split score) ``[doc, head]``;
+    * ``row_mass``, ``row_chance``, ``row_lift``, ``row_split``, ``row_flagged`` (bool, False on padding rows)
+      ``[doc, head, row]``;
+    * ``piece_weights [doc, head, piece]`` (:attr:`ReferentLayout.pieces` order).
+
+    Padding (rows beyond a document's ``n_rows``, referent and piece columns beyond its own) holds
+    numbers that mean nothing; read a document's own rows and columns only."""
+
+    per_row: torch.Tensor
+    chance_row: torch.Tensor
+    per_key: torch.Tensor
+    referent_weights: torch.Tensor
+    referent_mass: torch.Tensor
+    chance_mass: torch.Tensor
+    lift: torch.Tensor
+    split_score: torch.Tensor
+    flagged: torch.Tensor
+    shared_share: torch.Tensor
+    split_unshared: torch.Tensor
+    mostly_shared: torch.Tensor
+    driving: torch.Tensor
+    row_mass: torch.Tensor
+    row_chance: torch.Tensor
+    row_lift: torch.Tensor
+    row_split: torch.Tensor
+    row_flagged: torch.Tensor
+    piece_weights: torch.Tensor
+
+
+def _twice_second(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``2 x`` the second largest of ``x [..., n]`` over the entries ``valid`` (broadcast to ``x``): the split score."""
+    return 2 * x.masked_fill(~valid, float("-inf")).topk(2, dim=-1).values[..., 1]
+
+
+def _lift(mass: torch.Tensor, chance: torch.Tensor) -> torch.Tensor:
+    """``mass / chance``, NaN where chance is 0."""
+    return torch.where(chance > 0, mass / chance.clamp_min(1e-300), torch.nan)
+
+
+def split_statistics(w: torch.Tensor, vis: torch.Tensor, keys: ReferentKeys, rule: SplitRule, *,
+                     n_rows: torch.Tensor | None = None, value_norm: torch.Tensor | None = None) -> SplitStats:
+    """The split statistics (the module docstring's definitions) of a batch of documents, every head at once:
+    the one computation behind :func:`split_heads` (a batch of one document per site) and the corpus scan
+    (:mod:`inspector.corpus.batch_reduce`: the documents of a batch, the heads of the sites sharing an axis pair
+    stacked).
+
+    ``w [doc, head, row, key]``: the query rows' weights (float32 or float64; value-weighted already when
+    ``value_norm [doc, head, key]`` is given), 0 on padding; ``vis [doc, 1|head, row, key]`` (bool) the keys
+    each row sees; ``n_rows [doc]`` how many rows each document really has (the rest are padding, masked out
+    of every mean and maximum; None: all are real); ``keys`` the referents (:func:`referent_keys`). Dimensionless
+    weights (attention is a probability over keys), a row's ``chance`` of a referent ``|visible referent keys| /
+    |visible keys|`` (under value-norm weighting, those keys' value norms over the visible keys')."""
+    w = w.double()
+    base = vis.double()
+    if value_norm is not None:  # uniform attention seen through the same weighting
+        base = base * value_norm.double()[:, :, None, :]
+    total = base.sum(-1, keepdim=True).clamp_min(1e-300)  # [doc, 1|head, row, 1]
+    per_row = torch.matmul(w, keys.referent[:, None])  # [doc, head, row, referent]
+    chance_row = (torch.matmul(base, keys.referent[:, None]) / total).expand_as(per_row)
+    if n_rows is None:
+        row_ok = torch.ones(w.shape[0], w.shape[2], dtype=torch.bool)
+        per_key = w.mean(2)  # [doc, head, key]
+        referent_weights = per_row.mean(2)  # [doc, head, referent]
+    else:
+        row_ok = torch.arange(w.shape[2])[None, :] < n_rows[:, None]  # [doc, row]
+        rows_f = row_ok.double()[:, None, :, None]
+        n = n_rows.double()[:, None, None]
+        per_key = (w * rows_f).sum(2) / n
+        referent_weights = (per_row * rows_f).sum(2) / n
+    row_mass = per_row.sum(-1)  # [doc, head, row]
+    row_chance = chance_row.sum(-1)
+    mass = referent_weights.sum(-1)  # [doc, head]
+    chance = row_chance.mean(-1) if n_rows is None else (row_chance * rows_f[..., 0]).sum(-1) / n[..., 0]
+    valid = keys.valid[:, None, :]  # [doc, 1, referent]
+    split = _twice_second(referent_weights, valid)
+    lift = _lift(mass, chance)
+    unshared = torch.matmul(per_key, keys.unshared)  # [doc, head, referent]: the aggregate row without shared pieces
+    split_unshared = _twice_second(unshared, valid)
+    row_split = _twice_second(per_row, valid[:, :, None, :])  # [doc, head, row]
+    row_lift = _lift(row_mass, row_chance)
+    return SplitStats(
+        per_row=per_row, chance_row=chance_row, per_key=per_key, referent_weights=referent_weights,
+        referent_mass=mass, chance_mass=chance, lift=lift, split_score=split,
+        flagged=rule.passes_all(split, mass, lift),
+        shared_share=torch.where(mass > 0, 1 - unshared.sum(-1) / mass.clamp_min(1e-300), 0.0),
+        split_unshared=split_unshared,
+        mostly_shared=(split > 0) & (split_unshared < split / 2) & keys.has_shared[:, None],
+        driving=row_split.masked_fill(~row_ok[:, None], float("-inf")).argmax(-1),
+        row_mass=row_mass, row_chance=row_chance, row_lift=row_lift, row_split=row_split,
+        row_flagged=rule.passes_all(row_split, row_mass, row_lift) & row_ok[:, None],
+        piece_weights=torch.matmul(per_key, keys.piece),
+    )
+
+
+@dataclass
+class ReferentSplit:
+    """How a query's rows divide their weight among referents at one site, every head at once: the
+    :func:`split_statistics` of one document (``stats``, ``[1, head, ...]``) with its ``layout``."""
+
+    site: Site
+    query_positions: list[int]
+    referents: dict[str, list[int]]  # referent -> key positions
+    layout: ReferentLayout
+    stats: SplitStats
+    rule: SplitRule
+    weighting: str
+
+    @property
+    def shared(self) -> set[str]:
+        """The token pieces found in two or more referents."""
+        return self.layout.shared
 
     def row_of(self, head: int, i: int) -> dict:
         """The i-th query row alone: the referents' weights, ``referent_mass``, ``chance_mass``, ``lift``,
         ``split_score`` and ``flagged`` (the rule applied to that row)."""
-        ref = self.per_row[head, i]
-        mass, chance = float(ref.sum()), float(self.chance_row[head, i].sum())
-        lift = mass / chance if chance > 0 else float("nan")
-        split = float(2 * ref.topk(2).values[1])
+        s = self.stats
         out: dict = {"query_index": int(self.query_positions[i])}
-        out.update({f"weight:{r}": float(ref[j]) for j, r in enumerate(self.referents)})
-        out.update({"referent_mass": mass, "chance_mass": chance, "lift": lift, "split_score": split,
-                    "flagged": self.rule.passes(split, mass, lift)})
+        ref = s.per_row[0, head, i].tolist()
+        out.update({f"weight:{r}": ref[j] for j, r in enumerate(self.referents)})
+        out.update({"referent_mass": float(s.row_mass[0, head, i]), "chance_mass": float(s.row_chance[0, head, i]),
+                    "lift": float(s.row_lift[0, head, i]), "split_score": float(s.row_split[0, head, i]),
+                    "flagged": bool(s.row_flagged[0, head, i])})
         return out
 
     def row(self, head: int) -> dict:
@@ -384,53 +530,55 @@ class ReferentSplit:
         cached = self.__dict__.get("_columns")
         if cached is not None:
             return cached
+        s = self.stats
         refs = list(self.referents)
-        heads = range(len(self._mass))
-        out: dict[str, list] = {f"weight:{r}": [self._agg[h][i] for h in heads] for i, r in enumerate(refs)}
+        q_pos = self.query_positions
+        agg = s.referent_weights[0].tolist()
+        heads = range(len(agg))
+        out: dict[str, list] = {f"weight:{r}": [agg[h][i] for h in heads] for i, r in enumerate(refs)}
         shared = " ".join(sorted(self.shared))
         out.update({
-            "referent_mass": self._mass, "chance_mass": self._chance, "lift": self._lift, "split_score": self._split,
-            "flagged": self._flagged,
-            "driving_row": [int(self.query_positions[d]) for d in self._driving],
-            "row_split_scores": [list(rs) for rs in self._row_split],
-            "rows_flagged": [list(rows) for rows in self._rows_flagged],
-            "shared_pieces": [shared] * len(self._mass),
-            "shared_share": self._shared_share,
-            "split_unshared": self._split_unshared,
-            "mostly_shared": self._mostly_shared,
+            "referent_mass": s.referent_mass[0].tolist(), "chance_mass": s.chance_mass[0].tolist(),
+            "lift": s.lift[0].tolist(), "split_score": s.split_score[0].tolist(), "flagged": s.flagged[0].tolist(),
+            "driving_row": [int(q_pos[d]) for d in s.driving[0].tolist()],
+            "row_split_scores": s.row_split[0].tolist(),
+            "rows_flagged": [[q_pos[i] for i, f in enumerate(fs) if f] for fs in s.row_flagged[0].tolist()],
+            "shared_pieces": [shared] * len(agg),
+            "shared_share": s.shared_share[0].tolist(),
+            "split_unshared": s.split_unshared[0].tolist(),
+            "mostly_shared": s.mostly_shared[0].tolist(),
         })
-        for r in refs:
-            names, weights = self._pieces[r]
-            labels = [t.replace("{", "{{").replace("}", "}}") + "={:.4f}" for t in names]
-            line = " ".join(labels).format  # one format call per head, the token names baked in
-            out[f"pieces:{r}"] = [line(*weights[h]) for h in heads]
+        lines = [self.layout.pieces_text(bp) for bp in s.piece_weights[0].tolist()]  # [head][referent]
+        for j, r in enumerate(refs):
+            out[f"pieces:{r}"] = [lines[h][j] for h in heads]
         self._columns = out
         return out
 
 
 def referent_rows(w: torch.Tensor, vis: torch.Tensor, referents: dict[str, list[int]],
                   value_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(per_row, chance, per_key)`` of :class:`ReferentSplit` from the query rows' weights
-    ``w [head, row, key]`` (float32, value-weighted already when ``value_norm [head, key]`` is given) and
-    the keys they see, ``vis [1|head, row, key]``. Raises ``NothingVisible`` when no referent key is
-    visible to any of the rows."""
+    """``(per_row, chance, per_key)`` of :class:`SplitStats` for one document (no document axis:
+    ``[head, row, referent]``, ``[head, row, referent]``, ``[head, key]``) from the query rows' weights
+    ``w [head, row, key]`` and the keys they see, ``vis [1|head, row, key]`` (:func:`split_statistics`' definitions).
+    Raises ``NothingVisible`` when no referent key is visible to any of the rows."""
+    _check_visible(vis, referents)
+    keys = referent_keys([ReferentLayout(referents, [""] * w.shape[-1])], w.shape[-1])
+    s = split_statistics(w[None], vis[None], keys, SplitRule(),
+                         value_norm=None if value_norm is None else value_norm[None])
+    return s.per_row[0], s.chance_row[0], s.per_key[0]
+
+
+def _check_visible(vis: torch.Tensor, referents: dict[str, list[int]]) -> None:
+    """``NothingVisible`` when no referent key is visible to any of the rows of ``vis [..., key]``."""
     if not any(bool(vis[..., pos].any()) for pos in referents.values()):
         raise NothingVisible
-    w = w.double()
-    base = vis.double()
-    if value_norm is not None:  # uniform attention seen through the same weighting
-        base = base * value_norm.double()[:, None, :]
-    total = base.sum(-1).clamp_min(1e-300)  # [1|head, row]
-    chance = torch.stack([base[..., pos].sum(-1) / total for pos in referents.values()], dim=-1)  # [1|head, row, referent]
-    per_row = torch.stack([w[..., pos].sum(-1) for pos in referents.values()], dim=-1)  # [head, row, referent]
-    return per_row, chance.expand(w.shape[0], -1, -1), w.mean(1)
 
 
 def referent_split(capture: Capture, site: Site, query_positions: list[int], referents: dict[str, list[int]], *,
                    batch: int = 0, rule: SplitRule = SplitRule(), weighting: str = "attention") -> ReferentSplit:
     """Each of the query's rows over the referents at ``site``, with each row's chance (one read of the
-    rows ``min..max`` of the query positions). Raises ``NothingVisible`` when no referent key is
-    visible to any of the rows."""
+    rows ``min..max`` of the query positions), through :func:`split_statistics` as a batch of one. Raises
+    ``NothingVisible`` when no referent key is visible to any of the rows."""
     q_pos = list(query_positions)
     lo, hi = min(q_pos), max(q_pos) + 1
     idx = [p - lo for p in q_pos]
@@ -438,10 +586,12 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
     vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
     w = query_rows(capture, site, q_pos, batch=batch, weighting=weighting, value_norm=vn)  # [head, row, key]
     vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
-    per_row, chance, per_key = referent_rows(w, vis, referents, vn)
-    return ReferentSplit(site=site, query_positions=q_pos, referents={r: list(p) for r, p in referents.items()},
-                         key_tokens=capture.tokens(site, "key", batch), per_row=per_row, chance_row=chance,
-                         per_key=per_key, rule=rule, weighting=weighting)
+    _check_visible(vis, referents)
+    layout = ReferentLayout(referents, capture.tokens(site, "key", batch))
+    stats = split_statistics(w[None], vis[None], referent_keys([layout], site.key_len), rule,
+                             value_norm=None if vn is None else vn[None])
+    return ReferentSplit(site=site, query_positions=q_pos, referents=layout.referents, layout=layout, stats=stats,
+                         rule=rule, weighting=weighting)
 
 
 def split_notes(df: pd.DataFrame) -> list[str]:

@@ -6,14 +6,15 @@ document and site, which on short documents costs as much as the model's forward
 site's rank sums are the ones the capture took while the model ran (:mod:`inspector.corpus.forward_sums`), or
 where it took none, its weights are recomputed for the whole batch in blocks ``[batch, head, query rows,
 key]`` and fed to the same :class:`~inspector.analysis.RankSums`. The split of every document of the
-batch is then computed at once per axis pair (:class:`_GroupSplit`): the query rows a document's split
-reads (recomputed, or kept from the same blocks) for the heads of every site sharing the query and key
-axes, stacked ``[doc, head, row, key]``, each document's rows and referents padded to the batch's most
-and the padding masked out of every sum, mean and maximum; the numbers are those of
-:class:`~inspector.analysis.ReferentSplit` (same definitions, tests/test_batch_reduce.py checks them
-against the per-document path and against the rows of the code before, fixtures/scan_rows.json). The
-statistics are computed over the document's own rows and keys; padding is excluded as in the
-per-document path, and positions are shifted back by the padding in front of the document.
+batch is then computed at once per axis pair (:func:`_pair_split`) by the one definition of the split,
+:func:`inspector.analysis.split.split_statistics` (which :func:`~inspector.analysis.split_heads` calls on a
+batch of one): the query rows a document's split reads (recomputed, or kept from the same blocks) for the
+heads of every site sharing the query and key axes, stacked ``[doc, head, row, key]``, each document's rows
+and referents padded to the batch's most and masked out there. One writer, :func:`_split_columns`, turns
+those tensors into the heads rows' split columns, column by column; positions are shifted back by the
+padding in front of the document, counted once (:func:`inspector.store.masks.leading_padding`).
+tests/test_batch_reduce.py checks the rows against the per-document path and against the rows of the code
+before (fixtures/scan_rows.json), and that corpus/ holds no second copy of the split's formulas.
 
 Where the fast path does not apply, :func:`batch_rows` says so and the caller uses the per-document
 path: a capture with stored weights or sites that cannot be recomputed, a non-finite weight in a real
@@ -27,16 +28,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from inspector.analysis import spans
+from inspector.analysis import spans, split
 from inspector.analysis.rank import LabelRule, RankSums
-from inspector.analysis.split import SplitRule, clean_referents, find_referents
+from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clean_referents, find_referents
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
-from inspector.store.masks import visible_by_mask
+from inspector.store.masks import leading_padding, visible_by_mask
 
 _BATCH_BLOCK_VALUES = 1 << 21  # a [batch, head, rows, key] block of at most this many values (8 MB float32: passes over it stay in cache)
 _GROUP_OVERHEAD_VALUES = 1 << 16  # the fixed cost of one more block, in values of block (Python and small tensor operations)
-_SPLIT_FLOATS = ("referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared")
 
 
 def fast_path_applies(capture) -> bool:
@@ -100,13 +100,13 @@ class Axes:
                                       site.num_heads)
         return self._flags[key]
 
-    def leading_padding(self, roles: tuple[str, ...], batch: int) -> int:
-        """How many positions of the ``roles`` axis of batch row ``batch`` are padding before its first real token."""
-        padding = self.flags(roles, batch)[1]
-        n = 0
-        while n < len(padding) and padding[n]:
-            n += 1
-        return n
+    def leading_padding(self, roles: tuple[str, ...]) -> np.ndarray:
+        """Per batch row, how many positions of the ``roles`` axis are padding before its first real token
+        (:func:`~inspector.store.masks.leading_padding`), ``[batch]`` int64."""
+        key = ("leading", roles)
+        if key not in self._flags:
+            self._flags[key] = leading_padding(self.tensors(roles)[1])
+        return self._flags[key]
 
 
 def _extent(padding: torch.Tensor) -> tuple[int, int]:
@@ -313,16 +313,16 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
         return None
     metrics, split_rows = passed
     rule = SplitRule(min_split=options.min_split, min_mass=options.min_mass, min_lift=options.min_lift)
-    splits = _split_columns_all(capture, axes, queries, sites, split_rows, rule)
+    reach, pairs = _splits(axes, queries, sites, split_rows, rule)
     plain = [b for b, doc in enumerate(docs) if doc.query is None]
-    with_query = [b for b in queries if b in splits]
+    with_query = [b for b in queries if reach[b]]
     frames: dict[int, pd.DataFrame] = {}
     if plain:
         df = pd.DataFrame(_rank_rows(axes, docs, plain, sites, metrics))
         frames.update({b: df for b in plain})
     if with_query:
         cols = _rank_rows(axes, docs, with_query, sites, metrics)
-        cols.update(_split_frame_columns([splits[b] for b in with_query]))
+        cols.update(_split_columns(axes, with_query, queries, sites, reach, pairs))
         df = pd.DataFrame(cols)
         frames.update({b: df for b in with_query})
     return frames, errors
@@ -363,21 +363,6 @@ def _site_passes(capture, sites, axes: Axes, queries: dict, want: tuple[bool, ..
     return metrics, split_rows
 
 
-def _split_frame_columns(splits: list[dict]) -> dict[str, object]:
-    """The split columns of several documents (each a dict of lists over its sites and heads) joined, typed as
-    the per-document path types them."""
-    cols: dict[str, object] = {}
-    for c in splits[0]:
-        values = [v for split in splits for v in split[c]]
-        if c == "flagged":
-            cols[c] = pd.array(values, dtype="boolean")
-        elif c in _SPLIT_FLOATS:
-            cols[c] = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        else:
-            cols[c] = values
-    return cols
-
-
 def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: list[dict]) -> dict[str, object]:
     """The rank columns of the documents in ``batch_rows_`` (each: every site in order, every head)."""
     n_heads = [s.num_heads for s in sites]
@@ -396,7 +381,7 @@ def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: l
             tokens = axes.flags(roles, b)[2]
             idx = m["top_key_index"][b]
             top_tokens += [tokens[i] for i in idx.tolist()]
-            top_index.append(idx - axes.leading_padding(roles, b))
+            top_index.append(idx - axes.leading_padding(roles)[b])
     cols["top_key"] = top_tokens
     cols["top_key_index"] = np.concatenate(top_index).astype(np.int64)
     cols["top_key_weight"] = np.concatenate([m["top_key_weight"][b] for b in batch_rows_ for m in metrics])
@@ -404,150 +389,51 @@ def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: l
     return cols
 
 
-_FOUR = "{:.4f}"  # weights in the split table's text columns (as analysis.split prints them)
-_SPLIT_TEXT = ("query", "query_positions", "driving_row", "rows_flagged", "referents", "referent_weights", "referent_pieces")
-_SPLIT_REST = ("referent_mass", "chance_mass", "lift", "split_score", "flagged", "row_split_scores", "shared_pieces",
-               "shared_share", "split_unshared", "mostly_shared")
+# ---- the split of every document of a batch: split.split_statistics per axis pair, one writer of its columns ----
+# the split columns of the heads rows, in the per-document path's order (reduce.document_rows)
+SPLIT_COLUMNS = ("query", "query_positions", "driving_row", "rows_flagged", "referents", "referent_weights",
+                 "referent_pieces", "referent_mass", "chance_mass", "lift", "split_score", "flagged", "row_split_scores",
+                 "shared_pieces", "shared_share", "split_unshared", "mostly_shared")
 
 
-def _second(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Twice the second largest of ``x [..., n]`` over the entries ``valid`` (broadcast), as ``2 * topk(2)[1]``."""
-    return 2 * x.masked_fill(~valid, float("-inf")).topk(2, dim=-1).values[..., 1]
+class _PairSplit:
+    """The split of the documents ``docs`` (batch rows) on one axis pair (query axis, key axis): the heads of
+    every site of the pair stacked (``offsets``: site index -> its first head among them), each document's
+    query rows and referents padded to the batch's most; ``stats`` is :func:`~inspector.analysis.split.
+    split_statistics` of the whole lot (``[doc, head, ...]``), ``layouts`` each document's referents and
+    ``n_rows`` its real query rows."""
+
+    def __init__(self, docs: list[int], layouts: list[ReferentLayout], stats: SplitStats, n_rows: list[int],
+                 offsets: dict[int, int]):
+        self.docs, self.layouts, self.stats, self.n_rows, self.offsets = docs, layouts, stats, n_rows, offsets
 
 
-class _GroupSplit:
-    """The split of every document of a batch at once on one axis pair (query axis, key axis): the heads of
-    the pair's sites stacked (``[doc, head, ...]``), each document's query rows and referents padded to the
-    batch's most, and the padding masked out of every sum, mean and maximum. Per document and head these are
-    the numbers :class:`~inspector.analysis.ReferentSplit` gives (same definitions: rows ``per_row``, their
-    ``chance``, the aggregate row ``per_key`` = the mean of the rows), as float64 tensors."""
-
-    def __init__(self, docs: list[int], w: torch.Tensor, vis: torch.Tensor, n_rows: torch.Tensor,
-                 ref_keys: torch.Tensor, ref_ok: torch.Tensor, piece_keys: torch.Tensor, unshared_keys: torch.Tensor,
-                 has_shared: torch.Tensor, rule: SplitRule):
-        # w [doc, head, row, key] float32, vis [doc, head, row, key] bool; n_rows [doc]; ref_keys [doc, key, ref],
-        # piece_keys [doc, key, piece], unshared_keys [doc, key, ref] float64 indicators; ref_ok [doc, ref]
-        self.docs = docs
-        w = w.double()
-        row_ok = torch.arange(w.shape[2])[None, :] < n_rows[:, None]  # [doc, row]
-        rows_f = row_ok.double()[:, None, :, None]
-        n = n_rows.double()[:, None, None]
-        base = vis.double()
-        total = base.sum(-1).clamp_min(1e-300)  # [doc, head, row]
-        per_row = torch.matmul(w, ref_keys[:, None])  # [doc, head, row, ref]
-        chance_row = torch.matmul(base, ref_keys[:, None]) / total[..., None]
-        per_key = (w * rows_f).sum(2) / n  # [doc, head, key]
-        agg = (per_row * rows_f).sum(2) / n  # [doc, head, ref]
-        row_mass = per_row.sum(-1)  # [doc, head, row]
-        row_chance = chance_row.sum(-1)
-        self.agg = agg
-        self.mass = agg.sum(-1)
-        self.chance = (row_chance * row_ok[:, None].double()).sum(-1) / n[..., 0]
-        ref_ok = ref_ok[:, None, :]
-        self.split = _second(agg, ref_ok)
-        self.lift = torch.where(self.chance > 0, self.mass / self.chance.clamp_min(1e-300), torch.nan)
-        unshared = torch.matmul(per_key, unshared_keys)  # [doc, head, ref]
-        self.split_unshared = _second(unshared, ref_ok)
-        self.shared_share = torch.where(self.mass > 0, 1 - unshared.sum(-1) / self.mass.clamp_min(1e-300), 0.0)
-        self.mostly_shared = (self.split > 0) & (self.split_unshared < self.split / 2) & has_shared[:, None]
-        self.flagged = rule.passes_all(self.split, self.mass, self.lift)
-        self.row_split = _second(per_row, ref_ok[:, :, None, :])  # [doc, head, row]
-        row_lift = torch.where(row_chance > 0, row_mass / row_chance.clamp_min(1e-300), torch.nan)
-        self.driving = self.row_split.masked_fill(~row_ok[:, None], float("-inf")).argmax(-1)  # [doc, head]
-        self.rows_flagged = rule.passes_all(self.row_split, row_mass, row_lift) & row_ok[:, None]
-        self.by_piece = torch.matmul(per_key, piece_keys)  # [doc, head, piece]
-        # per document, each number as Python lists over heads (one conversion per tensor for the whole batch)
-        names = {"agg": self.agg, "referent_mass": self.mass, "chance_mass": self.chance, "lift": self.lift,
-                 "split_score": self.split, "flagged": self.flagged, "shared_share": self.shared_share,
-                 "split_unshared": self.split_unshared, "mostly_shared": self.mostly_shared, "driving": self.driving,
-                 "rows_flagged": self.rows_flagged, "row_split": self.row_split, "by_piece": self.by_piece}
-        as_lists = {c: t.tolist() for c, t in names.items()}
-        self.lists = [{c: v[d] for c, v in as_lists.items()} for d in range(len(docs))]
-
-
-class _DocLayout:
-    """One document's referents on one axis pair, as :class:`~inspector.analysis.ReferentSplit` reads them:
-    key positions per referent, the token pieces of each (in first-seen order), which pieces two or more
-    referents share."""
-
-    def __init__(self, ref_pos: dict[str, list[int]], key_tokens: list[str]):
-        from inspector.analysis.split import piece
-
-        self.ref_pos = ref_pos
-        toks = {r: [key_tokens[p] for p in pos] for r, pos in ref_pos.items()}
-        piece_of = {t: piece(t) for ts in toks.values() for t in set(ts)}
-        seen: dict[str, int] = {}
-        for ts in toks.values():
-            for s_ in {piece_of[t] for t in ts}:
-                seen[s_] = seen.get(s_, 0) + 1
-        self.shared = {s_ for s_, n in seen.items() if n >= 2}
-        self.pieces: list[tuple[str, list[int]]] = []  # (token, key positions), referent by referent
-        self.unshared: list[list[int]] = []
-        self.n_pieces: list[int] = []
-        for r, pos in ref_pos.items():
-            groups: dict[str, list[int]] = {}
-            for p, t in zip(pos, toks[r], strict=True):
-                groups.setdefault(t, []).append(p)
-            self.pieces += list(groups.items())
-            self.n_pieces.append(len(groups))
-            self.unshared.append([p for p, t in zip(pos, toks[r], strict=True) if piece_of[t] not in self.shared])
-        labels = [t.replace("{", "{{").replace("}", "}}") + "={:.4f}" for t, _ in self.pieces]
-        self.piece_lines = []  # per referent: (format of its pieces' line, first piece, pieces)
-        o = 0
-        for k in self.n_pieces:
-            self.piece_lines.append((" ".join(labels[o:o + k]).format, o, k))
-            o += k
-
-
-def _group_split(capture, axes: Axes, key: tuple, members: dict[int, list[int]], queries: dict, sites, rows: dict,
-                 rule: SplitRule) -> tuple[_GroupSplit, list[_DocLayout]]:
-    """The tensors of :class:`_GroupSplit` for the documents ``members`` (batch row -> site indices that
-    reach a referent) on the axis pair ``key``: every site of the pair is stacked for every document (a site
-    a document does not reach is computed on its zero rows and left out when the columns are read)."""
+def _pair_split(axes: Axes, key: tuple, members: dict[int, list[int]], queries: dict, sites, rows: dict,
+                rule: SplitRule) -> _PairSplit:
+    """:class:`_PairSplit` of the documents ``members`` (batch row -> site indices that reach a referent) on the
+    axis pair ``key``: every site of the pair is stacked for every document (a site a document does not reach
+    is computed on its zero rows and left out when the columns are written)."""
     pair = [i for i, s in enumerate(sites) if (tuple(s.query_input), tuple(s.key_input)) == key]
+    offsets, o = {}, 0
+    for i in pair:
+        offsets[i], o = o, o + sites[i].num_heads
     docs = list(members)
     k_len = sites[pair[0]].key_len
-    h_tot = sum(sites[i].num_heads for i in pair)
-    n_rows = torch.tensor([len(queries[b].groups[key][0].positions) for b in docs])
-    r_n = int(n_rows.max())
-    layouts = [_DocLayout(queries[b].groups[key][1], axes.flags(tuple(key[1]), b)[2]) for b in docs]
-    n_ref = max(len(lay.ref_pos) for lay in layouts)
-    n_piece = max(len(lay.pieces) for lay in layouts)
-    w = torch.zeros(len(docs), h_tot, r_n, k_len)
-    vis = torch.zeros(len(docs), h_tot, r_n, k_len, dtype=torch.bool)
-    ref_keys = torch.zeros(len(docs), k_len, n_ref, dtype=torch.float64)
-    unshared_keys = torch.zeros_like(ref_keys)
-    piece_keys = torch.zeros(len(docs), k_len, n_piece, dtype=torch.float64)
-    ref_ok = torch.zeros(len(docs), n_ref, dtype=torch.bool)
-    ref_at: list[list[int]] = [[], [], []]  # (doc, key, referent) of every referent key: one scatter for the batch
-    unshared_at: list[list[int]] = [[], [], []]
-    piece_at: list[list[int]] = [[], [], []]
-    for d, (b, lay) in enumerate(zip(docs, layouts, strict=True)):
-        n = int(n_rows[d])
+    n_rows = [len(queries[b].groups[key][0].positions) for b in docs]
+    w = torch.zeros(len(docs), o, max(n_rows), k_len)
+    vis = torch.zeros(len(docs), o, max(n_rows), k_len, dtype=torch.bool)
+    for d, b in enumerate(docs):
+        n = n_rows[d]
         # the document's kept rows of every site of the pair, stacked over heads (zeros where a site has none)
-        kept = [rows[b][i] for i in pair]
-        w[d, :, :n] = torch.cat([k[0] if k is not None else w.new_zeros(sites[i].num_heads, n, k_len)
-                                 for i, k in zip(pair, kept, strict=True)])
-        vis[d, :, :n] = torch.cat([(k[1].expand(sites[i].num_heads, -1, -1) if k is not None
-                                    else vis.new_zeros(sites[i].num_heads, n, k_len)) for i, k in zip(pair, kept, strict=True)])
-        for j, pos in enumerate(lay.ref_pos.values()):
-            _extend(ref_at, d, pos, j)
-            _extend(unshared_at, d, lay.unshared[j], j)
-        ref_ok[d, :len(lay.ref_pos)] = True
-        for j, (_, pos) in enumerate(lay.pieces):
-            _extend(piece_at, d, pos, j)
-    for target, at in ((ref_keys, ref_at), (unshared_keys, unshared_at), (piece_keys, piece_at)):
-        if at[0]:
-            target[at[0], at[1], at[2]] = 1.0
-    has_shared = torch.tensor([bool(lay.shared) for lay in layouts])
-    return _GroupSplit(docs, w, vis, n_rows, ref_keys, ref_ok, piece_keys, unshared_keys, has_shared, rule), layouts
-
-
-def _extend(at: list[list[int]], d: int, positions: list[int], j: int) -> None:
-    """Append the index triples ``(d, p, j)`` of ``positions`` to ``at`` (three lists: doc, key, column)."""
-    at[0] += [d] * len(positions)
-    at[1] += positions
-    at[2] += [j] * len(positions)
+        for i in pair:
+            kept, hs = rows[b][i], slice(offsets[i], offsets[i] + sites[i].num_heads)
+            if kept is not None:
+                w[d, hs, :n] = kept[0]
+                vis[d, hs, :n] = kept[1]
+    layouts = [ReferentLayout(queries[b].groups[key][1], axes.flags(tuple(key[1]), b)[2]) for b in docs]
+    # the one definition of the statistics (called through the module: tests/test_batch_reduce.py checks it is this one)
+    stats = split.split_statistics(w, vis, split.referent_keys(layouts, k_len), rule, n_rows=torch.tensor(n_rows))
+    return _PairSplit(docs, layouts, stats, n_rows, offsets)
 
 
 def _reaches(query: _Query, sites, rows: list) -> dict[tuple, list[int]]:
@@ -563,70 +449,87 @@ def _reaches(query: _Query, sites, rows: list) -> dict[tuple, list[int]]:
     return groups
 
 
-def _split_columns_all(capture, axes: Axes, queries: dict, sites, split_rows: dict, rule: SplitRule) -> dict[int, dict]:
-    """The split columns of every batch row with a query (:func:`_split_columns` of each), the numbers of all
-    of them computed together per axis pair (:class:`_GroupSplit`). Batch rows whose query reaches no site are
-    left out (the per-document path decides them)."""
+def _splits(axes: Axes, queries: dict, sites, split_rows: dict, rule: SplitRule) -> tuple[dict, dict]:
+    """``(reach, pairs)``: per batch row with a query the sites it reaches per axis pair (:func:`_reaches`; a
+    batch row reaching none is left to the per-document path), and per axis pair the :class:`_PairSplit` of
+    every document reaching it."""
     reach = {b: _reaches(q, sites, split_rows[b]) for b, q in queries.items()}
     by_key: dict[tuple, dict[int, list[int]]] = {}
-    for b, groups in reach.items():
-        for key, members in groups.items():
+    for b, found in reach.items():
+        for key, members in found.items():
             by_key.setdefault(key, {})[b] = members
-    found: dict[tuple, tuple] = {}
-    for key, members in by_key.items():
-        found[key] = _group_split(capture, axes, key, members, queries, sites, split_rows, rule)
-    return {b: _doc_split_columns(axes, b, queries[b], sites, reach[b], found) for b in queries if reach[b]}
+    return reach, {key: _pair_split(axes, key, members, queries, sites, split_rows, rule) for key, members in by_key.items()}
 
 
-def _site_offsets(sites, key: tuple) -> dict[int, int]:
-    """Site index -> its first head's offset among the stacked heads of the axis pair ``key``."""
-    out, o = {}, 0
-    for i, s in enumerate(sites):
-        if (tuple(s.query_input), tuple(s.key_input)) == key:
-            out[i] = o
-            o += s.num_heads
-    return out
-
-
-def _doc_split_columns(axes: Axes, b: int, query: _Query, sites, reach: dict[tuple, list[int]], found: dict) -> dict:
-    """One batch row's split columns over every site and head in order (None where a site has no split row),
-    read from the axis pairs' :class:`_GroupSplit` numbers."""
-    out: dict[str, list] = {c: [] for c in (*_SPLIT_TEXT, *_SPLIT_REST)}
-    refs = query.refs
-    per_key: dict[tuple, tuple] = {}
-    for key in reach:
-        g, layouts = found[key]
-        d = g.docs.index(b)
-        occ, _ = query.groups[key]
-        shift = axes.leading_padding(key[0], b)
-        per_key[key] = (g.lists[d], layouts[d], occ, shift, _site_offsets(sites, key), set(reach[key]))
-    for i, site in enumerate(sites):
-        h = site.num_heads
-        key = (tuple(site.query_input), tuple(site.key_input))
-        if key not in per_key or i not in per_key[key][5]:  # a site the query cannot reach: missing
-            for c in out:
-                out[c] += [None] * h
+def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, reach: dict, pairs: dict) -> dict[str, object]:
+    """The split columns (:data:`SPLIT_COLUMNS`) of the documents ``batch_rows_``, in the rank rows' order (each
+    document: every site in order, every head), written column by column from the pairs' statistics: numbers by
+    one scatter per column, missing (NaN / NA / None) where a site has no split row; positions on the query axis
+    shifted back by the document's leading padding (:meth:`Axes.leading_padding`)."""
+    starts = np.cumsum([0] + [s.num_heads for s in sites])
+    n_all = int(starts[-1])
+    at = {b: k for k, b in enumerate(batch_rows_)}
+    n = len(batch_rows_) * n_all
+    floats = {c: np.full(n, np.nan) for c in ("referent_mass", "chance_mass", "lift", "split_score", "shared_share",
+                                               "split_unshared")}
+    flag_values, flag_known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    objects: dict[str, list] = {c: [None] * n for c in SPLIT_COLUMNS if c not in floats and c != "flagged"}
+    for key, pair in pairs.items():
+        s = pair.stats
+        src_d, src_h, dst = [], [], []  # (document, stacked head) of the pair -> row of the frame
+        shift = axes.leading_padding(tuple(key[0]))
+        positions = torch.zeros(len(pair.docs), max(pair.n_rows), dtype=torch.long)
+        for d, b in enumerate(pair.docs):
+            if b not in at:
+                continue
+            occ, _ = queries[b].groups[key]
+            positions[d, :pair.n_rows[d]] = torch.tensor(occ.positions) - int(shift[b])
+            for i in reach[b].get(key, ()):
+                h = sites[i].num_heads
+                src_d.append(np.full(h, d))
+                src_h.append(np.arange(pair.offsets[i], pair.offsets[i] + h))
+                dst.append(np.arange(h) + at[b] * n_all + starts[i])
+        if not dst:
             continue
-        nums, lay, occ, shift, offsets, _ = per_key[key]
-        _site_columns(out, nums, lay, occ, shift, slice(offsets[i], offsets[i] + h), refs)
+        src_d, src_h, dst = np.concatenate(src_d), np.concatenate(src_h), np.concatenate(dst)
+        for c, column in floats.items():  # SplitStats' tensors of the same names
+            column[dst] = getattr(s, c).numpy()[src_d, src_h]
+        flag_values[dst] = s.flagged.numpy()[src_d, src_h]
+        flag_known[dst] = True
+        # the object columns: Python values from one conversion per tensor, then one list per cell (each document's
+        # own rows, referents and pieces)
+        docs_k, rows_k = src_d.tolist(), dst.tolist()
+        pos_l = positions.tolist()
+        n_of = [pair.n_rows[d] for d in docs_k]
+        q_pos = [pos_l[d][:r] for d, r in zip(docs_k, n_of, strict=True)]
+        lays = [pair.layouts[d] for d in docs_k]
+        per_doc = {d: (queries[b].groups[key][0].phrase, list(queries[b].refs), " ".join(sorted(pair.layouts[d].shared)))
+                   for d, b in enumerate(pair.docs) if b in at}
+        values = {
+            "query": [per_doc[d][0] for d in docs_k],
+            "query_positions": q_pos,
+            "driving_row": positions.gather(1, s.driving).numpy()[src_d, src_h].tolist(),
+            "rows_flagged": [[p for p, f in zip(q, fs, strict=False) if f]
+                             for q, fs in zip(q_pos, s.row_flagged.numpy()[src_d, src_h].tolist(), strict=True)],
+            "referents": [per_doc[d][1] for d in docs_k],
+            "referent_weights": [ws[:len(lay.referents)] for ws, lay in
+                                 zip(s.referent_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)],
+            "referent_pieces": [lay.pieces_text(bp) for bp, lay in
+                                zip(s.piece_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)],
+            "row_split_scores": [rs[:r] for rs, r in zip(s.row_split.numpy()[src_d, src_h].tolist(), n_of, strict=True)],
+            "shared_pieces": [per_doc[d][2] for d in docs_k],
+            "mostly_shared": s.mostly_shared.numpy()[src_d, src_h].tolist(),
+        }
+        for c, vs in values.items():
+            col = objects[c]
+            for r, v in zip(rows_k, vs, strict=True):
+                col[r] = v
+    out: dict[str, object] = {}
+    for c in SPLIT_COLUMNS:
+        if c in floats:
+            out[c] = floats[c]
+        elif c == "flagged":
+            out[c] = pd.arrays.BooleanArray(flag_values, ~flag_known)
+        else:
+            out[c] = objects[c]
     return out
-
-
-def _site_columns(out: dict, nums: dict, lay: _DocLayout, occ, shift: int, hs: slice, refs) -> None:
-    """Append one site's heads (``hs`` among the stacked heads of the document whose numbers ``nums`` are,
-    Python lists over heads as :attr:`_GroupSplit.lists` gives them) to the split columns ``out``."""
-    h = hs.stop - hs.start
-    q_pos = list(occ.positions)
-    n = len(q_pos)
-    out["query"] += [occ.phrase] * h
-    out["query_positions"] += [[p - shift for p in q_pos] for _ in range(h)]
-    out["driving_row"] += [q_pos[j] - shift for j in nums["driving"][hs]]
-    out["rows_flagged"] += [[q_pos[j] - shift for j, f in enumerate(fs[:n]) if f] for fs in nums["rows_flagged"][hs]]
-    out["referents"] += [list(refs)] * h
-    out["referent_weights"] += [a[:len(refs)] for a in nums["agg"][hs]]
-    out["referent_pieces"] += [[line(*bp[o:o + k]) for line, o, k in lay.piece_lines] for bp in nums["by_piece"][hs]]
-    for c in ("referent_mass", "chance_mass", "lift", "split_score", "flagged", "shared_share", "split_unshared",
-              "mostly_shared"):
-        out[c] += nums[c][hs]
-    out["row_split_scores"] += [[float(x) for x in rs[:n]] for rs in nums["row_split"][hs]]
-    out["shared_pieces"] += [" ".join(sorted(lay.shared))] * h

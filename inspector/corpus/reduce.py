@@ -34,6 +34,7 @@ import pandas as pd
 from inspector.corpus.documents import Document, error_line
 from inspector.corpus.forward_sums import ForwardSums
 from inspector.intervene.routes import THRESHOLD
+from inspector.store.masks import leading_padding
 from inspector.store.schema import HEAD_KEY
 
 DOC_COLUMNS = ["id", "row", "tokens", "status", "error"]
@@ -90,16 +91,6 @@ def check_document(doc: Document) -> str | None:
     return None
 
 
-def _leading_padding(capture, site, which: str, batch: int) -> int:
-    """Padding positions in front of the document's first real token on a site axis (left padding)."""
-    n = 0
-    for rec, i in capture.axis(site, which, batch):
-        if not rec.padding[i]:
-            break
-        n += 1
-    return n
-
-
 def _real_tokens(capture, batch: int) -> int:
     return sum(sum(1 for p in r.padding if not p) for r in capture.inputs if r.batch == batch)
 
@@ -126,7 +117,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     for c in rank.columns:
         cols[c] = rank[c].to_numpy()[perm]
     sites = [sites[i] for i in perm]
-    key_shift = {s.name: _leading_padding(capture, s, "key", batch) for s in capture.sites}
+    key_shift = {s.name: int(leading_padding(capture.flags(s, "key", batch)[1])) for s in capture.sites}
     cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
     split = None
     if doc.query is not None:
@@ -139,7 +130,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
             out = pd.DataFrame(cols)
             out.attrs["note"] = f"no split: {exc}"
             return out
-        q_shift = {s.name: _leading_padding(capture, s, "query", batch) for s in capture.sites}
+        q_shift = {s.name: int(leading_padding(capture.flags(s, "query", batch)[1])) for s in capture.sites}
         extra: dict[str, list] = {
             "query": split["query"].tolist(),
             "query_positions": [[int(p) - q_shift[site] for p in pos]

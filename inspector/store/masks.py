@@ -260,3 +260,11 @@ def rows(spec: dict[str, Any], tensors, batch: int, queries: slice | None) -> to
 def dense(spec: dict[str, Any], tensors) -> torch.Tensor:
     """The whole additive mask ``[batch|1, head|1, query|1, key]`` in the dtype the model added it in."""
     return torch.stack([native_rows(spec, tensors, b, None) for b in range(spec["shape"][0])])
+
+
+def leading_padding(padding) -> np.ndarray:
+    """How many positions are padding before the first real token (left padding), along the last axis of the
+    boolean flags ``padding [..., position]`` (a tensor or array): int64 ``[...]``. The one count of the shift
+    taken off every position the scan reports (``top_key_index``, ``query_positions``, ``driving_row``,
+    ``rows_flagged``), by the per-document path and the fast path alike."""
+    return np.cumprod(np.asarray(padding, dtype=bool), axis=-1).sum(-1).astype(np.int64)
