@@ -124,12 +124,13 @@ def registered_functions():
                 AttentionMaskInterface._global_mapping.pop(IMPL, None)
 
 
-def model_configs(model) -> list[Any]:
-    """Every ``PretrainedConfig`` of ``model`` (its modules' and their sub-configs), each once."""
+def model_configs(model, modules: list | None = None) -> list[Any]:
+    """Every ``PretrainedConfig`` of ``model`` (its modules' and their sub-configs), each once; ``modules``:
+    ``model.modules()`` already listed (one walk of the module tree serves a whole capture)."""
     from transformers import PretrainedConfig
 
     seen: dict[int, Any] = {}
-    stack = [getattr(m, "config", None) for m in model.modules()]
+    stack = [getattr(m, "config", None) for m in (model.modules() if modules is None else modules)]
     while stack:
         c = stack.pop()
         if isinstance(c, PretrainedConfig) and id(c) not in seen:
@@ -139,9 +140,10 @@ def model_configs(model) -> list[Any]:
 
 
 @contextlib.contextmanager
-def attn_implementation(model, name: str):
-    """Point every config of ``model`` at attention implementation ``name``; restore on exit."""
-    configs = model_configs(model)
+def attn_implementation(model, name: str, configs: list | None = None):
+    """Point every config of ``model`` (``configs``: :func:`model_configs` already listed) at attention
+    implementation ``name``; restore on exit."""
+    configs = model_configs(model) if configs is None else configs
     saved = [(c, c.__dict__.get("_attn_implementation_internal")) for c in configs]
     try:
         for c in configs:

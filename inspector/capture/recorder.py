@@ -76,11 +76,15 @@ class Recorder:
 
     def __init__(self, model, *, weights: bool, dtype: torch.dtype, layers: set[int] | None, sites: list[str] | None,
                  roles: dict[str, tuple[list[str], list[str]]], progress=None, lengths: dict[str, int] | None = None):
-        self.names = {id(m): n for n, m in model.named_modules()}
+        # one walk of the module tree for the whole pass (its set-up and the check after it): on a short input
+        # repeated walks cost as much as the attention (tests/test_recorder_walk.py)
+        self.walk: list[tuple[str, Any]] = list(model.named_modules())
+        self.names = {id(m): n for n, m in self.walk}
+        self.configs = model_configs(model, [m for _, m in self.walk])
         self.lengths = dict(lengths or {})  # tokens per role (batch row 0; rows are padded alike)
         self.padding: dict[str, list[list[bool]]] = {}  # per role, per batch row: which tokens are padding
         # configs whose model ran sdpa before the capture: lazy calls of other modules run their eager function
-        self.sdpa_configs = {id(c) for c in model_configs(model) if c._attn_implementation == "sdpa"}
+        self.sdpa_configs = {id(c) for c in self.configs if c._attn_implementation == "sdpa"}
         self.model_sdpa = id(model.config) in self.sdpa_configs
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         self.weights = weights
@@ -528,18 +532,18 @@ def record(
                    total=_expected_sites(model) if not (options.layers or options.sites) else None)
     recorder = _recorder(model, roles, options, bar=bar, lengths=lengths, padding=padding, forward_sums=forward_sums)
     was_training = model.training
-    if was_training or any(m.training for m in model.modules()):
+    if was_training or any(m.training for _, m in recorder.walk):
         model.eval()
     token = None
     try:
-        with LOCK, registered_functions(), attn_implementation(model, IMPL), torch.no_grad(), \
+        with LOCK, registered_functions(), attn_implementation(model, IMPL, recorder.configs), torch.no_grad(), \
                 recorder.projections.watching(recorder.tensors):
             token = ACTIVE.set(recorder)
             try:
                 output = model(**model_kwargs, use_cache=False)
             finally:
                 ACTIVE.reset(token)
-            missing = _unrecorded_modules(model, recorder)
+            missing = _unrecorded_modules(recorder)
             if missing:  # attention modules that bypass the interface: their output_attentions maps, by module
                 _weights_only_pass(model, model_kwargs, recorder, missing, notes)
             if not recorder._calls and not recorder.sites:
@@ -574,7 +578,7 @@ def _recorder(model, roles, options: CaptureOptions, *, bar, lengths, padding, f
                         layers=set(options.layers) if options.layers is not None else None,
                         sites=list(options.sites) if options.sites is not None else None, roles=roles, progress=bar,
                         lengths=lengths)
-    recorder.projections = OutputProjections(model) if options.value_norms else NotRecorded()
+    recorder.projections = OutputProjections(recorder.walk) if options.value_norms else NotRecorded()
     recorder.padding = dict(padding or {})
     if forward_sums is not None:
         forward_sums.bind(recorder.masks, recorder.tensors)
@@ -585,12 +589,12 @@ def _recorder(model, roles, options: CaptureOptions, *, bar, lengths, padding, f
 _ATTENTION_CLASS = re.compile(r"(Attention|Attn)$")
 
 
-def _unrecorded_modules(model, recorder) -> list[tuple[str, Any]]:
-    """Attention modules (class name ending in Attention/Attn, none below them) whose subtree made no
-    recorded call: they compute attention their own way."""
+def _unrecorded_modules(recorder) -> list[tuple[str, Any]]:
+    """Attention modules (class name ending in Attention/Attn, none below them) of the recorder's model whose
+    subtree made no recorded call: they compute attention their own way."""
     called = set(recorder._calls)
     out = []
-    for name, m in model.named_modules():
+    for name, m in recorder.walk:
         if not _ATTENTION_CLASS.search(type(m).__name__):
             continue
         below = list(m.modules())[1:]

@@ -64,9 +64,10 @@ class OutputProjections:
     """During one forward pass: match each recorded site's attention output with the projection that
     consumes it, and store ``<site>/value_norm`` (``[batch, head, key]``, float32, on the CPU)."""
 
-    def __init__(self, model):
-        self.names = {id(m): n for n, m in model.named_modules()}
-        self.modules = [m for m in model.modules() if isinstance(m, torch.nn.Linear) or _is_conv1d(m)]
+    def __init__(self, walk: list[tuple[str, torch.nn.Module]]):
+        """``walk``: the model's ``named_modules()``, listed once for the capture."""
+        self.names = {id(m): n for n, m in walk}
+        self.modules = [m for _, m in walk if isinstance(m, torch.nn.Linear) or _is_conv1d(m)]
         self.pending: list[tuple[Site, torch.Tensor, torch.Tensor]] = []
         self.tensors: dict[str, torch.Tensor] | None = None
 
