@@ -110,7 +110,7 @@ def test_debug_does_it_matter(tokenizer, tmp_path):
     # the report's command rebuilds effects.csv, matter.csv and patch.csv exactly as debug wrote them: the same
     # --top, the flagged heads confirmed too (more heads confirmed than --top), the variant patched in
     assert (tmp_path / "effects.csv").exists() and pd.read_csv(tmp_path / "effects.csv")["effect"].notna().sum() > 4
-    cmd = next(c for c in inv.commands if c.startswith("inspector effects"))
+    cmd = next(c for c in inv.command_lines if c.startswith("inspector effects"))
     assert cmd in unescape(html)  # the report's "Reproduce" section shows it
     argv = shlex.split(cmd)[1:]
     again = tmp_path.parent / (tmp_path.name + "-again")
@@ -182,7 +182,7 @@ def test_reproduce_rebuilds_matter_files_without_an_lm_head(tokenizer, tmp_path)
     source = LEGAL + " The Lessee shall indemnify the Lessor again."
     out = tmp_path / "run"
     inv = investigate(bert, source, Question(query="indemnify", referents=("Lessee", "Lessor"), occurrence=2, contrast="Lessee,Lessor", rule=_loose()), variants={"quoted": quoted}, out_dir=out, top=2)
-    cmd = next(c for c in inv.commands if c.startswith("inspector effects"))
+    cmd = next(c for c in inv.command_lines if c.startswith("inspector effects"))
     assert "--query indemnify --occurrence 2" in cmd and "--confirm" in cmd and "--variant" in cmd
     argv = shlex.split(cmd)[1:]
     again = tmp_path / "again"

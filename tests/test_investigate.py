@@ -120,19 +120,19 @@ def test_report_commands_reproduce_split_csv(bart, tmp_path):
     import shlex
 
     inv = investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(OUTPUT + " The Lessee pays."), out_dir=tmp_path)
-    split_cmd = next(c for c in inv.commands if c.startswith("inspector split"))
+    split_cmd = next(c for c in inv.command_lines if c.startswith("inspector split"))
     argv = shlex.split(split_cmd)[1:]
     argv[argv.index("--csv") + 1] = str(tmp_path / "again.csv")
     assert main(argv) == 0
     assert (tmp_path / "again.csv").read_text() == (tmp_path / "split.csv").read_text()
     # one weighting per run: the ranking's is the split's, and its command rewrites it
-    rank_cmd = next(c for c in inv.commands if c.startswith("inspector rank"))
+    rank_cmd = next(c for c in inv.command_lines if c.startswith("inspector rank"))
     assert "--weighting" not in rank_cmd and inv.rank.attrs["weighting"] == inv.split.attrs["weighting"] == "attention"
     argv = shlex.split(rank_cmd)[1:]
     argv[argv.index("--csv") + 1] = str(tmp_path / "rank-again.csv")
     assert main(argv) == 0
     assert (tmp_path / "rank-again.csv").read_text() == (tmp_path / "rank.csv").read_text()
-    explain_cmd = next(c for c in inv.commands if c.startswith("inspector explain"))
+    explain_cmd = next(c for c in inv.command_lines if c.startswith("inspector explain"))
     assert "--query indemnify" in explain_cmd and main(shlex.split(explain_cmd)[1:]) == 0
 
 
@@ -147,7 +147,7 @@ def test_report_commands_reproduce_compare_csv_with_the_runs_thresholds(bart, tm
     out = tmp_path / "run"
     inv = investigate(bart, LEGAL, Question(query="indemnify", referents=("Lessee", "Lessor"), rule=rule), Output.of(OUTPUT), variants={"quoted": QUOTED}, out_dir=out)
     for kind, name in (("compare", "compare-quoted.csv"), ("split", "split.csv")):
-        cmd = next(c for c in inv.commands if c.startswith(f"inspector {kind}"))
+        cmd = next(c for c in inv.command_lines if c.startswith(f"inspector {kind}"))
         assert "--min-split 0.15" in cmd and "--min-lift 1.5" in cmd and "--min-mass" not in cmd  # only what differs
         argv = shlex.split(cmd)[1:]
         argv[argv.index("--csv") + 1] = str(tmp_path / name)
@@ -203,9 +203,10 @@ def test_debug_computes_the_originals_split_once(bart, tmp_path, monkeypatch):
 
 
 def test_every_reproduce_command_parses_with_the_real_parser(bart, tmp_path):
-    """Every command an investigation writes (capture, rank, split, explain, compare, effects, attribute, routes)
-    parses with the CLI's own parser, with no unknown or misspelt flag: renaming a flag without its alias fails
-    here, not in a user's terminal. Each flag's value is what the investigation used."""
+    """Every command line an investigation writes with the Python API's format (capture, rank, split, explain,
+    compare, effects, attribute, routes) parses with the CLI's own parser, with no unknown or misspelt flag:
+    renaming a flag without its alias fails here, not in a user's terminal. Each flag's value is what the
+    investigation used (``tests/test_reproduce.py`` checks every value, and the command line's own format)."""
     import argparse
     import shlex
 
@@ -215,7 +216,7 @@ def test_every_reproduce_command_parses_with_the_real_parser(bart, tmp_path):
     inv = investigate(bart, LEGAL, q, Output.of(OUTPUT), variants={"quoted": QUOTED}, out_dir=tmp_path, top=2)
     parser = build_parser()
     seen = set()
-    for cmd in inv.commands:
+    for cmd in inv.command_lines:
         argv = shlex.split(cmd)
         assert argv[0] == "inspector", cmd
         try:

@@ -49,16 +49,16 @@ def test_report_commands_rerun_the_long_document_run(family, globals_, tmp_path,
     again = tmp_path / "again"
     again.mkdir()
     ran = set()
-    for cmd in inv.commands:
+    for cmd in inv.command_lines:
         argv = shlex.split(cmd)[1:]
-        for flag in ("-o", "--csv"):
+        for flag in ("--out", "--csv"):
             if flag in argv:
                 i = argv.index(flag) + 1
                 argv[i] = str(again / (argv[i].rsplit("/", 1)[-1]))
         assert main(argv) == 0, (cmd, capsys.readouterr().err)
         ran.add(argv[0])
         if argv[0] == "capture":
-            name = argv[argv.index("-o") + 1].rsplit("/", 1)[-1]
+            name = argv[argv.index("--out") + 1].rsplit("/", 1)[-1]
             mine, theirs = load(again / name), load(out / name)
             assert mine.meta["options"].get("global") == theirs.meta["options"].get("global") == globals_
             for site in theirs.sites:

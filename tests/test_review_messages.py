@@ -40,14 +40,14 @@ def _rerun(commands: list[str], out, again, capsys) -> set[str]:
     ran = set()
     for cmd in commands:
         argv = shlex.split(cmd)[1:]
-        for flag in ("-o", "--csv"):
+        for flag in ("--out", "--csv"):
             if flag in argv:
                 i = argv.index(flag) + 1
                 argv[i] = str(again / argv[i].rsplit("/", 1)[-1])
         assert main(argv) == 0, (cmd, capsys.readouterr().err)
         ran.add(argv[0])
         if argv[0] == "capture":
-            name = argv[argv.index("-o") + 1].rsplit("/", 1)[-1]
+            name = argv[argv.index("--out") + 1].rsplit("/", 1)[-1]
             mine, theirs = load(again / name), load(out / name)
             assert [r.ids for r in mine.inputs] == [r.ids for r in theirs.inputs], cmd
             for site in theirs.sites:
@@ -67,11 +67,11 @@ def test_a_generated_runs_variant_is_reproduced_with_its_own_output(name, tmp_pa
     original, variant = (out / "output.txt").read_text(), (out / "output-quoted.txt").read_text()
     assert original != variant  # the variant's own output, not the original's
     assert variant == load(out / "variant-quoted.safetensors").records("target").text
-    captures = [c for c in inv.commands if c.startswith("inspector capture")]
+    captures = [c for c in inv.command_lines if c.startswith("inspector capture")]
     assert len(captures) == 2 and "output.txt" not in captures[1]
     again = tmp_path / "again"
     again.mkdir()
-    assert {"capture", "rank", "split", "compare"} <= _rerun(inv.commands, out, again, capsys)
+    assert {"capture", "rank", "split", "compare"} <= _rerun(inv.command_lines, out, again, capsys)
     assert (out / "report.html").read_text().count("inspector capture") == 2
 
 
@@ -81,15 +81,15 @@ def test_given_output_and_a_generated_text_that_tokenizes_back_point_at_their_fi
     loaded = _saved("gpt2", tmp_path / "model")
     out = tmp_path / "run"
     inv = investigate(loaded, SOURCE, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of("The Lessee pays."), variants={"quoted": QUOTED}, out_dir=out)
-    captures = [c for c in inv.commands if c.startswith("inspector capture")]
+    captures = [c for c in inv.command_lines if c.startswith("inspector capture")]
     assert all(f"--output-file {out / 'output.txt'}" in c for c in captures), captures
     assert not (out / "output-quoted.txt").exists()  # nothing generated: the variant reads the same output
     again = tmp_path / "again"
     again.mkdir()
     _rerun(captures, out, again, capsys)
     inv = investigate(loaded, QUOTED, Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(generate=8), out_dir=tmp_path / "g")
-    assert f"--output-file {tmp_path / 'g' / 'output.txt'}" in inv.commands[0]  # '£5 £5 ...' tokenizes back
-    _rerun(inv.commands[:1], tmp_path / "g", again, capsys)
+    assert f"--output-file {tmp_path / 'g' / 'output.txt'}" in inv.command_lines[0]  # '£5 £5 ...' tokenizes back
+    _rerun(inv.command_lines[:1], tmp_path / "g", again, capsys)
 
 
 def test_a_head_without_an_edit_point_is_refused_naming_sites_that_can_be_edited():

@@ -168,7 +168,7 @@ def test_debug_prints_and_writes_the_part(tokenizer, tmp_path, capsys):
     model_dir = tmp_path.parent / "gpt2-model"
     gpt2.model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    cmd = next(c for c in inv.commands if c.startswith("inspector attribute"))
+    cmd = next(c for c in inv.command_lines if c.startswith("inspector attribute"))
     argv = shlex.split(cmd)[1:]
     argv[argv.index("--csv") + 1] = str(tmp_path.parent / "again.csv")
     argv[argv.index("--model") + 1] = str(model_dir)

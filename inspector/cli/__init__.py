@@ -4,7 +4,9 @@
 * :mod:`~inspector.cli.commands`: the parser, ``main`` and the capture, analysis, intervention and corpus commands;
 * :mod:`~inspector.cli.investigate`: ``debug``, ``compare`` and ``demo``;
 * :mod:`~inspector.cli.routes`: ``attribute`` and ``routes``; :mod:`~inspector.cli.why`: ``why``;
-* :mod:`~inspector.cli.sources`: ``sources`` (ContextCite).
+* :mod:`~inspector.cli.sources`: ``sources`` (ContextCite);
+* :mod:`~inspector.cli.reproduce`: the reproduce commands of ``debug`` and ``demo`` as shell lines, spelt by the
+  parser (a renamed flag renames them).
 
 Nothing imports this package. ``inspector --help`` and argument errors answer without importing torch,
 transformers or pandas: every command imports what it needs when it runs.

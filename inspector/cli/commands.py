@@ -63,6 +63,7 @@ from inspector.cli.common import (
     terminate_as_interrupt,
     writes_stdout,
 )
+from inspector.cli.reproduce import formatter_for
 from inspector.errors import InspectorError
 from inspector.store.schema import STORAGE_DTYPES
 
@@ -979,7 +980,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover
         add_commands = None
     if add_commands is not None:
-        add_commands(sub)
+        add_commands(sub, formatter_for(parser))  # debug's reproduce commands, spelt by this very parser
     add_effects_commands(sub)
     routes_cli.add_commands(sub)
     why_cli.add_commands(sub)

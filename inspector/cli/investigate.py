@@ -41,6 +41,7 @@ from inspector.investigate.defaults import DEBUG_TOP
 if TYPE_CHECKING:
     from inspector.analysis.question import Question
     from inspector.investigate.debug import Investigation
+    from inspector.investigate.reproduce import CommandFormat
 
 
 def _question(args, query: str | None) -> Question:
@@ -180,7 +181,8 @@ def cmd_debug(args) -> int:
     output = Output(text=said, generate=args.generate)
     loaded = load_from_args(args)
     inv = investigate(loaded, source, question, output, out_dir=args.out, variants=variants, progress=True, top=args.top,
-                      global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None)
+                      global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None,
+                      commands_as=args.commands_as)
     _print_findings(inv)
     return 0
 
@@ -250,7 +252,7 @@ def _demo_summariser(args):
     print(f"loading the trained lease summariser ({folder}) ...", file=sys.stderr)
     loaded = load_model(str(folder))
     item = story.pick(folder)
-    tale = story.tell(loaded, item, args.out, progress=True)
+    tale = story.tell(loaded, item, args.out, progress=True, commands_as=args.commands_as)
     for line in story.opening(tale):
         print(line)
     print()
@@ -272,12 +274,15 @@ def _demo_minilm(args):
           file=sys.stderr)
     question = Question(query="indemnity", referents=("Lessee", "Lessor"), contrast=("Lessee", "Lessor"),
                         weighting=args.weighting)
-    inv = investigate(loaded, LEGAL_SOURCE, question, out_dir=args.out, variants={"quoted": LEGAL_QUOTED}, progress=True)
+    inv = investigate(loaded, LEGAL_SOURCE, question, out_dir=args.out, variants={"quoted": LEGAL_QUOTED}, progress=True,
+                      commands_as=args.commands_as)
     _print_findings(inv)
     return inv
 
 
-def add_commands(sub) -> None:
+def add_commands(sub, commands_as: CommandFormat | None = None) -> None:
+    """``debug``, ``compare`` and ``demo``; ``debug`` and ``demo`` write their reproduce commands with
+    ``commands_as`` (``args.commands_as``: the parser's own format, :func:`inspector.cli.reproduce.formatter_for`)."""
     p = sub.add_parser("debug", help="investigate a wrong output: capture, rank, split, variants, report")
     add_model_options(p)
     add_source_output_options(p, "inspect them")
@@ -302,7 +307,7 @@ def add_commands(sub) -> None:
     p.add_argument("--global", dest="global_tokens", metavar="SPANS",
                    help="LED/Longformer: global tokens of the source (and variants), comma-separated words or token "
                         "indices, e.g. @0 (as in `inspector capture`)")
-    p.set_defaults(func=cmd_debug)
+    p.set_defaults(func=cmd_debug, commands_as=commands_as)
 
     p = sub.add_parser("compare", help="compare split scores of two captures of the same model")
     p.add_argument("a", help="the first capture file (.safetensors), e.g. the original")
@@ -331,4 +336,4 @@ def add_commands(sub) -> None:
     add_weighting_option(p, "with --minilm: the ranking's, the split's and the app's weights (one weighting per run)")
     p.add_argument("--minilm", action="store_true",
                    help="the cosine demo on the embedded all-MiniLM-L6-v2 (an encoder, no real mistake) instead")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, commands_as=commands_as)

@@ -8,7 +8,6 @@ live in :mod:`inspector.cli.investigate`.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
 from inspector.investigate.defaults import DEBUG_TOP, MARKER
+from inspector.investigate.reproduce import Command, CommandFormat, format_plainly
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
 from inspector.store.schema import HEAD_KEY
@@ -36,12 +36,15 @@ LEGAL_QUOTED = (
     'arising from the use of the premises." Such indemnity survives termination.'
 )
 KEYS = list(HEAD_KEY)
+Options = tuple[tuple[str, object], ...]  # a Command's options: (argparse dest, value) pairs
 
 
 @dataclass
 class Investigation:
     """What :func:`investigate` wrote and computed: the folder, the capture (and its file), ``rank`` and
-    ``split`` tables, the report's path, the commands that reproduce the run, the variants' files and
+    ``split`` tables, the report's path, the commands that reproduce the run (``commands``, as
+    :class:`~inspector.investigate.reproduce.Command` data; ``command_lines``, the same as the report writes
+    them), the variants' files and
     comparisons, the "Does it matter?" result (``matter``, with a contrast) and the per-head ``moves``;
     with a contrast too, the "Where did the word come from?" result (``where``,
     :class:`inspector.investigate.wherefrom.WhereFrom`), or ``where_note`` saying why there is none."""
@@ -52,7 +55,8 @@ class Investigation:
     rank: pd.DataFrame
     split: pd.DataFrame
     report_path: Path
-    commands: list[str]
+    commands: list[Command]
+    command_lines: list[str]  # the commands as shell lines, as the report shows them
     variants: dict[str, Path] = field(default_factory=dict)
     comparisons: dict[str, pd.DataFrame] = field(default_factory=dict)
     matter: Any = None  # inspector.investigate.matter.Matter when a contrast was given
@@ -197,6 +201,7 @@ def investigate(
     progress: bool = False,
     top: int = DEBUG_TOP,
     global_tokens: list[str] | None = None,
+    commands_as: CommandFormat | None = None,
 ) -> Investigation:
     """Capture, rank, split, compare variants, give the verdict and write everything into ``out_dir``.
 
@@ -212,8 +217,11 @@ def investigate(
     tokens of the source and of every variant (words or ``@i`` token indices,
     :func:`inspector.capture.inputs.global_attention_mask`), in the capture and in every effects and patching
     pass; "Where did the word come from?" is left out with them (its attribution and route passes take no
-    global tokens; the printout says why). Raises :class:`InspectorError` (nothing written) for a question or
-    output the capture cannot answer.
+    global tokens; the printout says why). The commands that reproduce the run (:attr:`Investigation.commands`,
+    :class:`~inspector.investigate.reproduce.Command` data) are written into the report by ``commands_as``: the
+    command line passes its parser's format (:func:`inspector.cli.reproduce.formatter_for`); the default is
+    :func:`~inspector.investigate.reproduce.format_plainly`. Raises :class:`InspectorError` (nothing written) for a
+    question or output the capture cannot answer.
     """
     from inspector.capture.inputs import model_layout
     from inspector.intervene.contrast import model_has_lm_head
@@ -260,16 +268,17 @@ def investigate(
 
         why, why_note = why_of(loaded, cap, source, verdict)
         commands += _matter.commands(loaded.name, out, matter, question.query, question.occurrence,
-                                     _said_flag(out, said_args[""], "--output-file"))
+                                     _said_options(out, said_args[""]))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
                                             "passes do not take") if global_tokens else \
             _where(loaded, cap, source, split, matter, question, verdict)
         if where is not None:
             commands += _where_commands(loaded.name, out, contrast, question.query, question.occurrence,
-                                        _said_flag(out, said_args[""], "--output-file"), model_has_lm_head(loaded.model))
+                                        _said_options(out, said_args[""]), model_has_lm_head(loaded.model))
     comparison = pd.concat([df.assign(variant=name) for name, df in comparisons.items()],
                            ignore_index=True) if comparisons else None
-    html = render_report(cap, split, rank, question, commands=commands, sections=Sections(
+    lines = [(commands_as or format_plainly)(c) for c in commands]
+    html = render_report(cap, split, rank, question, commands=lines, sections=Sections(
         comparison=comparison, variants=variant_caps or None, moves=moves,
         rank_note=rank_note(rank.attrs.get("weighting", "attention")),
         matter=_matter.section(matter) if matter is not None else None, where=where_section, verdict=verdict, why=why))
@@ -305,7 +314,7 @@ def investigate(
     cap_path, report = out / cap_path.name, out / report.name
     variant_paths = {name: out / p.name for name, p in variant_paths.items()}
     return Investigation(out_dir=out, capture=cap, capture_path=cap_path, rank=rank, split=split, report_path=report,
-                         commands=commands, variants=variant_paths, comparisons=comparisons, matter=matter,
+                         commands=commands, command_lines=lines, variants=variant_paths, comparisons=comparisons, matter=matter,
                          moves=moves, where=where, where_note=where_note, verdict=verdict, question=question,
                          notes=question_notes, why=why, why_note=why_note)
 
@@ -343,27 +352,32 @@ def _said_arg(loaded, cap: Capture, source: str, file: str, generate: int | None
     return ("file", file) if said_output(loaded.model, loaded.tokenizer, cap, source).text is not None else ("generate", generate)
 
 
-def _said_flag(out: Path, said: tuple[str, str | int] | None, flag: str) -> str:
-    """The command-line fragment of :func:`_said_arg`'s answer: `` FLAG OUT/FILE``, `` --generate N`` or nothing."""
+def _said_options(out: Path, said: tuple[str, str | int] | None, dest: str = "output_file") -> Options:
+    """The options of :func:`_said_arg`'s answer: ``(dest, OUT/FILE)`` (``dest``: the subcommand's output-file
+    argument, ``target_file`` for ``capture``), ``("generate", N)`` or none."""
     if said is None:
-        return ""
+        return ()
     kind, value = said
-    return f" {flag} {shlex.quote(str(out / str(value)))}" if kind == "file" else f" --generate {value}"
+    return ((dest, str(out / str(value))),) if kind == "file" else (("generate", value),)
 
 
-def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence: int | None, output_arg: str,
-                    lm: bool) -> list[str]:
-    """``attribute`` and ``routes`` over the saved source, with ``output_arg`` (:func:`_said_flag`) for the output."""
-    q = shlex.quote
-    model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
-    texts = f" --source-file {q(str(out / 'source.txt'))}" + output_arg
-    tail = f" --contrast {q(contrast)}" + ("" if lm else f" --query {q(query)}" + (f" --occurrence {occurrence}" if occurrence else ""))
+def _model_options(model: str) -> Options:
+    """``--model NAME``, left out for the embedded model (the commands' default)."""
+    return () if model.startswith("embedded:") else (("model", model),)
+
+
+def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence: int | None, said: Options,
+                    lm: bool) -> list[Command]:
+    """``attribute`` and ``routes`` over the saved source, with ``said`` (:func:`_said_options`) for the output."""
+    texts = (*_model_options(model), ("source_file", str(out / "source.txt")), *said)
+    tail: Options = (("contrast", contrast),) + (() if lm else (("query", query),) + ((("occurrence", occurrence),)
+                                                                                        if occurrence else ()))
     from inspector.investigate.wherefrom import IG_BATCH, STEPS
 
-    return [f"inspector attribute{model_arg}{texts}{tail} --methods input_x_gradient,integrated_gradients --steps {STEPS} "
-            f"--batch-size {IG_BATCH} "
-            f"--csv {q(str(out / 'attribution.csv'))}",
-            f"inspector routes{model_arg}{texts}{tail} --csv {q(str(out / 'route.csv'))}"]
+    return [Command("attribute", (), texts + tail + (("methods", ("input_x_gradient", "integrated_gradients")),
+                                                      ("steps", STEPS), ("batch_size", IG_BATCH),
+                                                      ("csv", str(out / "attribution.csv")))),
+            Command("routes", (), texts + tail + (("csv", str(out / "route.csv")),))]
 
 
 def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
@@ -382,41 +396,41 @@ def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
 
 def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, said_args: dict, variants: list[str],
               roles: tuple[str | None, str], *, rank_weighting: str = "attention", global_tokens: list[str] | None = None,
-              explainable: bool = True) -> list[str]:
+              explainable: bool = True) -> list[Command]:
     """The commands that rewrite the run's files byte for byte: the capture(s) (marking the run's
     ``global_tokens``, ``--global``; each with its own output as ``said_args`` says, keyed ``""`` for the original
     and by variant name, :func:`_said_arg`), ``rank.csv``, ``split.csv``, each ``compare-NAME.csv`` (same thresholds,
     weighting and column labels), and explain of the top head when explain works there (``explainable``: its
-    site has weights; without Q/K/V explain gives the weights without steps)."""
-    q = shlex.quote
+    site has weights; without Q/K/V explain gives the weights without steps). Options at their defaults are
+    left out."""
     rule, default = question.rule, analysis.SplitRule()
-    wt = "".join(f" --{flag} {getattr(rule, f)!r}" for flag, f in (("min-split", "min_split"), ("min-mass", "min_mass"),
-                                                                     ("min-lift", "min_lift"))
-                 if getattr(rule, f) != getattr(default, f))
-    wt += "" if question.weighting == "attention" else f" --weighting {question.weighting}"
-    refs = q(",".join(question.referents))
-    query = question.query
-    cap = q(str(out / "capture.safetensors"))
-    occ = f" --occurrence {question.occurrence}" if question.occurrence else ""
-    model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
-    glob = f" --global {q(','.join(global_tokens))}" if global_tokens else ""
-    role = f" --query-role {roles[0]}" if roles[0] else ""
+    wt: Options = tuple((f, getattr(rule, f)) for f in ("min_split", "min_mass", "min_lift")
+                        if getattr(rule, f) != getattr(default, f))
+    wt += () if question.weighting == "attention" else (("weighting", question.weighting),)
+    refs: Options = (("referents", tuple(question.referents)),)
+    query: Options = (("query", question.query),) + ((("occurrence", question.occurrence),) if question.occurrence else ())
+    cap = str(out / "capture.safetensors")
+    glob: Options = (("global_tokens", tuple(global_tokens)),) if global_tokens else ()
+    role: Options = (("query_role", roles[0]),) if roles[0] else ()
+
+    def capture_of(text: str, said: tuple[str, str | int] | None, file: str) -> Command:
+        return Command("capture", (), (*_model_options(model), ("text_file", str(out / text)),
+                                       *_said_options(out, said, "target_file"), *glob, ("output", file)))
+
     cmds = [
-        f"inspector capture{model_arg} --text-file {q(str(out / 'source.txt'))}"
-        + _said_flag(out, said_args[""], "--output-file") + f"{glob} -o {cap}",
-        f"inspector rank {cap}" + ("" if rank_weighting == "attention" else f" --weighting {rank_weighting}")
-        + f" --csv {q(str(out / 'rank.csv'))}",
-        f"inspector split {cap} --query {q(query)}{occ} --referents {refs}{role} "
-        f"--referent-role {roles[1]} --cross-first{wt} --csv {q(str(out / 'split.csv'))}",
+        capture_of("source.txt", said_args[""], cap),
+        Command("rank", (cap,), (() if rank_weighting == "attention" else (("weighting", rank_weighting),))
+                + (("csv", str(out / "rank.csv")),)),
+        Command("split", (cap,), query + refs + role + (("referent_role", roles[1]), ("cross_first", True)) + wt
+                + (("csv", str(out / "split.csv")),)),
     ]
     if len(split) and explainable:
         top = split.sort_values("split_score", ascending=False).iloc[0]
-        cmds.append(f"inspector explain {cap} --site {q(top['site'])} --head {int(top['head'])} --query {q(query)}{occ} "
-                    f"--referents {refs}{wt}")
+        cmds.append(Command("explain", (cap,), (("site", str(top["site"])), ("head", int(top["head"])), *query, *refs,
+                                                *wt)))
     for name in variants:
-        vcap = q(str(out / f"variant-{name}.safetensors"))
-        cmds.append(f"inspector capture{model_arg} --text-file {q(str(out / f'variant-{name}.txt'))}"
-                    + _said_flag(out, said_args[name], "--output-file") + f"{glob} -o {vcap}")
-        cmds.append(f"inspector compare {cap} {vcap} --query {q(query)}{occ}{role} --referents {refs}{wt} "
-                    f"--names {q('original,' + name)} --csv {q(str(out / f'compare-{name}.csv'))}")
+        vcap = str(out / f"variant-{name}.safetensors")
+        cmds.append(capture_of(f"variant-{name}.txt", said_args[name], vcap))
+        cmds.append(Command("compare", (cap, vcap), query + role + refs + wt
+                            + (("names", ("original", name)), ("csv", str(out / f"compare-{name}.csv")))))
     return cmds

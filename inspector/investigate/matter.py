@@ -26,6 +26,7 @@ from inspector.errors import InspectorError
 from inspector.intervene import effects as _effects
 from inspector.intervene import seam as intervene
 from inspector.intervene.contrast import model_has_lm_head
+from inspector.investigate.reproduce import Command
 from inspector.store.capture_file import Capture
 from inspector.store.schema import HEAD_KEY
 
@@ -235,32 +236,30 @@ def render_section(m: Matter) -> str:
     return render_matter_section(section(m))
 
 
-def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None, output_arg: str) -> list[str]:
+def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None,
+             said: tuple[tuple[str, object], ...]) -> list[Command]:
     """The ``inspector effects`` command that rewrites ``effects.csv``, ``matter.csv`` and (with variants)
-    ``patch.csv`` from the saved texts: the output as ``output_arg`` gives it (`` --output-file FILE``,
-    `` --generate N`` where the generated text tokenizes otherwise, or nothing), the same ``--top``, the flagged heads confirmed too (``--confirm``),
-    each variant's saved text (``--variant``)."""
-    import shlex
+    ``patch.csv`` from the saved texts, as :class:`~inspector.investigate.reproduce.Command` data: the output as the
+    ``said`` options give it (``("output_file", FILE)``, ``("generate", N)`` where the generated text tokenizes
+    otherwise, or none), the same ``top``, the flagged heads confirmed too (``confirm``), each variant's saved text
+    (``variant``, once per variant)."""
     from pathlib import Path
 
-    q, out = shlex.quote, Path(out)
-    model_arg = "" if model.startswith("embedded:") else f" --model {q(model)}"
-    cmd = (f"inspector effects{model_arg} --source-file {q(str(out / 'source.txt'))}"
-           + output_arg
-           + f" --contrast {q(m.contrast)} --top {m.top}")
+    out = Path(out)
+    opts: list[tuple[str, object]] = [] if model.startswith("embedded:") else [("model", model)]
+    opts += [("source_file", str(out / "source.txt")), *said, ("contrast", m.contrast), ("top", m.top)]
     flagged = m.heads[m.heads["flagged"].astype(bool)]
     if len(flagged):
-        cmd += " --confirm " + q(",".join(f"{s}:{int(h)}" for s, h in zip(flagged["site"], flagged["head"], strict=True)))
+        opts.append(("confirm", tuple(f"{s}:{int(h)}" for s, h in zip(flagged["site"], flagged["head"], strict=True))))
     if m.global_tokens:
-        cmd += f" --global {q(','.join(m.global_tokens))}"
+        opts.append(("global_tokens", tuple(m.global_tokens)))
     if query:  # the contrast reads it without an LM head; an encoder's patch aligns its tokens
-        cmd += f" --query {q(query)}"
+        opts.append(("query", query))
     if occurrence and m.definition.startswith("cos("):  # with an LM head --occurrence would pick WRONG's occurrence
-        cmd += f" --occurrence {occurrence}"
+        opts.append(("occurrence", occurrence))
     names = [c[len("patch_effect["):-1] for c in m.heads.columns if c.startswith("patch_effect[")]
-    for name in names:
-        cmd += f" --variant {q(name + '=' + str(out / f'variant-{name}.txt'))}"
-    cmd += f" --csv {q(str(out / 'effects.csv'))} --matter-csv {q(str(out / 'matter.csv'))}"
+    opts += [("variant", f"{name}={out / f'variant-{name}.txt'}") for name in names]
+    opts += [("csv", str(out / "effects.csv")), ("matter_csv", str(out / "matter.csv"))]
     if len(m.patches):
-        cmd += f" --patch-csv {q(str(out / 'patch.csv'))}"
-    return [cmd]
+        opts.append(("patch_csv", str(out / "patch.csv")))
+    return [Command("effects", (), tuple(opts))]

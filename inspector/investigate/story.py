@@ -22,6 +22,7 @@ import pandas as pd
 from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.errors import InspectorError
+from inspector.investigate.reproduce import CommandFormat
 
 SUMMARISER = Path(__file__).resolve().parents[2] / "fixtures" / "parties" / "seq2seq"
 GENERATE = 16  # tokens: a one-sentence summary and its end token
@@ -128,10 +129,12 @@ def _outcomes(loaded, inv, variants: dict[str, str], contrast: tuple[str, str], 
     return pd.DataFrame(rows, columns=OUTCOME_COLUMNS)
 
 
-def tell(loaded, item: dict, out_dir: str | Path, *, progress: bool = False, ablations: int = 64) -> Story:
+def tell(loaded, item: dict, out_dir: str | Path, *, progress: bool = False, ablations: int = 64,
+         commands_as: CommandFormat | None = None) -> Story:
     """The story on one lease (module docstring): generate, investigate with the contrast the swap gives (the
     verdict first), attribute the wrong summary to the source's sentences, and regenerate every variant. Writes the
-    investigation folder (``out_dir``) and ``variants.csv`` and ``sources.csv`` into it."""
+    investigation folder (``out_dir``) and ``variants.csv`` and ``sources.csv`` into it; the report's commands are
+    written by ``commands_as`` (:func:`~inspector.investigate.debug.investigate`'s)."""
     from inspector.capture.generation import generate_target
     from inspector.investigate.debug import investigate
     from inspector.store.files import write_csv
@@ -143,7 +146,7 @@ def tell(loaded, item: dict, out_dir: str | Path, *, progress: bool = False, abl
     variants = variants_of(item)
     question = Question(None, (item["right_party"], item["wrong_party"]), contrast=(right, wrong))
     inv = investigate(loaded, source, question, Output(generate=GENERATE), out_dir=out_dir, variants=variants,
-                      progress=progress, top=64)
+                      progress=progress, top=64, commands_as=commands_as)
     outcomes = _outcomes(loaded, inv, variants, (right, wrong), gold)
     found = note = None
     try:
