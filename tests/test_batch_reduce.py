@@ -228,7 +228,7 @@ def test_a_scan_batch_gives_the_rows_the_code_before_issue_21_gave(case):
             if isinstance(y, str):
                 np.testing.assert_allclose(np.asarray(x, float), [float(t) for t in y.split()], atol=5e-5 + 1e-6, rtol=0)
             else:
-                assert x is None or (isinstance(x, float) and np.isnan(x)), (x, y)
+                assert x is None or x is pd.NA or (isinstance(x, float) and np.isnan(x)), (x, y)
     assert heads["id"].tolist() == want["id"].tolist()  # rows in the same order
     assert_same_rows(heads, want, tol=1e-6)
     assert documents == saved["documents"]

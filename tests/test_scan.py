@@ -83,13 +83,23 @@ def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame, tol: float = TOL) -> None
             np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), atol=tol, rtol=0, err_msg=col)
         elif col in ("referent_weights", "row_split_scores"):  # lists of floats
             for x, y in zip(a[col], b[col], strict=True):
-                if isinstance(x, float) or x is None:
-                    assert y is None or isinstance(y, float)
+                if isinstance(x, float) or x is None or x is pd.NA:  # missing (NaN, None or NA)
+                    assert y is None or y is pd.NA or isinstance(y, float)
                 else:
                     np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float), atol=tol, rtol=0)
         else:
-            for x, y in zip(a[col].astype(str), b[col].astype(str), strict=True):
-                assert same_text(str(x), str(y)), (col, x, y)
+            for x, y in zip(map(cell_text, a[col]), map(cell_text, b[col]), strict=True):
+                assert same_text(x, y), (col, x, y)
+
+
+def cell_text(v) -> str:
+    """A cell as text, the same whatever holds it: a list, tuple, NumPy array or Arrow list's element as a Python
+    list; None, NaN and NA as ``None``."""
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return str([x.item() if isinstance(x, np.generic) else x for x in v])
+    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+        return "None"
+    return str(v.item() if isinstance(v, np.generic) else v)
 
 
 def same_text(x: str, y: str) -> bool:

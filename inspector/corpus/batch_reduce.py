@@ -461,11 +461,64 @@ def _splits(axes: Axes, queries: dict, sites, split_rows: dict, rule: SplitRule)
     return reach, {key: _pair_split(axes, key, members, queries, sites, split_rows, rule) for key, members in by_key.items()}
 
 
+# the heads rows' list columns and the Arrow type of their values: both paths (this one and the per-document
+# path, :func:`inspector.corpus.reduce.document_rows`) give them as Arrow list arrays of these types
+LIST_TYPES = {"query_positions": "int64", "rows_flagged": "int64", "referents": "string", "referent_weights": "float64",
+              "referent_pieces": "string", "row_split_scores": "float64"}
+
+
+def list_column(name: str, cells: list) -> pd.api.extensions.ExtensionArray:
+    """The list column ``name`` (:data:`LIST_TYPES`) from one Python list (or None: missing) per row, as the
+    per-document path has them."""
+    import pyarrow as pa
+
+    return pd.arrays.ArrowExtensionArray(pa.array(cells, type=pa.list_(pa.type_for_alias(LIST_TYPES[name]))))
+
+
+class _Lists:
+    """One list column of the heads rows built from arrays, never a Python list per cell: each axis pair adds
+    its rows' values as a padded matrix ``[rows, width]`` with a mask of the entries that belong (:meth:`add`);
+    :meth:`array` lays them out as one Arrow list array (``pa.ListArray``: offsets and flat values), missing
+    (null) on the rows no pair wrote. Rows of different pairs may interleave."""
+
+    def __init__(self, n: int, kind):
+        self.n, self.kind = n, kind  # kind: the Arrow type of the values
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, dst: np.ndarray, values: np.ndarray, keep: np.ndarray) -> None:
+        """Rows ``dst [rows]`` hold ``values[i][keep[i]]`` (``values``, ``keep``: ``[rows, width]``)."""
+        self.parts.append((dst, values, keep))
+
+    def array(self):
+        import pyarrow as pa
+
+        lengths = np.zeros(self.n, dtype=np.int64)
+        present = np.zeros(self.n, dtype=bool)
+        for dst, _, keep in self.parts:
+            lengths[dst] = keep.sum(1)
+            present[dst] = True
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        flat = np.empty(int(offsets[-1]), dtype=object if self.kind == pa.string() else None)
+        for dst, values, keep in self.parts:
+            count = keep.sum(1)
+            if not count.sum():
+                continue
+            # each kept value's place: its row's offset plus its rank among the row's kept values
+            rank = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+            flat[np.repeat(offsets[dst], count) + rank] = values[keep]
+        values = pa.array(flat, type=self.kind) if len(flat) else pa.array([], type=self.kind)
+        arr = pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), values, mask=pa.array(~present))
+        return pd.arrays.ArrowExtensionArray(arr)
+
+
 def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, reach: dict, pairs: dict) -> dict[str, object]:
     """The split columns (:data:`SPLIT_COLUMNS`) of the documents ``batch_rows_``, in the rank rows' order (each
     document: every site in order, every head), written column by column from the pairs' statistics: numbers by
-    one scatter per column, missing (NaN / NA / None) where a site has no split row; positions on the query axis
-    shifted back by the document's leading padding (:meth:`Axes.leading_padding`)."""
+    one scatter per column, lists as Arrow list arrays built from the same tensors (:class:`_Lists`; no Python
+    object per head and document but the ``pieces:`` texts), missing (NaN / NA / null) where a site has no split
+    row; positions on the query axis shifted back by the document's leading padding (:meth:`Axes.leading_padding`)."""
+    import pyarrow as pa
+
     starts = np.cumsum([0] + [s.num_heads for s in sites])
     n_all = int(starts[-1])
     at = {b: k for k, b in enumerate(batch_rows_)}
@@ -473,7 +526,9 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
     floats = {c: np.full(n, np.nan) for c in ("referent_mass", "chance_mass", "lift", "split_score", "shared_share",
                                                "split_unshared")}
     flag_values, flag_known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    objects: dict[str, list] = {c: [None] * n for c in SPLIT_COLUMNS if c not in floats and c != "flagged"}
+    drive_row, drive_known = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    texts = {c: np.full(n, None, dtype=object) for c in ("query", "shared_pieces", "mostly_shared")}
+    lists = {c: _Lists(n, pa.type_for_alias(kind)) for c, kind in LIST_TYPES.items()}
     for key, pair in pairs.items():
         s = pair.stats
         src_d, src_h, dst = [], [], []  # (document, stacked head) of the pair -> row of the frame
@@ -496,40 +551,47 @@ def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, rea
             column[dst] = getattr(s, c).numpy()[src_d, src_h]
         flag_values[dst] = s.flagged.numpy()[src_d, src_h]
         flag_known[dst] = True
-        # the object columns: Python values from one conversion per tensor, then one list per cell (each document's
-        # own rows, referents and pieces)
-        docs_k, rows_k = src_d.tolist(), dst.tolist()
-        pos_l = positions.tolist()
-        n_of = [pair.n_rows[d] for d in docs_k]
-        q_pos = [pos_l[d][:r] for d, r in zip(docs_k, n_of, strict=True)]
-        lays = [pair.layouts[d] for d in docs_k]
-        per_doc = {d: (queries[b].groups[key][0].phrase, list(queries[b].refs), " ".join(sorted(pair.layouts[d].shared)))
-                   for d, b in enumerate(pair.docs) if b in at}
-        values = {
-            "query": [per_doc[d][0] for d in docs_k],
-            "query_positions": q_pos,
-            "driving_row": positions.gather(1, s.driving).numpy()[src_d, src_h].tolist(),
-            "rows_flagged": [[p for p, f in zip(q, fs, strict=False) if f]
-                             for q, fs in zip(q_pos, s.row_flagged.numpy()[src_d, src_h].tolist(), strict=True)],
-            "referents": [per_doc[d][1] for d in docs_k],
-            "referent_weights": [ws[:len(lay.referents)] for ws, lay in
-                                 zip(s.referent_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)],
-            "referent_pieces": [lay.pieces_text(bp) for bp, lay in
-                                zip(s.piece_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)],
-            "row_split_scores": [rs[:r] for rs, r in zip(s.row_split.numpy()[src_d, src_h].tolist(), n_of, strict=True)],
-            "shared_pieces": [per_doc[d][2] for d in docs_k],
-            "mostly_shared": s.mostly_shared.numpy()[src_d, src_h].tolist(),
-        }
-        for c, vs in values.items():
-            col = objects[c]
-            for r, v in zip(rows_k, vs, strict=True):
-                col[r] = v
+        pos = positions.numpy()
+        drive_row[dst] = np.take_along_axis(pos, s.driving.numpy(), 1)[src_d, src_h]
+        drive_known[dst] = True
+        # per document: its query's text, referents and shared pieces; its rows and referents as masks of the padding
+        docs = [(d, b) for d, b in enumerate(pair.docs) if b in at]
+        per_doc_text = np.full((len(pair.docs), 2), None, dtype=object)
+        for d, b in docs:
+            per_doc_text[d] = (queries[b].groups[key][0].phrase, " ".join(sorted(pair.layouts[d].shared)))
+        texts["query"][dst] = per_doc_text[src_d, 0]
+        texts["shared_pieces"][dst] = per_doc_text[src_d, 1]
+        texts["mostly_shared"][dst] = s.mostly_shared.numpy()[src_d, src_h].astype(object)
+        n_rows = np.asarray(pair.n_rows)[src_d]
+        row_keep = np.arange(pos.shape[1])[None, :] < n_rows[:, None]  # [rows, query rows]
+        lists["query_positions"].add(dst, pos[src_d], row_keep)
+        lists["rows_flagged"].add(dst, pos[src_d], row_keep & s.row_flagged.numpy()[src_d, src_h][:, :pos.shape[1]])
+        lists["row_split_scores"].add(dst, s.row_split.numpy()[src_d, src_h][:, :pos.shape[1]], row_keep)
+        n_refs = np.array([len(lay.referents) for lay in pair.layouts])[src_d]
+        width = s.referent_weights.shape[-1]
+        ref_keep = np.arange(width)[None, :] < n_refs[:, None]  # [rows, referents]
+        names = np.full((len(pair.docs), width), None, dtype=object)
+        for d, b in docs:
+            names[d, :len(queries[b].refs)] = list(queries[b].refs)
+        lists["referents"].add(dst, names[src_d], ref_keep)
+        lists["referent_weights"].add(dst, s.referent_weights.numpy()[src_d, src_h], ref_keep)
+        # the pieces: texts (one format call per head and referent, from one conversion of the tensor)
+        lays = [pair.layouts[d] for d in src_d.tolist()]
+        pieces = np.full((len(dst), width), None, dtype=object)
+        for r, (bp, lay) in enumerate(zip(s.piece_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)):
+            got = lay.pieces_text(bp)
+            pieces[r, :len(got)] = got
+        lists["referent_pieces"].add(dst, pieces, ref_keep)
     out: dict[str, object] = {}
     for c in SPLIT_COLUMNS:
         if c in floats:
             out[c] = floats[c]
         elif c == "flagged":
             out[c] = pd.arrays.BooleanArray(flag_values, ~flag_known)
+        elif c == "driving_row":
+            out[c] = pd.arrays.IntegerArray(drive_row, ~drive_known)
+        elif c in lists:
+            out[c] = lists[c].array()
         else:
-            out[c] = objects[c]
+            out[c] = texts[c]
     return out

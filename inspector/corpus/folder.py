@@ -47,10 +47,40 @@ _FLUSH_SECONDS = 5.0
 
 
 def write_parquet(path: Path, df: pd.DataFrame) -> None:
-    """Write ``df`` to ``path`` atomically (:func:`write_table` of its Arrow table, no index)."""
+    """Write ``df`` to ``path`` atomically (:func:`write_table` of its Arrow table, no index). Arrow-backed list
+    columns (the heads rows', :data:`inspector.corpus.batch_reduce.LIST_TYPES`) are recorded in the file's pandas
+    metadata as object columns, as lists of Python objects are: the part reads back the same with
+    ``pandas.read_parquet`` whichever way its rows were held (pandas cannot read back a list ``ArrowDtype`` from
+    that metadata)."""
+    write_table(path, arrow_table(df))
+
+
+def arrow_table(df: pd.DataFrame):
+    """``df`` as an Arrow table without its index, each list column's pandas ``numpy_type`` recorded as
+    ``object`` (see :func:`write_parquet`); the Ray engine sends rows this way too (:func:`frame_of` reads them)."""
     import pyarrow as pa
 
-    write_table(path, pa.Table.from_pandas(df, preserve_index=False))
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    if b"pandas" not in meta:
+        return table
+    pandas_meta = json.loads(meta[b"pandas"])
+    changed = False
+    for col in pandas_meta.get("columns", []):
+        if str(col.get("pandas_type", "")).startswith("list[") and col.get("numpy_type") != "object":
+            col["numpy_type"] = "object"
+            changed = True
+    if not changed:
+        return table
+    meta[b"pandas"] = json.dumps(pandas_meta).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def frame_of(table) -> pd.DataFrame:
+    """The DataFrame of an :func:`arrow_table`: list columns as Arrow-backed lists, as the scan holds them."""
+    import pyarrow as pa
+
+    return table.to_pandas(types_mapper=lambda t: pd.ArrowDtype(t) if pa.types.is_list(t) else None)
 
 
 def write_table(path: Path, table) -> None:

@@ -59,7 +59,9 @@ def to_ipc(df: pd.DataFrame) -> bytes:
     """A DataFrame as Arrow IPC stream bytes (how rows cross between Ray actors and the driver; no pickle)."""
     import pyarrow as pa
 
-    table = pa.Table.from_pandas(df, preserve_index=False)
+    from inspector.corpus.folder import arrow_table
+
+    table = arrow_table(df)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -67,10 +69,12 @@ def to_ipc(df: pd.DataFrame) -> bytes:
 
 
 def from_ipc(data: bytes) -> pd.DataFrame:
-    """The DataFrame of :func:`to_ipc` bytes."""
+    """The DataFrame of :func:`to_ipc` bytes (list columns Arrow-backed, as the local engine holds them)."""
     import pyarrow as pa
 
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_pandas()
+    from inspector.corpus.folder import frame_of
+
+    return frame_of(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
 
 
 class Reducer:

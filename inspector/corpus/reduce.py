@@ -106,6 +106,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     """
     from inspector.analysis.rank import rank_heads
     from inspector.analysis.split import NoReferentVisible, SplitRule, clean_referents, split_heads
+    from inspector.corpus.batch_reduce import LIST_TYPES, list_column
 
     order = {s.name: i for i, s in enumerate(capture.sites)}
     rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)
@@ -163,6 +164,8 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
             taken = [values[i] for i in idx] if complete else [values[i] if i >= 0 else None for i in idx]
             if c == "flagged":  # sites the query cannot reach have no split row: missing, not False
                 cols[c] = pd.array(taken, dtype="boolean")
+            elif c in LIST_TYPES:  # Arrow list arrays of the fast path's types (batch_reduce.LIST_TYPES)
+                cols[c] = list_column(c, taken)
             elif c in split.columns and split[c].dtype.kind == "f":
                 cols[c] = np.array([np.nan if v is None else v for v in taken], dtype=np.float64)
             else:
