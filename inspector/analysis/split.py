@@ -187,8 +187,9 @@ def split_heads(
 
     The query's and referents' positions come from ``placement``
     (:func:`inspector.analysis.placement.place` of the same words, roles, case rule and batch row, over these
-    sites at least), made here from the words when not given; the table carries it as ``df.attrs["placement"]``
-    (:class:`~inspector.analysis.placement.Placement`), so what reads the table finds the same positions.
+    sites at least), made here from the words when not given: a caller that reads the table's positions again
+    (the report, an investigation) places the question once and passes the same
+    :class:`~inspector.analysis.placement.Placement` to both.
 
     Raises :class:`InspectorError` naming the first reason when no site gives a row (first, that the sites
     holding the query on their query axis were left out of ``weighting`` for lacking value norms, with the fix
@@ -252,7 +253,7 @@ def split_heads(
         keys, ascending = ["split_score", "_cross"], [False, True]
     df = df.sort_values(keys + ["site", "head"], ascending=ascending + [True, True], kind="stable")
     df = df.drop(columns="_cross").reset_index(drop=True)
-    df.attrs.update(weighting=weighting, left_out=left_out, placement=placement)
+    df.attrs.update(weighting=weighting, left_out=left_out)
     return df
 
 
