@@ -4,7 +4,8 @@ A :class:`Question` names the query (a word and its occurrence, or a token index
 where each is looked for (``query_role`` / ``referent_role``), the case rule, the weighting, the split rule
 and, when the output is wrong, the contrast ``RIGHT,WRONG`` (the answer it should have given and the one it
 gave). Every analysis, intervention and view of an investigation takes this one value, so a query or a
-referent is parsed once, under one rule, and nothing downstream parses it again.
+referent is parsed once, under one rule, and nothing downstream parses it again. Its words are looked up on a
+capture once too: :func:`inspector.analysis.placement.place` gives the positions every stage then reads.
 """
 
 from __future__ import annotations

@@ -34,12 +34,11 @@ Pure functions: a capture in, a pandas DataFrame out; no I/O, no model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
 
-from inspector.analysis import spans
 from inspector.analysis.keys import (
     check_batch,
     check_weighting,
@@ -48,6 +47,7 @@ from inspector.analysis.keys import (
     visible_keys,
     weighted_sites,
 )
+from inspector.analysis.placement import Lookup, Placement, find_referents, place  # noqa: F401  (find_referents: API here too)
 from inspector.errors import InspectorError
 from inspector.store import masks
 from inspector.store.capture_file import Capture, Site
@@ -167,6 +167,7 @@ def split_heads(
     referent_role: str | None = None,
     cross_first: bool = False,
     weighting: str = "attention",
+    placement: Placement | None = None,
 ) -> pd.DataFrame:
     """Per site and head, how the query's weight divides among competing referents.
 
@@ -184,6 +185,12 @@ def split_heads(
     Sorted by split score, highest first (cross-attention first on ties, or always with
     ``cross_first``).
 
+    The query's and referents' positions come from ``placement``
+    (:func:`inspector.analysis.placement.place` of the same words, roles, case rule and batch row, over these
+    sites at least), made here from the words when not given: a caller that reads the table's positions again
+    (the report, an investigation) places the question once and passes the same
+    :class:`~inspector.analysis.placement.Placement` to both.
+
     Raises :class:`InspectorError` naming the first reason when no site gives a row (first, that the sites
     holding the query on their query axis were left out of ``weighting`` for lacking value norms, with the fix
     ``--weighting attention``); :class:`NoReferentVisible`
@@ -191,24 +198,26 @@ def split_heads(
     """
     check_batch(capture, batch)
     refs = clean_referents(referents)
-    candidates = site_filter(capture, sites) if isinstance(sites, str) else sites
-    candidates, left_out = weighted_sites(capture, list(candidates), weighting)
+    candidates = site_filter(capture, sites) if isinstance(sites, str) else list(sites)
+    lookup = Lookup(query=query, referents=tuple(refs), occurrence=occurrence, query_index=query_index,
+                    query_role=query_role, referent_role=referent_role, case_sensitive=case_sensitive)
+    placement = _placement_for(capture, lookup, batch, candidates, placement)
+    candidates, left_out = weighted_sites(capture, candidates, weighting)
     rows: list[dict] = []
     problems: list[str] = []
     hidden = 0  # sites where the query and referents are found but its mask hides every referent from it
     missing_query: list[str] = []  # sites whose query axis lacks the query: said only when no site has it
     for site in candidates:
-        if query_index is None and not spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive,
-                                                  role=query_role):
-            missing_query.append(spans.not_found_message(capture, site, query, "query", "query", batch))
+        ax = placement.at(site)
+        if query_index is None and not _query_on_axis(placement, site, None):
+            missing_query.append(ax.query_error)
             continue
         if query_index is not None and not 0 <= query_index < site.query_len:
             problems.append(f"query index {query_index} is outside {site.name}'s query axis (0..{site.query_len - 1})")
             continue
-        occ = spans.resolve_query(capture, site, query, index=query_index, occurrence=occurrence, batch=batch,
-                                  case_sensitive=case_sensitive, role=query_role)
+        occ = ax.picked()
         try:
-            ref_pos = find_referents(capture, site, refs, batch=batch, case_sensitive=case_sensitive, role=referent_role)
+            ref_pos = ax.referent_positions()
         except InspectorError as exc:
             problems.append(str(exc))
             continue
@@ -228,8 +237,7 @@ def split_heads(
             row.update(found.row(head))
             rows.append(row)
     if not rows:
-        on_axis = [n for n in left_out if _query_on_axis(capture, capture.site(n), query, query_index, batch, case_sensitive,
-                                                          query_role)]
+        on_axis = [n for n in left_out if _query_on_axis(placement, capture.site(n), query_index)]
         if on_axis:  # the sites that could have given a row were left out: say so, not what the others lack
             raise InspectorError(left_out_message(on_axis, left_out, weighting, f"the query {query!r}" if query_index is None
                                                   else f"query index {query_index}"))
@@ -249,12 +257,25 @@ def split_heads(
     return df
 
 
-def _query_on_axis(capture: Capture, site: Site, query: str | None, query_index: int | None, batch: int,
-                   case_sensitive: bool, role: str | None) -> bool:
-    """Whether the query (a word, or ``query_index``) is on ``site``'s query axis."""
+def _placement_for(capture: Capture, lookup: Lookup, batch: int, sites: list[Site],
+                   placement: Placement | None) -> Placement:
+    """``placement`` when it places ``lookup`` (InspectorError if it places other words), else a new one."""
+    if placement is None:
+        return place(capture, lookup, batch, sites=sites)
+    if (replace(placement.lookup, contrast=None), placement.batch) != (lookup, batch):
+        raise InspectorError("the placement is of other words, roles, case rule or batch row than split_heads was "
+                             "given: place the same question")
+    return placement
+
+
+def _query_on_axis(placement: Placement, site: Site, query_index: int | None) -> bool:
+    """Whether the query (a word, or ``query_index``) is on ``site``'s query axis, as ``placement`` found it."""
     if query_index is not None:
         return 0 <= query_index < site.query_len
-    return bool(spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive, role=role))
+    ax = placement.at(site)
+    if ax.lookup_failed:
+        raise InspectorError(ax.query_error)
+    return bool(ax.occurrences)
 
 
 def left_out_message(names: list[str], left_out: dict[str, str], weighting: str, what: str) -> str:
@@ -264,21 +285,6 @@ def left_out_message(names: list[str], left_out: dict[str, str], weighting: str,
     return (f"no site gave a row: {what} is on the query axis of {len(names)} site{'s' if len(names) != 1 else ''}, "
             f"left out of --weighting {weighting} for lacking value norms (e.g. {names[0]}: {left_out[names[0]]}); "
             "use --weighting attention")
-
-
-# ---- one query's rows over the referents ---------------------------------------------------------
-def find_referents(capture: Capture, site: Site, referents: list[str], *, batch: int = 0, case_sensitive: bool = True,
-                   role: str | None = None) -> dict[str, list[int]]:
-    """Each referent's key positions at ``site`` (every occurrence, subword tokens included);
-    InspectorError naming the nearest words when one is not in the text."""
-    refs = clean_referents(referents)
-    out: dict[str, list[int]] = {}
-    for ref in refs:
-        found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=role)
-        if not found:
-            raise InspectorError(spans.not_found_message(capture, site, ref, "key", "referent", batch))
-        out[ref] = sorted({p for o in found for p in o.positions})
-    return out
 
 
 class NoReferentVisible(InspectorError):

@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 
 from inspector.analysis import spans
+from inspector.analysis.placement import Lookup, place
 from inspector.capture.inputs import InputRecord
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
@@ -217,13 +218,14 @@ def resolve(capture: Capture, tokenizer, output, right: str, wrong: str, *, quer
             "this model has no LM head, so the contrast is measured on the query word's final representation: "
             "pass --query WORD")
     site = _site_with(capture, "source")
-    occ = spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch, role="source")
+    placed = place(capture, Lookup(query, occurrence=occurrence, contrast=(right, wrong), query_role="source"), batch,
+                   sites=[site]).at(site)  # the query and both words in the source, case-sensitive
+    occ = placed.picked()
+    if placed.contrast_error is not None:
+        raise InspectorError(placed.contrast_error)
     refs = []
     for word in (right, wrong):
-        found = spans.find(capture, site, word, "key", batch=batch, role="source")
-        if not found:
-            raise InspectorError(spans.not_found_message(capture, site, word, "key", "contrast word", batch))
-        refs.append(tuple(p for o in found for p in o.positions))
+        refs.append(placed.contrast[word])
         if not refs[-1]:
             raise InspectorError(f"--contrast word {_shown(word)} is in the source but covers no token of it: pick a "
                                  "word the tokenizer keeps")

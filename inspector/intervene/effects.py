@@ -133,11 +133,12 @@ def align(original: Capture, variant: Capture, site: Site, *, query: str | None 
     if layout == "encoder":
         if not query:
             raise InspectorError("an encoder has no output positions: patching aligns the query word's tokens, so pass --query WORD")
-        from inspector.analysis import spans
+        from inspector.analysis.placement import Lookup, place
 
         vsite = variant.site(site.name)
-        po = spans.resolve_query(original, site, query, occurrence=occurrence, batch=batch).positions
-        pv = spans.resolve_query(variant, vsite, query, occurrence=occurrence, batch=batch).positions
+        asked = Lookup(query, occurrence=occurrence)  # each capture's own positions of the word
+        po = place(original, asked, batch, sites=[site]).at(site).picked().positions
+        pv = place(variant, asked, batch, sites=[vsite]).at(vsite).picked().positions
         pairs = list(zip(po, pv, strict=False))
         ids_o = [original.axis(site, "query", batch)[p][0].ids[original.axis(site, "query", batch)[p][1]] for p in po]
         ids_v = [variant.axis(vsite, "query", batch)[p][0].ids[variant.axis(vsite, "query", batch)[p][1]] for p in pv]

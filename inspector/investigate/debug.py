@@ -8,7 +8,7 @@ live in :mod:`inspector.cli.investigate`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import pandas as pd
 
 from inspector import analysis
 from inspector.analysis.moves import variant_moves
+from inspector.analysis.placement import Lookup, Placement, place
 from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
@@ -90,13 +91,23 @@ def roles_of(cap: Capture, question: Question) -> tuple[str | None, str]:
     return "source", ref_role
 
 
-def split_for(cap: Capture, question: Question) -> pd.DataFrame:
-    """Every site where the question's query can attend to its referents in the source, cross sites first (a
-    token index ``@I`` with ``query_role`` ``target`` is found on the sites whose queries are output positions)."""
+def placement_for(cap: Capture, question: Question) -> Placement:
+    """The question's positions on ``cap`` (:func:`inspector.analysis.placement.place` over every site), its words
+    looked for where :func:`roles_of` says: the one lookup of an investigation's words on a capture."""
     q_role, r_role = roles_of(cap, question)
+    return place(cap, replace(Lookup.of(question), query_role=q_role, referent_role=r_role))
+
+
+def split_for(cap: Capture, question: Question, placement: Placement | None = None) -> pd.DataFrame:
+    """Every site where the question's query can attend to its referents in the source, cross sites first (a
+    token index ``@I`` with ``query_role`` ``target`` is found on the sites whose queries are output positions).
+    ``placement``: :func:`placement_for` of ``cap`` and ``question`` when the caller has it (made here otherwise)."""
+    placement = placement if placement is not None else placement_for(cap, question)
+    lk = placement.lookup
     return analysis.split_heads(cap, question.query, list(question.referents), occurrence=question.occurrence,
-                                sites="all", rule=question.rule, query_role=q_role, referent_role=r_role, cross_first=True,
-                                weighting=question.weighting, case_sensitive=question.case_sensitive)
+                                sites="all", rule=question.rule, query_role=lk.query_role, referent_role=lk.referent_role,
+                                cross_first=True, weighting=question.weighting, case_sensitive=question.case_sensitive,
+                                placement=placement)
 
 
 def rank_note(weighting: str) -> str:
@@ -109,11 +120,11 @@ def rank_note(weighting: str) -> str:
 
 
 def compare_captures(a: Capture, b: Capture, question: Question, *, names: tuple[str, str] = ("a", "b"),
-                     split_a: pd.DataFrame | None = None) -> pd.DataFrame:
+                     split_a: pd.DataFrame | None = None, split_b: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per head: split score and referent weights in each capture and their change (b - a), sorted by
     the size of the change. Heads are matched by site name and head; captures of different models are
     refused. ``split_a``: ``a``'s split table (:func:`split_for` with the same question) when the caller
-    has it already, so an investigation computes the original's split once."""
+    has it already, so an investigation computes the original's split once; ``split_b`` likewise ``b``'s."""
     ma, mb = a.meta.get("model", {}), b.meta.get("model", {})
     if (ma.get("class"), ma.get("config_hash")) != (mb.get("class"), mb.get("config_hash")):
         raise InspectorError(
@@ -124,7 +135,7 @@ def compare_captures(a: Capture, b: Capture, question: Question, *, names: tuple
     if na == nb:
         na, nb = f"{na}:a", f"{nb}:b"
     sa = split_a if split_a is not None else split_for(a, question)
-    sb = split_for(b, question)
+    sb = split_b if split_b is not None else split_for(b, question)
     refs = [c for c in sa.columns if c.startswith("weight:")]
     cols = ["split_score", "referent_mass", "lift", "flagged"] + refs
     merged = sa[KEYS + cols].merge(sb[KEYS + cols], on=KEYS, suffixes=(f"[{na}]", f"[{nb}]"))
@@ -160,7 +171,8 @@ def resolve_question(loaded, cap: Capture, question: Question) -> tuple[Question
     """The question the run reads, and notes on it. With a contrast and no query, a model with an LM head reads
     the row the contrast is read at (the row that predicts the contrasted token, ``@I``). A query word that is an
     output word of such a model is read on its own row, with a note naming the row that predicted it. Raises
-    :class:`InspectorError` when there is no query to read."""
+    :class:`InspectorError` when there is no query to read. (A query word the model said is noted by
+    :func:`output_word_note`, once the question is placed.)"""
     from inspector.intervene import contrast as _contrast
 
     lm = _contrast.model_has_lm_head(loaded.model)
@@ -176,18 +188,23 @@ def resolve_question(loaded, cap: Capture, question: Question) -> tuple[Question
         notes.append(f"Query: row {c.row} ({tok!r}), the row that predicts {question.wrong!r} (where the contrast is read); "
                      "pass --query WORD to read another.")
         return question.at(f"@{c.row}", query_role="target" if enc_dec else None), notes
-    if lm and question.query_index is None and roles_of(cap, question)[0] == "target":
-        from inspector.analysis import spans
-
-        site = next(s for s in cap.sites if "target" in s.query_input and s.kind != "cross")
-        found = spans.find(cap, site, question.query, "query", role="target", case_sensitive=question.case_sensitive)
-        if found:
-            first = found[(question.occurrence or 1) - 1].positions[0] if len(found) >= (question.occurrence or 1) else None
-            if first:
-                tok = cap.tokens(site, "query")[first - 1]
-                notes.append(f"Query {question.query!r} is an output word: split reads its own row {first}, the row after "
-                             f"the model chose it; the row that chose it is {first - 1} ({tok!r}): --query @{first - 1}.")
     return question, notes
+
+
+def output_word_note(cap: Capture, question: Question, placement: Placement, lm: bool) -> list[str]:
+    """With an LM head (``lm``), for a query word the model said (``placement`` looks for it in the output): one
+    note naming the row that chose it (split reads the word's own row, the one after); else none."""
+    if not lm or question.query_index is not None or placement.lookup.query_role != "target":
+        return []
+    site = next(s for s in cap.sites if "target" in s.query_input and s.kind != "cross")
+    found = placement.at(site).occurrences
+    k = question.occurrence or 1
+    first = found[k - 1].positions[0] if len(found) >= k else None
+    if not first:
+        return []
+    tok = cap.tokens(site, "query")[first - 1]
+    return [f"Query {question.query!r} is an output word: split reads its own row {first}, the row after "
+            f"the model chose it; the row that chose it is {first - 1} ({tok!r}): --query @{first - 1}."]
 
 
 def investigate(
@@ -234,15 +251,20 @@ def investigate(
     # everything is computed (and every mistake found) before anything is written into out_dir
     cap = _capture_one(loaded, source, output, progress, global_tokens)
     question, question_notes = resolve_question(loaded, cap, question)
+    placement = placement_for(cap, question)  # the one lookup of the question's words on the capture
+    question_notes += output_word_note(cap, question, placement, model_has_lm_head(loaded.model))
     weighting = question.weighting
     rank = analysis.rank_heads(cap, weighting=weighting)  # one weighting per run: rank and split alike
-    split = split_for(cap, question)
+    split = split_for(cap, question, placement)
     said = cap.records("target").text if any(r.role == "target" for r in cap.inputs) else None
     comparisons: dict[str, pd.DataFrame] = {}
     variant_caps: dict[str, Capture] = {}
+    variant_placements: dict[str, Placement] = {}
     for name, text in (variants or {}).items():
         vcap = _capture_one(loaded, text, output if output.generate else Output.of(said), progress, global_tokens)
-        comparisons[name] = compare_captures(cap, vcap, question, names=("original", name), split_a=split)
+        variant_placements[name] = placement_for(vcap, question)  # each variant capture's own positions, once
+        comparisons[name] = compare_captures(cap, vcap, question, names=("original", name), split_a=split,
+                                             split_b=split_for(vcap, question, variant_placements[name]))
         variant_caps[name] = vcap
     moves = variant_moves(split, comparisons) if comparisons else None
     # what each capture's command feeds as the output: the saved text when it tokenizes to the ids the run fed,
@@ -266,7 +288,7 @@ def investigate(
         verdict = verdict_of(cap, matter, question)
         from inspector.investigate.verdict import why_of
 
-        why, why_note = why_of(loaded, cap, source, verdict)
+        why, why_note = why_of(loaded, cap, source, verdict, placement)
         commands += _matter.commands(loaded.name, out, matter, question.query, question.occurrence,
                                      _said_options(out, said_args[""]))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
@@ -279,7 +301,8 @@ def investigate(
                            ignore_index=True) if comparisons else None
     lines = [(commands_as or format_plainly)(c) for c in commands]
     html = render_report(cap, split, rank, question, commands=lines, sections=Sections(
-        comparison=comparison, variants=variant_caps or None, moves=moves,
+        comparison=comparison, variants=variant_caps or None, moves=moves, placement=placement,
+        variant_placements=variant_placements or None,
         rank_note=rank_note(rank.attrs.get("weighting", "attention")),
         matter=_matter.section(matter) if matter is not None else None, where=where_section, verdict=verdict, why=why))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from inspector import analysis
+from inspector.analysis.placement import Placement
 from inspector.analysis.question import Question
 from inspector.analysis.verdict import SignatureRule, Verdict, culprits
 from inspector.errors import InspectorError
@@ -74,13 +75,13 @@ WHY_CSV = "why.csv"
 WHY_TOP = 5  # terms shown on each side
 
 
-def why_of(loaded, cap: Capture, source: str, v: Verdict):
+def why_of(loaded, cap: Capture, source: str, v: Verdict, placement: Placement):
     """Why the top culprit attends to WRONG: :func:`inspector.intervene.logit_parts.decompose` of its score
     difference ``s(row, WRONG) - s(row, RIGHT)`` at the row the signature was read at, WRONG's and RIGHT's keys
-    being every token of the word in the source (the mean score over them). Returns ``(LogitParts, None)``, or
+    being every token of the word in the source (the mean score over them), as ``placement`` (the question's,
+    :func:`inspector.analysis.placement.place`, with its contrast) found them. Returns ``(LogitParts, None)``, or
     ``(None, why not)`` where there is no culprit read at a row, the family is not decomposed, or the words have
     no key on that site."""
-    from inspector.analysis import spans
     from inspector.intervene.logit_parts import decompose
     from inspector.intervene.routes import FAMILIES
     from inspector.investigate.matter import said_output
@@ -92,8 +93,8 @@ def why_of(loaded, cap: Capture, source: str, v: Verdict):
     if mt not in FAMILIES:
         return None, f"the decomposition covers {', '.join(sorted(FAMILIES))} models; {mt!r} is not among them"
     site = cap.site(top["site"])
-    keys = {w: sorted({p for o in spans.find(cap, site, w, "key", role="source") for p in o.positions})
-            for w in (v.right, v.wrong)}
+    placed = placement.at(site).contrast
+    keys = {w: list(placed.get(w, ())) for w in (v.right, v.wrong)}
     if not keys[v.right] or not keys[v.wrong]:
         return None, f"{v.right!r} or {v.wrong!r} has no key at {site.name}"
     said = said_output(loaded.model, loaded.tokenizer, cap, source)

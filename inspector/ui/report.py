@@ -19,16 +19,16 @@ its split down, up or not at all, the comparison of variants, and the commands t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from inspector.analysis import spans
 from inspector.analysis.explain import explain
 from inspector.analysis.keys import head_weights
 from inspector.analysis.moves import move_sentence
+from inspector.analysis.placement import Lookup, Placement, place
 from inspector.analysis.question import Question
 from inspector.analysis.split import NothingVisible, referent_split
 from inspector.errors import InspectorError
@@ -219,27 +219,17 @@ class _Head:
     positions: list[int]  # query positions on the site's query axis
     refs: dict[str, list[int]]  # referent -> key positions
     weighting: str = "attention"  # of the heatmap and the shading (analysis.head_weights)
-    case_sensitive: bool = True  # the question's rule, by which its words were found
 
 
-def _locate(capture: Capture, row: dict, query: str, referents: list[str], batch: int,
-            case_sensitive: bool = True) -> _Head:
+def _locate(capture: Capture, row: dict, placement: Placement, *, contrast: bool = False) -> _Head:
     """The shown head: its query positions (the split row's ``query_positions``, else the query's first
-    occurrence) and every referent's key positions, found by the question's case rule (as the split found them)."""
+    occurrence) and every referent's key positions (the contrast's RIGHT and WRONG words' with ``contrast``),
+    as ``placement`` found them (the split's: same roles and case rule); a word not found marks nothing."""
     site = capture.site(row["site"])
-    given = [int(p) for p in (row.get("query_positions") or [])]
-    if not given:
-        found = spans.find(capture, site, query, "query", batch=batch, case_sensitive=case_sensitive)
-        given = list(spans.resolve_query(capture, site, query, occurrence=1 if len(found) > 1 else None, batch=batch,
-                                         case_sensitive=case_sensitive).positions)
-    refs: dict[str, list[int]] = {}
-    for ref in referents:
-        try:
-            refs[ref] = sorted({p for o in spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive)
-                                for p in o.positions})
-        except InspectorError:
-            refs[ref] = []
-    return _Head(site, int(row["head"]), row, given, refs, case_sensitive=case_sensitive)
+    ax = placement.at(site)
+    given = [int(p) for p in (row.get("query_positions") or [])] or list(ax.first().positions)
+    refs = {r: list(p) for r, p in (ax.contrast if contrast else ax.referents).items()}
+    return _Head(site, int(row["head"]), row, given, refs)
 
 
 def _query_weights(capture: Capture, h: _Head, batch: int) -> np.ndarray:
@@ -469,26 +459,23 @@ def _comparison_plot(comparison: pd.DataFrame, top: int = 10) -> dict | None:
                  f"Split score per head in each capture, paired; the {top} largest changes.")
 
 
-def _occurrence(capture: Capture, h: _Head, query: str, batch: int) -> int:
+def _occurrence(placement: Placement, h: _Head) -> int:
     """Which occurrence of the query (0-based) the head's query positions are; 0 when none matches."""
-    try:
-        found = spans.find(capture, h.site, query, "query", batch=batch, case_sensitive=h.case_sensitive)
-    except InspectorError:
-        return 0
+    found = placement.at(h.site).occurrences
     return next((i for i, o in enumerate(found) if list(o.positions) == h.positions), 0)
 
 
-def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[str], batch: int,
-             main_model: str, k: int) -> dict:
-    """How the top head reads another capture: the same site, head and occurrence of the query."""
+def _variant(name: str, cap: Capture, placement: Placement, top: _Head, batch: int, main_model: str, k: int) -> dict:
+    """How the top head reads another capture (``placement``: the question's positions on it): the same site,
+    head and occurrence of the query."""
     out = {"name": name, "model": None if cap.model_name == main_model else cap.model_name, "error": None}
     try:
         site = cap.site(top.site.name)
-        occ = spans.find(cap, site, query, "query", batch=batch, case_sensitive=top.case_sensitive)
+        occ = placement.at(site).occurrences
         if not occ:
-            raise InspectorError(f"query {query!r} is not in this variant")
+            raise InspectorError(f"query {placement.lookup.query!r} is not in this variant")
         row = {"site": site.name, "head": top.head, "query_positions": list(occ[min(k, len(occ) - 1)].positions)}
-        h = _locate(cap, row, query, referents, batch, top.case_sensitive)
+        h = _locate(cap, row, placement)
         h.weighting = top.weighting
         w = _query_weights(cap, h, batch)
         out["gives"] = " · ".join(f"{r} {w[p].sum():.4f}" for r, p in h.refs.items())
@@ -498,11 +485,12 @@ def _variant(name: str, cap: Capture, top: _Head, query: str, referents: list[st
     return out
 
 
-def _culprit_heads(capture: Capture, verdict, batch: int, weighting: str, top: int) -> list[tuple[_Head | None, dict, str | None]]:
+def _culprit_heads(capture: Capture, verdict, placement: Placement, weighting: str,
+                   top: int) -> list[tuple[_Head | None, dict, str | None]]:
     """The top culprits as cards' heads, located at the row their signature was read at (the row the metric
-    reads), over the contrast's two words; a culprit whose attention was not read there gets a card saying why."""
+    reads), over the contrast's two words in the source (``placement``'s); a culprit whose attention was not read
+    there gets a card saying why."""
     out: list[tuple[_Head | None, dict, str | None]] = []
-    refs = [verdict.right, verdict.wrong]
     for r in verdict.culprits.head(top).to_dict("records"):
         row = {"site": r["site"], "head": int(r["head"]), "flagged": False, f"weight:{verdict.right}": r["weight_right"],
                f"weight:{verdict.wrong}": r["weight_wrong"], "referent_mass": r["referent_mass"],
@@ -511,7 +499,7 @@ def _culprit_heads(capture: Capture, verdict, batch: int, weighting: str, top: i
             out.append((None, row, "its attention was not read at the row the metric reads (another query axis)"))
             continue
         try:
-            h = _locate(capture, row, "", refs, batch)
+            h = _locate(capture, row, placement, contrast=True)
             h.weighting = weighting
             out.append((h, row, None))
         except InspectorError as exc:
@@ -620,9 +608,11 @@ def _tables(split: pd.DataFrame, rank: pd.DataFrame) -> dict:
             "rank": table_data(rank.head(RANK_ROWS).reset_index(drop=True), cls="data rank")}
 
 
-def _variants_section(capture: Capture, first: _Head | None, query: str, referents: list[str], batch: int,
-                      comparison: pd.DataFrame | None, variants: dict[str, Capture] | None,
-                      moves: pd.DataFrame | None) -> dict | None:
+def _variants_section(capture: Capture, first: _Head | None, placements: dict[str | None, Placement], batch: int,
+                      sec: Sections) -> dict | None:
+    """The variants' part: the moves, the comparison and, per variant capture, how the top head reads it
+    (``placements``: the main capture's under None, each variant's under its name)."""
+    comparison, variants, moves = sec.comparison, sec.variants, sec.moves
     if comparison is None and not variants:
         return None
     out = {"moves": _moves(moves) if moves is not None else None, "plot": None, "comparison": None,
@@ -630,9 +620,10 @@ def _variants_section(capture: Capture, first: _Head | None, query: str, referen
     if comparison is not None:
         out["plot"], out["comparison"] = _comparison_plot(comparison), _comparison(comparison)
     if variants and first is not None:
-        k = _occurrence(capture, first, query, batch)
+        k = _occurrence(placements[None], first)
         out["site"], out["head"] = first.site.name, first.head
-        out["cards"] = [_variant(name, cap, first, query, referents, batch, capture.model_name, k) for name, cap in variants.items()]
+        out["cards"] = [_variant(name, cap, placements[name], first, batch, capture.model_name, k)
+                        for name, cap in variants.items()]
     return out
 
 
@@ -646,7 +637,9 @@ class Sections:
     column) and the variants' captures (``variants``), ``moves`` (:func:`~inspector.analysis.moves.variant_moves`),
     ``rank_note`` (how heads were ranked), ``matter`` (:class:`MatterSection`), ``where`` (:class:`WhereSection`),
     ``verdict`` (:class:`inspector.analysis.verdict.Verdict`) and ``why`` (the top culprit's
-    :class:`inspector.intervene.logit_parts.LogitParts`)."""
+    :class:`inspector.intervene.logit_parts.LogitParts`); ``placement``, the question's positions on the capture
+    (:func:`inspector.analysis.placement.place`, the split's), and ``variant_placements``, each variant capture's
+    own, by name (made from the question where not given)."""
 
     title: str | None = None
     comparison: pd.DataFrame | None = None
@@ -657,6 +650,28 @@ class Sections:
     where: WhereSection | None = None
     verdict: Any = None
     why: Any = None
+    placement: Placement | None = None
+    variant_placements: dict[str, Placement] | None = None
+
+
+def _placements(capture: Capture, question: Question, sec: Sections, batch: int) -> dict[str | None, Placement]:
+    """The question's positions the report marks: the main capture's under None (``sections.placement``, the
+    split's; else placed here from ``question``, anywhere on the axes unless it names roles) and
+    each variant's under its name (given, else placed here with the main one's lookup). Raises
+    :class:`InspectorError` for a placement of another batch row."""
+    main = sec.placement
+    if main is None:
+        asked = Lookup.of(question)
+        if sec.verdict is not None:  # the culprits' cards mark the verdict's two words
+            asked = replace(asked, contrast=(sec.verdict.right, sec.verdict.wrong))
+        main = place(capture, asked, batch)
+    if main.batch != batch:
+        raise InspectorError(f"the placement is of batch row {main.batch}, the report of {batch}: place the question "
+                             "on the report's row")
+    out: dict[str | None, Placement] = {None: main}
+    for name, vcap in (sec.variants or {}).items():
+        out[name] = (sec.variant_placements or {}).get(name) or place(vcap, main.lookup, batch)
+    return out
 
 
 def render_report(capture: Capture, split: pd.DataFrame, rank: pd.DataFrame, question: Question, *,
@@ -675,19 +690,21 @@ def render_report(capture: Capture, split: pd.DataFrame, rank: pd.DataFrame, que
     adds the "Does it matter?" section before "Reproduce", and ``where`` the "Where did the word come from?" section after it;
     ``verdict`` (:class:`inspector.analysis.verdict.Verdict`) leads the report: its sentence, the heads by exact
     effect (culprits first) and the top culprits' cards, before the split cards (hypotheses), and the step-by-step
-    view is the top culprit's. A head that cannot be shown gets a card saying
+    view is the top culprit's. The query's and referents' positions marked are ``sections.placement``'s (the
+    split's, :func:`inspector.analysis.placement.place`; placed from ``question`` when not given), each variant's
+    its own (``sections.variant_placements``). A head that cannot be shown gets a card saying
     why (never an exception); weights are float32 as captured, shown to 4 decimals, exact in ``data-w``."""
     sec = sections or Sections()
     query, referents, weighting = question.query or "", list(question.referents), question.weighting
-    comparison, variants, moves, matter, where, verdict, why = (sec.comparison, sec.variants, sec.moves, sec.matter,
-                                                                 sec.where, sec.verdict, sec.why)
+    moves, matter, where, verdict, why = sec.moves, sec.matter, sec.where, sec.verdict, sec.why
+    placements = _placements(capture, question, sec, batch)
     title = sec.title or f"Attention report: {query!r} between {_and(referents)}"
     model = capture.meta.get("model", {})
     shown, n_flagged = _shown(split, top)
     heads: list[tuple[_Head | None, dict, str | None]] = []
     for row in shown.to_dict("records"):
         try:
-            h = _locate(capture, row, query, referents, batch, question.case_sensitive)
+            h = _locate(capture, row, placements[None])
             h.weighting = weighting
             heads.append((h, row, None))
         except InspectorError as exc:
@@ -697,7 +714,7 @@ def render_report(capture: Capture, split: pd.DataFrame, rank: pd.DataFrame, que
             ("captured", " · ".join(str(x) for x in (capture.meta.get("created"), model.get("dtype"),
                                                        model.get("transformers") and f"transformers {model.get('transformers')}") if x))]
     first = next((h for h, _, _ in heads if h is not None), None)
-    culprit_heads = _culprit_heads(capture, verdict, batch, weighting, top) if verdict is not None else []
+    culprit_heads = _culprit_heads(capture, verdict, placements[None], weighting, top) if verdict is not None else []
     first = next((h for h, _, _ in culprit_heads if h is not None), first)
     cards = [_head_card(capture, h, referents, batch, bool(row.get("flagged", False))) if h is not None
              else {"site": row.get("site"), "head": row.get("head"), "error": err} for h, row, err in heads]
@@ -710,7 +727,7 @@ def render_report(capture: Capture, split: pd.DataFrame, rank: pd.DataFrame, que
         "weighting": weighting, "n_flagged": n_flagged, "cards": cards,
         "steps": _steps(capture, first, batch) if first is not None else None,
         **_tables(split, rank), "rank_note": sec.rank_note or "",
-        "variants": _variants_section(capture, first, query, referents, batch, comparison, variants, moves),
+        "variants": _variants_section(capture, first, placements, batch, sec),
         "matter": _matter_data(matter) if matter is not None else None,
         "where": _where_data(capture, where, batch) if where is not None else None,
         "commands": "\n".join(commands),
