@@ -513,85 +513,109 @@ class _Lists:
 
 def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, reach: dict, pairs: dict) -> dict[str, object]:
     """The split columns (:data:`SPLIT_COLUMNS`) of the documents ``batch_rows_``, in the rank rows' order (each
-    document: every site in order, every head), written column by column from the pairs' statistics: numbers by
-    one scatter per column, lists as Arrow list arrays built from the same tensors (:class:`_Lists`; no Python
-    object per head and document but the ``pieces:`` texts), missing (NaN / NA / null) where a site has no split
-    row; positions on the query axis shifted back by the document's leading padding (:meth:`Axes.leading_padding`)."""
-    import pyarrow as pa
-
-    starts = np.cumsum([0] + [s.num_heads for s in sites])
-    n_all = int(starts[-1])
-    at = {b: k for k, b in enumerate(batch_rows_)}
-    n = len(batch_rows_) * n_all
-    floats = {c: np.full(n, np.nan) for c in ("referent_mass", "chance_mass", "lift", "split_score", "shared_share",
-                                               "split_unshared")}
-    flag_values, flag_known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    drive_row, drive_known = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-    texts = {c: np.full(n, None, dtype=object) for c in ("query", "shared_pieces", "mostly_shared")}
-    lists = {c: _Lists(n, pa.type_for_alias(kind)) for c, kind in LIST_TYPES.items()}
+    document: every site in order, every head), written column by column from the pairs' statistics
+    (:class:`_SplitWriter`)."""
+    writer = _SplitWriter(axes, batch_rows_, queries, sites, reach)
     for key, pair in pairs.items():
-        s = pair.stats
-        src_d, src_h, dst = [], [], []  # (document, stacked head) of the pair -> row of the frame
-        shift = axes.leading_padding(tuple(key[0]))
-        positions = torch.zeros(len(pair.docs), max(pair.n_rows), dtype=torch.long)
+        writer.add(key, pair)
+    return writer.columns()
+
+
+class _SplitWriter:
+    """The one writer of the heads rows' split columns: numbers by one scatter per column, lists as Arrow list
+    arrays built from the same tensors (:class:`_Lists`; no Python object per head and document but the
+    ``pieces:`` texts), missing (NaN / NA / null) where a site has no split row; positions on the query axis
+    shifted back by the document's leading padding (:meth:`Axes.leading_padding`)."""
+
+    FLOATS = ("referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared")
+
+    def __init__(self, axes: Axes, batch_rows_: list[int], queries: dict, sites, reach: dict):
+        import pyarrow as pa
+
+        self.axes, self.queries, self.sites, self.reach = axes, queries, sites, reach
+        self.starts = np.cumsum([0] + [s.num_heads for s in sites])
+        self.n_all = int(self.starts[-1])
+        self.at = {b: k for k, b in enumerate(batch_rows_)}
+        n = len(batch_rows_) * self.n_all
+        self.floats = {c: np.full(n, np.nan) for c in self.FLOATS}
+        self.known = np.zeros(n, dtype=bool)  # rows with a split row (flagged and driving_row known)
+        self.flags = np.zeros(n, dtype=bool)
+        self.drive_row = np.zeros(n, dtype=np.int64)
+        self.texts = {c: np.full(n, None, dtype=object) for c in ("query", "shared_pieces", "mostly_shared")}
+        self.lists = {c: _Lists(n, pa.type_for_alias(kind)) for c, kind in LIST_TYPES.items()}
+
+    def _rows(self, key: tuple, pair: _PairSplit):
+        """``(src_d, src_h, dst, positions)``: per frame row ``dst`` the pair's document and stacked head it reads,
+        and the pair's query positions ``[doc, row]`` shifted back by each document's leading padding."""
+        src_d, src_h, dst = [], [], []
+        shift = self.axes.leading_padding(tuple(key[0]))
+        positions = np.zeros((len(pair.docs), max(pair.n_rows)), dtype=np.int64)
         for d, b in enumerate(pair.docs):
-            if b not in at:
+            if b not in self.at:
                 continue
-            occ, _ = queries[b].groups[key]
-            positions[d, :pair.n_rows[d]] = torch.tensor(occ.positions) - int(shift[b])
-            for i in reach[b].get(key, ()):
-                h = sites[i].num_heads
+            occ, _ = self.queries[b].groups[key]
+            positions[d, :pair.n_rows[d]] = np.asarray(occ.positions) - int(shift[b])
+            for i in self.reach[b].get(key, ()):
+                h = self.sites[i].num_heads
                 src_d.append(np.full(h, d))
                 src_h.append(np.arange(pair.offsets[i], pair.offsets[i] + h))
-                dst.append(np.arange(h) + at[b] * n_all + starts[i])
+                dst.append(np.arange(h) + self.at[b] * self.n_all + self.starts[i])
         if not dst:
-            continue
-        src_d, src_h, dst = np.concatenate(src_d), np.concatenate(src_h), np.concatenate(dst)
-        for c, column in floats.items():  # SplitStats' tensors of the same names
+            return None
+        return np.concatenate(src_d), np.concatenate(src_h), np.concatenate(dst), positions
+
+    def add(self, key: tuple, pair: _PairSplit) -> None:
+        """Write the rows of one axis pair's documents."""
+        found = self._rows(key, pair)
+        if found is None:
+            return
+        src_d, src_h, dst, pos = found
+        s = pair.stats
+        for c, column in self.floats.items():  # SplitStats' tensors of the same names
             column[dst] = getattr(s, c).numpy()[src_d, src_h]
-        flag_values[dst] = s.flagged.numpy()[src_d, src_h]
-        flag_known[dst] = True
-        pos = positions.numpy()
-        drive_row[dst] = np.take_along_axis(pos, s.driving.numpy(), 1)[src_d, src_h]
-        drive_known[dst] = True
-        # per document: its query's text, referents and shared pieces; its rows and referents as masks of the padding
-        docs = [(d, b) for d, b in enumerate(pair.docs) if b in at]
-        per_doc_text = np.full((len(pair.docs), 2), None, dtype=object)
-        for d, b in docs:
-            per_doc_text[d] = (queries[b].groups[key][0].phrase, " ".join(sorted(pair.layouts[d].shared)))
-        texts["query"][dst] = per_doc_text[src_d, 0]
-        texts["shared_pieces"][dst] = per_doc_text[src_d, 1]
-        texts["mostly_shared"][dst] = s.mostly_shared.numpy()[src_d, src_h].astype(object)
-        n_rows = np.asarray(pair.n_rows)[src_d]
-        row_keep = np.arange(pos.shape[1])[None, :] < n_rows[:, None]  # [rows, query rows]
-        lists["query_positions"].add(dst, pos[src_d], row_keep)
-        lists["rows_flagged"].add(dst, pos[src_d], row_keep & s.row_flagged.numpy()[src_d, src_h][:, :pos.shape[1]])
-        lists["row_split_scores"].add(dst, s.row_split.numpy()[src_d, src_h][:, :pos.shape[1]], row_keep)
-        n_refs = np.array([len(lay.referents) for lay in pair.layouts])[src_d]
+        self.flags[dst] = s.flagged.numpy()[src_d, src_h]
+        self.known[dst] = True
+        self.drive_row[dst] = np.take_along_axis(pos, s.driving.numpy(), 1)[src_d, src_h]
         width = s.referent_weights.shape[-1]
+        # per document: its query's text, shared pieces and referents (padded to the pair's most)
+        per_doc = np.full((len(pair.docs), 2 + width), None, dtype=object)
+        for d, b in enumerate(pair.docs):
+            if b in self.at:
+                refs = list(self.queries[b].refs)
+                per_doc[d, :2 + len(refs)] = [self.queries[b].groups[key][0].phrase,
+                                              " ".join(sorted(pair.layouts[d].shared)), *refs]
+        self.texts["query"][dst] = per_doc[src_d, 0]
+        self.texts["shared_pieces"][dst] = per_doc[src_d, 1]
+        self.texts["mostly_shared"][dst] = s.mostly_shared.numpy()[src_d, src_h].astype(object)
+        # lists: each row's query rows and referents as masks of the pair's padding
+        row_keep = np.arange(pos.shape[1])[None, :] < np.asarray(pair.n_rows)[src_d][:, None]  # [rows, query rows]
+        n_refs = np.array([len(lay.referents) for lay in pair.layouts])[src_d]
         ref_keep = np.arange(width)[None, :] < n_refs[:, None]  # [rows, referents]
-        names = np.full((len(pair.docs), width), None, dtype=object)
-        for d, b in docs:
-            names[d, :len(queries[b].refs)] = list(queries[b].refs)
-        lists["referents"].add(dst, names[src_d], ref_keep)
-        lists["referent_weights"].add(dst, s.referent_weights.numpy()[src_d, src_h], ref_keep)
+        self.lists["query_positions"].add(dst, pos[src_d], row_keep)
+        self.lists["rows_flagged"].add(dst, pos[src_d], row_keep & s.row_flagged.numpy()[src_d, src_h][:, :pos.shape[1]])
+        self.lists["row_split_scores"].add(dst, s.row_split.numpy()[src_d, src_h][:, :pos.shape[1]], row_keep)
+        self.lists["referents"].add(dst, per_doc[src_d, 2:], ref_keep)
+        self.lists["referent_weights"].add(dst, s.referent_weights.numpy()[src_d, src_h], ref_keep)
         # the pieces: texts (one format call per head and referent, from one conversion of the tensor)
-        lays = [pair.layouts[d] for d in src_d.tolist()]
         pieces = np.full((len(dst), width), None, dtype=object)
+        lays = [pair.layouts[d] for d in src_d.tolist()]
         for r, (bp, lay) in enumerate(zip(s.piece_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)):
             got = lay.pieces_text(bp)
             pieces[r, :len(got)] = got
-        lists["referent_pieces"].add(dst, pieces, ref_keep)
-    out: dict[str, object] = {}
-    for c in SPLIT_COLUMNS:
-        if c in floats:
-            out[c] = floats[c]
-        elif c == "flagged":
-            out[c] = pd.arrays.BooleanArray(flag_values, ~flag_known)
-        elif c == "driving_row":
-            out[c] = pd.arrays.IntegerArray(drive_row, ~drive_known)
-        elif c in lists:
-            out[c] = lists[c].array()
-        else:
-            out[c] = texts[c]
-    return out
+        self.lists["referent_pieces"].add(dst, pieces, ref_keep)
+
+    def columns(self) -> dict[str, object]:
+        """The columns, in :data:`SPLIT_COLUMNS` order."""
+        out: dict[str, object] = {}
+        for c in SPLIT_COLUMNS:
+            if c in self.floats:
+                out[c] = self.floats[c]
+            elif c == "flagged":
+                out[c] = pd.arrays.BooleanArray(self.flags, ~self.known)
+            elif c == "driving_row":
+                out[c] = pd.arrays.IntegerArray(self.drive_row, ~self.known)
+            elif c in self.lists:
+                out[c] = self.lists[c].array()
+            else:
+                out[c] = self.texts[c]
+        return out

@@ -106,7 +106,6 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     """
     from inspector.analysis.rank import rank_heads
     from inspector.analysis.split import NoReferentVisible, SplitRule, clean_referents, split_heads
-    from inspector.corpus.batch_reduce import LIST_TYPES, list_column
 
     order = {s.name: i for i, s in enumerate(capture.sites)}
     rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)
@@ -131,46 +130,57 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
             out = pd.DataFrame(cols)
             out.attrs["note"] = f"no split: {exc}"
             return out
-        q_shift = {s.name: int(leading_padding(capture.flags(s, "query", batch)[1])) for s in capture.sites}
-        extra: dict[str, list] = {
-            "query": split["query"].tolist(),
-            "query_positions": [[int(p) - q_shift[site] for p in pos]
-                                for site, pos in zip(split["site"], split["query_positions"], strict=True)],
-            # the row that drives the verdict, and the rows that pass on their own: positions on the query axis too
-            "driving_row": [int(d) - q_shift[site] for site, d in zip(split["site"], split["driving_row"], strict=True)],
-            "rows_flagged": [[int(p) - q_shift[site] for p in pos]
-                             for site, pos in zip(split["site"], split["rows_flagged"], strict=True)],
-            "referents": [list(refs)] * len(split),
-        }
-        # per-referent columns "<name>:<referent>" become one list column each: weight -> referent_weights,
-        # any other name -> referent_<name>
-        per_ref: dict[str, list[str]] = {}
-        for c in split.columns:
-            name, _, ref = c.partition(":")
-            if ref in refs:
-                per_ref.setdefault(name, []).append(c)
-        for name in per_ref:
-            list_name = "referent_weights" if name == "weight" else f"referent_{name}"
-            extra[list_name] = split[[f"{name}:{r}" for r in refs]].to_numpy().tolist()
-        done = {c for cs in per_ref.values() for c in cs} | {*HEAD_KEY, "query_positions",
-                                                               "driving_row", "rows_flagged"}
-        for c in split.columns:
-            if c not in done and c not in extra:
-                extra[c] = split[c].tolist()
-        where = {(x, int(h)): i for i, (x, h) in enumerate(zip(split["site"], split["head"], strict=True))}
-        idx = [where.get((x, int(h)), -1) for x, h in zip(sites, cols["head"], strict=True)]
-        complete = min(idx, default=0) >= 0
-        for c, values in extra.items():
-            taken = [values[i] for i in idx] if complete else [values[i] if i >= 0 else None for i in idx]
-            if c == "flagged":  # sites the query cannot reach have no split row: missing, not False
-                cols[c] = pd.array(taken, dtype="boolean")
-            elif c in LIST_TYPES:  # Arrow list arrays of the fast path's types (batch_reduce.LIST_TYPES)
-                cols[c] = list_column(c, taken)
-            elif c in split.columns and split[c].dtype.kind == "f":
-                cols[c] = np.array([np.nan if v is None else v for v in taken], dtype=np.float64)
-            else:
-                cols[c] = taken
+        cols.update(_split_cells(capture, batch, split, refs, sites, cols["head"]))
     return pd.DataFrame(cols)
+
+
+def _split_cells(capture, batch: int, split: pd.DataFrame, refs: list[str], sites: list[str], heads) -> dict[str, object]:
+    """The split columns of one document's heads rows (``sites``/``heads``: the rank rows' order) from its
+    :func:`~inspector.analysis.split_heads` table: positions shifted back by the leading padding, per-referent
+    columns as lists, the same types as the fast path's (:data:`inspector.corpus.batch_reduce.LIST_TYPES`)."""
+    from inspector.corpus.batch_reduce import LIST_TYPES, list_column
+
+    cols: dict[str, object] = {}
+    q_shift = {s.name: int(leading_padding(capture.flags(s, "query", batch)[1])) for s in capture.sites}
+    extra: dict[str, list] = {
+        "query": split["query"].tolist(),
+        "query_positions": [[int(p) - q_shift[site] for p in pos]
+                            for site, pos in zip(split["site"], split["query_positions"], strict=True)],
+        # the row that drives the verdict, and the rows that pass on their own: positions on the query axis too
+        "driving_row": [int(d) - q_shift[site] for site, d in zip(split["site"], split["driving_row"], strict=True)],
+        "rows_flagged": [[int(p) - q_shift[site] for p in pos]
+                         for site, pos in zip(split["site"], split["rows_flagged"], strict=True)],
+        "referents": [list(refs)] * len(split),
+    }
+    # per-referent columns "<name>:<referent>" become one list column each: weight -> referent_weights,
+    # any other name -> referent_<name>
+    per_ref: dict[str, list[str]] = {}
+    for c in split.columns:
+        name, _, ref = c.partition(":")
+        if ref in refs:
+            per_ref.setdefault(name, []).append(c)
+    for name in per_ref:
+        list_name = "referent_weights" if name == "weight" else f"referent_{name}"
+        extra[list_name] = split[[f"{name}:{r}" for r in refs]].to_numpy().tolist()
+    done = {c for cs in per_ref.values() for c in cs} | {*HEAD_KEY, "query_positions",
+                                                           "driving_row", "rows_flagged"}
+    for c in split.columns:
+        if c not in done and c not in extra:
+            extra[c] = split[c].tolist()
+    where = {(x, int(h)): i for i, (x, h) in enumerate(zip(split["site"], split["head"], strict=True))}
+    idx = [where.get((x, int(h)), -1) for x, h in zip(sites, heads, strict=True)]
+    complete = min(idx, default=0) >= 0
+    for c, values in extra.items():
+        taken = [values[i] for i in idx] if complete else [values[i] if i >= 0 else None for i in idx]
+        if c == "flagged":  # sites the query cannot reach have no split row: missing, not False
+            cols[c] = pd.array(taken, dtype="boolean")
+        elif c in LIST_TYPES:  # Arrow list arrays of the fast path's types (batch_reduce.LIST_TYPES)
+            cols[c] = list_column(c, taken)
+        elif c in split.columns and split[c].dtype.kind == "f":
+            cols[c] = np.array([np.nan if v is None else v for v in taken], dtype=np.float64)
+        else:
+            cols[c] = taken
+    return cols
 
 
 def _doc_row(doc: Document, tokens: int, error: str | None, note: str | None = None) -> dict:
