@@ -27,7 +27,7 @@ from conftest import LEGAL
 ROOT = Path(__file__).resolve().parent.parent / "inspector"
 
 # downstream of the placement: no word lookup of its own
-DOWNSTREAM = ["ui", "investigate", "intervene/effects.py", "intervene/contrast.py"]
+DOWNSTREAM = ["ui", "investigate", "corpus", "intervene/effects.py", "intervene/contrast.py"]
 LOOKUPS = {"resolve_query", "find_referents", "occurs_in", "positions_in", "word_pattern", "matches"}  # and spans.find
 ALLOWED = {
     ("ui/show.py", "resolve_query"): "the plotting API's entry (show.head_heatmap, query_weights, `inspector plot`): a "

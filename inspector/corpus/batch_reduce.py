@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from inspector.analysis import spans, split
+from inspector.analysis import placement, split
 from inspector.analysis.rank import LabelRule, RankSums
-from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clean_referents, find_referents
+from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clean_referents
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
 from inspector.store.masks import leading_padding, visible_by_mask
@@ -272,25 +272,23 @@ def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
 
 
 class _Query:
-    """Where one document's query and referents sit on each axis group of the capture's sites."""
+    """Where one document's query and referents sit on each axis group of the capture's sites: its
+    :func:`~inspector.analysis.placement.place` (the words looked up once), read per axis pair as
+    ``(occurrence, referent positions)``, or None where these sites have no split row (the query is not on the
+    axis, or a referent is not on the key axis). Raises :class:`InspectorError` (the document's error) for a query
+    that is there but cannot be resolved (it occurs several times and no occurrence is given, a bad token index)."""
 
     def __init__(self, capture, batch: int, doc, sites):
         self.refs = clean_referents(doc.referents)
+        found = placement.place(capture, placement.Lookup(query=doc.query, referents=tuple(self.refs),
+                                                          occurrence=doc.occurrence), batch, sites=sites)
         self.groups: dict[tuple, tuple] = {}  # (query axis, key axis) -> (occurrence, referent positions) or None
-        for site in sites:
-            key = (tuple(site.query_input), tuple(site.key_input))
-            if key in self.groups:
-                continue
-            if not spans.find(capture, site, doc.query, "query", batch=batch):
+        for key, axis in found.axes.items():
+            if not axis.occurrences and not axis.lookup_failed:
                 self.groups[key] = None  # the query is not on this axis: these sites have no split row
                 continue
-            occ = spans.resolve_query(capture, site, doc.query, occurrence=doc.occurrence, batch=batch)
-            try:
-                ref_pos = find_referents(capture, site, self.refs, batch=batch)
-            except InspectorError:
-                self.groups[key] = None
-                continue
-            self.groups[key] = (occ, ref_pos)
+            occ = axis.picked()
+            self.groups[key] = None if axis.referent_error is not None else (occ, axis.referent_positions())
 
     def positions(self, site) -> list[int] | None:
         found = self.groups[(tuple(site.query_input), tuple(site.key_input))]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from inspector.analysis import spans
+from inspector.analysis import placement
 from inspector.corpus.documents import Document
 from inspector.errors import InspectorError
 from inspector.intervene.routes import FAMILIES, THRESHOLD, check_model, heads_on_route, record, routes
@@ -71,12 +71,13 @@ def query_token(graph, doc: Document) -> tuple[str, int]:
     split does: the word not in the text, or repeated without an occurrence."""
     cap = graph.capture
     order = [s for s in ("decoder", "none", "encoder") if s in graph.stacks]
-    for stack in order:
-        site = cap.site(graph.sites[(stack, 0, "attention")])
-        if stack != order[-1] and not spans.find(cap, site, doc.query, "query"):
+    firsts = [cap.site(graph.sites[(stack, 0, "attention")]) for stack in order]
+    found = placement.place(cap, placement.Lookup(query=doc.query, occurrence=doc.occurrence), sites=firsts)
+    for stack, site in zip(order, firsts, strict=True):
+        axis = found.at(site)
+        if stack != order[-1] and not axis.occurrences and not axis.lookup_failed:
             continue
-        occ = spans.resolve_query(cap, site, doc.query, occurrence=doc.occurrence)
-        return stack, occ.positions[-1]
+        return stack, axis.picked().positions[-1]
     raise AssertionError("a graph has at least one stack")  # pragma: no cover
 
 
