@@ -10,8 +10,9 @@ batch is then computed at once per axis pair (:func:`_pair_split`) by the one de
 :func:`inspector.analysis.split.split_statistics` (which :func:`~inspector.analysis.split_heads` calls on a
 batch of one): the query rows a document's split reads (recomputed, or kept from the same blocks) for the
 heads of every site sharing the query and key axes, stacked ``[doc, head, row, key]``, each document's rows
-and referents padded to the batch's most and masked out there. One writer, :func:`_split_columns`, turns
-those tensors into the heads rows' split columns, column by column; positions are shifted back by the
+and referents padded to the batch's most and masked out there. One writer, :class:`_SplitWriter`, turns
+those tensors into the heads rows' split columns, column by column (lists as Arrow list arrays of
+:data:`LIST_TYPES`, no Python object per head and document); positions are shifted back by the
 padding in front of the document, counted once (:func:`inspector.store.masks.leading_padding`).
 tests/test_batch_reduce.py checks the rows against the per-document path and against the rows of the code
 before (fixtures/scan_rows.json), and that corpus/ holds no second copy of the split's formulas.
