@@ -158,3 +158,24 @@ def test_narrow_tables_keep_rows_apart_and_the_answer(captures, capsys, monkeypa
     rows = [line for line in lines[start + 1:] if not line.startswith(("(", "…")) and line.strip()]
     rows = rows[: next((i for i, r in enumerate(rows) if not r[:1].isalnum() and not r.startswith(" ")), len(rows))]
     assert len(set(rows)) == len(rows), rows
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_debug_prose_fits_the_width(models, capsys, monkeypatch, tmp_path, width):
+    """``debug``'s sentences (the verdict, the notes, the split notes, the variants' moves, the files written) are
+    wrapped to the width as its tables are fitted: no line of its output is wider than ``COLUMNS``, and every
+    wrapped sentence keeps all its words."""
+    monkeypatch.setenv("COLUMNS", "10000")
+    variant = tmp_path / "quoted.txt"
+    variant.write_text(SOURCE.replace("indemnify the Lessor", '"indemnify the Lessor"'))
+    argv = ["debug", "--model", models["bart"], "--source", SOURCE, "--output", SAID, "--query", "indemnify",
+            "--referents", "Lessee,Lessor", "--contrast", "Lessee,Lessor", "--variant", f"quoted={variant}",
+            "-o", tmp_path / "run"]
+    assert main([str(a) for a in argv]) == 0
+    wide = capsys.readouterr().out
+    prose = [line for line in wide.splitlines() if len(line) > width and "  " not in line.strip()]  # not a table row
+    assert prose  # there are sentences to wrap
+    lines = printed(capsys, monkeypatch, width, argv)
+    narrow = " ".join(" ".join(lines).split())
+    for sentence in prose:  # every sentence is there whole, its words in order (a word wider than a line is cut)
+        assert " ".join(sentence.split()) in narrow or all(w in narrow for w in sentence.split() if len(w) < width), sentence

@@ -216,6 +216,21 @@ def say(text: str, width: int | None = None, indent: str = "") -> None:
     print("\n".join(wrap(text, terminal_width() if width is None else width, indent)))
 
 
+def say_lines(text: str = "", width: int | None = None) -> None:
+    """Print ``text`` line by line, each line that is wider than ``width`` characters (default: the terminal's)
+    wrapped at spaces, its continuation lines indented two more than it; lines that fit (a table's, which
+    :func:`format_table` fits already) are printed as they are. A word wider than the line is broken."""
+    from inspector.ui.terminal import terminal_width, wrap
+
+    width = terminal_width() if width is None else width
+    for line in str(text).split("\n"):
+        if len(line) <= width:
+            print(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip())]
+        print("\n".join(wrap(line, width, lead + "  ")))
+
+
 def print_table(df: pd.DataFrame, rows: int | None = None, *, digits: int = 4, lead: tuple[str, ...] = (),
                 by: str | None = None, what: str = "rows", full: str | None = "--csv FILE",
                 width: int | None = None) -> None:

@@ -34,6 +34,7 @@ from inspector.cli.common import (
     print_table,
     read_text,
     rows_shown,
+    say_lines,
 )
 from inspector.errors import InspectorError
 from inspector.investigate.defaults import DEBUG_TOP
@@ -62,29 +63,29 @@ def _print_verdict(inv: Investigation, top: int = 5) -> None:
 
     v = inv.verdict
     if v is None:
-        print("No verdict: without --contrast RIGHT,WRONG nothing here is tested. The split flags below are "
+        say_lines("No verdict: without --contrast RIGHT,WRONG nothing here is tested. The split flags below are "
               "hypotheses (heads whose weight is divided between the referents); add --contrast RIGHT,WRONG (e.g. "
               "Lessee,Lessor) to measure which heads push the output towards WRONG.")
         return
     lines = _v.summary_lines(v)
-    print(lines[0])
+    say_lines(lines[0])
     if inv.why is not None:
         from inspector.investigate.verdict import why_lines
 
         for line in why_lines(inv.why, v):
-            print(line)
+            say_lines(line)
     elif inv.why_note and v.top is not None:
-        print(f"Why it attends there: not decomposed ({inv.why_note}).")
+        say_lines(f"Why it attends there: not decomposed ({inv.why_note}).")
     for line in lines[1:]:
-        print(line)
+        say_lines(line)
     shown = v.table.head(max(top, len(v.culprits.head(top))))
     # the columns the headline quotes first: the effect, the signature, the WRONG referent's weight, then RIGHT's
     cols = {"rank": "rank", "layer": "layer", "head": "head", "site": "site", "effect": "effect", "signature": "signature",
             "weight_wrong": f"weight:{v.wrong}", "weight_right": f"weight:{v.right}", "direction": "direction",
             "query_row": "row"}
     table = shown[list(cols)].rename(columns=cols)
-    print(f"\nHeads by exact effect (culprits first; all {len(v.table)} in culprits.csv):")
-    print(format_table(table, digits=4, lead=tuple(table.columns[:8]), full="culprits.csv"))
+    say_lines(f"\nHeads by exact effect (culprits first; all {len(v.table)} in culprits.csv):")
+    say_lines(format_table(table, digits=4, lead=tuple(table.columns[:8]), full="culprits.csv"))
 
 
 def _print_findings(inv: Investigation, top: int = 10) -> None:
@@ -96,44 +97,44 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
     )
     _print_verdict(inv)
     for line in inv.notes:
-        print(line)
+        say_lines(line)
     refs = [c for c in inv.split.columns if c.startswith("weight:")]
     flagged = inv.flagged[["site", "kind", "layer", "head", "query"] + refs + ["chance_mass", "lift", "split_score", "driving_row"]]
     tested = " (hypotheses: a split is a symptom; the verdict above says which heads cause the output)" \
         if inv.verdict is not None else " (untested hypotheses: add --contrast RIGHT,WRONG)"
-    print(f"\nSplit flags ({len(flagged)}; {inv.split.attrs.get('weighting', 'attention')} weights){tested}:")
-    print(format_table(flagged.head(top)) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
+    say_lines(f"\nSplit flags ({len(flagged)}; {inv.split.attrs.get('weighting', 'attention')} weights){tested}:")
+    say_lines(format_table(flagged.head(top)) if len(flagged) else "(none passed the thresholds; see split.csv for the scores)")
     for line in analysis.split_notes(inv.split):
-        print(line)
+        say_lines(line)
     if inv.moves is not None:
-        print("\nWhat each variant did to the flagged heads:")
+        say_lines("\nWhat each variant did to the flagged heads:")
         if len(inv.moves):
             for r in inv.moves.to_dict("records"):
-                print(move_sentence(r))
+                say_lines(move_sentence(r))
         else:
-            print("(no head is flagged in the original or in any variant)")
+            say_lines("(no head is flagged in the original or in any variant)")
     rank = inv.rank.head(top)[["site", "layer", "head", "entropy", "normalized_entropy", "sink_mass", "top_key", "label"]]
-    print("\n" + rank_note(inv.rank.attrs.get("weighting", "attention")) + f" Top {top}:")
-    print(format_table(rank))
+    say_lines("\n" + rank_note(inv.rank.attrs.get("weighting", "attention")) + f" Top {top}:")
+    say_lines(format_table(rank))
     for name, df in inv.comparisons.items():
         cols = KEYS[2:] + [c for c in df.columns if c.startswith("split_score")] + ["split_change"]
-        print(f"\nVariant {name!r}: largest changes in split score, all heads (the flagged ones are above):")
-        print(format_table(df.head(5)[cols]))
+        say_lines(f"\nVariant {name!r}: largest changes in split score, all heads (the flagged ones are above):")
+        say_lines(format_table(df.head(5)[cols]))
     if inv.matter is not None:
         from inspector.investigate.matter import summary_text
 
-        print(summary_text(inv.matter, format_table))
+        say_lines(summary_text(inv.matter, format_table))
         if inv.where is not None:
             from inspector.investigate import wherefrom
 
-            print(wherefrom.summary_text(inv.where, format_table))
+            say_lines(wherefrom.summary_text(inv.where, format_table))
             c = inv.verdict.top if inv.verdict is not None else None
-            print(wherefrom.sentence(inv.where, int(c["layer"]), int(c["head"]), c["site"]) if c else
+            say_lines(wherefrom.sentence(inv.where, int(c["layer"]), int(c["head"]), c["site"]) if c else
                   wherefrom.headline(inv.where))
         else:
-            print(f"\nWhere did the word come from? not shown: {inv.where_note}")
+            say_lines(f"\nWhere did the word come from? not shown: {inv.where_note}")
     written = sorted(p.name for p in inv.out_dir.iterdir() if p.is_file())
-    print(f"\nWrote {len(written)} files to {inv.out_dir}: {', '.join(written)}")
+    say_lines(f"\nWrote {len(written)} files to {inv.out_dir}: {', '.join(written)}")
 
 
 def cmd_debug(args) -> int:
@@ -254,12 +255,12 @@ def _demo_summariser(args):
     item = story.pick(folder)
     tale = story.tell(loaded, item, args.out, progress=True, commands_as=args.commands_as)
     for line in story.opening(tale):
-        print(line)
-    print()
+        say_lines(line)
+    say_lines()
     _print_findings(tale.inv)
-    print()
+    say_lines()
     for line in story.closing(tale):
-        print(line)
+        say_lines(line)
     return tale.inv
 
 
