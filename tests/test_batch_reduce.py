@@ -304,3 +304,30 @@ def test_the_scan_and_split_heads_compute_the_split_through_split_statistics(mon
     monkeypatch.setattr(split, "split_statistics", refuse)
     with pytest.raises(RuntimeError, match="split.split_statistics"):
         batch_rows(cap, [d for _, d in group], Options())
+
+
+def test_both_paths_write_the_split_columns_with_one_writer(monkeypatch):
+    """The per-document path (here forced for every document) and the fast path write the heads rows' split
+    columns through the same :class:`~inspector.corpus.batch_reduce.SplitWriter`: one block per site with a split on
+    the per-document path, one per axis pair on the fast path; the column types are the same either way."""
+    import inspector.corpus.batch_reduce as br
+
+    lm = LoadedModel(tiny.build("bert"), tiny.tokenizer(), "bert")
+    fields = Fields(query="query", referents="referents", id="id", occurrence="occurrence")
+    blocks: list[tuple[int, int]] = []  # (documents, rows) per block written
+    original = br.SplitWriter.write
+
+    def counted(self, block):
+        blocks.append((len(block.layouts), len(block.dst)))
+        return original(self, block)
+
+    monkeypatch.setattr(br.SplitWriter, "write", counted)
+    fast = reduce.reduce_batch(lm.model, lm.tokenizer, docs_of(ROWS[:2], fields))
+    assert len(blocks) == 1 and blocks[0][0] == 2, blocks  # BERT: one axis pair, both documents in one block
+    blocks.clear()
+    monkeypatch.setattr(br, "fast_path_applies", lambda capture: False)
+    slow = reduce.reduce_batch(lm.model, lm.tokenizer, docs_of(ROWS[:2], fields))
+    sites = lm.model.config.num_hidden_layers
+    assert len(blocks) == 2 * sites and all(d == 1 for d, _ in blocks), blocks  # per document, one block per site
+    assert fast.heads.dtypes.to_dict() == slow.heads.dtypes.to_dict()
+    assert_same_rows(fast.heads, slow.heads)

@@ -198,12 +198,54 @@ def split_heads(
     """
     check_batch(capture, batch)
     refs = clean_referents(referents)
-    candidates = site_filter(capture, sites) if isinstance(sites, str) else list(sites)
     lookup = Lookup(query=query, referents=tuple(refs), occurrence=occurrence, query_index=query_index,
                     query_role=query_role, referent_role=referent_role, case_sensitive=case_sensitive)
+    found, left_out = site_splits(capture, lookup, sites=sites, batch=batch, rule=rule, weighting=weighting,
+                                  placement=placement)
+    rows: list[dict] = []
+    for f in found:
+        split_cols = f.split.columns()
+        for head in range(f.site.num_heads):
+            row = {"site": f.site.name, "stack": f.site.stack, "kind": f.site.kind, "layer": f.site.layer,
+                   "head": head, "query": f.query, "query_positions": list(f.split.query_positions)}
+            row.update({name: values[head] for name, values in split_cols.items()})
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    df["_cross"] = df["kind"] != "cross"
+    if cross_first:
+        keys, ascending = ["_cross", "split_score"], [True, False]
+    else:
+        keys, ascending = ["split_score", "_cross"], [False, True]
+    df = df.sort_values(keys + ["site", "head"], ascending=ascending + [True, True], kind="stable")
+    df = df.drop(columns="_cross").reset_index(drop=True)
+    df.attrs.update(weighting=weighting, left_out=left_out)
+    return df
+
+
+
+@dataclass(frozen=True)
+class SiteSplit:
+    """One site's split of a question: the ``site``, the ``query`` column's text (the phrase, or ``@I token``
+    for a query index) and its :class:`ReferentSplit` (every head, ``[1, head, ...]`` statistics)."""
+
+    site: Site
+    query: str
+    split: ReferentSplit
+
+
+def site_splits(capture: Capture, lookup: Lookup, *, sites: str | list[Site] = "all", batch: int = 0,
+                rule: SplitRule = SplitRule(), weighting: str = "attention",
+                placement: Placement | None = None) -> tuple[list[SiteSplit], dict[str, str]]:
+    """The split of ``lookup``'s query over its referents at every site of ``sites`` that gives one, in site
+    order, and the sites ``weighting`` left out (name -> reason): what :func:`split_heads` tabulates, and what the
+    corpus scan's per-document path writes its columns from. Raises as :func:`split_heads` does when no site
+    gives a split."""
+    check_batch(capture, batch)
+    candidates = site_filter(capture, sites) if isinstance(sites, str) else list(sites)
     placement = _placement_for(capture, lookup, batch, candidates, placement)
     candidates, left_out = weighted_sites(capture, candidates, weighting)
-    rows: list[dict] = []
+    query_index = lookup.query_index
+    out: list[SiteSplit] = []
     problems: list[str] = []
     hidden = 0  # sites where the query and referents are found but its mask hides every referent from it
     missing_query: list[str] = []  # sites whose query axis lacks the query: said only when no site has it
@@ -221,22 +263,17 @@ def split_heads(
         except InspectorError as exc:
             problems.append(str(exc))
             continue
-        q_pos = list(occ.positions)
         try:
-            found = referent_split(capture, site, q_pos, ref_pos, batch=batch, rule=rule, weighting=weighting)
+            found = referent_split(capture, site, list(occ.positions), ref_pos, batch=batch, rule=rule,
+                                   weighting=weighting)
         except NothingVisible:
             problems.append(nothing_visible_message(capture, site))
             hidden += 1
             continue
-        for head in range(site.num_heads):
-            row = {
-                "site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer, "head": head,
-                "query": occ.phrase if query_index is None else f"@{query_index} {capture.tokens(site, 'query', batch)[query_index]}",
-                "query_positions": list(q_pos),
-            }
-            row.update(found.row(head))
-            rows.append(row)
-    if not rows:
+        text = occ.phrase if query_index is None else f"@{query_index} {capture.tokens(site, 'query', batch)[query_index]}"
+        out.append(SiteSplit(site, text, found))
+    if not out:
+        query = lookup.query
         on_axis = [n for n in left_out if _query_on_axis(placement, capture.site(n), query_index)]
         if on_axis:  # the sites that could have given a row were left out: say so, not what the others lack
             raise InspectorError(left_out_message(on_axis, left_out, weighting, f"the query {query!r}" if query_index is None
@@ -245,17 +282,7 @@ def split_heads(
             raise NoReferentVisible(problems[0])
         problems += missing_query
         raise InspectorError(problems[0] if problems else "no attention site matches the --sites filter")
-    df = pd.DataFrame(rows)
-    df["_cross"] = df["kind"] != "cross"
-    if cross_first:
-        keys, ascending = ["_cross", "split_score"], [True, False]
-    else:
-        keys, ascending = ["split_score", "_cross"], [False, True]
-    df = df.sort_values(keys + ["site", "head"], ascending=ascending + [True, True], kind="stable")
-    df = df.drop(columns="_cross").reset_index(drop=True)
-    df.attrs.update(weighting=weighting, left_out=left_out)
-    return df
-
+    return out, left_out
 
 def _placement_for(capture: Capture, lookup: Lookup, batch: int, sites: list[Site],
                    placement: Placement | None) -> Placement:

@@ -10,7 +10,7 @@ batch is then computed at once per axis pair (:func:`_pair_split`) by the one de
 :func:`inspector.analysis.split.split_statistics` (which :func:`~inspector.analysis.split_heads` calls on a
 batch of one): the query rows a document's split reads (recomputed, or kept from the same blocks) for the
 heads of every site sharing the query and key axes, stacked ``[doc, head, row, key]``, each document's rows
-and referents padded to the batch's most and masked out there. One writer, :class:`_SplitWriter`, turns
+and referents padded to the batch's most and masked out there. One writer, :class:`SplitWriter`, turns
 those tensors into the heads rows' split columns, column by column (lists as Arrow list arrays of
 :data:`LIST_TYPES`, no Python object per head and document); positions are shifted back by the
 padding in front of the document, counted once (:func:`inspector.store.masks.leading_padding`).
@@ -24,6 +24,8 @@ nothing (so the per-document path's exact message and rows are kept).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -513,29 +515,73 @@ class _Lists:
 def _split_columns(axes: Axes, batch_rows_: list[int], queries: dict, sites, reach: dict, pairs: dict) -> dict[str, object]:
     """The split columns (:data:`SPLIT_COLUMNS`) of the documents ``batch_rows_``, in the rank rows' order (each
     document: every site in order, every head), written column by column from the pairs' statistics
-    (:class:`_SplitWriter`)."""
-    writer = _SplitWriter(axes, batch_rows_, queries, sites, reach)
+    (:class:`SplitWriter`)."""
+    starts = np.cumsum([0] + [s.num_heads for s in sites])
+    at = {b: k for k, b in enumerate(batch_rows_)}
+    writer = SplitWriter(len(batch_rows_) * int(starts[-1]))
     for key, pair in pairs.items():
-        writer.add(key, pair)
+        block = _pair_block(axes, key, pair, queries, reach, (at, starts, sites))
+        if block is not None:
+            writer.write(block)
     return writer.columns()
 
 
-class _SplitWriter:
-    """The one writer of the heads rows' split columns: numbers by one scatter per column, lists as Arrow list
+def _pair_block(axes: Axes, key: tuple, pair: _PairSplit, queries: dict, reach: dict, frame: tuple) -> SplitBlock | None:
+    """The :class:`SplitBlock` of one axis pair's documents: per frame row the pair's document and stacked head
+    it reads (``frame``: batch row -> its place among the frame's documents, each site's first head in a
+    document's rows, the sites), the query positions shifted back by each document's leading padding; None
+    when no row of the frame reads the pair."""
+    at, starts, sites = frame
+    n_all = int(starts[-1])
+    src_d, src_h, dst = [], [], []
+    shift = axes.leading_padding(tuple(key[0]))
+    positions = np.zeros((len(pair.docs), max(pair.n_rows)), dtype=np.int64)
+    texts: list[tuple[str, list[str]]] = []
+    for d, b in enumerate(pair.docs):
+        occ = queries[b].groups[key][0]
+        texts.append((occ.phrase, list(queries[b].refs)))
+        if b not in at:
+            continue
+        positions[d, :pair.n_rows[d]] = np.asarray(occ.positions) - int(shift[b])
+        for i in reach[b].get(key, ()):
+            h = sites[i].num_heads
+            src_d.append(np.full(h, d))
+            src_h.append(np.arange(pair.offsets[i], pair.offsets[i] + h))
+            dst.append(np.arange(h) + at[b] * n_all + starts[i])
+    if not dst:
+        return None
+    return SplitBlock(dst=np.concatenate(dst), src_d=np.concatenate(src_d), src_h=np.concatenate(src_h),
+                      positions=positions, n_rows=list(pair.n_rows), stats=pair.stats, layouts=pair.layouts, texts=texts)
+
+
+@dataclass(frozen=True)
+class SplitBlock:
+    """Split statistics to write into frame rows: row ``dst[i]`` reads document ``src_d[i]`` and head ``src_h[i]``
+    of ``stats`` (:class:`~inspector.analysis.split.SplitStats`, ``[doc, head, ...]``); per document its query
+    positions ``positions [doc, row]`` (as the rows report them; its first ``n_rows[d]``), its referents' layout
+    and ``texts[d] = (query text, referents)``."""
+
+    dst: np.ndarray
+    src_d: np.ndarray
+    src_h: np.ndarray
+    positions: np.ndarray
+    n_rows: list[int]
+    stats: SplitStats
+    layouts: list[ReferentLayout]
+    texts: list[tuple[str, list[str]]]
+
+
+class SplitWriter:
+    """The one writer of the heads rows' split columns, for ``n`` rows, from :class:`SplitBlock` values (the fast
+    path's axis pairs, the per-document path's sites): numbers by one scatter per column, lists as Arrow list
     arrays built from the same tensors (:class:`_Lists`; no Python object per head and document but the
-    ``pieces:`` texts), missing (NaN / NA / null) where a site has no split row; positions on the query axis
-    shifted back by the document's leading padding (:meth:`Axes.leading_padding`)."""
+    ``pieces:`` texts), missing (NaN / NA / null) on rows no block writes."""
 
     FLOATS = ("referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared")
 
-    def __init__(self, axes: Axes, batch_rows_: list[int], queries: dict, sites, reach: dict):
+    def __init__(self, n: int):
         import pyarrow as pa
 
-        self.axes, self.queries, self.sites, self.reach = axes, queries, sites, reach
-        self.starts = np.cumsum([0] + [s.num_heads for s in sites])
-        self.n_all = int(self.starts[-1])
-        self.at = {b: k for k, b in enumerate(batch_rows_)}
-        n = len(batch_rows_) * self.n_all
         self.floats = {c: np.full(n, np.nan) for c in self.FLOATS}
         self.known = np.zeros(n, dtype=bool)  # rows with a split row (flagged and driving_row known)
         self.flags = np.zeros(n, dtype=bool)
@@ -543,52 +589,25 @@ class _SplitWriter:
         self.texts = {c: np.full(n, None, dtype=object) for c in ("query", "shared_pieces", "mostly_shared")}
         self.lists = {c: _Lists(n, pa.type_for_alias(kind)) for c, kind in LIST_TYPES.items()}
 
-    def _rows(self, key: tuple, pair: _PairSplit):
-        """``(src_d, src_h, dst, positions)``: per frame row ``dst`` the pair's document and stacked head it reads,
-        and the pair's query positions ``[doc, row]`` shifted back by each document's leading padding."""
-        src_d, src_h, dst = [], [], []
-        shift = self.axes.leading_padding(tuple(key[0]))
-        positions = np.zeros((len(pair.docs), max(pair.n_rows)), dtype=np.int64)
-        for d, b in enumerate(pair.docs):
-            if b not in self.at:
-                continue
-            occ, _ = self.queries[b].groups[key]
-            positions[d, :pair.n_rows[d]] = np.asarray(occ.positions) - int(shift[b])
-            for i in self.reach[b].get(key, ()):
-                h = self.sites[i].num_heads
-                src_d.append(np.full(h, d))
-                src_h.append(np.arange(pair.offsets[i], pair.offsets[i] + h))
-                dst.append(np.arange(h) + self.at[b] * self.n_all + self.starts[i])
-        if not dst:
-            return None
-        return np.concatenate(src_d), np.concatenate(src_h), np.concatenate(dst), positions
-
-    def add(self, key: tuple, pair: _PairSplit) -> None:
-        """Write the rows of one axis pair's documents."""
-        found = self._rows(key, pair)
-        if found is None:
-            return
-        src_d, src_h, dst, pos = found
-        s = pair.stats
+    def write(self, block: SplitBlock) -> None:
+        """Write one block's rows."""
+        dst, src_d, src_h, pos, s = block.dst, block.src_d, block.src_h, block.positions, block.stats
         for c, column in self.floats.items():  # SplitStats' tensors of the same names
             column[dst] = getattr(s, c).numpy()[src_d, src_h]
         self.flags[dst] = s.flagged.numpy()[src_d, src_h]
         self.known[dst] = True
         self.drive_row[dst] = np.take_along_axis(pos, s.driving.numpy(), 1)[src_d, src_h]
         width = s.referent_weights.shape[-1]
-        # per document: its query's text, shared pieces and referents (padded to the pair's most)
-        per_doc = np.full((len(pair.docs), 2 + width), None, dtype=object)
-        for d, b in enumerate(pair.docs):
-            if b in self.at:
-                refs = list(self.queries[b].refs)
-                per_doc[d, :2 + len(refs)] = [self.queries[b].groups[key][0].phrase,
-                                              " ".join(sorted(pair.layouts[d].shared)), *refs]
+        # per document: its query's text, shared pieces and referents (padded to the block's most)
+        per_doc = np.full((len(block.layouts), 2 + width), None, dtype=object)
+        for d, ((phrase, refs), lay) in enumerate(zip(block.texts, block.layouts, strict=True)):
+            per_doc[d, :2 + len(refs)] = [phrase, " ".join(sorted(lay.shared)), *refs]
         self.texts["query"][dst] = per_doc[src_d, 0]
         self.texts["shared_pieces"][dst] = per_doc[src_d, 1]
         self.texts["mostly_shared"][dst] = s.mostly_shared.numpy()[src_d, src_h].astype(object)
-        # lists: each row's query rows and referents as masks of the pair's padding
-        row_keep = np.arange(pos.shape[1])[None, :] < np.asarray(pair.n_rows)[src_d][:, None]  # [rows, query rows]
-        n_refs = np.array([len(lay.referents) for lay in pair.layouts])[src_d]
+        # lists: each row's query rows and referents as masks of the block's padding
+        row_keep = np.arange(pos.shape[1])[None, :] < np.asarray(block.n_rows)[src_d][:, None]  # [rows, query rows]
+        n_refs = np.array([len(lay.referents) for lay in block.layouts])[src_d]
         ref_keep = np.arange(width)[None, :] < n_refs[:, None]  # [rows, referents]
         self.lists["query_positions"].add(dst, pos[src_d], row_keep)
         self.lists["rows_flagged"].add(dst, pos[src_d], row_keep & s.row_flagged.numpy()[src_d, src_h][:, :pos.shape[1]])
@@ -597,7 +616,7 @@ class _SplitWriter:
         self.lists["referent_weights"].add(dst, s.referent_weights.numpy()[src_d, src_h], ref_keep)
         # the pieces: texts (one format call per head and referent, from one conversion of the tensor)
         pieces = np.full((len(dst), width), None, dtype=object)
-        lays = [pair.layouts[d] for d in src_d.tolist()]
+        lays = [block.layouts[d] for d in src_d.tolist()]
         for r, (bp, lay) in enumerate(zip(s.piece_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)):
             got = lay.pieces_text(bp)
             pieces[r, :len(got)] = got

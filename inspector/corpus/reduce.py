@@ -36,7 +36,6 @@ from inspector.corpus.documents import Document, error_line
 from inspector.corpus.forward_sums import ForwardSums
 from inspector.intervene.routes import THRESHOLD
 from inspector.store.masks import leading_padding
-from inspector.store.schema import HEAD_KEY
 
 DOC_COLUMNS = ["id", "row", "tokens", "status", "error"]
 _POSITION_COLUMNS = {"top_key_index": "key"}  # rank columns holding a position on a site's key axis
@@ -105,8 +104,9 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     (:class:`~inspector.analysis.split.NoReferentVisible`) keeps its rank rows without split columns, and
     ``attrs["note"]`` says why.
     """
+    from inspector.analysis.placement import Lookup
     from inspector.analysis.rank import rank_heads
-    from inspector.analysis.split import NoReferentVisible, SplitRule, clean_referents, split_heads
+    from inspector.analysis.split import NoReferentVisible, SplitRule, clean_referents, site_splits
 
     order = {s.name: i for i, s in enumerate(capture.sites)}
     rank = rank_heads(capture, batch=batch, exclude_special=options.exclude_special)
@@ -120,69 +120,39 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     sites = [sites[i] for i in perm]
     key_shift = {s.name: int(leading_padding(capture.flags(s, "key", batch)[1])) for s in capture.sites}
     cols["top_key_index"] = cols["top_key_index"] - np.array([key_shift[x] for x in sites], dtype=np.int64)
-    split = None
     if doc.query is not None:
         refs = clean_referents(doc.referents)  # the names split_heads gives its columns
+        rule = SplitRule(min_split=options.min_split, min_mass=options.min_mass, min_lift=options.min_lift)
         try:
-            split = split_heads(capture, doc.query, refs, occurrence=doc.occurrence, batch=batch,
-                                rule=SplitRule(min_split=options.min_split, min_mass=options.min_mass,
-                                               min_lift=options.min_lift))
+            found, _ = site_splits(capture, Lookup(query=doc.query, referents=tuple(refs), occurrence=doc.occurrence),
+                                   batch=batch, rule=rule)
         except NoReferentVisible as exc:  # no split to measure: the rank rows stand, the split columns stay empty
             out = pd.DataFrame(cols)
             out.attrs["note"] = f"no split: {exc}"
             return out
-        cols.update(_split_cells(capture, batch, split, refs, sites, cols["head"]))
+        cols.update(_split_cells(capture, batch, found, sites))
     return pd.DataFrame(cols)
 
 
-def _split_cells(capture, batch: int, split: pd.DataFrame, refs: list[str], sites: list[str], heads) -> dict[str, object]:
-    """The split columns of one document's heads rows (``sites``/``heads``: the rank rows' order) from its
-    :func:`~inspector.analysis.split_heads` table: positions shifted back by the leading padding, per-referent
-    columns as lists, the same types as the fast path's (:data:`inspector.corpus.batch_reduce.LIST_TYPES`)."""
-    from inspector.corpus.batch_reduce import LIST_TYPES, list_column
+def _split_cells(capture, batch: int, found: list, sites: list[str]) -> dict[str, object]:
+    """The split columns of one document's heads rows (``sites``: each row's site, the rank rows' order, every
+    site's heads in order) from its per-site splits (:func:`~inspector.analysis.split.site_splits`), written by
+    the fast path's writer (:class:`~inspector.corpus.batch_reduce.SplitWriter`), one block per site: query
+    positions shifted back by the document's leading padding."""
+    from inspector.corpus.batch_reduce import SplitBlock, SplitWriter
 
-    cols: dict[str, object] = {}
-    q_shift = {s.name: int(leading_padding(capture.flags(s, "query", batch)[1])) for s in capture.sites}
-    extra: dict[str, list] = {
-        "query": split["query"].tolist(),
-        "query_positions": [[int(p) - q_shift[site] for p in pos]
-                            for site, pos in zip(split["site"], split["query_positions"], strict=True)],
-        # the row that drives the verdict, and the rows that pass on their own: positions on the query axis too
-        "driving_row": [int(d) - q_shift[site] for site, d in zip(split["site"], split["driving_row"], strict=True)],
-        "rows_flagged": [[int(p) - q_shift[site] for p in pos]
-                         for site, pos in zip(split["site"], split["rows_flagged"], strict=True)],
-        "referents": [list(refs)] * len(split),
-    }
-    # per-referent columns "<name>:<referent>" become one list column each: weight -> referent_weights,
-    # any other name -> referent_<name>
-    per_ref: dict[str, list[str]] = {}
-    for c in split.columns:
-        name, _, ref = c.partition(":")
-        if ref in refs:
-            per_ref.setdefault(name, []).append(c)
-    for name in per_ref:
-        list_name = "referent_weights" if name == "weight" else f"referent_{name}"
-        extra[list_name] = split[[f"{name}:{r}" for r in refs]].to_numpy().tolist()
-    done = {c for cs in per_ref.values() for c in cs} | {*HEAD_KEY, "query_positions",
-                                                           "driving_row", "rows_flagged"}
-    for c in split.columns:
-        if c not in done and c not in extra:
-            extra[c] = split[c].tolist()
-    where = {(x, int(h)): i for i, (x, h) in enumerate(zip(split["site"], split["head"], strict=True))}
-    idx = [where.get((x, int(h)), -1) for x, h in zip(sites, heads, strict=True)]
-    complete = min(idx, default=0) >= 0
-    for c, values in extra.items():
-        taken = [values[i] for i in idx] if complete else [values[i] if i >= 0 else None for i in idx]
-        if c == "flagged":  # sites the query cannot reach have no split row: missing, not False
-            cols[c] = pd.array(taken, dtype="boolean")
-        elif c in LIST_TYPES:  # Arrow list arrays of the fast path's types (batch_reduce.LIST_TYPES)
-            cols[c] = list_column(c, taken)
-        elif c in split.columns and split[c].dtype.kind == "f":
-            cols[c] = np.array([np.nan if v is None else v for v in taken], dtype=np.float64)
-        else:
-            cols[c] = taken
-    return cols
-
+    first = {}
+    for i, name in enumerate(sites):
+        first.setdefault(name, i)
+    writer = SplitWriter(len(sites))
+    for f in found:
+        rs, h = f.split, f.site.num_heads
+        shift = int(leading_padding(capture.flags(f.site, "query", batch)[1]))
+        writer.write(SplitBlock(dst=np.arange(h) + first[f.site.name], src_d=np.zeros(h, dtype=np.int64),
+                                src_h=np.arange(h), positions=np.asarray([rs.query_positions], dtype=np.int64) - shift,
+                                n_rows=[len(rs.query_positions)], stats=rs.stats, layouts=[rs.layout],
+                                texts=[(f.query, list(rs.referents))]))
+    return writer.columns()
 
 def _doc_row(doc: Document, tokens: int, error: str | None, note: str | None = None) -> dict:
     """A ``documents`` row: ``status`` error with ``error`` its line, else ok with ``error`` empty or the note on
