@@ -102,7 +102,7 @@ def test_demo_runs_offline_on_the_embedded_model(tmp_path, capsys):
     assert said in out and out.index(said) < out.index("Heads ranked by") < out.index("largest changes")
     # one weighting per run, said where the flags and the ranking are printed and written
     assert "Split flags (1; attention weights)" in out and "raw attention weights" in out
-    assert "sits on pieces both referents share (less)" in out
+    assert "sits on pieces both referents share (less)" in " ".join(out.split())  # a sentence wrapped to the width
     assert set(pd.read_csv(tmp_path / "rank.csv")["weighting"]) == set(pd.read_csv(tmp_path / "split.csv")["weighting"]) == {"attention"}
     for name in ("capture.safetensors", "rank.csv", "split.csv", "report.html", "compare-quoted.csv"):
         assert (tmp_path / name).is_file()

@@ -216,3 +216,20 @@ def test_an_investigation_looks_its_words_up_in_the_placement_only(bart, tmp_pat
                       variants={"quoted": 'The clause says: "' + LEGAL + '"'}, out_dir=tmp_path / "run")
     assert len(inv.split) and callers and set(callers) <= {"placement.py", "spans.py"}
 
+
+
+@pytest.mark.parametrize(("text", "referents", "case_sensitive"), [
+    ("The Lessee and the lessor agree; the LESSEE pays.", ("Lessee", "LESSEE"), False),  # one word, two cases
+    ("The Lessee's duty binds the Lessee.", ("Lessee", "Lessee's"), True),  # one referent inside the other
+])
+def test_referents_that_are_the_same_tokens_are_refused(tokenizer, text, referents, case_sensitive):
+    """Two referents whose key tokens overlap cannot compete: a split between them would count one weight twice.
+    split_heads refuses them in one line naming both and the shared positions; before, it flagged such heads."""
+    cap = capture(tiny.build("bert"), tokenizer, text)
+    site = cap.sites[0]
+    shared = set(place(cap, Lookup("pays" if "pays" in text else "duty", (referents[0],), case_sensitive=case_sensitive))
+                 .at(site).referents[referents[0]])
+    assert shared  # the first referent is there
+    with pytest.raises(InspectorError, match=rf"referents '{referents[0]}' and \"?'?{re.escape(referents[1])}.* are the "
+                                             r"same tokens \(key positions \d"):
+        split_heads(cap, "pays" if "pays" in text else "duty", list(referents), case_sensitive=case_sensitive)

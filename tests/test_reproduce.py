@@ -192,3 +192,26 @@ def test_the_cli_hands_debug_its_parsers_format(tokenizer, tmp_path, monkeypatch
     html = (out / "report.html").read_text()
     assert f"inspector capture --model tiny-bert --input-file {out / 'source.txt'} --out" in html
     assert "--text-file" not in html
+
+
+def test_explain_reads_the_words_where_split_read_them_on_a_decoder(tokenizer, tmp_path, capsys):
+    """On a decoder-only model the prompt and the output share one axis, so a query word in both is there twice:
+    the report's explain command looks the query up in the output and the referents in the source, as split did,
+    and runs, giving the split table's weights for that head."""
+    import pandas as pd
+
+    from inspector.cli import main
+
+    gpt2 = LoadedModel(tiny.build("gpt2"), tokenizer, "tiny-gpt2")
+    inv = investigate(gpt2, "The Lessee shall indemnify the Lessor. Summary:",
+                      Question(query="indemnify", referents=("Lessee", "Lessor")),
+                      Output.of(" the Lessor shall indemnify the Lessee"), out_dir=tmp_path / "run")
+    (cmd,) = [c for c in inv.commands if c.name == "explain"]
+    assert (cmd.value("query_role"), cmd.value("referent_role")) == ("target", "source")
+    capsys.readouterr()
+    assert main(shlex.split(format_command(cmd))[1:]) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    split = pd.read_csv(tmp_path / "run" / "split.csv")
+    row = split[(split["site"] == cmd.value("site")) & (split["head"] == cmd.value("head"))].iloc[0]
+    for ref in ("Lessee", "Lessor"):
+        assert f"weight:{ref} {row[f'weight:{ref}']:.4f}" in said

@@ -38,6 +38,16 @@ def _debug(run, capsys, out_name: str, *extra: str):
     return out, printed.out
 
 
+def _continuation(lines: list[str]) -> list[str]:
+    """The lines that continue the first one (wrapped to the terminal's width: indented two spaces more)."""
+    out = []
+    for line in lines[1:]:
+        if not line.startswith("  "):
+            break
+        out.append(line)
+    return out
+
+
 def _zero_head_metric(model, tokenizer, layer: int, head: int | None) -> float:
     """logit(Lessee) - logit(Lessor) at the row predicting the output's 'Lessor', with one head's slice of
     c_proj's input zeroed (plain hooks, no inspector code)."""
@@ -74,7 +84,9 @@ def test_cli_csv_report_and_app_name_the_same_top_culprit(run, capsys, tokenizer
     named = re.search(r"layer (\d+) head (\d+) \(([^)]+)\)", printed)
     assert named and (int(named[1]), int(named[2]), named[3]) == (first["layer"], first["head"], first["site"])
     assert printed.index("Verdict") < printed.index("Split flags")
-    assert f"{first['effect']:+.4f}" in printed.split("\n")[0]
+    lines = printed.split("\n")
+    headline = " ".join([lines[0]] + [ln.strip() for ln in _continuation(lines)])  # the first sentence, wrapped
+    assert f"{first['effect']:+.4f}" in headline
     # the effects are exact: an independent ablation with plain hooks gives the same numbers
     model = tiny.build("gpt2")
     clean = _zero_head_metric(model, tokenizer, 0, None)
@@ -96,7 +108,8 @@ def test_cli_csv_report_and_app_name_the_same_top_culprit(run, capsys, tokenizer
     # why the top culprit attends to WRONG: printed, in why.csv (its terms sum to the difference), in the
     # report and on the app's Step by step page (the Verdict page's button opens it there)
     why = pd.read_csv(out / "why.csv")
-    m = re.search(r"attends to 'Lessor': its score .* = ([-+][\d.]+) \(the terms sum to ([-+][\d.]+)", printed)
+    m = re.search(r"attends to 'Lessor': its score .* = ([-+][\d.]+) \(the terms sum to ([-+][\d.]+)",
+                  " ".join(printed.split()))  # the sentence, wrapped to the terminal's width
     assert m and why["term"].sum() == pytest.approx(float(m[1]), abs=1e-4)
     assert "Why the top culprit attends to WRONG" in html
     at.button(key="vd_open").click().run()
@@ -118,5 +131,5 @@ def test_debug_defaults_the_query_to_the_row_that_predicts_wrong(run, capsys):
 def test_an_output_word_query_names_the_predicting_row(run, capsys):
     _out, printed = _debug(run, capsys, "outword", "--query", "Lessor")
     m = re.search(r"Query 'Lessor' is an output word: split reads its own row (\d+).*the row that chose it is (\d+)",
-                  printed)
+                  " ".join(printed.split()))  # the sentence wrapped to the terminal's width
     assert m and int(m[2]) == int(m[1]) - 1

@@ -164,10 +164,25 @@ def _place_axis(capture: Capture, site: Site, lk: Lookup, batch: int) -> AxisPla
     else:
         error = "no query given: pass --query WORD or --query-index I"
     refs, ref_error = _keys(capture, site, lk.referents, "referent", lk.case_sensitive, lk.referent_role, batch)
+    ref_error = ref_error or overlap_message(refs)
     con, con_error = _keys(capture, site, lk.contrast or (), "contrast word", lk.case_sensitive, "source", batch)
     return AxisPlacement(query_roles=pair_of(site)[0], key_roles=pair_of(site)[1], occurrences=occs, query=query,
                          query_error=error, lookup_failed=failed, referents=refs, referent_error=ref_error,
                          contrast=con, contrast_error=con_error)
+
+
+def overlap_message(referents: dict[str, tuple[int, ...] | list[int]]) -> str | None:
+    """Why two referents cannot compete, or None: they hold the same key tokens (one word in two cases under an
+    any-case rule, ``Lessee`` inside ``Lessee's``), so a split between them would count one weight twice."""
+    names = list(referents)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = sorted(set(referents[a]) & set(referents[b]))
+            if shared:
+                where = ", ".join(map(str, shared[:4])) + (", ..." if len(shared) > 4 else "")
+                return (f"referents {a!r} and {b!r} are the same tokens (key positions {where}): give referents that "
+                        "are different words")
+    return None
 
 
 def _keys(capture: Capture, site: Site, words, what: str, case_sensitive: bool, role: str | None,
@@ -200,4 +215,7 @@ def find_referents(capture: Capture, site: Site, referents: list[str], *, batch:
         if not found:
             raise InspectorError(spans.not_found_message(capture, site, ref, "key", "referent", batch))
         out[ref] = sorted({p for o in found for p in o.positions})
+    overlap = overlap_message(out)
+    if overlap:
+        raise InspectorError(overlap)
     return out

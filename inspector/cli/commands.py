@@ -220,12 +220,17 @@ def cmd_explain(args) -> int:
     check_rule_args(args)
     site_d = header.sites(meta).get(args.site, {})
     q_roles, k_roles = site_d.get("query_input"), site_d.get("key_input")
+    if args.query is None and (args.query_role or args.referent_role or args.ignore_case):
+        raise InspectorError("--query-role, --referent-role and --ignore-case pick how a word is looked up: give "
+                             "--query WORD, or drop them with --query-index")
+    case = not args.ignore_case
     if args.query is not None and isinstance(q_roles, list):
-        check_capture_words(args.file, meta, [args.query], "query", q_roles, batch=args.batch, occurrence=args.occurrence,
+        check_capture_words(args.file, meta, [args.query], "query", _in_role(q_roles, args.query_role), batch=args.batch,
+                            case_sensitive=case, occurrence=args.occurrence,
                             axis=(f"query axis of {args.site}", site_d.get("query_len")))
     if refs and isinstance(k_roles, list):
-        check_capture_words(args.file, meta, refs, "referent", k_roles, batch=args.batch,
-                            axis=(f"key axis of {args.site}", site_d.get("key_len")))
+        check_capture_words(args.file, meta, refs, "referent", _in_role(k_roles, args.referent_role), batch=args.batch,
+                            case_sensitive=case, axis=(f"key axis of {args.site}", site_d.get("key_len")))
     check_output_arg(args.json, "--json")
     from inspector.analysis import spans
     from inspector.analysis.explain import explain
@@ -248,6 +253,11 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def _in_role(roles: list[str], role: str | None) -> list[str]:
+    """The axis's roles a word is looked for in: ``role`` alone when given (and on the axis), else all of them."""
+    return [r for r in roles if r == role] if role else roles
+
+
 def _explain_word(cap, site, args) -> int:
     """Every query row of the word, then the aggregate row split judges (with --referents, its verdict)."""
     from inspector import analysis
@@ -256,7 +266,8 @@ def _explain_word(cap, site, args) -> int:
 
     refs = args.referents.split(",") if args.referents else None
     word = explain(cap, site, args.head, query=args.query, occurrence=args.occurrence, referents=refs, batch=args.batch,
-                   weighting=args.weighting, rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift))
+                   weighting=args.weighting, rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift),
+                   query_role=args.query_role, referent_role=args.referent_role, case_sensitive=not args.ignore_case)
     if args.json:
         write_json(args.json, word.to_json())
         status(f"wrote {args.json}")
@@ -926,6 +937,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", "-o", "--out", dest="json", metavar="FILE",
                    help="write rows and output vector as JSON (every key; - for standard output)")
     p.add_argument("--referents", help="with --query: also give the split verdict for these referents, e.g. Lessee,Lessor")
+    p.add_argument("--ignore-case", action="store_true", help="with --query: match the query and the referents ignoring "
+                                                              "case, as split does (default: case-sensitive)")
+    p.add_argument("--query-role", choices=["source", "target"], help="with --query: look for the query only in this "
+                                                                      "input, as split does")
+    p.add_argument("--referent-role", choices=["source", "target"], help="with --query: look for the referents only in "
+                                                                         "this input, as split does")
     add_rows_options(p, "keys of each row (those of largest weight when there are more)", full="--json FILE")
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")

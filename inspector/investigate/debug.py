@@ -449,8 +449,9 @@ def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, sa
     ]
     if len(split) and explainable:
         top = split.sort_values("split_score", ascending=False).iloc[0]
-        cmds.append(Command("explain", (cap,), (("site", str(top["site"])), ("head", int(top["head"])), *query, *refs,
-                                                *wt)))
+        # the words looked up where split looked them up (a decoder-only model's prompt and output share one axis)
+        cmds.append(Command("explain", (cap,), (("site", str(top["site"])), ("head", int(top["head"])), *query, *role,
+                                                *refs, ("referent_role", roles[1]), *wt)))
     for name in variants:
         vcap = str(out / f"variant-{name}.safetensors")
         cmds.append(capture_of(f"variant-{name}.txt", said_args[name], vcap))
