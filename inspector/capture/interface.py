@@ -140,6 +140,21 @@ def model_configs(model, modules: list | None = None) -> list[Any]:
 
 
 @contextlib.contextmanager
+def eval_mode(model, modules: list | None = None):
+    """``model`` in evaluation mode (no dropout) for the block; on exit every module's own ``training`` flag is as
+    it was, whatever mix of modes the model was in (``model.train(flag)`` would set them all alike). ``modules``:
+    ``model.modules()`` already listed."""
+    saved = [(m, m.training) for m in (model.modules() if modules is None else modules)]
+    try:
+        if any(flag for _, flag in saved):
+            model.eval()
+        yield model
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+@contextlib.contextmanager
 def attn_implementation(model, name: str, configs: list | None = None):
     """Point every config of ``model`` (``configs``: :func:`model_configs` already listed) at attention
     implementation ``name``; restore on exit."""

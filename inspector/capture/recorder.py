@@ -40,6 +40,7 @@ from inspector.capture.interface import (  # noqa: F401  (re-exported: part of t
     NEUTRAL_KWARGS,
     attn_implementation,
     eager_function,
+    eval_mode,
     fast_attention,
     model_configs,
     registered_functions,
@@ -533,12 +534,10 @@ def record(
         bar = tqdm(desc="capturing attention", unit="site", leave=False, disable=None,
                    total=_expected_sites(model) if not (options.layers or options.sites) else None)
     recorder = _recorder(model, roles, options, bar=bar, lengths=lengths, padding=padding, forward_sums=forward_sums)
-    was_training = model.training
-    if was_training or any(m.training for _, m in recorder.walk):
-        model.eval()
     token = None
     try:
-        with LOCK, registered_functions(), attn_implementation(model, IMPL, recorder.configs), torch.no_grad(), \
+        with LOCK, eval_mode(model, [m for _, m in recorder.walk]), registered_functions(), \
+                attn_implementation(model, IMPL, recorder.configs), torch.no_grad(), \
                 recorder.projections.watching(recorder.tensors):
             token = ACTIVE.set(recorder)
             try:
@@ -552,8 +551,6 @@ def record(
                 return Recording(*_fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[options.dtype],
                                             layers=options.layers, sites=options.sites))
     finally:
-        if was_training:
-            model.train(True)
         if bar is not None:
             bar.close()
     if not recorder.sites:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inspector.capture.inputs import Encoded, encode
+from inspector.capture.interface import eval_mode
 from inspector.capture.output import Output
 from inspector.errors import InspectorError
 
@@ -386,12 +387,10 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
     labels, tokens = _labels(encoded, metric)
     # the batch of points is sized (or refused) within the memory budget before anything runs
     batch = _ig_batch(ig_memory(model, encoded, metric), max_steps, internal_batch_size, memory_gib) if ig else None
-    was_training = model.training
-    model.eval()
     counter = [0]
     cols: dict[str, torch.Tensor] = {}
     attrs: dict = {}
-    try:
+    with eval_mode(model):
         with frozen(model), torch.enable_grad():
             names, embeds, rest = embedding_inputs(model, encoded)
             with torch.no_grad():
@@ -402,8 +401,6 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
                                                IGSchedule(steps, max_steps, batch))
                 keep = _joint_index(encoded, labels)
                 cols.update({k: v[keep] for k, v in got.items()})
-    finally:
-        model.train(was_training)
     if any(m in ("rollout", "value_rollout") for m in methods):
         got, more = _rollout_columns(model, tokenizer, text, said, metric, methods, labels, chosen)
         cols.update(got)

@@ -35,6 +35,7 @@ import torch
 
 from inspector.capture.banded import pseudo_records
 from inspector.capture.inputs import Encoded
+from inspector.capture.interface import eval_mode
 from inspector.capture.recorder import (
     ACTIVE,
     IMPL,
@@ -295,14 +296,9 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
     """
     s = s or Seam()
     s.recorder = Recorder(model, weights=False, dtype=torch.float32, layers=None, sites=None, roles=roles_of(encoded))
-    was_training = model.training
-    model.eval()
     grad = torch.enable_grad() if s.grad else torch.no_grad()
-    try:
-        with seam(model, s), grad, frozen(model) if s.grad else contextlib.nullcontext():
-            output = model(**encoded.model_kwargs, **(extra or {}), use_cache=False)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), seam(model, s), grad, frozen(model) if s.grad else contextlib.nullcontext():
+        output = model(**encoded.model_kwargs, **(extra or {}), use_cache=False)
     if not s.recorder.sites:
         raise InspectorError(
             f"{type(model).__name__}'s attention does not call transformers' attention interface, so its heads "

@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from inspector.capture.interface import eval_mode
 from inspector.errors import InspectorError
 from inspector.store.words import word_pattern
 
@@ -880,35 +881,30 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
         raise InspectorError("sources attributes an output: pass what the model said (--output TEXT) or --generate N")
     ask = _Request(output=out, spans=unit_spans(text, units), given=not (units is None or units == "sentences"),
                    span=span, mode=mode, batch_size=batch_size, global_tokens=global_tokens)
-    was_training = model.training
-    model.eval()
-    try:
-        with _Counter(model) as counter:
-            prob, encoded, target, target_ids, (a, b), notes = _prepare(model, tokenizer, text, ask, counter)
-            raw = _scorer(prob)
-            phases = iter(["ablations", "held_out", "top_k"] if holdout else ["ablations", "top_k"])
+    with eval_mode(model), _Counter(model) as counter:
+        prob, encoded, target, target_ids, (a, b), notes = _prepare(model, tokenizer, text, ask, counter)
+        raw = _scorer(prob)
+        phases = iter(["ablations", "held_out", "top_k"] if holdout else ["ablations", "top_k"])
 
-            def score(masks):
-                counter.phase = next(phases)
-                try:
-                    return raw(masks)
-                finally:
-                    counter.phase = None
+        def score(masks):
+            counter.phase = next(phases)
+            try:
+                return raw(masks)
+            finally:
+                counter.phase = None
 
-            base_scores, ig_info = {}, None
-            if baselines and ig_steps:
-                counter.phase = "integrated_gradients"
-                base_scores["integrated_gradients"], ig_info = _integrated_gradients(prob, encoded, ig_steps)
-                counter.phase = None
-            if baselines:
-                counter.phase = "attention"
-                base_scores["attention"] = _attention(model, tokenizer, text, target, target_ids, global_tokens, prob)
-                counter.phase = None
-            fit = evaluate(score, len(prob.units), ablations=ablations, holdout=holdout, seed=seed,
-                           n_tokens=len(prob.span_idx), alpha=alpha, baselines=base_scores)
-            passes = dict(counter.counts)
-    finally:
-        model.train(was_training)
+        base_scores, ig_info = {}, None
+        if baselines and ig_steps:
+            counter.phase = "integrated_gradients"
+            base_scores["integrated_gradients"], ig_info = _integrated_gradients(prob, encoded, ig_steps)
+            counter.phase = None
+        if baselines:
+            counter.phase = "attention"
+            base_scores["attention"] = _attention(model, tokenizer, text, target, target_ids, global_tokens, prob)
+            counter.phase = None
+        fit = evaluate(score, len(prob.units), ablations=ablations, holdout=holdout, seed=seed,
+                       n_tokens=len(prob.span_idx), alpha=alpha, baselines=base_scores)
+        passes = dict(counter.counts)
     ig_info = _drop_ig_if_off(fit, base_scores, ig_info, notes)
     notes += _fit_notes(fit, ig_info, alpha)
     table, methods = _tables(prob, fit, base_scores)
