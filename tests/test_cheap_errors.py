@@ -43,6 +43,7 @@ def files(tmp_path_factory) -> Path:
     (d / "weights.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
     (d / "short.safetensors").write_bytes(b"abc")
     (d / "variant.txt").write_text("The Lessor shall pay.\n")
+    (d / "twice.txt").write_text("The Lessor and the Lessor pay the Lessee.\n")
     (d / "units.json").write_text("{not json")
     (d / "nomodel").mkdir()  # a folder without config.json
     (d / "contracts.jsonl").write_text('{"text": "The Lessee pays."}\n')
@@ -150,6 +151,11 @@ CASES = [
      "does not exist"),
     ("debug-variant-word", "debug --source-file {d}/lease.txt --query Lessee --referents Lessor,Lessee "
                            "--variant v={d}/variant.txt -o {d}/out", "variant"),
+    ("debug-occurrence-in-source", "debug --source-file {d}/lease.txt --query Lessor --referents Lessor,Lessee "
+                                   "--occurrence 9 -o {d}/out", "in the source text, so --occurrence"),
+    ("debug-occurrence-in-variant", "debug --source-file {d}/twice.txt --query Lessor --referents Lessor,Lessee "
+                                    "--occurrence 2 --variant v={d}/lease.txt -o {d}/out",
+     "occurs once in the --variant v file, so --occurrence must be 1"),
     ("debug-out-full", "debug --source-file {d}/lease.txt --query pay --referents Lessor,Lessee -o {d}/full", "other files"),
     ("debug-out-file", "debug --source-file {d}/lease.txt --query pay --referents Lessor,Lessee -o {d}/notes.txt",
      "not a folder"),

@@ -137,6 +137,19 @@ def _print_findings(inv: Investigation, top: int = 10) -> None:
     say_lines(f"\nWrote {len(written)} files to {inv.out_dir}: {', '.join(written)}")
 
 
+def _check_occurrence_in(texts: dict[str, str], query: str, occurrence: int) -> None:
+    """Refuse, before the model loads, an ``--occurrence`` that a text (named by its key) does not hold, by the
+    analysis's word rule (:func:`inspector.store.words.matches`) and in its words (``occurs once, so --occurrence
+    must be 1``), naming that text."""
+    from inspector.store.words import matches, times
+
+    for where, text in texts.items():
+        n = len(matches(text, query))
+        if 0 < n < occurrence:
+            raise InspectorError(f"query {query!r} occurs {times(n)} in {where}, so --occurrence must be "
+                                 f"{'1' if n == 1 else f'1..{n}'}")
+
+
 def cmd_debug(args) -> int:
     from inspector.investigate.defaults import MARKER
     from inspector.store.files import check_folder_target
@@ -172,6 +185,9 @@ def cmd_debug(args) -> int:
     for name, text in variants.items():
         for ref in refs:
             check_word_in(ref, text, f"the --variant {name} file")
+    if args.occurrence and not in_output:  # the occurrence picked in the source is picked in each variant too
+        _check_occurrence_in({"the source text": source, **{f"the --variant {name} file": text
+                                                            for name, text in variants.items()}}, args.query, args.occurrence)
     check_global_texts(args.global_tokens, {"the source text": source,
                                             **{f"the --variant {name} file": text for name, text in variants.items()}})
     check_folder_target(Path(args.out), MARKER)  # before the model loads
