@@ -420,7 +420,9 @@ def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
 def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, said_args: dict, variants: list[str],
               roles: tuple[str | None, str], *, rank_weighting: str = "attention", global_tokens: list[str] | None = None,
               explainable: bool = True) -> list[Command]:
-    """The commands that rewrite the run's files byte for byte: the capture(s) (marking the run's
+    """The commands that rewrite the run's files (the CSVs byte for byte; a capture's tensors and metadata equal
+    but for its ``created`` time and, for an output the run generated, the output's ``word_ids``, which a capture
+    of the saved text records and one of generated ids cannot): the capture(s) (marking the run's
     ``global_tokens``, ``--global``; each with its own output as ``said_args`` says, keyed ``""`` for the original
     and by variant name, :func:`_said_arg`), ``rank.csv``, ``split.csv``, each ``compare-NAME.csv`` (same thresholds,
     weighting and column labels), and explain of the top head when explain works there (``explainable``: its
