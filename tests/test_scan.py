@@ -664,3 +664,33 @@ def test_a_document_whose_referents_no_site_can_see_keeps_its_rank_rows(tmp_path
         pd.testing.assert_series_equal(before["entropy"], plain["entropy"])
         assert before["split_score"].isna().all() and before["flagged"].isna().all()
         assert heads.loc["after", "split_score"].notna().all()
+
+
+def test_a_resumed_scan_gives_an_older_parts_null_lists_their_type(bert, tmp_path):
+    """Scans before the list columns had one Arrow type wrote ``list<null>`` where no row of a part had a value
+    (``rows_flagged`` where no head was flagged), so ``pandas.read_parquet`` of ``heads/`` could not merge the
+    parts. Resuming the scan (here with nothing left to do) rewrites such a part with the column's type
+    (``store.schema.LIST_TYPES``), its rows unchanged, and the folder reads as one table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
+    out = tmp_path / "out"
+    scan(data, out, fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    first, *rest = sorted((out / "heads").glob("part-*.parquet"))
+    assert rest  # two parts at least: the first one is made old below
+    table = pq.read_table(first)
+    i = table.schema.get_field_index("rows_flagged")
+    old = table.set_column(i, pa.field("rows_flagged", pa.list_(pa.null())), pa.array([[]] * len(table), pa.list_(pa.null())))
+    pq.write_table(old.replace_schema_metadata(table.schema.metadata), first)
+    with pytest.raises(Exception, match="cast"):
+        pd.read_parquet(out / "heads")
+    untouched = {p: p.stat().st_mtime_ns for p in rest}
+    summary = scan(data, out, fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    assert summary.scanned == 0 and summary.skipped == 10
+    assert pq.read_schema(first).field("rows_flagged").type == pa.list_(pa.int64())
+    assert pq.read_table(first).drop_columns("rows_flagged").equals(table.drop_columns("rows_flagged"))
+    assert all(v == [] for v in pq.read_table(first).column("rows_flagged").to_pylist())
+    assert {p: p.stat().st_mtime_ns for p in rest} == untouched  # parts of one type are not rewritten
+    heads = pd.read_parquet(out / "heads")
+    assert len(heads) == sum(pq.read_metadata(p).num_rows for p in [first, *rest])

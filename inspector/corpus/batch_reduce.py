@@ -37,6 +37,7 @@ from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clea
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
 from inspector.store.masks import leading_padding, visible_by_mask
+from inspector.store.schema import LIST_TYPES
 
 _BATCH_BLOCK_VALUES = 1 << 21  # a [batch, head, rows, key] block of at most this many values (8 MB float32: passes over it stay in cache)
 _GROUP_OVERHEAD_VALUES = 1 << 16  # the fixed cost of one more block, in values of block (Python and small tensor operations)
@@ -462,10 +463,8 @@ def _splits(axes: Axes, queries: dict, sites, split_rows: dict, rule: SplitRule)
     return reach, {key: _pair_split(axes, key, members, queries, sites, split_rows, rule) for key, members in by_key.items()}
 
 
-# the heads rows' list columns and the Arrow type of their values: both paths (this one and the per-document
-# path, :func:`inspector.corpus.reduce.document_rows`) give them as Arrow list arrays of these types
-LIST_TYPES = {"query_positions": "int64", "rows_flagged": "int64", "referents": "string", "referent_weights": "float64",
-              "referent_pieces": "string", "row_split_scores": "float64"}
+# the heads rows' list columns (:data:`inspector.store.schema.LIST_TYPES`): both paths (this one and the
+# per-document path, :func:`inspector.corpus.reduce.document_rows`) give them as Arrow list arrays of those types
 
 
 def list_column(name: str, cells: list) -> pd.api.extensions.ExtensionArray:

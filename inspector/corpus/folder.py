@@ -39,7 +39,7 @@ import pandas as pd
 
 from inspector.errors import InspectorError
 from inspector.store.files import check_writable, strict_json, temp_beside, write_error, write_text
-from inspector.store.schema import STORAGE_DTYPES  # the names, without torch
+from inspector.store.schema import LIST_TYPES, STORAGE_DTYPES  # the names, without torch
 
 FORMAT = 1
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
@@ -48,7 +48,7 @@ _FLUSH_SECONDS = 5.0
 
 def write_parquet(path: Path, df: pd.DataFrame) -> None:
     """Write ``df`` to ``path`` atomically (:func:`write_table` of its Arrow table, no index). Arrow-backed list
-    columns (the heads rows', :data:`inspector.corpus.batch_reduce.LIST_TYPES`) are recorded in the file's pandas
+    columns (the heads rows', :data:`inspector.store.schema.LIST_TYPES`) are recorded in the file's pandas
     metadata as object columns, as lists of Python objects are: the part reads back the same with
     ``pandas.read_parquet`` whichever way its rows were held (pandas cannot read back a list ``ArrowDtype`` from
     that metadata)."""
@@ -74,6 +74,27 @@ def arrow_table(df: pd.DataFrame):
         return table
     meta[b"pandas"] = json.dumps(pandas_meta).encode()
     return table.replace_schema_metadata(meta)
+
+
+def _widen_null_lists(path: Path) -> None:
+    """Rewrite a heads part whose list column holds ``list<null>`` (scans before the list columns had one type wrote
+    it where no row had a value) with that column as :data:`LIST_TYPES` gives it: the same rows (every list empty
+    or missing), so that every part of the folder has one schema and ``pandas.read_parquet`` of ``heads/`` can
+    merge them. Atomic (:func:`write_table`); a part without such a column is not touched."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    wrong = [i for i, f in enumerate(schema) if f.name in LIST_TYPES and pa.types.is_list(f.type)
+             and pa.types.is_null(f.type.value_type)]
+    if not wrong:
+        return
+    table = pq.read_table(path)
+    for i in wrong:
+        name = schema[i].name
+        kind = pa.list_(pa.type_for_alias(LIST_TYPES[name]))
+        table = table.set_column(i, pa.field(name, kind), table.column(i).cast(kind))
+    write_table(path, table.replace_schema_metadata(schema.metadata))
 
 
 def frame_of(table) -> pd.DataFrame:
@@ -376,6 +397,9 @@ class ScanFolder:
                     p.unlink()
             for p in list((self.out / "heads").glob(".*.tmp")) + list((self.out / "_documents").glob(".*.tmp")):
                 p.unlink()
+            for n, p in _parts(self.out / "heads").items():
+                if n in done:
+                    _widen_null_lists(p)
         except OSError as exc:
             raise write_error(self.out, exc) from None
         docs = committed_documents(self.out)

@@ -15,7 +15,7 @@ equal those of a capture of it alone (within float rounding of the padded matrix
 Rows of the ``heads`` table: ``id`` (the document id), then the ``rank`` columns, then -- for documents
 with a query -- the ``split`` columns with the per-referent ``weight:<referent>`` columns turned into
 two list columns, ``referents`` and ``referent_weights`` (same order; every list column an Arrow list array
-of :data:`inspector.corpus.batch_reduce.LIST_TYPES`, on both paths), since referents differ from
+of :data:`inspector.store.schema.LIST_TYPES`, on both paths), since referents differ from
 one document to the next (any other per-referent column ``<name>:<referent>`` likewise becomes a list
 column ``referent_<name>``). Any further column the split analysis returns (e.g. ``lift``) is kept as
 it comes. Rows of ``documents``: ``id``, ``row`` (position in the corpus file), ``tokens`` (real

@@ -14,6 +14,11 @@ STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 # the site's module path, its stack and kind, its layer and the head's index at the site
 HEAD_KEY = ("site", "stack", "kind", "layer", "head")
 
+# the corpus scan's heads rows: its list columns and the Arrow type of their values. Both of the scan's paths write
+# them so (inspector.corpus.batch_reduce), and a resumed scan widens an older part's list<null> to them
+LIST_TYPES = {"query_positions": "int64", "rows_flagged": "int64", "referents": "string", "referent_weights": "float64",
+              "referent_pieces": "string", "row_split_scores": "float64"}
+
 
 @dataclass
 class InputRecord:
