@@ -463,21 +463,10 @@ def _splits(axes: Axes, queries: dict, sites, split_rows: dict, rule: SplitRule)
     return reach, {key: _pair_split(axes, key, members, queries, sites, split_rows, rule) for key, members in by_key.items()}
 
 
-# the heads rows' list columns (:data:`inspector.store.schema.LIST_TYPES`): both paths (this one and the
-# per-document path, :func:`inspector.corpus.reduce.document_rows`) give them as Arrow list arrays of those types
-
-
-def list_column(name: str, cells: list) -> pd.api.extensions.ExtensionArray:
-    """The list column ``name`` (:data:`LIST_TYPES`) from one Python list (or None: missing) per row, as the
-    per-document path has them."""
-    import pyarrow as pa
-
-    return pd.arrays.ArrowExtensionArray(pa.array(cells, type=pa.list_(pa.type_for_alias(LIST_TYPES[name]))))
-
-
 class _Lists:
-    """One list column of the heads rows built from arrays, never a Python list per cell: each axis pair adds
-    its rows' values as a padded matrix ``[rows, width]`` with a mask of the entries that belong (:meth:`add`);
+    """One list column of the heads rows (:data:`inspector.store.schema.LIST_TYPES`) built from arrays, never a
+    Python list per cell: each block adds its rows' values as a padded matrix ``[rows, width]`` with a mask of the
+    entries that belong (:meth:`add`);
     :meth:`array` lays them out as one Arrow list array (``pa.ListArray``: offsets and flat values), missing
     (null) on the rows no pair wrote. Rows of different pairs may interleave."""
 
