@@ -30,3 +30,13 @@ def minilm():
     from inspector.capture.models import load_model
 
     return load_model(None)
+
+
+@pytest.fixture
+def commit_per_batch(monkeypatch):
+    """A scan commits every batch as its own part (it groups about 64 documents, or a second's work, per commit:
+    inspector.corpus.folder.GROUP_DOCUMENTS / GROUP_SECONDS), for tests that stop or damage a scan between parts."""
+    from inspector.corpus import folder
+
+    monkeypatch.setattr(folder, "GROUP_DOCUMENTS", 1)
+    monkeypatch.setattr(folder, "GROUP_SECONDS", 0.0)

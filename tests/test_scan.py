@@ -206,7 +206,7 @@ def test_bad_documents_are_recorded_and_never_stop_the_scan(bert, tmp_path):
 
 
 # ---- resuming --------------------------------------------------------------------------------------
-def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_path, monkeypatch):
+def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_path, monkeypatch, commit_per_batch):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(12))
     full = tmp_path / "full"
     scan(data, full, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
@@ -593,7 +593,7 @@ def test_list_referents_are_stripped_and_an_occurrence_must_be_whole(bert, tmp_p
                                np.array(plain["referent_weights"].tolist(), float), atol=1e-12)
 
 
-def test_a_scan_folder_copied_with_its_corpus_resumes(bert, tmp_path, monkeypatch):
+def test_a_scan_folder_copied_with_its_corpus_resumes(bert, tmp_path, monkeypatch, commit_per_batch):
     """A scan folder moved or copied together with its corpus (another path, the same content) resumes where it
     stopped, and scan.json then names the corpus where it now is; another corpus at the new path is refused."""
     import shutil
@@ -666,7 +666,7 @@ def test_a_document_whose_referents_no_site_can_see_keeps_its_rank_rows(tmp_path
         assert heads.loc["after", "split_score"].notna().all()
 
 
-def test_a_resumed_scan_gives_an_older_parts_null_lists_their_type(bert, tmp_path):
+def test_a_resumed_scan_gives_an_older_parts_null_lists_their_type(bert, tmp_path, commit_per_batch):
     """Scans before the list columns had one Arrow type wrote ``list<null>`` where no row of a part had a value
     (``rows_flagged`` where no head was flagged), so ``pandas.read_parquet`` of ``heads/`` could not merge the
     parts. Resuming the scan (here with nothing left to do) rewrites such a part with the column's type

@@ -47,6 +47,18 @@ def bert():
     return LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _commit_per_batch():
+    """Every scan here commits each batch as its own part (a scan groups about 64 documents per commit:
+    inspector.corpus.folder.GROUP_DOCUMENTS), so that a damaged or refused part is one batch's."""
+    from inspector.corpus import folder
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(folder, "GROUP_DOCUMENTS", 1)
+        mp.setattr(folder, "GROUP_SECONDS", 0.0)
+        yield
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, bert_folder):
     """(corpus, scan folder): 10 lease clauses scanned by the CLI in batches of 4 (three parts)."""

@@ -3,8 +3,8 @@
 Layout of ``OUT/``::
 
     scan.json                  what was scanned and how (corpus, fields, model, options); checked on resume
-    heads/part-00000.parquet   per document, site and head statistics (one file per committed batch)
-    _documents/part-00000.parquet   the documents of that batch (id, row, tokens, status, error)
+    heads/part-00000.parquet   per document, site and head statistics (one file per commit: one or more batches)
+    _documents/part-00000.parquet   the documents of that commit (id, row, tokens, status, error)
     documents.parquet          every committed document, one file (rewritten from _documents/ as parts commit)
 
 A batch is committed in two atomic steps: its ``heads`` part, then its ``_documents`` part. The
@@ -13,7 +13,9 @@ two steps) is in-flight work, deleted on resume and ignored by readers (:func:`c
 ``documents.parquet`` is rewritten from the committed parts every few seconds (at most 5% of the
 scan's time; in the background writer during a scan, :class:`Committer`) and when a scan ends or stops, so after a hard kill it lags the parts by the last few seconds -- readers
 that must be exact read ``_documents/`` (:func:`committed_documents`), which ``inspector corpus`` does.
-A restart skips every committed document id and continues; at most the batches in flight are lost.
+A scan groups its batches into commits of about :data:`GROUP_DOCUMENTS` documents, or what it finished within
+:data:`GROUP_SECONDS` (:class:`Committer`): fewer, larger parts cost less to write and to query, and a restart skips
+every committed document id and continues, so at most the batches in flight (a second's work) are lost.
 
 A folder is read only after it is checked (:func:`read_info`, :func:`check_parts`): a ``scan.json`` that is
 not what a scan writes, or a committed part that is not readable Parquet with the columns and types a scan
@@ -44,6 +46,8 @@ from inspector.store.schema import LIST_TYPES, STORAGE_DTYPES  # the names, with
 FORMAT = 1
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
 _FLUSH_SECONDS = 5.0
+GROUP_DOCUMENTS = 64  # a scan commits its batches in parts of at least this many documents ...
+GROUP_SECONDS = 1.0  # ... or of what it finished this long after the first uncommitted batch, whichever comes first
 
 
 def write_parquet(path: Path, df: pd.DataFrame) -> None:
@@ -486,32 +490,60 @@ def _unmergeable(out: Path, tables: list, exc: Exception) -> InspectorError:
 class Committer:
     """A scan's commits off its critical path: :meth:`commit` hands a batch to a writer thread (Arrow
     conversion, Parquet encoding and fsync release the GIL) and returns; the thread runs
-    :meth:`ScanFolder.commit` on the batches in order (heads part, then documents part: the same commit
-    protocol), and the periodic ``documents.parquet`` rewrite with them. At most ``depth`` batches wait
-    (:meth:`commit` blocks beyond that: memory stays bounded), and a hard kill loses only those, which are
-    not committed yet, so a resume redoes exactly them. The first failure of a write (an
-    InspectorError for a refused write, or anything else) stops the writer: no later batch is written, and
-    the failure is raised by the next :meth:`commit` or by :meth:`close`, which waits for every batch handed
-    over. Use as a context manager or call :meth:`close`."""
+    :meth:`ScanFolder.commit` (heads part, then documents part: the same commit protocol), and the periodic
+    ``documents.parquet`` rewrite with it. Consecutive batches are grouped into one commit of at least
+    ``group_documents`` documents, or of what arrived within ``group_seconds`` of the first batch of the group,
+    whichever comes first (1 and 0: one commit per batch): each part then costs its fixed price (the Parquet
+    footer, two fsyncs) once for many batches. At most ``depth`` batches wait in the queue besides the group
+    being gathered (:meth:`commit` blocks beyond that: memory stays bounded), and a hard kill loses only those
+    and the group, which are not committed yet, so a resume redoes exactly them. The first failure of a write
+    (an InspectorError for a refused write, or anything else) stops the writer: no later batch is written, and
+    the failure is raised by the next :meth:`commit` or by :meth:`close`, which commits the group gathered so far
+    and waits for every batch handed over. Use as a context manager or call :meth:`close`."""
 
-    def __init__(self, folder: ScanFolder, depth: int = 2):
+    def __init__(self, folder: ScanFolder, depth: int = 2, group_documents: int = 1, group_seconds: float = 0.0):
         self.folder = folder
+        self.group_documents, self.group_seconds = max(1, group_documents), max(0.0, group_seconds)
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._error: BaseException | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="inspector-commit", daemon=True)
         self._thread.start()
 
+    def _write(self, group: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+        """Commit the gathered batches as one part (in their order), unless an earlier write failed."""
+        if not group or self._error is not None:  # after a failure, the batches still queued are dropped (not committed)
+            return
+        try:
+            if len(group) == 1:
+                self.folder.commit(*group[0])
+            else:
+                heads = [h for _, h in group if len(h)]
+                self.folder.commit(pd.concat([d for d, _ in group], ignore_index=True),
+                                   pd.concat(heads, ignore_index=True) if heads else pd.DataFrame())
+        except BaseException as exc:  # noqa: BLE001 - raised in the scan's thread by commit / close
+            self._error = exc
+
     def _run(self) -> None:
+        group: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+        count, deadline = 0, 0.0
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()) if group else None)
+            except queue.Empty:  # the group's time is up
+                self._write(group)
+                group, count = [], 0
+                continue
             if item is None:
+                self._write(group)
                 return
-            if self._error is None:  # after a failure, the batches still queued are dropped (not committed)
-                try:
-                    self.folder.commit(*item)
-                except BaseException as exc:  # noqa: BLE001 - raised in the scan's thread by commit / close
-                    self._error = exc
+            if not group:
+                deadline = time.monotonic() + self.group_seconds
+            group.append(item)
+            count += len(item[0])
+            if count >= self.group_documents or time.monotonic() >= deadline:
+                self._write(group)
+                group, count = [], 0
 
     def _raise(self) -> None:
         if self._error is not None:

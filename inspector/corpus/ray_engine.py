@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from inspector.corpus.documents import Document
-from inspector.corpus.reduce import BatchResult, Options, check_document
+from inspector.corpus.reduce import BatchResult, Options, check_document, length_of
 from inspector.errors import InspectorError
 
 WINDOW = 20_000  # documents per Ray Dataset: the most the driver lists at once (each window loads the model anew)
@@ -166,6 +166,15 @@ def _map(ds, batch_size: int, n: int, gpus: int, device: str, model: str | None,
     )
 
 
+def _window(docs: Iterator[Document]) -> list[dict]:
+    """The next :data:`WINDOW` documents as Ray items, sorted by length (:func:`~inspector.corpus.reduce.length_of`,
+    stable), so that each actor's batch pads little, as the local engine's batches
+    (:func:`~inspector.corpus.reduce.length_batches`)."""
+    from itertools import islice
+
+    return [_item(d) for d in sorted(islice(docs, WINDOW), key=length_of)]
+
+
 def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int = 8, options: Options = Options(),
                 address: str | None = None, workers: int | None = None, device: str | None = None,
                 trust_remote_code: bool = False, num_cpus: int | None = None) -> Iterator[BatchResult]:
@@ -175,10 +184,8 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
         import ray.data
     except ImportError:
         raise InspectorError("--engine ray needs Ray: pip install 'attention-inspector[ray]' (or use --engine local)") from None
-    from itertools import islice
-
     docs = iter(docs)
-    items = [_item(d) for d in islice(docs, WINDOW)]
+    items = _window(docs)
     if not items:
         return
     started = False
@@ -210,7 +217,7 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
                                                           "error": str})
                     yield BatchResult(documents=docs_df, heads=from_ipc(heads) if len(heads) else pd.DataFrame())
             del ds
-            items = [_item(d) for d in islice(docs, WINDOW)]
+            items = _window(docs)
     finally:
         if started:
             ray.shutdown()

@@ -325,9 +325,38 @@ def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield batch
 
 
+LENGTH_WINDOW = 16  # batches read ahead and sorted by length together (length_batches)
+
+
+def length_of(doc: Document) -> int:
+    """A document's length in characters (text plus target): the order :func:`length_batches` batches in,
+    read without tokenizing (the tokenizer runs once, in the capture). A text that is not a string counts 0."""
+    return sum(len(x) for x in (doc.text, doc.target) if isinstance(x, str))
+
+
+def length_batches(docs: Iterable[Document], size: int, window: int | None = None) -> Iterator[list[Document]]:
+    """The documents in batches of ``size`` (the last of each window may be shorter) whose members have similar
+    lengths: ``size * window`` documents are read ahead, sorted by :func:`length_of` (stable: equal lengths keep
+    the corpus's order) and cut into batches, so a padded batch spends little of its forward pass on padding
+    (on the demo's clauses, padded tokens fall from 1.22 to 1.02 of the real ones). Each document is in exactly
+    one batch; memory holds one window of documents, not their captures. What a document's rows hold does not
+    depend on its batch (:mod:`inspector.corpus.reduce` computes every statistic over the document's own tokens);
+    only the order in which batches are committed follows the length. ``window`` defaults to
+    :data:`LENGTH_WINDOW`; 1 is :func:`batched`."""
+    window = LENGTH_WINDOW if window is None else window
+    if window <= 1:
+        yield from batched(docs, size)
+        return
+    for chunk in batched(docs, size * window):
+        ordered = sorted(chunk, key=length_of)
+        for i in range(0, len(ordered), size):
+            yield ordered[i:i + size]
+
+
 def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
                   options: Options = Options(), prefetch: bool | None = None) -> Iterator[BatchResult]:
-    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents at a time, in order.
+    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents of similar length at a time
+    (:func:`length_batches`).
 
     With ``prefetch`` the next batch is captured in a background thread while this one is analysed
     (torch releases the GIL in its kernels; on a GPU the forward pass then overlaps the analysis, which
@@ -339,14 +368,14 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
     if prefetch is None:
         prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
     if not prefetch:
-        for batch in batched(docs, batch_size):
+        for batch in length_batches(docs, batch_size):
             yield analyse(capture_batch(model, tokenizer, batch, options))
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
         pending = None
-        for batch in batched(docs, batch_size):
+        for batch in length_batches(docs, batch_size):
             submitted = pool.submit(capture_batch, model, tokenizer, batch, options)
             if pending is not None:
                 yield analyse(pending.result())

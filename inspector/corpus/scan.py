@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inspector.corpus import folder as folder_mod
 from inspector.corpus.documents import Corpus, Document, Fields
 from inspector.corpus.folder import Committer, ScanFolder, corpus_sha256
 from inspector.corpus.reduce import Options, local_batches
@@ -87,19 +88,20 @@ def _first_pending(corpus: Corpus, folder: ScanFolder) -> Document | None:
 
 
 def _commit_all(folder: ScanFolder, results, bar) -> tuple[int, int]:
-    """Commit each batch as it comes, in a background writer (:class:`~inspector.corpus.folder.Committer`:
-    the next batch is computed while this one is written); (documents, of them with an error). Every batch
+    """Commit the batches as they come, in a background writer (:class:`~inspector.corpus.folder.Committer`:
+    the next batch is computed while this one is written; batches grouped into parts of about
+    :data:`~inspector.corpus.folder.GROUP_DOCUMENTS` documents or a second's work); (documents, of them with an error). Every batch
     handed over is committed before this returns or raises, and the folder's documents.parquet is rewritten
     at the end even after a failure (whose error is then the one raised)."""
     scanned = errors = 0
     failed = True
     try:
-        with Committer(folder) as committer:
+        with Committer(folder, group_documents=folder_mod.GROUP_DOCUMENTS, group_seconds=folder_mod.GROUP_SECONDS) as committer:
             for result in results:
                 committer.commit(result.documents, result.heads)
                 n = len(result.documents)
                 scanned += n
-                errors += int((result.documents["status"] != "ok").sum())
+                errors += sum(s != "ok" for s in result.documents["status"].tolist())
                 if bar is not None:
                     bar.update(n)
                     bar.set_postfix(errors=errors, refresh=False)

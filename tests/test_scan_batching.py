@@ -1,0 +1,201 @@
+"""What makes the scan cheaper per document without changing a number (issue 30): batches of documents of similar
+length (less padding in each forward pass), batches grouped into fewer commits, and the rank sums of every site of
+one shape added as one stacked block."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from test_scan import read_heads
+
+from inspector.analysis.rank import RankSums
+from inspector.corpus import folder as folder_mod
+from inspector.corpus import reduce
+from inspector.corpus.documents import Document, Fields
+from inspector.corpus.folder import Committer, ScanFolder, committed_documents
+from inspector.corpus.forward_sums import Block, SiteSums, StackedSums
+from inspector.corpus.leases import lease_rows, write_jsonl
+from inspector.corpus.scan import scan
+
+import tiny
+
+FIELDS = Fields(query="query", referents="referents", id="id")
+
+
+def _docs(n: int) -> list[Document]:
+    return [Document(row=i, id=r["id"], text=r["text"]) for i, r in enumerate(lease_rows(n, seed=3))]
+
+
+@pytest.fixture(scope="module")
+def bert():
+    from inspector.capture.models import LoadedModel
+
+    return LoadedModel(model=tiny.build("bert"), tokenizer=tiny.tokenizer(), name="tiny-bert")
+
+
+# ---- batches of similar length ---------------------------------------------------------------------------
+def test_length_batches_hold_every_document_once_sorted_within_each_window():
+    docs = _docs(50)
+    batches = list(reduce.length_batches(docs, 4, window=3))
+    assert sorted(d.row for b in batches for d in b) == list(range(50))  # each document exactly once
+    assert all(len(b) == 4 for b in batches[:-1]) and 1 <= len(batches[-1]) <= 4
+    for w in range(0, 50, 12):  # each window of 12 documents: its batches in length order, ties in corpus order
+        window = [d for b in batches if w <= min(d.row for d in b) < w + 12 for d in b]
+        assert [d.row for d in window] == [d.row for d in sorted(docs[w:w + 12], key=reduce.length_of)]
+    assert [[d.row for d in b] for b in reduce.length_batches(docs, 4, window=1)] == \
+        [[d.row for d in b] for b in reduce.batched(docs, 4)]
+    assert reduce.length_of(Document(row=0, id="x", text="abc", target="de")) == 5
+    assert reduce.length_of(Document(row=0, id="x", text=None, problem="no text")) == 0
+
+
+def test_length_batches_cut_the_padding_of_the_demo_clauses(tokenizer):
+    """Padded tokens per real token on 128 generated clauses, batches of 8: in corpus order about 1.2, by length
+    (characters, read without tokenizing) close to 1: at least two thirds of the padding gone."""
+    docs = _docs(128)
+    n_tokens = {d.row: len(tokenizer(d.text)["input_ids"]) for d in docs}
+
+    def padded(batches):
+        return sum(max(n_tokens[d.row] for d in b) * len(b) for b in batches) / sum(n_tokens.values())
+
+    before, after = padded(reduce.batched(docs, 8)), padded(reduce.length_batches(docs, 8))
+    assert before > 1.1 and after - 1 < (before - 1) / 3, (before, after)
+
+
+def test_a_scans_rows_do_not_depend_on_how_its_documents_were_batched(bert, tmp_path, monkeypatch):
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20, seed=5))
+    scan(data, tmp_path / "by_length", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    monkeypatch.setattr(reduce, "LENGTH_WINDOW", 1)  # corpus order
+    scan(data, tmp_path / "in_order", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    a, b = (read_heads(tmp_path / x).sort_values(["id", "site", "head"]).reset_index(drop=True)
+            for x in ("by_length", "in_order"))
+    assert len(a) == len(b) > 0 and a["split_score"].notna().any()
+    assert a.columns.tolist() == b.columns.tolist()
+    for c in a.columns:
+        if pd.api.types.is_float_dtype(a[c]):
+            np.testing.assert_allclose(a[c].to_numpy(float), b[c].to_numpy(float), atol=1e-6, rtol=0, err_msg=c)
+        else:
+            assert [str(v) for v in a[c]] == [str(v) for v in b[c]], c
+    docs = [pd.read_parquet(tmp_path / x / "documents.parquet") for x in ("by_length", "in_order")]
+    assert docs[0].equals(docs[1])  # sorted by corpus row either way
+
+
+# ---- fewer, larger commits --------------------------------------------------------------------------------
+META = {"corpus": "x", "fields": Fields().to_dict(), "model": "m", "options": reduce.Options().to_dict()}
+
+
+def _batch(k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    ids = [f"d{k}-{i}" for i in range(3)]
+    docs = pd.DataFrame({"id": ids, "row": [3 * k + i for i in range(3)], "tokens": 5, "status": "ok", "error": ""})
+    heads = pd.DataFrame({"id": ids, "site": "s", "stack": "none", "kind": "self", "layer": 0, "head": 0,
+                          "entropy": [0.5 + k, 0.25, 0.125], "normalized_entropy": 0.1})
+    return docs, heads
+
+
+def test_the_writer_groups_batches_into_commits_of_at_least_n_documents(tmp_path):
+    out = tmp_path / "out"
+    folder = ScanFolder(out, META).open()
+    with Committer(folder, group_documents=6, group_seconds=60.0) as c:
+        for k in range(5):
+            c.commit(*_batch(k))
+    folder.flush()
+    docs = committed_documents(out)
+    assert docs.groupby("part").size().tolist() == [6, 6, 3]  # the last group is committed when the writer closes
+    assert list(docs["id"]) == [f"d{k}-{i}" for k in range(5) for i in range(3)]  # in the order handed over
+    heads = read_heads(out)
+    assert list(heads["entropy"][::3]) == [0.5 + k for k in range(5)]
+
+
+def test_the_writer_commits_a_group_once_its_time_is_up(tmp_path):
+    out = tmp_path / "out"
+    folder = ScanFolder(out, META).open()
+    with Committer(folder, group_documents=1000, group_seconds=0.05) as c:
+        c.commit(*_batch(0))
+        deadline = time.monotonic() + 30
+        while not list((out / "_documents").glob("part-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.01)  # waiting on the condition (the part appears), not a fixed time
+        assert [p.name for p in (out / "_documents").glob("part-*.parquet")] == ["part-00000.parquet"]
+        c.commit(*_batch(1))
+    assert committed_documents(out).groupby("part").size().tolist() == [3, 3]
+
+
+def test_a_scan_groups_its_batches_and_reads_as_when_each_batch_was_a_part(bert, tmp_path, monkeypatch):
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(12, seed=2))
+    grouped = scan(data, tmp_path / "grouped", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    assert len(list((tmp_path / "grouped" / "heads").glob("part-*.parquet"))) == 1  # 12 documents < GROUP_DOCUMENTS
+    monkeypatch.setattr(folder_mod, "GROUP_DOCUMENTS", 1)
+    monkeypatch.setattr(folder_mod, "GROUP_SECONDS", 0.0)
+    scan(data, tmp_path / "each", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    assert len(list((tmp_path / "each" / "heads").glob("part-*.parquet"))) == 4
+    a, b = (read_heads(tmp_path / x).sort_values(["id", "site", "head"]).reset_index(drop=True) for x in ("grouped", "each"))
+    pd.testing.assert_frame_equal(a, b)
+    assert grouped.scanned == 12
+    assert pd.read_parquet(tmp_path / "grouped" / "documents.parquet").equals(pd.read_parquet(tmp_path / "each" / "documents.parquet"))
+
+
+# ---- rank sums stacked over the sites of one shape --------------------------------------------------------
+def _block(seed: int, nan_at: tuple | None = None) -> Block:
+    g = torch.Generator().manual_seed(seed)
+    b, h, n = 2, 3, 6
+    logits = torch.randn(b, h, n, n, generator=g) * 3
+    w = torch.softmax(logits, -1)
+    if nan_at is not None:
+        w[nan_at] = float("nan")
+    special = torch.zeros(b, n, dtype=torch.bool)
+    special[:, 0] = True
+    pad = torch.zeros(b, n, dtype=torch.bool)
+    pad[1, -1] = True  # the second document's last key and query are padding
+    rows = ~pad
+    vis = (~pad)[:, None, None, :].expand(b, 1, n, n)
+    return Block(w, vis, rows, torch.arange(n), special, pad, logits.clone())
+
+
+@pytest.mark.parametrize("want", [(False,), (True,), (False, True)])
+def test_stacked_sums_are_each_sites_own_sums(want):
+    stacked = StackedSums(want)
+    for i, name in enumerate("abc"):
+        stacked.wait(name, True, _block(i))
+    assert stacked.values == 3 * 2 * 3 * 6 * 6
+    found = stacked.settle()
+    assert stacked.values == 0 and stacked.settle() == {}
+    for i, name in enumerate("abc"):
+        sums, finite = found[name]
+        assert isinstance(sums, SiteSums) and finite and sums.want == want
+        own = RankSums(2, 3, 6, True, want)
+        assert _block(i).add_to(own)
+        for excluded in want:
+            got, ref = sums.metrics(excluded), own.metrics(excluded)
+            assert got.keys() == ref.keys()
+            for c in ref:
+                torch.testing.assert_close(got[c], ref[c], rtol=0, atol=1e-12, equal_nan=True, msg=f"{name} {c}")
+
+
+def test_a_non_finite_row_in_a_stack_is_named_by_its_site():
+    stacked = StackedSums((False,))
+    stacked.wait("a", True, _block(0))
+    stacked.wait("b", True, _block(1, nan_at=(0, 1, 2, 3)))  # a real row of site b
+    stacked.wait("c", True, _block(2))
+    stacked.wait("cross", False, _block(3))  # another shape (not one axis): summed on its own
+    found = stacked.settle()
+    assert {k: v[1] for k, v in found.items()} == {"a": True, "b": False, "c": True, "cross": True}
+    own = RankSums(2, 3, 6, True, (False,))
+    _block(0).add_to(own)
+    torch.testing.assert_close(found["a"][0].metrics(False)["entropy"], own.metrics(False)["entropy"], rtol=0, atol=1e-12)
+
+
+def test_a_capture_sums_every_site_as_it_would_alone(bert, monkeypatch):
+    """The scan's rows with the stacked sums equal those with each site summed on its own (DEFER_VALUES 0)."""
+    from inspector.corpus import forward_sums
+
+    docs = [Document(row=i, id=r["id"], text=r["text"], query=r.get("query"), referents=r.get("referents"))
+            for i, r in enumerate(lease_rows(10, seed=1)[:6])]
+    stacked = reduce.reduce_batch(bert.model, bert.tokenizer, docs).heads
+    monkeypatch.setattr(forward_sums, "DEFER_VALUES", 0)
+    alone = reduce.reduce_batch(bert.model, bert.tokenizer, docs).heads
+    for c in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight"):
+        np.testing.assert_allclose(stacked[c].to_numpy(float), alone[c].to_numpy(float), atol=1e-12, rtol=0, err_msg=c)
+    assert stacked["top_key_index"].tolist() == alone["top_key_index"].tolist()
+    assert stacked["label"].tolist() == alone["label"].tolist()
