@@ -199,3 +199,74 @@ def test_a_capture_sums_every_site_as_it_would_alone(bert, monkeypatch):
         np.testing.assert_allclose(stacked[c].to_numpy(float), alone[c].to_numpy(float), atol=1e-12, rtol=0, err_msg=c)
     assert stacked["top_key_index"].tolist() == alone["top_key_index"].tolist()
     assert stacked["label"].tolist() == alone["label"].tolist()
+
+
+# ---- a scan's pass ends after its last attention call -----------------------------------------------------
+def _lease_docs(n: int, targets: bool = False) -> list[Document]:
+    rows = lease_rows(max(n, 10), seed=4)[:n]
+    return [Document(row=i, id=r["id"], text=r["text"], query=r.get("query"), referents=r.get("referents"),
+                     target=("The tenant pays." if targets else None)) for i, r in enumerate(rows)]
+
+
+def _leaf_calls(model) -> tuple[list, list[int]]:
+    """Hooks counting the calls of every leaf module (projections, norms, activations) into ``calls[0]``."""
+    calls = [0]
+    hooks = [m.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+             for m in model.modules() if not list(m.children())]
+    return hooks, calls
+
+
+@pytest.mark.parametrize("name,targets", [("bert", False), ("gpt2", False), ("bart", True), ("t5", True)])
+def test_a_scan_pass_ends_after_its_last_attention_call_with_the_same_rows(name, targets):
+    from inspector.corpus.forward_sums import StopPlan
+
+    model, tok = tiny.build(name), tiny.tokenizer()
+    docs = _lease_docs(6, targets)
+    plan = StopPlan()
+    hooks, linear = _leaf_calls(model)
+    try:
+        first = reduce.capture_batch(model, tok, docs, reduce.Options(), plan)
+        full_linear, linear[0] = linear[0], 0
+        again = reduce.capture_batch(model, tok, docs, reduce.Options(), plan)
+        stopped_linear = linear[0]
+    finally:
+        for h in hooks:
+            h.remove()
+    (cap_a, _), = first.captures
+    (cap_b, _), = again.captures
+    assert cap_a.output is not None and cap_b.output is None  # the second pass stopped
+    assert list(plan.orders.values())[0] is not None and len(list(plan.orders.values())[0]) == len(cap_a.sites)
+    assert 0 < stopped_linear < full_linear  # what runs after the last attention call did not run
+    assert [s.name for s in cap_a.sites] == [s.name for s in cap_b.sites]
+    for key in cap_a.tensors:  # the recording is the same
+        assert torch.equal(cap_a.tensors[key], cap_b.tensors[key]), key
+    a, b = reduce.analyse(first).heads, reduce.analyse(again).heads
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_a_pass_whose_calls_go_another_way_runs_to_its_end():
+    from inspector.corpus.forward_sums import StopPlan
+
+    model, tok = tiny.build("bert"), tiny.tokenizer()
+    docs = _lease_docs(4)
+    plan = StopPlan()
+    reduce.capture_batch(model, tok, docs, reduce.Options(), plan)
+    (key, order), = plan.orders.items()
+    plan.orders[key] = tuple(reversed(order))  # not the order this model calls its modules in
+    (cap, _), = reduce.capture_batch(model, tok, docs, reduce.Options(), plan).captures
+    assert cap.output is not None and len(cap.sites) == len(order)
+
+
+def test_a_model_that_calls_a_module_twice_never_stops_early():
+    from inspector.corpus.forward_sums import StopPlan
+
+    model, tok = tiny.build("bert"), tiny.tokenizer()
+    layers = model.encoder.layer
+    model.encoder.layer = torch.nn.ModuleList([layers[0], layers[1], layers[0]])  # layer 0 shared, called twice
+    model.config.num_hidden_layers = 3
+    docs = _lease_docs(4)
+    plan = StopPlan()
+    for _ in range(2):
+        (cap, _), = reduce.capture_batch(model, tok, docs, reduce.Options(), plan).captures
+        assert cap.output is not None and len(cap.sites) == 3
+    assert list(plan.orders.values()) == [None]

@@ -58,6 +58,12 @@ _CROSS_NAMES = ("crossattention", "encoder_attn", "encdecattention", "cross_attn
 
 
 
+class StopForward(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by the recorder to end a forward pass once the last attention call its caller needs is recorded
+    (:attr:`Recorder.stop_order`); :func:`record` catches it. What the model computes after that call (the last
+    layer's feed-forward block, a pooler or a language-model head) feeds no attention weight of the pass."""
+
+
 def site_depth(module, base: str, call: int) -> int:
     """The depth of an attention call: the module's own ``layer_idx`` where it is a depth (an int, not
     negative), else the first number in its dotted name (``model.layers.3.shared_transformer.self_attn`` -> 3:
@@ -98,6 +104,8 @@ class Recorder:
         self.sites: list[Site] = []
         self.tensors: dict[str, torch.Tensor] = {}
         self._calls: dict[int, int] = {}
+        self._order: list[int] = []  # the module of every attention call, in call order
+        self.stop_order: tuple[int, ...] | None = None  # end the pass after this sequence of calls (StopForward)
         self._masks: dict[tuple[int, int, int], str | None] = {}
         self.masks: dict[str, dict] = {}  # mask name -> spec (schema 2)
         self._alive: list[Any] = []  # keep mask inputs alive so their ids stay unique
@@ -117,12 +125,15 @@ class Recorder:
         base = self.names.get(id(module), type(module).__name__)
         call = self._calls.get(id(module), 0)
         self._calls[id(module)] = call + 1
+        self._order.append(id(module))
         name = base if call == 0 else f"{base}@{call}"
         layer = site_depth(module, base, call)
         if (self.layers is not None and layer not in self.layers) or (
             self.site_patterns is not None and not any(p.search(name) for p in self.site_patterns)
         ):
-            return self._lazy(module, query, key, value, attention_mask, kwargs)[1:]
+            found = self._lazy(module, query, key, value, attention_mask, kwargs)[1:]
+            self._maybe_stop(module)
+            return found
 
         extra = sorted(k for k, v in kwargs.items() if v is not None and k not in NEUTRAL_KWARGS | HANDLED_KWARGS)
         summed = (self.forward_sums is not None and not (self.weights or extra)
@@ -165,7 +176,19 @@ class Recorder:
             self.projections.expect(site, out, value)
         if self.progress is not None:
             self.progress.update(1)
+        self._maybe_stop(module)
         return out, w
+
+    def _maybe_stop(self, module) -> None:
+        """Raise :class:`StopForward` when this call ends :attr:`stop_order` (every call so far the one expected);
+        a call that is not the one expected drops the plan, and the pass runs to its end."""
+        if self.stop_order is None:
+            return
+        i = len(self._order) - 1
+        if i >= len(self.stop_order) or self.stop_order[i] != id(module):
+            self.stop_order = None
+        elif i == len(self.stop_order) - 1:
+            raise StopForward
 
     def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
         """A site for a module that computes attention its own way: its probability map ``w``
@@ -522,7 +545,9 @@ def record(
     make no call through the interface are captured weights-only from a second, eager pass with
     ``output_attentions`` (named after the module). ``forward_sums`` (a
     :class:`~inspector.corpus.forward_sums.ForwardSums`) takes the rank sums of the calls it applies to as they
-    run. Raises :class:`InspectorError` for a selection that matches no site or a layer the model lacks.
+    run; after a full pass it is told the pass's attention calls (its ``passed``), and where it names that
+    sequence as its ``stop_order``, the pass ends after the last of those calls (:class:`StopForward`): the
+    recording is the same, and ``output`` is None. Raises :class:`InspectorError` for a selection that matches no site or a layer the model lacks.
     """
     options = options or CaptureOptions()
     notes: list[dict[str, str]] = []
@@ -534,17 +559,25 @@ def record(
         bar = tqdm(desc="capturing attention", unit="site", leave=False, disable=None,
                    total=_expected_sites(model) if not (options.layers or options.sites) else None)
     recorder = _recorder(model, roles, options, bar=bar, lengths=lengths, padding=padding, forward_sums=forward_sums)
+    if recorder.layers is None and recorder.site_patterns is None:
+        recorder.stop_order = getattr(forward_sums, "stop_order", None)
     token = None
     try:
         with LOCK, eval_mode(model, [m for _, m in recorder.walk]), registered_functions(), \
                 attn_implementation(model, IMPL, recorder.configs), torch.no_grad(), \
                 recorder.projections.watching(recorder.tensors):
             token = ACTIVE.set(recorder)
+            stopped = False
             try:
                 output = model(**model_kwargs, use_cache=False)
+            except StopForward:  # every attention call was recorded (forward_sums.stop_order): the rest is not needed
+                output, stopped = None, True
             finally:
                 ACTIVE.reset(token)
-            missing = _unrecorded_modules(recorder)
+            # a stopped pass made the calls of a full pass that recorded every module (forward_sums.passed)
+            missing = [] if stopped else _unrecorded_modules(recorder)
+            if forward_sums is not None and not stopped:
+                _tell_order(forward_sums, recorder, missing)
             if missing:  # attention modules that bypass the interface: their output_attentions maps, by module
                 _weights_only_pass(model, model_kwargs, recorder, missing, notes)
             if not recorder._calls and not recorder.sites:
@@ -556,6 +589,19 @@ def record(
     if not recorder.sites:
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
     return Recording(recorder.sites, recorder.tensors, output, dict(recorder.masks), dict(recorder.pseudo), notes)
+
+
+def _tell_order(forward_sums, recorder: Recorder, missing: list) -> None:
+    """Tell ``forward_sums`` (its optional ``passed``) the modules of this full pass's attention calls in call
+    order, where a later pass may stop after the same sequence: every attention module called exactly once
+    through the interface, each call a site (no module captured another way, no selection of layers or sites);
+    else None."""
+    passed = getattr(forward_sums, "passed", None)
+    if passed is None:
+        return
+    simple = (not missing and recorder.layers is None and recorder.site_patterns is None
+              and all(c == 1 for c in recorder._calls.values()) and len(recorder.sites) == len(recorder._order))
+    passed(tuple(recorder._order) if simple else None)
 
 
 def _check_selection(model, options: CaptureOptions) -> None:

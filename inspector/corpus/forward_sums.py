@@ -138,18 +138,35 @@ class _LiveTensors:
         return self._d[name][index]
 
 
+class StopPlan:
+    """Where a scan's forward passes may end, learned per model: the statistics need every attention call, and
+    nothing the model computes after its last one (the last layer's feed-forward block, a pooler, a language-model
+    head, up to a tenth of a small encoder's pass). Per input structure (the roles of a batch's records: source
+    only, or source and target), the first full pass tells its attention calls in call order (``orders``; None
+    where a pass may not stop: a module called twice, a module captured another way); later passes of that
+    structure end after the same sequence of calls, and a pass whose calls go another way runs to its end
+    (:class:`~inspector.capture.recorder.StopForward`, ``Recorder.stop_order``). One plan serves one model."""
+
+    def __init__(self):
+        self.orders: dict[tuple[str, ...], tuple[int, ...] | None] = {}
+
+
 class ForwardSums:
     """Rank sums per site name, filled by the capture's recorder (:meth:`attend`) during the forward pass.
 
     ``records``: the capture's input records (``role``, ``batch``, ``special``, ``padding``, ``tokens``);
-    ``want``: the special-token settings to sum, as :class:`~inspector.analysis.RankSums` takes them. The
+    ``want``: the special-token settings to sum, as :class:`~inspector.analysis.RankSums` takes them; ``plan``
+    (a :class:`StopPlan` kept across a scan's batches) lets the pass end after its last attention call
+    (``stop_order``, read by the recorder; :meth:`passed` teaches it). The
     recorder binds its mask specs and tensors (:meth:`bind`) before the forward. After the forward, ``sums[site]`` holds the site's :class:`RankSums` over every batch row, and
     ``finite[site]`` whether every real row's weights were finite."""
 
-    def __init__(self, records, want: tuple[bool, ...]):
+    def __init__(self, records, want: tuple[bool, ...], plan: StopPlan | None = None):
         self.records = {(r.role, r.batch): r for r in records}
         self.batch_size = 1 + max((r.batch for r in records), default=0)
         self.want = want
+        self._plan, self._structure = plan, tuple(sorted({r.role for r in records}))
+        self.stop_order = None if plan is None else plan.orders.get(self._structure)
         self.axes = None
         self._sums: dict[str, RankSums | SiteSums] = {}
         self._finite: dict[str, bool] = {}
@@ -170,6 +187,12 @@ class ForwardSums:
     def _settle(self) -> None:
         for name, (sums, finite) in self._stacked.settle().items():
             self._sums[name], self._finite[name] = sums, finite
+
+    def passed(self, order: tuple[int, ...] | None) -> None:
+        """Told by the recorder after a full pass: its attention calls' modules in call order, or None where a pass
+        may not stop early; the plan keeps the first it is told for this input structure."""
+        if self._plan is not None:
+            self._plan.orders.setdefault(self._structure, order)
 
     def bind(self, masks: dict, tensors: dict) -> None:
         """Read site masks from the recorder's mask specs and tensors (filled as the forward goes)."""

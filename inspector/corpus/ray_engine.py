@@ -86,9 +86,11 @@ class Reducer:
 
             torch.set_num_threads(threads)
         from inspector.capture.models import load_model
+        from inspector.corpus.forward_sums import StopPlan
 
         self.lm = load_model(model, device=device, trust_remote_code=trust_remote_code)
         self.options = Options(**options)
+        self.plan = StopPlan()  # this actor's model: its passes end after the last attention call, as the local engine's
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         """One row for the whole batch: its ``documents`` and ``heads`` tables as Arrow IPC bytes (exact floats,
@@ -96,7 +98,7 @@ class Reducer:
         from inspector.corpus.reduce import reduce_batch
 
         docs = [_document(r) for r in batch.to_dict("records")]
-        result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options)
+        result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options, self.plan)
         return pd.DataFrame({"documents": [to_ipc(result.documents)],
                              "heads": [to_ipc(result.heads) if len(result.heads) else b""]})
 

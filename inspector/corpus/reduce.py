@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from inspector.corpus.documents import Document, error_line
-from inspector.corpus.forward_sums import ForwardSums
+from inspector.corpus.forward_sums import ForwardSums, StopPlan
 from inspector.intervene.routes import THRESHOLD
 from inspector.store.masks import leading_padding
 
@@ -161,23 +161,26 @@ def _doc_row(doc: Document, tokens: int, error: str | None, note: str | None = N
             "error": error or note or ""}
 
 
-def _capture(model, tokenizer, docs: list[Document], options: Options):
+def _capture(model, tokenizer, docs: list[Document], options: Options, plan: StopPlan | None):
     from inspector.capture.recorder import capture
 
     targets = [d.target for d in docs]
     return capture(model, tokenizer, [d.text for d in docs], None if all(t is None for t in targets) else targets,
                    weights=False, dtype=options.dtype, value_norms=False,
-                   forward_sums=lambda records: ForwardSums(records, (bool(options.exclude_special),)))
+                   forward_sums=lambda records: ForwardSums(records, (bool(options.exclude_special),), plan))
 
 
-def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> BatchResult:
+def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Options(),
+                 plan: StopPlan | None = None) -> BatchResult:
     """Capture ``docs`` together (padded) and reduce each to its ``heads`` rows; never raises for a bad
-    document: its ``documents`` row carries the error instead.
+    document: its ``documents`` row carries the error instead. ``plan`` (a
+    :class:`~inspector.corpus.forward_sums.StopPlan` kept across the batches of one model) ends each forward
+    pass after its last attention call once a first full pass has shown where that is.
 
     Documents that cannot be captured together (one too long for the model, targets on some but not
     all, a tokenizer without a padding token) are captured one at a time, so one bad document costs its batch only speed.
     """
-    return analyse(capture_batch(model, tokenizer, docs, options))
+    return analyse(capture_batch(model, tokenizer, docs, options, plan))
 
 
 @dataclass
@@ -192,8 +195,10 @@ class Captured:
     routes: dict[int, pd.DataFrame | str] | None = None  # with options.routes: per document with a query, rows or error
 
 
-def capture_batch(model, tokenizer, docs: list[Document], options: Options = Options()) -> Captured:
-    """Capture ``docs`` (lazily, in memory): together, or one at a time where they cannot be together."""
+def capture_batch(model, tokenizer, docs: list[Document], options: Options = Options(),
+                  plan: StopPlan | None = None) -> Captured:
+    """Capture ``docs`` (lazily, in memory): together, or one at a time where they cannot be together; ``plan``
+    as :func:`reduce_batch` takes it."""
     doc_rows: dict[int, dict] = {}
     captures: list[tuple[object, list[tuple[int, Document]]]] = []
     good: list[tuple[int, Document]] = []
@@ -208,7 +213,7 @@ def capture_batch(model, tokenizer, docs: list[Document], options: Options = Opt
         groups = [[g] for g in good]
     elif len(good) > 1:
         try:
-            captures.append((_capture(model, tokenizer, [d for _, d in good], options), good))
+            captures.append((_capture(model, tokenizer, [d for _, d in good], options, plan), good))
         except Exception:  # noqa: BLE001 - retried one by one, where the culprit gets the error
             groups = [[g] for g in good]
         else:
@@ -216,7 +221,7 @@ def capture_batch(model, tokenizer, docs: list[Document], options: Options = Opt
     for group in groups:
         (i, doc), = group
         try:
-            captures.append((_capture(model, tokenizer, [doc], options), group))
+            captures.append((_capture(model, tokenizer, [doc], options, plan), group))
         except Exception as exc:  # noqa: BLE001 - a bad document never stops the scan
             doc_rows[i] = _doc_row(doc, 0, error_line(exc))
     found = _routes(model, tokenizer, [(i, d) for _, g in captures for i, d in g], options) if options.routes else None
@@ -367,16 +372,17 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
     """
     if prefetch is None:
         prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
+    plan = StopPlan()
     if not prefetch:
         for batch in length_batches(docs, batch_size):
-            yield analyse(capture_batch(model, tokenizer, batch, options))
+            yield analyse(capture_batch(model, tokenizer, batch, options, plan))
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
         pending = None
         for batch in length_batches(docs, batch_size):
-            submitted = pool.submit(capture_batch, model, tokenizer, batch, options)
+            submitted = pool.submit(capture_batch, model, tokenizer, batch, options, plan)
             if pending is not None:
                 yield analyse(pending.result())
             pending = submitted
