@@ -1,6 +1,6 @@
 """What makes the scan cheaper per document without changing a number (issue 30): batches of documents of similar
-length (less padding in each forward pass), batches grouped into fewer commits, and the rank sums of every site of
-one shape added as one stacked block."""
+length (less padding in each forward pass), batches grouped into fewer commits, forward passes that end after their
+last attention call, and the split's query rows read from the weights the forward pass computed."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ import pytest
 import torch
 from test_scan import read_heads
 
-from inspector.analysis.rank import RankSums
 from inspector.corpus import folder as folder_mod
 from inspector.corpus import reduce
 from inspector.corpus.documents import Document, Fields
 from inspector.corpus.folder import Committer, ScanFolder, committed_documents
-from inspector.corpus.forward_sums import Block, SiteSums, StackedSums
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
 
@@ -136,71 +134,6 @@ def test_a_scan_groups_its_batches_and_reads_as_when_each_batch_was_a_part(bert,
     assert pd.read_parquet(tmp_path / "grouped" / "documents.parquet").equals(pd.read_parquet(tmp_path / "each" / "documents.parquet"))
 
 
-# ---- rank sums stacked over the sites of one shape --------------------------------------------------------
-def _block(seed: int, nan_at: tuple | None = None) -> Block:
-    g = torch.Generator().manual_seed(seed)
-    b, h, n = 2, 3, 6
-    logits = torch.randn(b, h, n, n, generator=g) * 3
-    w = torch.softmax(logits, -1)
-    if nan_at is not None:
-        w[nan_at] = float("nan")
-    special = torch.zeros(b, n, dtype=torch.bool)
-    special[:, 0] = True
-    pad = torch.zeros(b, n, dtype=torch.bool)
-    pad[1, -1] = True  # the second document's last key and query are padding
-    rows = ~pad
-    vis = (~pad)[:, None, None, :].expand(b, 1, n, n)
-    return Block(w, vis, rows, torch.arange(n), special, pad, logits.clone())
-
-
-@pytest.mark.parametrize("want", [(False,), (True,), (False, True)])
-def test_stacked_sums_are_each_sites_own_sums(want):
-    stacked = StackedSums(want)
-    for i, name in enumerate("abc"):
-        stacked.wait(name, True, _block(i))
-    assert stacked.values == 3 * 2 * 3 * 6 * 6
-    found = stacked.settle()
-    assert stacked.values == 0 and stacked.settle() == {}
-    for i, name in enumerate("abc"):
-        sums, finite = found[name]
-        assert isinstance(sums, SiteSums) and finite and sums.want == want
-        own = RankSums(2, 3, 6, True, want)
-        assert _block(i).add_to(own)
-        for excluded in want:
-            got, ref = sums.metrics(excluded), own.metrics(excluded)
-            assert got.keys() == ref.keys()
-            for c in ref:
-                torch.testing.assert_close(got[c], ref[c], rtol=0, atol=1e-12, equal_nan=True, msg=f"{name} {c}")
-
-
-def test_a_non_finite_row_in_a_stack_is_named_by_its_site():
-    stacked = StackedSums((False,))
-    stacked.wait("a", True, _block(0))
-    stacked.wait("b", True, _block(1, nan_at=(0, 1, 2, 3)))  # a real row of site b
-    stacked.wait("c", True, _block(2))
-    stacked.wait("cross", False, _block(3))  # another shape (not one axis): summed on its own
-    found = stacked.settle()
-    assert {k: v[1] for k, v in found.items()} == {"a": True, "b": False, "c": True, "cross": True}
-    own = RankSums(2, 3, 6, True, (False,))
-    _block(0).add_to(own)
-    torch.testing.assert_close(found["a"][0].metrics(False)["entropy"], own.metrics(False)["entropy"], rtol=0, atol=1e-12)
-
-
-def test_a_capture_sums_every_site_as_it_would_alone(bert, monkeypatch):
-    """The scan's rows with the stacked sums equal those with each site summed on its own (DEFER_VALUES 0)."""
-    from inspector.corpus import forward_sums
-
-    docs = [Document(row=i, id=r["id"], text=r["text"], query=r.get("query"), referents=r.get("referents"))
-            for i, r in enumerate(lease_rows(10, seed=1)[:6])]
-    stacked = reduce.reduce_batch(bert.model, bert.tokenizer, docs).heads
-    monkeypatch.setattr(forward_sums, "DEFER_VALUES", 0)
-    alone = reduce.reduce_batch(bert.model, bert.tokenizer, docs).heads
-    for c in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass", "top_key_weight"):
-        np.testing.assert_allclose(stacked[c].to_numpy(float), alone[c].to_numpy(float), atol=1e-12, rtol=0, err_msg=c)
-    assert stacked["top_key_index"].tolist() == alone["top_key_index"].tolist()
-    assert stacked["label"].tolist() == alone["label"].tolist()
-
-
 # ---- a scan's pass ends after its last attention call -----------------------------------------------------
 def _lease_docs(n: int, targets: bool = False) -> list[Document]:
     rows = lease_rows(max(n, 10), seed=4)[:n]
@@ -270,3 +203,29 @@ def test_a_model_that_calls_a_module_twice_never_stops_early():
         (cap, _), = reduce.capture_batch(model, tok, docs, reduce.Options(), plan).captures
         assert cap.output is not None and len(cap.sites) == 3
     assert list(plan.orders.values()) == [None]
+
+
+# ---- the split's query rows read from the weights the forward pass computed ----------------------------------
+def test_the_held_weights_are_the_models_own_and_give_the_recomputed_rows(monkeypatch):
+    from inspector.capture.recorder import capture
+    from inspector.corpus import forward_sums
+    from inspector.corpus.forward_sums import ForwardSums
+
+    model, tok = tiny.build("bert"), tiny.tokenizer()
+    docs = _lease_docs(5)
+    texts = [d.text for d in docs]
+    lazy = capture(model, tok, texts, weights=False, value_norms=False,
+                   forward_sums=lambda records: ForwardSums(records, (False,)))
+    full = capture(model, tok, texts, weights=True, value_norms=False)  # transformers' eager attention, kept
+    held = lazy.forward_sums.weights
+    assert set(held) == {s.name for s in full.sites}
+    for s in full.sites:
+        torch.testing.assert_close(held[s.name][0], full.tensors[f"{s.name}/weights"], rtol=0, atol=1e-6)
+    a = reduce.reduce_batch(model, tok, docs).heads
+    monkeypatch.setattr(forward_sums, "KEEP_VALUES", 0)  # nothing held: the rows are computed again from Q and K
+    b = reduce.reduce_batch(model, tok, docs).heads
+    assert a["split_score"].notna().any()
+    for c in ("referent_mass", "chance_mass", "lift", "split_score", "shared_share", "split_unshared"):
+        np.testing.assert_allclose(a[c].to_numpy(float), b[c].to_numpy(float), atol=1e-6, rtol=0, err_msg=c)
+    for c in ("query_positions", "rows_flagged", "referents", "flagged", "driving_row"):
+        assert [str(v) for v in a[c]] == [str(v) for v in b[c]], c

@@ -168,11 +168,14 @@ def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tupl
     k = attention.expand_kv(t[site.tensor_name("k")].float(), site.head_map)
     taken = getattr(capture, "forward_sums", None)
     if taken is not None and site.name in taken.sums and taken.sums[site.name].want == want:
-        # summed while the model ran (inspector.corpus.forward_sums): only the rows the splits read are recomputed
+        # summed while the model ran (inspector.corpus.forward_sums): the rows the splits read are the weights it
+        # kept (short inputs), else recomputed
         if not taken.finite[site.name]:
             raise LookupError(site.name)
         found = taken.sums[site.name].metrics(want[0])
-        return {c: v.numpy() for c, v in found.items()}, _query_rows(site, q, k, mask, vis, keep)
+        held = taken.weights.get(site.name)
+        rows = _held_rows(*held, keep) if held is not None else _query_rows(site, q, k, mask, vis, keep)
+        return {c: v.numpy() for c, v in found.items()}, rows
     out_metrics: dict[str, np.ndarray] = {}
     kept: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {b: {} for b in keep}
     for members, qw, kw in axes.groups(site):
@@ -245,6 +248,18 @@ def _keep_block_rows(w: torch.Tensor, v: torch.Tensor, members: list[int], keep:
         kept[b][p] = (row_w[j], row_v[j])
 
 
+def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`_query_rows` read from a site's whole weights ``w [batch, head, query, key]`` and visible keys ``vis
+    [batch|1, 1|head, query|1, key]``, as the forward pass computed them (:attr:`ForwardSums.weights
+    <inspector.corpus.forward_sums.ForwardSums>`)."""
+    out = {}
+    for b, positions in keep.items():
+        idx = torch.tensor(positions)
+        vb = vis[b] if vis.shape[0] > 1 else vis[0]
+        out[b] = (w[b].index_select(1, idx), vb.index_select(1, idx) if vb.shape[1] > 1 else vb.expand(-1, len(positions), -1))
+    return out
+
+
 def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
                 keep: dict[int, list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """For each batch row ``b`` in ``keep``, the weights and visible keys of its query rows ``keep[b]``
@@ -307,7 +322,9 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
     (the split could not run); batch rows in neither need the per-document path."""
     if not fast_path_applies(capture):
         return None
-    axes = Axes(capture)
+    taken = getattr(capture, "forward_sums", None)
+    # the capture's axes as the forward pass read them (its flags and site masks already built), else read anew
+    axes = taken.axes if taken is not None and taken.axes is not None else Axes(capture)
     sites = list(capture.sites)
     queries, errors = _queries(capture, docs, sites)
     passed = _site_passes(capture, sites, axes, queries, (bool(options.exclude_special),))

@@ -13,12 +13,6 @@ Blocks of documents and query rows of at most :data:`BLOCK_VALUES` weights are c
 block stays in the CPU's cache for the passes over it and long inputs never hold a whole
 ``[batch, head, query, key]`` map.
 
-A site whose whole batch is one block (short inputs) is not added at once: its block waits until the sums are
-read (or until :data:`DEFER_VALUES` weights wait), and the waiting blocks of sites of one shape (every layer of
-a BERT, say) are added to one :class:`~inspector.analysis.RankSums` stacked along the batch axis, so the few
-dozen small operations of :meth:`RankSums.add` run once per shape rather than once per layer. Each site reads
-its own rows of the stack (:class:`SiteSums`); the sums are the same sums of the same weights.
-
 Where this does not apply, the recorder runs the call as before (and the scan recomputes): weights kept
 (``weights=True``), a call with arguments the recomputation does not model (such a site is not
 recomputable), a device other than the CPU, a float type other than float32 (of the call or of the
@@ -27,7 +21,6 @@ stored tensors, so that both paths read the same Q and K).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -36,87 +29,7 @@ from inspector.analysis.rank import RankSums
 from inspector.store import attention
 
 BLOCK_VALUES = 1 << 21  # weights per block (8 MB float32): few blocks (each a few dozen small operations), read from the last-level cache
-DEFER_VALUES = 1 << 22  # weights of single-block sites held (with their logits) to be summed stacked: 32 MB at most
-
-
-@dataclass(frozen=True)
-class Block:
-    """One site's weights as :meth:`RankSums.add <inspector.analysis.RankSums.add>` takes them, the whole batch at
-    once: ``w [batch, head, query, key]`` float32, ``vis [batch|1, 1|head, query|1, key]`` bool, ``rows [batch,
-    query]`` the real query rows, ``q_idx [query]`` their positions, ``special_k`` / ``pad_k [batch, key]``,
-    ``logits`` the masked scores ``w`` is the softmax of (overwritten when added)."""
-
-    w: torch.Tensor
-    vis: torch.Tensor
-    rows: torch.Tensor
-    q_idx: torch.Tensor
-    special_k: torch.Tensor
-    pad_k: torch.Tensor
-    logits: torch.Tensor | None
-
-    def add_to(self, sums: RankSums) -> bool:
-        """Add this block to ``sums`` (of this block's batch); whether every real row was finite."""
-        return sums.add(self.w, self.vis, self.rows, self.q_idx, self.special_k, self.pad_k, logits=self.logits)
-
-
-class SiteSums:
-    """One site's rows ``rows`` of a :class:`~inspector.analysis.RankSums` stacked over sites: ``want`` and
-    :meth:`metrics` as the site's own sums would give them (``[batch, head]`` tensors)."""
-
-    def __init__(self, stacked: RankSums, rows: slice, cache: dict):
-        self.want, self._stacked, self._rows, self._cache = stacked.want, stacked, rows, cache
-
-    def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:
-        """:meth:`RankSums.metrics` of this site's rows (the stack's metrics computed once, then sliced)."""
-        if excluded not in self._cache:
-            self._cache[excluded] = self._stacked.metrics(excluded)
-        return {c: v[self._rows] for c, v in self._cache[excluded].items()}
-
-
-class StackedSums:
-    """Rank sums of whole-batch blocks (:class:`Block`) added together: :meth:`wait` holds a site's block, and
-    :meth:`settle` adds the blocks of one shape (batch, heads, query and key lengths, axes) as one
-    :class:`~inspector.analysis.RankSums` stacked along the batch axis, once, so that its few dozen small
-    operations run once per shape rather than once per site. Every sum is row-wise, so each site's rows of the
-    stack are the sums its own RankSums would hold. Where the stack holds a non-finite real row, the blocks of
-    that shape are added site by site, so that the result names the site."""
-
-    def __init__(self, want: tuple[bool, ...]):
-        self.want = want
-        self.values = 0  # weights waiting
-        self._waiting: list[tuple[str, bool, Block]] = []
-
-    def wait(self, name: str, same_axis: bool, block: Block) -> None:
-        """Hold site ``name``'s block (``same_axis``: its queries and keys are one axis) until :meth:`settle`."""
-        self._waiting.append((name, same_axis, block))
-        self.values += block.w.numel()
-
-    def settle(self) -> dict[str, tuple[RankSums | SiteSums, bool]]:
-        """Add every waiting block; per site name its sums and whether its real rows were all finite."""
-        waiting, self._waiting, self.values = self._waiting, [], 0
-        shapes: dict[tuple, list[tuple[str, bool, Block]]] = {}
-        for item in waiting:
-            shapes.setdefault((tuple(item[2].w.shape), item[1], tuple(item[2].vis.shape[1:])), []).append(item)
-        out: dict[str, tuple[RankSums | SiteSums, bool]] = {}
-        for (shape, same_axis, _), items in shapes.items():
-            b_n, h, _, k_len = shape
-            blocks = [b for _, _, b in items]
-            uniform = all(b.logits is not None for b in blocks) or all(b.logits is None for b in blocks)
-            if len(items) > 1 and uniform:
-                stacked = RankSums(b_n * len(items), h, k_len, same_axis, self.want)
-                cat = Block(*(torch.cat([getattr(b, f).expand(b_n, *getattr(b, f).shape[1:]) for b in blocks])
-                              for f in ("w", "vis", "rows")), blocks[0].q_idx,
-                            torch.cat([b.special_k for b in blocks]), torch.cat([b.pad_k for b in blocks]),
-                            None if blocks[0].logits is None else torch.cat([b.logits for b in blocks]))
-                if cat.add_to(stacked):
-                    cache: dict = {}
-                    for i, (name, _, _) in enumerate(items):
-                        out[name] = (SiteSums(stacked, slice(i * b_n, (i + 1) * b_n), cache), True)
-                    continue
-            for name, _, block in items:  # one site, or a stack with a non-finite row: each site on its own
-                sums = RankSums(b_n, h, k_len, same_axis, self.want)
-                out[name] = (sums, block.add_to(sums))
-        return out
+KEEP_VALUES = 1 << 23  # weights of single-block sites kept for the split's query rows (``weights``): 32 MB at most
 
 
 class _LiveTensors:
@@ -157,9 +70,12 @@ class ForwardSums:
     ``records``: the capture's input records (``role``, ``batch``, ``special``, ``padding``, ``tokens``);
     ``want``: the special-token settings to sum, as :class:`~inspector.analysis.RankSums` takes them; ``plan``
     (a :class:`StopPlan` kept across a scan's batches) lets the pass end after its last attention call
-    (``stop_order``, read by the recorder; :meth:`passed` teaches it). The
-    recorder binds its mask specs and tensors (:meth:`bind`) before the forward. After the forward, ``sums[site]`` holds the site's :class:`RankSums` over every batch row, and
-    ``finite[site]`` whether every real row's weights were finite."""
+    (``stop_order``, read by the recorder; :meth:`passed` teaches it). The recorder binds its mask specs and
+    tensors (:meth:`bind`) before the forward. After the forward, ``sums[site]`` holds the site's
+    :class:`RankSums` over every batch row, ``finite[site]`` whether every real row's weights were finite, and
+    ``weights[site]`` (a site whose whole batch was one block, while they hold at most :data:`KEEP_VALUES`) the
+    weights that computed the site's output ``[batch, head, query, key]`` with the keys each row sees ``[batch|1,
+    1|head, query|1, key]``: the split reads its query rows there instead of computing them again."""
 
     def __init__(self, records, want: tuple[bool, ...], plan: StopPlan | None = None):
         self.records = {(r.role, r.batch): r for r in records}
@@ -168,25 +84,10 @@ class ForwardSums:
         self._plan, self._structure = plan, tuple(sorted({r.role for r in records}))
         self.stop_order = None if plan is None else plan.orders.get(self._structure)
         self.axes = None
-        self._sums: dict[str, RankSums | SiteSums] = {}
-        self._finite: dict[str, bool] = {}
-        self._stacked = StackedSums(want)  # single-block sites, summed when the sums are read
-
-    @property
-    def sums(self) -> dict[str, RankSums | SiteSums]:
-        """Per site name, its rank sums (every waiting block added first)."""
-        self._settle()
-        return self._sums
-
-    @property
-    def finite(self) -> dict[str, bool]:
-        """Per site name, whether every real row's weights were finite (every waiting block added first)."""
-        self._settle()
-        return self._finite
-
-    def _settle(self) -> None:
-        for name, (sums, finite) in self._stacked.settle().items():
-            self._sums[name], self._finite[name] = sums, finite
+        self.sums: dict[str, RankSums] = {}
+        self.finite: dict[str, bool] = {}
+        self.weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._kept_values = 0
 
     def passed(self, order: tuple[int, ...] | None) -> None:
         """Told by the recorder after a full pass: its attention calls' modules in call order, or None where a pass
@@ -218,8 +119,7 @@ class ForwardSums:
         b_n, h, q_len, _ = query.shape
         k_len = k.shape[-2]
         special_k, pad_k, pad_q, mask, vis = self.axes.site_inputs(site)
-        same_axis = site.query_input == site.key_input
-        sums = RankSums(b_n, h, k_len, same_axis, self.want)
+        sums = RankSums(b_n, h, k_len, site.query_input == site.key_input, self.want)
         out = query.new_empty(b_n, h, q_len, v.shape[-1])
         finite = True
         per_doc = h * q_len * k_len
@@ -244,15 +144,12 @@ class ForwardSums:
                 vv = vis[b0:b1] if vis.shape[0] > 1 else vis
                 vv = vv[:, :, r0:r1] if vv.shape[2] > 1 else vv
                 rows = ~pad_q[b0:b1, r0:r1]
-                if not bool(rows.any()):
-                    continue
-                if docs >= b_n and step == q_len:  # the whole site in one block: summed later, stacked with its shape
-                    self._stacked.wait(site.name, same_axis, Block(w, vv, rows, torch.arange(r0, r1), special_k, pad_k, logits))
-                    if self._stacked.values > DEFER_VALUES:
-                        self._settle()
-                    return out.transpose(1, 2).contiguous()
-                finite &= sums.add(w, vv, rows, torch.arange(r0, r1), special_k[b0:b1], pad_k[b0:b1], at=slice(b0, b1),
-                                   logits=logits)
-        self._sums[site.name] = sums
-        self._finite[site.name] = finite
+                if docs >= b_n and step == q_len and self._kept_values + w.numel() <= KEEP_VALUES:  # the whole site
+                    self.weights[site.name] = (w, vv)
+                    self._kept_values += w.numel()
+                if bool(rows.any()):
+                    finite &= sums.add(w, vv, rows, torch.arange(r0, r1), special_k[b0:b1], pad_k[b0:b1], at=slice(b0, b1),
+                                       logits=logits)
+        self.sums[site.name] = sums
+        self.finite[site.name] = finite
         return out.transpose(1, 2).contiguous()
