@@ -229,3 +229,16 @@ def test_the_held_weights_are_the_models_own_and_give_the_recomputed_rows(monkey
         np.testing.assert_allclose(a[c].to_numpy(float), b[c].to_numpy(float), atol=1e-6, rtol=0, err_msg=c)
     for c in ("query_positions", "rows_flagged", "referents", "flagged", "driving_row"):
         assert [str(v) for v in a[c]] == [str(v) for v in b[c]], c
+
+
+def test_pieces_texts_of_many_heads_are_each_heads_own_text():
+    from inspector.analysis.split import ReferentLayout
+
+    tokens = ["[CLS]", "les", "##see", "{x}", "a\x00b", "les", "##sor", "[SEP]"]
+    lay = ReferentLayout({"Lessee": [1, 2], "odd": [3, 4], "Lessor": [5, 6]}, tokens)
+    weights = np.random.default_rng(0).random((5, len(lay.pieces)))
+    many = lay.pieces_texts(weights)
+    assert [[many[j][h] for j in range(3)] for h in range(5)] == [lay.pieces_text(list(w)) for w in weights]
+    assert many[0][0] == f"les={weights[0, 0]:.4f} ##see={weights[0, 1]:.4f}"
+    assert many[1][2] == f"{{x}}={weights[2, 2]:.4f} a\x00b={weights[2, 3]:.4f}"  # braces and the separator kept
+    assert lay.pieces_texts(np.zeros((0, len(lay.pieces)))) == [[], [], []]

@@ -81,8 +81,9 @@ class RankSums:
     """Running sums of the rank metrics over query rows, for ``batch`` documents and every head at once.
 
     Shapes: ``ent``, ``ent_n``, ``norm``, ``norm_n`` ``[batch, 2, head]`` (setting 0 keeps special-token
-    keys, 1 excludes them); ``sink``, ``self_m``, ``prev_m`` ``[batch, head]``; ``prev_n``, ``n_rows``
-    ``[batch]``; ``cols`` ``[batch, head, key]`` (the weights summed over real query rows). All float64.
+    keys, 1 excludes them); ``self_m``, ``prev_m`` ``[batch, head]``; ``prev_n``, ``n_rows``
+    ``[batch]``; ``cols`` ``[batch, head, key]`` (the weights summed over real query rows), all float64; ``special``
+    ``[batch, key]`` the special-token keys (bool), whose columns of ``cols`` give the sink mass.
     :func:`rank_heads` feeds one capture's batch row through it, block by block; the corpus scan
     (:mod:`inspector.corpus.batch_reduce`) feeds every document of a padded batch at once. Same sums, one definition.
     """
@@ -91,11 +92,12 @@ class RankSums:
         f64 = torch.float64
         self.same_axis, self.want = same_axis, want
         self.ent, self.ent_n, self.norm, self.norm_n = (torch.zeros(batch, 2, heads, dtype=f64) for _ in range(4))
-        self.sink, self.self_m, self.prev_m = (torch.zeros(batch, heads, dtype=f64) for _ in range(3))
+        self.self_m, self.prev_m = (torch.zeros(batch, heads, dtype=f64) for _ in range(2))
         self.prev_n = torch.zeros(batch, dtype=f64)
         self.n_rows = torch.zeros(batch, dtype=f64)
         self.blind = torch.zeros(batch, dtype=f64)  # real query rows that see no key: left out of every sum
         self.cols = torch.zeros(batch, heads, keys, dtype=f64)
+        self.special = torch.zeros(batch, keys, dtype=torch.bool)  # the special-token keys (sink_mass reads cols there)
 
     def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
             pad_k: torch.Tensor, at: slice = slice(None), logits: torch.Tensor | None = None) -> bool:
@@ -126,55 +128,42 @@ class RankSums:
         sees = vis.any(-1).any(1)  # [batch|1, c|1]: the row sees at least one key under some head
         self.blind[at] += (rows & ~sees).sum(-1)
         rows = rows & sees
+        self.special[at] = special_k
         want = self.want
-        spec = special_k[:, None, None, :]  # [batch, 1, 1, key]
-        any_special = bool(special_k.any()) and True in want
+        real = rows[:, None, :]  # [batch, 1, c]
+        any_special = True in want and bool(special_k.any())
         # log p with log 0 clamped to the dtype's minimum, so that p log p is 0 where p is 0; each row's
         # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
-        logw = None
+        logw, finite = None, False
         if logits is not None and not any_special:
             # s_max - s_k >= 0, in place, in one pass (amax, not max: torch's max with indices is ~9x slower)
             gap = torch.sub(logits.amax(-1, keepdim=True), logits, out=logits)
             row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double()
-            if not bool((torch.isfinite(row_ent) | ~rows[:, None, :]).all()):
-                logits = None  # the log p path below decides
-        if logits is None or any_special:
+            finite = bool((torch.isfinite(row_ent) | ~real).all())  # else the log p path below decides
+        if not finite:
             logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
             row_ent = -torch.linalg.vecdot(w, logw).double()  # [batch, head, c]
-        row_ents = [row_ent]
-        finite = bool((torch.isfinite(row_ents[0]) | ~rows[:, None, :]).all())
-        vis_sets = [vis]
-        n_special = special_k.sum(-1)  # [batch]
-        width = int(n_special.max()) if b else 0
-        if width:
-            where = torch.argsort((~special_k).to(torch.uint8), dim=-1, stable=True)[:, :width]  # special keys first
-            valid = (torch.arange(width)[None, :] < n_special[:, None]).to(w.dtype)  # [batch, width]
-            picked = w.gather(-1, where[:, None, None, :].expand(b, h, c, width))
-            on_special = torch.einsum("bhqs,bs->bhq", picked, valid)  # [batch, head, c]
-        else:
-            on_special = w.new_zeros(b, h, c)
+            finite = bool((torch.isfinite(row_ent) | ~real).all())
+        row_ents = [row_ent, row_ent]
+        vis_sets = [vis, vis]
         if any_special:  # the renormalized rows without special keys, from the same block
             plain = (~special_k).to(w.dtype)[:, None, :, None]
             h_ns = -torch.matmul(w * logw, plain).squeeze(-1).double()
             mass = torch.matmul(w, plain).squeeze(-1).double()  # S: weight left on non-special keys
             safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
-            row_ents.append(torch.where(mass > 0, h_ns / safe + torch.log(safe), 0.0))
-            vis_sets.append(vis & ~spec)
-        else:
-            row_ents.append(row_ents[0])
-            vis_sets.append(vis)
-        real = rows[:, None, :]  # [batch, 1, c]
+            row_ents[1] = torch.where(mass > 0, h_ns / safe + torch.log(safe), 0.0)
+            vis_sets[1] = vis & ~special_k[:, None, None, :]
         for i in (0, 1):
             if (i == 1) not in want:
                 continue
-            n_vis = vis_sets[i].sum(-1).expand(b, h, c)
+            n_vis = vis_sets[i].sum(-1)  # [batch|1, 1|head, c]
             ok = real & (n_vis >= 2)
             counted = real & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
             self.ent[at, i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
-            self.ent_n[at, i] += counted.sum(-1)
+            self.ent_n[at, i] += counted.expand(b, h, c).sum(-1)
             self.norm[at, i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
-            self.norm_n[at, i] += ok.sum(-1)
-        self.sink[at] += torch.where(real, on_special, 0.0).double().sum(-1)
+            self.norm_n[at, i] += ok.expand(b, h, c).sum(-1)
+        # the weight on special keys is read from cols at the end (metrics): sink = cols . special
         self.cols[at] += torch.matmul(rows.to(w.dtype)[:, None, None, :], w).squeeze(2).double()  # [batch, head, key]
         self.n_rows[at] += rows.sum(-1)
         if self.same_axis:
@@ -200,10 +189,10 @@ class RankSums:
         return {
             "entropy": torch.where(self.ent_n[:, i] > 0, self.ent[:, i] / self.ent_n[:, i].clamp_min(1), nan),
             "normalized_entropy": torch.where(self.norm_n[:, i] > 0, self.norm[:, i] / self.norm_n[:, i].clamp_min(1), nan),
-            "sink_mass": torch.where(none, nan, self.sink / n),
-            "self_mass": torch.where(none, nan, self.self_m / n) if self.same_axis else torch.full_like(self.sink, float("nan")),
+            "sink_mass": torch.where(none, nan, (self.cols * self.special[:, None, :]).sum(-1) / n),
+            "self_mass": torch.where(none, nan, self.self_m / n) if self.same_axis else torch.full_like(self.self_m, float("nan")),
             "prev_mass": (torch.where(self.prev_n[:, None] > 0, self.prev_m / self.prev_n.clamp_min(1)[:, None], nan)
-                          if self.same_axis else torch.full_like(self.sink, float("nan"))),
+                          if self.same_axis else torch.full_like(self.self_m, float("nan"))),
             "top_key_index": top,
             "top_key_weight": torch.where(none, nan, mean_cols.gather(-1, top[..., None]).squeeze(-1)),
         }

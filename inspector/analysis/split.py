@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -364,16 +365,30 @@ class ReferentLayout:
             self.n_pieces.append(len(groups))
             self.unshared.append([p for p, t in zip(pos, toks[r], strict=True) if piece_of[t] not in self.shared])
         labels = [t.replace("{", "{{").replace("}", "}}") + "={:.4f}" for t, _ in self.pieces]
-        self.piece_lines: list[tuple] = []  # per referent: (format of its ``pieces:`` line, first piece, pieces)
+        self.piece_lines: list[tuple] = []  # per referent: (str.format template of its ``pieces:`` line, first piece, pieces)
         o = 0
         for k in self.n_pieces:
-            self.piece_lines.append((" ".join(labels[o:o + k]).format, o, k))  # one format call per head
+            self.piece_lines.append((" ".join(labels[o:o + k]), o, k))  # a str.format template
             o += k
 
     def pieces_text(self, weights: list[float]) -> list[str]:
         """Each referent's ``pieces:`` text (``less=0.0475 ##ee=0.0476``) from one head's piece weights
         (:attr:`SplitStats.piece_weights`, in :attr:`pieces` order)."""
-        return [line(*weights[o:o + k]) for line, o, k in self.piece_lines]
+        return [column[0] for column in self.pieces_texts([weights])]
+
+    def pieces_texts(self, weights) -> list[list[str]]:
+        """:meth:`pieces_text` of many heads at once: ``weights [head, piece]`` (array-like, at least
+        ``len(pieces)`` columns) -> per referent, its text for every head (one format call per referent)."""
+        rows = np.asarray(weights, dtype=np.float64)
+        rows = rows if rows.ndim == 2 else rows.reshape(len(rows), -1 if rows.size else 0)
+        out = []
+        for line, o, k in self.piece_lines:
+            values = rows[:, o:o + k].tolist()
+            # every head's line in one call: the lines joined by a separator, then split (one call per head where a
+            # token holds the separator)
+            texts = "\x00".join([line] * len(values)).format(*[v for row in values for v in row]).split("\x00")
+            out.append(texts if len(values) and len(texts) == len(values) else [line.format(*row) for row in values])
+        return out
 
 
 @dataclass(frozen=True)
@@ -581,9 +596,9 @@ class ReferentSplit:
             "split_unshared": s.split_unshared[0].tolist(),
             "mostly_shared": s.mostly_shared[0].tolist(),
         })
-        lines = [self.layout.pieces_text(bp) for bp in s.piece_weights[0].tolist()]  # [head][referent]
+        lines = self.layout.pieces_texts(s.piece_weights[0].numpy())  # [referent][head]
         for j, r in enumerate(refs):
-            out[f"pieces:{r}"] = [lines[h][j] for h in heads]
+            out[f"pieces:{r}"] = [lines[j][h] for h in heads]
         self._columns = out
         return out
 

@@ -619,12 +619,13 @@ class SplitWriter:
         self.lists["row_split_scores"].add(dst, s.row_split.numpy()[src_d, src_h][:, :pos.shape[1]], row_keep)
         self.lists["referents"].add(dst, per_doc[src_d, 2:], ref_keep)
         self.lists["referent_weights"].add(dst, s.referent_weights.numpy()[src_d, src_h], ref_keep)
-        # the pieces: texts (one format call per head and referent, from one conversion of the tensor)
+        # the pieces: texts, one format call per document and referent for all its heads
         pieces = np.full((len(dst), width), None, dtype=object)
-        lays = [block.layouts[d] for d in src_d.tolist()]
-        for r, (bp, lay) in enumerate(zip(s.piece_weights.numpy()[src_d, src_h].tolist(), lays, strict=True)):
-            got = lay.pieces_text(bp)
-            pieces[r, :len(got)] = got
+        piece_weights = s.piece_weights.numpy()
+        for d in np.unique(src_d).tolist():
+            at = np.flatnonzero(src_d == d)
+            for j, texts in enumerate(block.layouts[d].pieces_texts(piece_weights[d, src_h[at]])):
+                pieces[at, j] = texts
         self.lists["referent_pieces"].add(dst, pieces, ref_keep)
 
     def columns(self) -> dict[str, object]:
