@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 
 from inspector.corpus.documents import Document, error_line
 from inspector.corpus.forward_sums import ForwardSums, StopPlan
@@ -180,7 +181,19 @@ def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Opti
     Documents that cannot be captured together (one too long for the model, targets on some but not
     all, a tokenizer without a padding token) are captured one at a time, so one bad document costs its batch only speed.
     """
-    return analyse(capture_batch(model, tokenizer, docs, options, plan))
+    with torch.inference_mode():  # nothing of a scan's passes is differentiated: no autograd bookkeeping per operation
+        return analyse(capture_batch(model, tokenizer, docs, options, plan))
+
+
+def _captured(model, tokenizer, docs: list[Document], options: Options, plan: StopPlan) -> Captured:
+    """:func:`capture_batch` in inference mode (what :func:`reduce_batch` runs), for the prefetching thread."""
+    with torch.inference_mode():
+        return capture_batch(model, tokenizer, docs, options, plan)
+
+
+def _analysed(captured: Captured) -> BatchResult:
+    with torch.inference_mode():
+        return analyse(captured)
 
 
 @dataclass
@@ -375,16 +388,16 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
     plan = StopPlan()
     if not prefetch:
         for batch in length_batches(docs, batch_size):
-            yield analyse(capture_batch(model, tokenizer, batch, options, plan))
+            yield reduce_batch(model, tokenizer, batch, options, plan)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
         pending = None
         for batch in length_batches(docs, batch_size):
-            submitted = pool.submit(capture_batch, model, tokenizer, batch, options, plan)
+            submitted = pool.submit(_captured, model, tokenizer, batch, options, plan)
             if pending is not None:
-                yield analyse(pending.result())
+                yield _analysed(pending.result())
             pending = submitted
         if pending is not None:
-            yield analyse(pending.result())
+            yield _analysed(pending.result())
