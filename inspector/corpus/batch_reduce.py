@@ -158,8 +158,8 @@ def groups(pad_q: torch.Tensor, pad_k: torch.Tensor, heads: int) -> list[tuple[l
 def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tuple[bool, ...]):
     """One pass over a site's weights for every batch row, in groups of rows of similar length (:func:`groups`):
     the rank metrics (``[batch, head]`` arrays as :meth:`RankSums.metrics` gives them, ``top_key_index``
-    on the whole key axis), and for each batch row in ``keep`` the weights and visible keys of its query
-    rows ``keep[b]`` (``[head, row, key]`` float32 and ``[1|head, row, key]`` bool, in ``keep[b]`` order).
+    on the whole key axis), and the weights and visible keys of each batch row's query rows ``keep[b]``
+    (:class:`_Rows`, None when no batch row has any).
     Raises ``LookupError`` when a real row's weights are not finite (the per-document path then reports it)."""
     t = capture.tensors
     b_n, h = capture.batch_size, site.num_heads
@@ -191,7 +191,7 @@ def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tupl
         if all(p in kept[b] for p in positions):
             rows_out[b] = (torch.stack([kept[b][p][0] for p in positions], dim=1),  # [head, row, key]
                            torch.stack([kept[b][p][1] for p in positions], dim=1))  # [1|head, row, key]
-    return out_metrics, rows_out
+    return out_metrics, _stacked_rows(rows_out, b_n)
 
 
 def _group_pass(site, inputs: tuple, members: list[int], qw: slice, kw: slice, keep: dict[int, list[int]],
@@ -248,46 +248,72 @@ def _keep_block_rows(w: torch.Tensor, v: torch.Tensor, members: list[int], keep:
         kept[b][p] = (row_w[j], row_v[j])
 
 
-def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`_query_rows` read from a site's whole weights ``w [batch, head, query, key]`` and visible keys ``vis
-    [batch|1, 1|head, query|1, key]``, as the forward pass computed them (:attr:`ForwardSums.weights
-    <inspector.corpus.forward_sums.ForwardSums>`)."""
-    out = {}
-    for b, positions in keep.items():
-        idx = torch.tensor(positions)
-        vb = vis[b] if vis.shape[0] > 1 else vis[0]
-        out[b] = (w[b].index_select(1, idx), vb.index_select(1, idx) if vb.shape[1] > 1 else vb.expand(-1, len(positions), -1))
-    return out
+@dataclass(frozen=True)
+class _Rows:
+    """The query rows the splits read on one site, every batch row at once: ``w [batch, head, width, key]`` float32
+    and the keys they see ``vis [batch|1, 1|head, width|1, key]`` bool; batch row ``b`` in ``docs`` has its rows
+    first, in its positions' order (past them, its first row again, or zeros)."""
+
+    w: torch.Tensor
+    vis: torch.Tensor
+    docs: frozenset
 
 
-def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
-                keep: dict[int, list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """For each batch row ``b`` in ``keep``, the weights and visible keys of its query rows ``keep[b]``
-    (``[head, row, key]`` float32 and ``[1|head, row, key]`` bool), recomputed from ``q [batch, head, query,
-    d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys ``vis``: one block
-    ``[batch, head, rows, key]`` for the whole batch (a batch row with fewer query rows repeats its first)."""
-    if not keep:
-        return {}
-    b_n, h = q.shape[0], q.shape[1]
+def _positions(keep: dict[int, list[int]], b_n: int) -> torch.Tensor:
+    """``[batch, width]`` the query positions in ``keep``, each batch row padded with its first (0 where none)."""
     width = max(len(p) for p in keep.values())
     pos = torch.zeros(b_n, width, dtype=torch.long)
     for b, positions in keep.items():
         pos[b, :len(positions)] = torch.tensor(positions)
         pos[b, len(positions):] = positions[0]
-    rows_q = q.gather(2, pos[:, None, :, None].expand(b_n, h, width, q.shape[-1]))
-    m = None
-    if mask is not None:
-        m = mask if mask.shape[2] == 1 else mask.expand(b_n, -1, -1, -1).gather(
-            2, pos[:, None, :, None].expand(b_n, mask.shape[1], width, mask.shape[-1]))
+    return pos
+
+
+def _gather_rows(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``t [batch|1, n, query|1, key]`` at the query positions ``pos [batch, width]`` (a broadcast axis stays)."""
+    if t.shape[2] == 1:
+        return t
+    b_n, width = pos.shape
+    return t.expand(b_n, *t.shape[1:]).gather(2, pos[:, None, :, None].expand(b_n, t.shape[1], width, t.shape[-1]))
+
+
+def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]]) -> _Rows | None:
+    """:func:`_query_rows` read from a site's whole weights ``w [batch, head, query, key]`` and visible keys ``vis
+    [batch|1, 1|head, query|1, key]``, as the forward pass computed them (:attr:`ForwardSums.weights
+    <inspector.corpus.forward_sums.ForwardSums>`): one gather each."""
+    if not keep:
+        return None
+    pos = _positions(keep, w.shape[0])
+    return _Rows(_gather_rows(w, pos), _gather_rows(vis, pos), frozenset(keep))
+
+
+def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
+                keep: dict[int, list[int]]) -> _Rows | None:
+    """The weights and visible keys of each batch row's query rows ``keep[b]`` (:class:`_Rows`), recomputed from
+    ``q [batch, head, query, d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys
+    ``vis``: one block ``[batch, head, rows, key]`` for the whole batch."""
+    if not keep:
+        return None
+    b_n, h = q.shape[0], q.shape[1]
+    pos = _positions(keep, b_n)
+    rows_q = q.gather(2, pos[:, None, :, None].expand(b_n, h, pos.shape[1], q.shape[-1]))
+    m = None if mask is None else _gather_rows(mask, pos)
     w = attention.attention_weights(rows_q, k, scaling=site.scaling, mask=m, softcap=site.softcap, out_dtype=torch.float32)
-    v = vis if vis.shape[2] == 1 else vis.expand(b_n, -1, -1, -1).gather(
-        2, pos[:, None, :, None].expand(b_n, vis.shape[1], width, vis.shape[-1]))
-    out = {}
-    for b, positions in keep.items():
-        n = len(positions)
-        vb = v[b] if v.shape[0] > 1 else v[0]
-        out[b] = (w[b, :, :n], vb[:, :n] if vb.shape[1] > 1 else vb.expand(-1, n, -1))
-    return out
+    return _Rows(w, _gather_rows(vis, pos), frozenset(keep))
+
+
+def _stacked_rows(per_doc: dict[int, tuple[torch.Tensor, torch.Tensor]], b_n: int) -> _Rows | None:
+    """:class:`_Rows` of per-document rows (``(w [head, n, key], vis [1|head, n, key])``), zeros past each one's."""
+    if not per_doc:
+        return None
+    width = max(w.shape[1] for w, _ in per_doc.values())
+    w0, v0 = next(iter(per_doc.values()))
+    w = w0.new_zeros(b_n, w0.shape[0], width, w0.shape[-1])
+    vis = v0.new_zeros(b_n, max(v.shape[0] for _, v in per_doc.values()), width, v0.shape[-1])
+    for b, (wb, vb) in per_doc.items():
+        w[b, :, :wb.shape[1]] = wb
+        vis[b, :, :vb.shape[1]] = vb
+    return _Rows(w, vis, frozenset(per_doc))
 
 
 class _Query:
@@ -365,10 +391,10 @@ def _queries(capture, docs: list, sites) -> tuple[dict[int, _Query], dict[int, s
 
 
 def _site_passes(capture, sites, axes: Axes, queries: dict, want: tuple[bool, ...]):
-    """:func:`_site_pass` over every site: ``(metrics per site, {batch row: [kept rows per site]})``, or None
+    """:func:`_site_pass` over every site: ``(metrics per site, rows per site)`` (:class:`_Rows` or None), or None
     when a real row's weights are not finite (the per-document path then reports it)."""
     metrics = []
-    split_rows: dict[int, list] = {b: [] for b in queries}  # per site: (w_rows, vis_rows) or None
+    site_rows: list[_Rows | None] = []  # per site, the query rows its splits read
     for site in sites:
         keep = {b: q.positions(site) for b, q in queries.items()}
         keep = {b: p for b, p in keep.items() if p}
@@ -377,9 +403,8 @@ def _site_passes(capture, sites, axes: Axes, queries: dict, want: tuple[bool, ..
         except LookupError:
             return None
         metrics.append(found)
-        for b in queries:
-            split_rows[b].append(kept.get(b))
-    return metrics, split_rows
+        site_rows.append(kept)
+    return metrics, site_rows
 
 
 def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: list[dict]) -> dict[str, object]:
@@ -427,57 +452,84 @@ class _PairSplit:
         self.docs, self.layouts, self.stats, self.n_rows, self.offsets = docs, layouts, stats, n_rows, offsets
 
 
-def _pair_split(axes: Axes, key: tuple, members: dict[int, list[int]], queries: dict, sites, rows: dict,
+def _pair_split(axes: Axes, key: tuple, members: dict[int, list[int]], queries: dict, sites, rows: list,
                 rule: SplitRule) -> _PairSplit:
     """:class:`_PairSplit` of the documents ``members`` (batch row -> site indices that reach a referent) on the
-    axis pair ``key``: every site of the pair is stacked for every document (a site a document does not reach
-    is computed on its zero rows and left out when the columns are written)."""
+    axis pair ``key``: every site of the pair is stacked for every document (``rows``: per site, its
+    :class:`_Rows`; a site a document does not reach is computed too and left out when the columns are
+    written), each document's rows past its own zero (no weight, no key seen)."""
     pair = [i for i, s in enumerate(sites) if (tuple(s.query_input), tuple(s.key_input)) == key]
     offsets, o = {}, 0
     for i in pair:
         offsets[i], o = o, o + sites[i].num_heads
     docs = list(members)
+    idx = torch.tensor(docs)
     k_len = sites[pair[0]].key_len
     n_rows = [len(queries[b].groups[key][0].positions) for b in docs]
-    w = torch.zeros(len(docs), o, max(n_rows), k_len)
-    vis = torch.zeros(len(docs), o, max(n_rows), k_len, dtype=torch.bool)
-    for d, b in enumerate(docs):
-        n = n_rows[d]
-        # the document's kept rows of every site of the pair, stacked over heads (zeros where a site has none)
-        for i in pair:
-            kept, hs = rows[b][i], slice(offsets[i], offsets[i] + sites[i].num_heads)
-            if kept is not None:
-                w[d, hs, :n] = kept[0]
-                vis[d, hs, :n] = kept[1]
+    width = max(n_rows)
+    real = (torch.arange(width)[None, :] < torch.tensor(n_rows)[:, None])[:, None, :, None]  # [doc, 1, row, 1]
+    ws, vs = [], []
+    for i in pair:
+        r, h = rows[i], sites[i].num_heads
+        if r is None:
+            ws.append(torch.zeros(len(docs), h, width, k_len))
+            vs.append(torch.zeros(len(docs), 1, width, k_len, dtype=torch.bool))
+            continue
+        ws.append(_fit(r.w.index_select(0, idx), width))
+        v = r.vis if r.vis.shape[0] == 1 else r.vis.index_select(0, idx)
+        vs.append((_fit(v, width) if v.shape[2] > 1 else v).expand(len(docs), v.shape[1], width, k_len))
+    w = (torch.cat(ws, dim=1) if len(ws) > 1 else ws[0]) * real
+    shared = all(rows[i] is not None and rows[i].vis is rows[pair[0]].vis and rows[i].vis.shape[1] == 1 for i in pair)
+    if shared:  # every site sees the same keys: one [doc, 1, row, key] for all their heads
+        vis = vs[0] & real
+    else:
+        vis = torch.cat([v.expand(len(docs), sites[i].num_heads, width, k_len) for i, v in zip(pair, vs, strict=True)],
+                        dim=1) & real
     layouts = [ReferentLayout(queries[b].groups[key][1], axes.flags(tuple(key[1]), b)[2]) for b in docs]
     # the one definition of the statistics (called through the module: tests/test_batch_reduce.py checks it is this one)
     stats = split.split_statistics(w, vis, split.referent_keys(layouts, k_len), rule, n_rows=torch.tensor(n_rows))
     return _PairSplit(docs, layouts, stats, n_rows, offsets)
 
 
-def _reaches(query: _Query, sites, rows: list) -> dict[tuple, list[int]]:
-    """Per axis pair, the sites whose kept query rows see at least one referent key (else no split row there)."""
-    groups: dict[tuple, list[int]] = {}
-    for i, (site, kept) in enumerate(zip(sites, rows, strict=True)):
-        key = (tuple(site.query_input), tuple(site.key_input))
-        if kept is None or query.groups[key] is None:
+def _fit(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t [doc, n, rows, key]`` cut or padded with zeros to ``width`` rows."""
+    if t.shape[2] >= width:
+        return t[:, :, :width]
+    return torch.cat([t, t.new_zeros(*t.shape[:2], width - t.shape[2], t.shape[3])], dim=2)
+
+
+def _reach(queries: dict, sites, rows: list, b_n: int) -> dict[int, dict[tuple, list[int]]]:
+    """Per batch row with a query, per axis pair, the sites whose query rows see at least one of the document's
+    referent keys (else no split row there): one pass per site over every batch row."""
+    reach: dict[int, dict[tuple, list[int]]] = {b: {} for b in queries}
+    referent_keys: dict[tuple, torch.Tensor] = {}  # per axis pair: [batch, key], each batch row's referent keys
+    for i, (site, r) in enumerate(zip(sites, rows, strict=True)):
+        if r is None:
             continue
-        _, ref_pos = query.groups[key]
-        if bool(kept[1][..., [p for pos in ref_pos.values() for p in pos]].any()):
-            groups.setdefault(key, []).append(i)
-    return groups
+        key = (tuple(site.query_input), tuple(site.key_input))
+        if key not in referent_keys:
+            m = torch.zeros(b_n, site.key_len, dtype=torch.bool)
+            for b, q in queries.items():
+                if q.groups[key] is not None:
+                    m[b, [p for pos in q.groups[key][1].values() for p in pos]] = True
+            referent_keys[key] = m
+        seen = (r.vis & referent_keys[key][:, None, None, :]).flatten(1).any(-1)  # [batch]
+        for b in torch.nonzero(seen).flatten().tolist():
+            if b in r.docs and b in reach and queries[b].groups[key] is not None:
+                reach[b].setdefault(key, []).append(i)
+    return reach
 
 
-def _splits(axes: Axes, queries: dict, sites, split_rows: dict, rule: SplitRule) -> tuple[dict, dict]:
-    """``(reach, pairs)``: per batch row with a query the sites it reaches per axis pair (:func:`_reaches`; a
+def _splits(axes: Axes, queries: dict, sites, rows: list, rule: SplitRule) -> tuple[dict, dict]:
+    """``(reach, pairs)``: per batch row with a query the sites it reaches per axis pair (:func:`_reach`; a
     batch row reaching none is left to the per-document path), and per axis pair the :class:`_PairSplit` of
     every document reaching it."""
-    reach = {b: _reaches(q, sites, split_rows[b]) for b, q in queries.items()}
+    reach = _reach(queries, sites, rows, axes.capture.batch_size)
     by_key: dict[tuple, dict[int, list[int]]] = {}
     for b, found in reach.items():
         for key, members in found.items():
             by_key.setdefault(key, {})[b] = members
-    return reach, {key: _pair_split(axes, key, members, queries, sites, split_rows, rule) for key, members in by_key.items()}
+    return reach, {key: _pair_split(axes, key, members, queries, sites, rows, rule) for key, members in by_key.items()}
 
 
 class _Lists:
