@@ -89,15 +89,17 @@ class RankSums:
     """
 
     def __init__(self, batch: int, heads: int, keys: int, same_axis: bool, want: tuple[bool, ...] = (False, True)):
-        f64 = torch.float64
+        # NumPy float64 arrays: the per-row sums of a block are a few dozen operations on [batch, head, rows], where
+        # NumPy's call costs a tenth of torch's; the block-sized ones (entropy, column sums) run in torch
+        f64 = np.float64
         self.same_axis, self.want = same_axis, want
-        self.ent, self.ent_n, self.norm, self.norm_n = (torch.zeros(batch, 2, heads, dtype=f64) for _ in range(4))
-        self.self_m, self.prev_m = (torch.zeros(batch, heads, dtype=f64) for _ in range(2))
-        self.prev_n = torch.zeros(batch, dtype=f64)
-        self.n_rows = torch.zeros(batch, dtype=f64)
-        self.blind = torch.zeros(batch, dtype=f64)  # real query rows that see no key: left out of every sum
-        self.cols = torch.zeros(batch, heads, keys, dtype=f64)
-        self.special = torch.zeros(batch, keys, dtype=torch.bool)  # the special-token keys (sink_mass reads cols there)
+        self.ent, self.ent_n, self.norm, self.norm_n = (np.zeros((batch, 2, heads), f64) for _ in range(4))
+        self.self_m, self.prev_m = (np.zeros((batch, heads), f64) for _ in range(2))
+        self.prev_n = np.zeros(batch, f64)
+        self.n_rows = np.zeros(batch, f64)
+        self.blind = np.zeros(batch, f64)  # real query rows that see no key: left out of every sum
+        self.cols = np.zeros((batch, heads, keys), f64)
+        self.special = np.zeros((batch, keys), bool)  # the special-token keys (sink_mass reads cols there)
 
     def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
             pad_k: torch.Tensor, at: slice = slice(None), logits: torch.Tensor | None = None) -> bool:
@@ -125,55 +127,60 @@ class RankSums:
         Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
         ``sum p log p`` non-finite), so callers need no pass of their own to check."""
         b, h, c, _ = w.shape
-        sees = vis.any(-1).any(1)  # [batch|1, c|1]: the row sees at least one key under some head
+        want = self.want
+        special = special_k.numpy()
+        self.special[at] = special
+        any_special = True in want and bool(special.any())
+        sees = vis.any(-1).any(1).numpy()  # [batch|1, c|1]: the row sees at least one key under some head
+        rows = rows.numpy()
         self.blind[at] += (rows & ~sees).sum(-1)
         rows = rows & sees
-        self.special[at] = special_k
-        want = self.want
         real = rows[:, None, :]  # [batch, 1, c]
-        any_special = True in want and bool(special_k.any())
-        # log p with log 0 clamped to the dtype's minimum, so that p log p is 0 where p is 0; each row's
-        # sum of p log p is one row-wise dot product. Sums over the special keys read those keys only.
-        logw, finite = None, False
+        # the block-sized passes, in torch: each row's entropy, [batch, head, c]
+        finite, logw = False, None
         if logits is not None and not any_special:
             # s_max - s_k >= 0, in place, in one pass (amax, not max: torch's max with indices is ~9x slower)
             gap = torch.sub(logits.amax(-1, keepdim=True), logits, out=logits)
-            row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double()
-            finite = bool((torch.isfinite(row_ent) | ~real).all())  # else the log p path below decides
+            row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double().numpy()
+            finite = bool((np.isfinite(row_ent) | ~real).all())  # else the log p path below decides
         if not finite:
+            # log p with log 0 clamped to the dtype's minimum, so that p log p is 0 where p is 0
             logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
-            row_ent = -torch.linalg.vecdot(w, logw).double()  # [batch, head, c]
-            finite = bool((torch.isfinite(row_ent) | ~real).all())
+            row_ent = (-torch.linalg.vecdot(w, logw)).double().numpy()
+            finite = bool((np.isfinite(row_ent) | ~real).all())
         row_ents = [row_ent, row_ent]
-        vis_sets = [vis, vis]
+        n_vis = [vis.sum(-1).numpy()] * 2  # [batch|1, 1|head, c|1]
         if any_special:  # the renormalized rows without special keys, from the same block
             plain = (~special_k).to(w.dtype)[:, None, :, None]
-            h_ns = -torch.matmul(w * logw, plain).squeeze(-1).double()
-            mass = torch.matmul(w, plain).squeeze(-1).double()  # S: weight left on non-special keys
-            safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
-            row_ents[1] = torch.where(mass > 0, h_ns / safe + torch.log(safe), 0.0)
-            vis_sets[1] = vis & ~special_k[:, None, None, :]
-        for i in (0, 1):
-            if (i == 1) not in want:
-                continue
-            n_vis = vis_sets[i].sum(-1)  # [batch|1, 1|head, c]
-            ok = real & (n_vis >= 2)
-            counted = real & (n_vis >= 1)  # a row with no visible key (all special, excluded) has no entropy
-            self.ent[at, i] += torch.where(counted, row_ents[i], 0.0).sum(-1)
-            self.ent_n[at, i] += counted.expand(b, h, c).sum(-1)
-            self.norm[at, i] += torch.where(ok, row_ents[i] / torch.log(n_vis.clamp_min(2).double()), 0.0).sum(-1)
-            self.norm_n[at, i] += ok.expand(b, h, c).sum(-1)
+            h_ns = (-torch.matmul(w * logw, plain)).squeeze(-1).double().numpy()
+            mass = torch.matmul(w, plain).squeeze(-1).double().numpy()  # S: weight left on non-special keys
+            safe = np.maximum(mass, np.finfo(np.float64).tiny)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                row_ents[1] = np.where(mass > 0, h_ns / safe + np.log(safe), 0.0)
+            n_vis[1] = (vis & ~special_k[:, None, None, :]).sum(-1).numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for i in (0, 1):
+                if (i == 1) not in want:
+                    continue
+                ok = real & (n_vis[i] >= 2)
+                counted = real & (n_vis[i] >= 1)  # a row with no visible key (all special, excluded) has no entropy
+                self.ent[at, i] += np.where(counted, row_ents[i], 0.0).sum(-1)
+                self.ent_n[at, i] += np.broadcast_to(counted, (b, h, c)).sum(-1)
+                self.norm[at, i] += np.where(ok, row_ents[i] / np.log(np.maximum(n_vis[i], 2)), 0.0).sum(-1)
+                self.norm_n[at, i] += np.broadcast_to(ok, (b, h, c)).sum(-1)
         # the weight on special keys is read from cols at the end (metrics): sink = cols . special
-        self.cols[at] += torch.matmul(rows.to(w.dtype)[:, None, None, :], w).squeeze(2).double()  # [batch, head, key]
+        rows_t = torch.from_numpy(rows)
+        self.cols[at] += torch.matmul(rows_t.to(w.dtype)[:, None, None, :], w).squeeze(2).double().numpy()  # [batch, head, key]
         self.n_rows[at] += rows.sum(-1)
         if self.same_axis:
-            diag = q_idx[None, None, :, None].expand(b, h, c, 1)
-            self.self_m[at] += torch.where(real, w.gather(-1, diag).squeeze(-1), 0.0).double().sum(-1)
+            q = q_idx.numpy()
+            prev = np.maximum(q - 1, 0)
+            # each row's weight on itself and on the previous position: one gather of two columns
+            both = w.gather(-1, torch.from_numpy(np.stack([q, prev], -1))[None, None].expand(b, h, c, 2)).double().numpy()
+            self.self_m[at] += np.where(real, both[..., 0], 0.0).sum(-1)
             # the previous position must be a real token (left padding puts padding before the first one)
-            prev = (q_idx - 1).clamp(min=0)
-            has_prev = rows & (q_idx >= 1)[None, :] & ~pad_k[:, prev]  # [batch, c]
-            got = w.gather(-1, prev[None, None, :, None].expand(b, h, c, 1)).squeeze(-1)
-            self.prev_m[at] += torch.where(has_prev[:, None, :], got, 0.0).double().sum(-1)
+            has_prev = rows & (q >= 1)[None, :] & ~pad_k.numpy()[:, prev]  # [batch, c]
+            self.prev_m[at] += np.where(has_prev[:, None, :], both[..., 1], 0.0).sum(-1)
             self.prev_n[at] += has_prev.sum(-1)
         return finite
 
@@ -181,21 +188,24 @@ class RankSums:
         """``[batch, head]`` float64 tensors of the rank metrics (NaN where undefined) and ``top_key_index``
         (int64), with special-token keys kept or excluded from the entropies."""
         i = int(excluded)
-        nan = torch.tensor(float("nan"), dtype=torch.float64)
-        n = self.n_rows.clamp_min(1)[:, None]
+        nan = np.nan
+        n = np.maximum(self.n_rows, 1)[:, None]
         none = (self.n_rows == 0)[:, None]  # no row to average: NaN, not 0
         mean_cols = self.cols / n[..., None]
-        top = mean_cols.argmax(-1)
-        return {
-            "entropy": torch.where(self.ent_n[:, i] > 0, self.ent[:, i] / self.ent_n[:, i].clamp_min(1), nan),
-            "normalized_entropy": torch.where(self.norm_n[:, i] > 0, self.norm[:, i] / self.norm_n[:, i].clamp_min(1), nan),
-            "sink_mass": torch.where(none, nan, (self.cols * self.special[:, None, :]).sum(-1) / n),
-            "self_mass": torch.where(none, nan, self.self_m / n) if self.same_axis else torch.full_like(self.self_m, float("nan")),
-            "prev_mass": (torch.where(self.prev_n[:, None] > 0, self.prev_m / self.prev_n.clamp_min(1)[:, None], nan)
-                          if self.same_axis else torch.full_like(self.self_m, float("nan"))),
-            "top_key_index": top,
-            "top_key_weight": torch.where(none, nan, mean_cols.gather(-1, top[..., None]).squeeze(-1)),
-        }
+        top = mean_cols.argmax(-1) if mean_cols.shape[-1] else np.zeros(mean_cols.shape[:2], np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = {
+                "entropy": np.where(self.ent_n[:, i] > 0, self.ent[:, i] / np.maximum(self.ent_n[:, i], 1), nan),
+                "normalized_entropy": np.where(self.norm_n[:, i] > 0, self.norm[:, i] / np.maximum(self.norm_n[:, i], 1), nan),
+                "sink_mass": np.where(none, nan, (self.cols * self.special[:, None, :]).sum(-1) / n),
+                "self_mass": np.where(none, nan, self.self_m / n) if self.same_axis else np.full_like(self.self_m, nan),
+                "prev_mass": (np.where(self.prev_n[:, None] > 0, self.prev_m / np.maximum(self.prev_n, 1)[:, None], nan)
+                              if self.same_axis else np.full_like(self.self_m, nan)),
+                "top_key_index": top.astype(np.int64),
+                "top_key_weight": np.where(none, nan, np.take_along_axis(mean_cols, top[..., None], -1)[..., 0]
+                                           if mean_cols.shape[-1] else nan),
+            }
+        return {c: torch.from_numpy(np.ascontiguousarray(v)) for c, v in out.items()}
 
 
 def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weighting: str = "attention",
