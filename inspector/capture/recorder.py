@@ -105,6 +105,7 @@ class Recorder:
         self.tensors: dict[str, torch.Tensor] = {}
         self._calls: dict[int, int] = {}
         self._order: list[int] = []  # the module of every attention call, in call order
+        self.shared = False  # keep Q, K, V as the model made them (a capture reduced in memory, never saved)
         self.stop_order: tuple[int, ...] | None = None  # end the pass after this sequence of calls (StopForward)
         self._masks: dict[tuple[int, int, int], str | None] = {}
         self.masks: dict[str, dict] = {}  # mask name -> spec (schema 2)
@@ -117,8 +118,11 @@ class Recorder:
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU copy in the storage dtype that shares memory with nothing (K and V may be one tensor, Q a
-        view of a fused projection): safetensors refuses tensors that share memory."""
+        view of a fused projection): safetensors refuses tensors that share memory. A capture that is only
+        reduced in memory (``shared``: its ``forward_sums`` says ``in_memory``) keeps the model's own tensors."""
         out = t.detach().to(device="cpu", dtype=self.dtype)
+        if self.shared:
+            return out
         return out.clone() if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else out
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
@@ -628,6 +632,7 @@ def _recorder(model, roles, options: CaptureOptions, *, bar, lengths, padding, f
     if forward_sums is not None:
         forward_sums.bind(recorder.masks, recorder.tensors)
         recorder.forward_sums = forward_sums
+        recorder.shared = bool(getattr(forward_sums, "in_memory", False))
     return recorder
 
 

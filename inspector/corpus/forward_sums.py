@@ -77,6 +77,8 @@ class ForwardSums:
     weights that computed the site's output ``[batch, head, query, key]`` with the keys each row sees ``[batch|1,
     1|head, query|1, key]``: the split reads its query rows there instead of computing them again."""
 
+    in_memory = True  # the capture it serves is reduced in memory and dropped, never saved: Q, K, V are not copied
+
     def __init__(self, records, want: tuple[bool, ...], plan: StopPlan | None = None):
         self.records = {(r.role, r.batch): r for r in records}
         self.batch_size = 1 + max((r.batch for r in records), default=0)
