@@ -111,3 +111,22 @@ def test_token_index_and_times():
     with pytest.raises(InspectorError, match="digits"):
         words.token_index("@" + "9" * 40)
     assert [words.times(n) for n in (1, 2, 3)] == ["once", "twice", "3 times"]
+
+
+def test_the_case_sensitive_search_finds_what_the_pattern_finds():
+    """matches() finds case-sensitive phrases with str.find and a look at either side (no pattern compiled per
+    phrase, issue 30): on 4,000 seeded random texts and phrases over letters (Unicode ones too), digits, the
+    underscore, spaces and punctuation, it returns exactly the spans of word_pattern's finditer."""
+    import random
+
+    from inspector.store.words import matches, word_pattern
+
+    rng = random.Random(30)
+    alphabet = "aaab_1 .,-'()éß٣ǅ\u00a0"
+    for _ in range(4000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        phrase = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
+        want = [m.span() for m in word_pattern(phrase).finditer(text)] if phrase.strip() else []
+        assert matches(text, phrase) == want, (text, phrase)
+    assert matches("the Lessee's lessee", "Lessee") == [(4, 10)]
+    assert matches("aaa", "aa") == [] and matches("a a", " a ") == [(0, 1), (2, 3)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-from inspector.store.words import is_token_index, times, token_index, word_pattern
+from inspector.store.words import is_token_index, matches, times, token_index
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,6 @@ def _find(capture: Capture, site: Site, phrase: str, which: str, *, batch: int, 
         if role is not None and axis[lo][0].role != role:  # an index of the other part of the axis
             return []
         return [Occurrence(phrase, axis[lo][0].role, tuple(range(lo, hi + 1)))]
-    pattern = word_pattern(phrase, case_sensitive)
     found: list[Occurrence] = []
     start = 0
     for axis_role in site.query_input if which == "query" else site.key_input:
@@ -65,19 +64,19 @@ def _find(capture: Capture, site: Site, phrase: str, which: str, *, batch: int, 
         no_offsets, token_spans, ends, ordered = _token_spans(rec)
         if role in (None, rec.role) and no_offsets and rec.text:  # a pseudo-input (Pegasus-X's globals) has no text
             raise InspectorError("this capture has no character offsets (slow tokenizer): give spans as token indices, e.g. @7")
-        for match in pattern.finditer(rec.text if role in (None, rec.role) else ""):
+        for m_start, m_end in matches(rec.text if role in (None, rec.role) else "", phrase, case_sensitive):
             # tokens overlapping the match: from the first token ending after its start, while they start before its end
-            j = bisect.bisect_right(ends, match.start()) if ordered else 0
+            j = bisect.bisect_right(ends, m_start) if ordered else 0
             pos = []
             for k in range(j, len(token_spans)):
                 a, e, i = token_spans[k]
-                if a >= match.end() and ordered:
+                if a >= m_end and ordered:
                     break
-                if a < match.end() and e > match.start():
+                if a < m_end and e > m_start:
                     pos.append(start + i)
             pos = tuple(pos)
             if pos:
-                found.append(Occurrence(phrase, axis_role, pos, match.start(), match.end()))
+                found.append(Occurrence(phrase, axis_role, pos, m_start, m_end))
         start += len(rec.ids)
     return found
 

@@ -155,7 +155,8 @@ def groups(pad_q: torch.Tensor, pad_k: torch.Tensor, heads: int) -> list[tuple[l
     return sorted(out, key=lambda g: g[0][0])
 
 
-def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tuple[bool, ...]):
+def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tuple[bool, ...],
+               pos: torch.Tensor | None = None):
     """One pass over a site's weights for every batch row, in groups of rows of similar length (:func:`groups`):
     the rank metrics (``[batch, head]`` arrays as :meth:`RankSums.metrics` gives them, ``top_key_index``
     on the whole key axis), and the weights and visible keys of each batch row's query rows ``keep[b]``
@@ -174,7 +175,7 @@ def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tupl
             raise LookupError(site.name)
         found = taken.sums[site.name].metrics(want[0])
         held = taken.weights.get(site.name)
-        rows = _held_rows(*held, keep) if held is not None else _query_rows(site, q, k, mask, vis, keep)
+        rows = _held_rows(*held, keep, pos) if held is not None else _query_rows(site, q, k, mask, vis, keep, pos)
         return {c: v.numpy() for c, v in found.items()}, rows
     out_metrics: dict[str, np.ndarray] = {}
     kept: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {b: {} for b in keep}
@@ -277,25 +278,25 @@ def _gather_rows(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return t.expand(b_n, *t.shape[1:]).gather(2, pos[:, None, :, None].expand(b_n, t.shape[1], width, t.shape[-1]))
 
 
-def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]]) -> _Rows | None:
+def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]], pos: torch.Tensor | None = None) -> _Rows | None:
     """:func:`_query_rows` read from a site's whole weights ``w [batch, head, query, key]`` and visible keys ``vis
     [batch|1, 1|head, query|1, key]``, as the forward pass computed them (:attr:`ForwardSums.weights
     <inspector.corpus.forward_sums.ForwardSums>`): one gather each."""
     if not keep:
         return None
-    pos = _positions(keep, w.shape[0])
+    pos = _positions(keep, w.shape[0]) if pos is None else pos
     return _Rows(_gather_rows(w, pos), _gather_rows(vis, pos), frozenset(keep))
 
 
 def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
-                keep: dict[int, list[int]]) -> _Rows | None:
+                keep: dict[int, list[int]], pos: torch.Tensor | None = None) -> _Rows | None:
     """The weights and visible keys of each batch row's query rows ``keep[b]`` (:class:`_Rows`), recomputed from
     ``q [batch, head, query, d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys
     ``vis``: one block ``[batch, head, rows, key]`` for the whole batch."""
     if not keep:
         return None
     b_n, h = q.shape[0], q.shape[1]
-    pos = _positions(keep, b_n)
+    pos = _positions(keep, b_n) if pos is None else pos
     rows_q = q.gather(2, pos[:, None, :, None].expand(b_n, h, pos.shape[1], q.shape[-1]))
     m = None if mask is None else _gather_rows(mask, pos)
     w = attention.attention_weights(rows_q, k, scaling=site.scaling, mask=m, softcap=site.softcap, out_dtype=torch.float32)
@@ -395,11 +396,16 @@ def _site_passes(capture, sites, axes: Axes, queries: dict, want: tuple[bool, ..
     when a real row's weights are not finite (the per-document path then reports it)."""
     metrics = []
     site_rows: list[_Rows | None] = []  # per site, the query rows its splits read
+    by_pair: dict[tuple, tuple] = {}  # the query positions are those of the axis pair: listed once per pair
     for site in sites:
-        keep = {b: q.positions(site) for b, q in queries.items()}
-        keep = {b: p for b, p in keep.items() if p}
+        pair = (tuple(site.query_input), tuple(site.key_input))
+        if pair not in by_pair:
+            keep = {b: q.positions(site) for b, q in queries.items()}
+            keep = {b: p for b, p in keep.items() if p}
+            by_pair[pair] = (keep, _positions(keep, capture.batch_size) if keep else None)
+        keep, pos = by_pair[pair]
         try:
-            found, kept = _site_pass(capture, site, axes, keep, want)
+            found, kept = _site_pass(capture, site, axes, keep, want, pos)
         except LookupError:
             return None
         metrics.append(found)

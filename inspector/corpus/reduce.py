@@ -263,12 +263,12 @@ def analyse(captured: Captured) -> BatchResult:
     frames: list[pd.DataFrame] = []
     for cap, group in captured.captures:
         _reduce(cap, group, captured.options, doc_rows, frames)
-    heads = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    heads = (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
     if captured.routes is not None:
         heads = _with_routes(heads, captured, doc_rows)
     documents = pd.DataFrame([doc_rows[i] for i in range(len(captured.docs))], columns=DOC_COLUMNS)
-    if "driving_row" in heads:  # a position, missing where the split did not reach a site (or a document has no query)
-        heads["driving_row"] = heads["driving_row"].astype("Int64")
+    if "driving_row" in heads and heads["driving_row"].dtype != "Int64":  # a position, missing where the split did
+        heads["driving_row"] = heads["driving_row"].astype("Int64")  # not reach a site (or a document has no query)
     return BatchResult(documents=documents, heads=heads)
 
 

@@ -65,6 +65,8 @@ def masked_scores(q: torch.Tensor, k: torch.Tensor, *, scaling: float, mask: tor
 
 def expand_kv(t: torch.Tensor, head_map: list[int] | torch.Tensor) -> torch.Tensor:
     """Gather K/V heads ``[batch, kv_head, ...]`` into query-head order ``[batch, head, ...]`` (GQA)."""
+    if isinstance(head_map, list) and t.shape[1] == len(head_map) and head_map == list(range(len(head_map))):
+        return t  # one K/V head per query head, in order (no tensor built to find it out)
     index = torch.as_tensor(head_map, dtype=torch.long, device=t.device)
     if t.shape[1] == len(index) and bool((index == torch.arange(len(index), device=t.device)).all()):
         return t

@@ -53,12 +53,31 @@ def word_pattern(phrase: str, case_sensitive: bool = True) -> re.Pattern:
     return re.compile(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", 0 if case_sensitive else re.IGNORECASE)
 
 
+def _word_char(ch: str) -> bool:
+    """Whether ``ch`` is a word character as ``re``'s ``\\w`` defines it on text (alphanumeric, or ``_``)."""
+    return ch.isalnum() or ch == "_"
+
+
 def matches(text: str, phrase: str, case_sensitive: bool = True) -> list[tuple[int, int]]:
     """The ``(start, end)`` character spans of every occurrence of ``phrase`` in ``text``, in text order (none for
-    an empty phrase)."""
-    if not phrase.strip():
+    an empty phrase): what ``word_pattern(phrase, case_sensitive).finditer(text)`` finds. Case-sensitively it is
+    found with ``str.find`` and a look at the characters either side (no pattern compiled per phrase: a corpus of
+    many party names compiles none); ignoring case it is the pattern's search (``re``'s case folding)."""
+    phrase = phrase.strip()
+    if not phrase:
         return []
-    return [m.span() for m in word_pattern(phrase, case_sensitive).finditer(text)]
+    if not case_sensitive:
+        return [m.span() for m in word_pattern(phrase, case_sensitive).finditer(text)]
+    out: list[tuple[int, int]] = []
+    start, n, size = 0, len(phrase), len(text)
+    while (i := text.find(phrase, start)) >= 0:
+        j = i + n
+        if (i == 0 or not _word_char(text[i - 1])) and (j == size or not _word_char(text[j])):
+            out.append((i, j))
+            start = j
+        else:
+            start = i + 1
+    return out
 
 
 def occurs_in(text: str, phrase: str, case_sensitive: bool = True) -> bool:
