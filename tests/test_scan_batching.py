@@ -242,3 +242,78 @@ def test_pieces_texts_of_many_heads_are_each_heads_own_text():
     assert many[0][0] == f"les={weights[0, 0]:.4f} ##see={weights[0, 1]:.4f}"
     assert many[1][2] == f"{{x}}={weights[2, 2]:.4f} a\x00b={weights[2, 3]:.4f}"  # braces and the separator kept
     assert lay.pieces_texts(np.zeros((0, len(lay.pieces)))) == [[], [], []]
+
+
+def test_a_model_that_calls_attention_again_for_long_inputs_is_never_cut_short():
+    """A pass's calls may depend on the input's length (here layer 1 of a Llama looks twice at inputs of 20 tokens
+    or more): the plan is learned per input shape, so a batch of long documents after a batch of short ones keeps
+    its second call's rows (before, it was stopped after the calls the short batch made)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny.config_for("llama")
+    config.num_hidden_layers = 2
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    attn = model.model.layers[1].self_attn
+    own = attn.forward
+
+    def looped(hidden_states, *a, **k):
+        out, w = own(hidden_states, *a, **k)
+        if hidden_states.shape[1] >= 20:
+            out, w = own(hidden_states + out, *a, **k)
+        return out, w
+
+    attn.forward = looped
+    tok = tiny.tokenizer()
+    docs = [Document(row=i, id=f"d{i}", text=("word " * (5 if i < 4 else 30)).strip()) for i in range(8)]
+    results = list(reduce.local_batches(model, tok, docs, batch_size=4, prefetch=False))
+    heads = pd.concat([r.heads for r in results], ignore_index=True)
+    alone = reduce.reduce_batch(model, tok, docs[4:]).heads
+    for d in ("d4", "d7"):
+        assert sorted(heads.loc[heads["id"] == d, "site"].unique()) == sorted(alone.loc[alone["id"] == d, "site"].unique())
+        assert "model.layers.1.self_attn@1" in set(heads.loc[heads["id"] == d, "site"])
+
+
+def test_long_documents_are_not_read_ahead_many_at_a_time(monkeypatch):
+    monkeypatch.setattr(reduce, "WINDOW_CHARS", 1000)
+    docs = [Document(row=i, id=str(i), text="x" * (600 if i % 2 else 10)) for i in range(12)]
+    held = []
+    real = reduce._cut
+
+    def spy(chunk, size):
+        held.append(len(chunk))
+        return real(chunk, size)
+
+    monkeypatch.setattr(reduce, "_cut", spy)
+    batches = list(reduce.length_batches(docs, 4))
+    assert sorted(d.row for b in batches for d in b) == list(range(12))
+    assert max(held) <= 4 and sum(held) == 12  # a window ends once its texts hold 1,000 characters
+
+
+def test_a_scan_stopped_inside_a_group_resumes_to_the_uninterrupted_rows(bert, tmp_path, monkeypatch):
+    """With the default grouping (64 documents a commit), Ctrl-C in the fourth batch commits the three batches
+    gathered so far; a resume scans the rest, and the folder equals an uninterrupted scan's."""
+    data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20, seed=6))
+    scan(data, tmp_path / "full", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    real, calls = reduce.reduce_batch, [0]
+
+    def interrupted(*a, **k):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(reduce, "reduce_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        scan(data, tmp_path / "part", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    monkeypatch.setattr(reduce, "reduce_batch", real)
+    assert len(committed_documents(tmp_path / "part")) == 9
+    assert len(list((tmp_path / "part" / "heads").glob("part-*.parquet"))) == 1  # one group
+    again = scan(data, tmp_path / "part", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    assert (again.skipped, again.scanned) == (9, 11)
+    a, b = (read_heads(tmp_path / x).sort_values(["id", "site", "head"]).reset_index(drop=True) for x in ("full", "part"))
+    assert a["id"].tolist() == b["id"].tolist()
+    for c in a.columns:
+        if pd.api.types.is_float_dtype(a[c]):
+            np.testing.assert_allclose(a[c].to_numpy(float), b[c].to_numpy(float), atol=1e-6, rtol=0, err_msg=c)
+    assert pd.read_parquet(tmp_path / "full" / "documents.parquet").equals(pd.read_parquet(tmp_path / "part" / "documents.parquet"))

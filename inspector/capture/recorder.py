@@ -597,14 +597,18 @@ def record(
 
 def _tell_order(forward_sums, recorder: Recorder, missing: list) -> None:
     """Tell ``forward_sums`` (its optional ``passed``) the modules of this full pass's attention calls in call
-    order, where a later pass may stop after the same sequence: every attention module called exactly once
-    through the interface, each call a site (no module captured another way, no selection of layers or sites);
-    else None."""
+    order, where a later pass of the same input shape may stop after the same sequence: every attention module
+    called exactly once through the interface, each a class of transformers itself, each call a site (no module
+    captured another way, no selection of layers or sites); else None."""
     passed = getattr(forward_sums, "passed", None)
     if passed is None:
         return
+    modules = {id(m): m for _, m in recorder.walk}
     simple = (not missing and recorder.layers is None and recorder.site_patterns is None
-              and all(c == 1 for c in recorder._calls.values()) and len(recorder.sites) == len(recorder._order))
+              and all(c == 1 for c in recorder._calls.values()) and len(recorder.sites) == len(recorder._order)
+              # transformers' own attention classes (remote code, or a class of the user's, may call attention
+              # any number of times)
+              and all(type(modules[i]).__module__.startswith("transformers.") for i in recorder._order if i in modules))
     passed(tuple(recorder._order) if simple else None)
 
 
@@ -801,7 +805,8 @@ def capture(
     (:func:`inspector.capture.inputs.global_attention_mask`, which raises :class:`InspectorError` for a model that
     takes none) and is recorded under ``options.global``. ``model_name`` is kept in the provenance.
 
-    The model's own output is kept on the returned capture as ``capture.output`` (not saved).
+    The model's own output is kept on the returned capture as ``capture.output`` (not saved); None where a
+    ``forward_sums`` plan ended the pass after its last attention call (:class:`StopForward`).
     ``forward_sums`` (lazy captures only) is a callable that takes the encoded input records and returns an
     object with ``applies``, ``bind`` and ``attend`` (the scan's :class:`inspector.corpus.forward_sums.ForwardSums`):
     it sums the rank metrics of every site it can while the model runs, each site's weights computed once,

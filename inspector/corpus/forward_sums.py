@@ -54,14 +54,17 @@ class _LiveTensors:
 class StopPlan:
     """Where a scan's forward passes may end, learned per model: the statistics need every attention call, and
     nothing the model computes after its last one (the last layer's feed-forward block, a pooler, a language-model
-    head, up to a tenth of a small encoder's pass). Per input structure (the roles of a batch's records: source
-    only, or source and target), the first full pass tells its attention calls in call order (``orders``; None
-    where a pass may not stop: a module called twice, a module captured another way); later passes of that
-    structure end after the same sequence of calls, and a pass whose calls go another way runs to its end
-    (:class:`~inspector.capture.recorder.StopForward`, ``Recorder.stop_order``). One plan serves one model."""
+    head, up to a tenth of a small encoder's pass). Per input shape (the roles of a batch's records and each one's
+    padded length: a model's calls may depend on its input's length, e.g. a block looped for long inputs), the
+    first full pass of that shape tells its attention calls in call order (``orders``; None where a pass may not
+    stop: a module called twice, a module captured another way, an attention class not defined in transformers
+    itself); later passes of that shape end after the same sequence of calls, and a pass whose calls differ from
+    it within the sequence runs to its end (:class:`~inspector.capture.recorder.StopForward`,
+    ``Recorder.stop_order``). What it does not cover: a model whose calls depend on the input's values rather
+    than its shape. One plan serves one model."""
 
     def __init__(self):
-        self.orders: dict[tuple[str, ...], tuple[int, ...] | None] = {}
+        self.orders: dict[tuple, tuple[int, ...] | None] = {}
 
 
 class ForwardSums:
@@ -83,7 +86,8 @@ class ForwardSums:
         self.records = {(r.role, r.batch): r for r in records}
         self.batch_size = 1 + max((r.batch for r in records), default=0)
         self.want = want
-        self._plan, self._structure = plan, tuple(sorted({r.role for r in records}))
+        lengths = {r.role: len(r.ids) for r in records}  # padded: every batch row of a role has the same length
+        self._plan, self._structure = plan, tuple(sorted(lengths.items()))
         self.stop_order = None if plan is None else plan.orders.get(self._structure)
         self.axes = None
         self.sums: dict[str, RankSums] = {}
@@ -93,7 +97,7 @@ class ForwardSums:
 
     def passed(self, order: tuple[int, ...] | None) -> None:
         """Told by the recorder after a full pass: its attention calls' modules in call order, or None where a pass
-        may not stop early; the plan keeps the first it is told for this input structure."""
+        may not stop early; the plan keeps the first it is told for this input shape."""
         if self._plan is not None:
             self._plan.orders.setdefault(self._structure, order)
 

@@ -343,7 +343,8 @@ def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield batch
 
 
-LENGTH_WINDOW = 16  # batches read ahead and sorted by length together (length_batches)
+LENGTH_WINDOW = 16  # batches read ahead and sorted by length together (length_batches) ...
+WINDOW_CHARS = 1 << 22  # ... unless their texts reach this many characters first (4 MiB of text held at most, plus one)
 
 
 def length_of(doc: Document) -> int:
@@ -354,8 +355,9 @@ def length_of(doc: Document) -> int:
 
 def length_batches(docs: Iterable[Document], size: int, window: int | None = None) -> Iterator[list[Document]]:
     """The documents in batches of ``size`` (the last of each window may be shorter) whose members have similar
-    lengths: ``size * window`` documents are read ahead, sorted by :func:`length_of` (stable: equal lengths keep
-    the corpus's order) and cut into batches, so a padded batch spends little of its forward pass on padding
+    lengths: ``size * window`` documents are read ahead (fewer where their texts reach :data:`WINDOW_CHARS`
+    characters: long documents are not held many at a time), sorted by :func:`length_of` (stable: equal lengths
+    keep the corpus's order) and cut into batches, so a padded batch spends little of its forward pass on padding
     (on the demo's clauses, padded tokens fall from 1.22 to 1.02 of the real ones). Each document is in exactly
     one batch; memory holds one window of documents, not their captures. What a document's rows hold does not
     depend on its batch (:mod:`inspector.corpus.reduce` computes every statistic over the document's own tokens);
@@ -365,10 +367,22 @@ def length_batches(docs: Iterable[Document], size: int, window: int | None = Non
     if window <= 1:
         yield from batched(docs, size)
         return
-    for chunk in batched(docs, size * window):
-        ordered = sorted(chunk, key=length_of)
-        for i in range(0, len(ordered), size):
-            yield ordered[i:i + size]
+    chunk: list[Document] = []
+    chars = 0
+    for doc in docs:
+        chunk.append(doc)
+        chars += length_of(doc)
+        # a window ends at its count, or once its texts hold WINDOW_CHARS (long documents are not read ahead)
+        if len(chunk) >= size * window or chars >= WINDOW_CHARS:
+            yield from _cut(chunk, size)
+            chunk, chars = [], 0
+    yield from _cut(chunk, size)
+
+
+def _cut(chunk: list[Document], size: int) -> Iterator[list[Document]]:
+    ordered = sorted(chunk, key=length_of)
+    for i in range(0, len(ordered), size):
+        yield ordered[i:i + size]
 
 
 def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
