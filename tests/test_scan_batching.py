@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_commit_writer import META
+from test_commit_writer import _batch as _batch  # the writer tests' batch of three documents
 from test_scan import read_heads
 
 from inspector.corpus import folder as folder_mod
@@ -82,17 +84,6 @@ def test_a_scans_rows_do_not_depend_on_how_its_documents_were_batched(bert, tmp_
 
 
 # ---- fewer, larger commits --------------------------------------------------------------------------------
-META = {"corpus": "x", "fields": Fields().to_dict(), "model": "m", "options": reduce.Options().to_dict()}
-
-
-def _batch(k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    ids = [f"d{k}-{i}" for i in range(3)]
-    docs = pd.DataFrame({"id": ids, "row": [3 * k + i for i in range(3)], "tokens": 5, "status": "ok", "error": ""})
-    heads = pd.DataFrame({"id": ids, "site": "s", "stack": "none", "kind": "self", "layer": 0, "head": 0,
-                          "entropy": [0.5 + k, 0.25, 0.125], "normalized_entropy": 0.1})
-    return docs, heads
-
-
 def test_the_writer_groups_batches_into_commits_of_at_least_n_documents(tmp_path):
     out = tmp_path / "out"
     folder = ScanFolder(out, META).open()
