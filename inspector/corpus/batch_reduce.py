@@ -278,25 +278,23 @@ def _gather_rows(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return t.expand(b_n, *t.shape[1:]).gather(2, pos[:, None, :, None].expand(b_n, t.shape[1], width, t.shape[-1]))
 
 
-def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]], pos: torch.Tensor | None = None) -> _Rows | None:
+def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]], pos: torch.Tensor) -> _Rows | None:
     """:func:`_query_rows` read from a site's whole weights ``w [batch, head, query, key]`` and visible keys ``vis
     [batch|1, 1|head, query|1, key]``, as the forward pass computed them (:attr:`ForwardSums.weights
-    <inspector.corpus.forward_sums.ForwardSums>`): one gather each."""
+    <inspector.corpus.forward_sums.ForwardSums>`): one gather each (``pos``: :func:`_positions` of ``keep``)."""
     if not keep:
         return None
-    pos = _positions(keep, w.shape[0]) if pos is None else pos
     return _Rows(_gather_rows(w, pos), _gather_rows(vis, pos), frozenset(keep))
 
 
 def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
-                keep: dict[int, list[int]], pos: torch.Tensor | None = None) -> _Rows | None:
+                keep: dict[int, list[int]], pos: torch.Tensor) -> _Rows | None:
     """The weights and visible keys of each batch row's query rows ``keep[b]`` (:class:`_Rows`), recomputed from
     ``q [batch, head, query, d]`` and ``k [batch, head, key, d]`` with the site's ``mask`` and visible keys
-    ``vis``: one block ``[batch, head, rows, key]`` for the whole batch."""
+    ``vis``: one block ``[batch, head, rows, key]`` for the whole batch (``pos``: :func:`_positions` of ``keep``)."""
     if not keep:
         return None
     b_n, h = q.shape[0], q.shape[1]
-    pos = _positions(keep, b_n) if pos is None else pos
     rows_q = q.gather(2, pos[:, None, :, None].expand(b_n, h, pos.shape[1], q.shape[-1]))
     m = None if mask is None else _gather_rows(mask, pos)
     w = attention.attention_weights(rows_q, k, scaling=site.scaling, mask=m, softcap=site.softcap, out_dtype=torch.float32)

@@ -181,17 +181,18 @@ def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Opti
     Documents that cannot be captured together (one too long for the model, targets on some but not
     all, a tokenizer without a padding token) are captured one at a time, so one bad document costs its batch only speed.
     """
-    with torch.inference_mode():  # nothing of a scan's passes is differentiated: no autograd bookkeeping per operation
-        return analyse(capture_batch(model, tokenizer, docs, options, plan))
+    return _analysed(_captured(model, tokenizer, docs, options, plan))
 
 
-def _captured(model, tokenizer, docs: list[Document], options: Options, plan: StopPlan) -> Captured:
-    """:func:`capture_batch` in inference mode (what :func:`reduce_batch` runs), for the prefetching thread."""
+def _captured(model, tokenizer, docs: list[Document], options: Options, plan: StopPlan | None) -> Captured:
+    """:func:`capture_batch` in inference mode: nothing of a scan's passes is differentiated, so no autograd
+    bookkeeping per operation (the prefetching thread calls it too)."""
     with torch.inference_mode():
         return capture_batch(model, tokenizer, docs, options, plan)
 
 
 def _analysed(captured: Captured) -> BatchResult:
+    """:func:`analyse` in inference mode (the capture's tensors were made in it)."""
     with torch.inference_mode():
         return analyse(captured)
 
