@@ -308,3 +308,50 @@ def test_a_scan_stopped_inside_a_group_resumes_to_the_uninterrupted_rows(bert, t
         if pd.api.types.is_float_dtype(a[c]):
             np.testing.assert_allclose(a[c].to_numpy(float), b[c].to_numpy(float), atol=1e-6, rtol=0, err_msg=c)
     assert pd.read_parquet(tmp_path / "full" / "documents.parquet").equals(pd.read_parquet(tmp_path / "part" / "documents.parquet"))
+
+
+# ---- one stop plan per model, kept across scans ----------------------------------------------------------------------
+def test_a_second_scan_of_the_same_model_stops_from_its_first_pass_and_a_changed_model_learns_anew(monkeypatch):
+    """The plan a scan learns is kept for its model (StopPlan.of): the second scan's passes all end early, with the
+    same rows; replacing a layer, or patching a module's forward, makes a new plan (a full pass first)."""
+    from inspector.corpus.forward_sums import StopPlan
+
+    model, tok = tiny.build("bert"), tiny.tokenizer()
+    docs = _lease_docs(6)
+    outputs: list = []
+    own = reduce._capture
+
+    def watched(*a, **k):
+        cap = own(*a, **k)
+        outputs.append(cap.output)
+        return cap
+
+    monkeypatch.setattr(reduce, "_capture", watched)
+    first = pd.concat([r.heads for r in reduce.local_batches(model, tok, docs, batch_size=3, prefetch=False)])
+    assert outputs[0] is not None  # the first pass of a shape runs whole
+    plan = StopPlan.of(model)
+    assert StopPlan.of(model) is plan and plan.orders and all(o is not None for o in plan.orders.values())
+    outputs.clear()
+    second = pd.concat([r.heads for r in reduce.local_batches(model, tok, docs, batch_size=3, prefetch=False)])
+    assert outputs and all(o is None for o in outputs)  # every pass of the second scan ended after its last call
+    pd.testing.assert_frame_equal(first.reset_index(drop=True), second.reset_index(drop=True))
+    model.encoder.layer[1] = type(model.encoder.layer[1])(model.config, layer_idx=1).eval()  # a layer replaced
+    assert StopPlan.of(model) is not plan and not StopPlan.of(model).orders
+    patched = StopPlan.of(model)
+    attn = model.encoder.layer[0].attention.self
+    attn.forward = attn.forward  # a module's forward set on the instance
+    assert StopPlan.of(model) is not patched
+
+
+def test_a_plan_holds_no_reference_to_its_model():
+    import gc
+    import weakref
+
+    from inspector.corpus.forward_sums import StopPlan
+
+    model = tiny.build("bert")
+    StopPlan.of(model)
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None

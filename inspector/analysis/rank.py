@@ -77,6 +77,28 @@ class LabelRule:
 
 
 
+@dataclass(frozen=True)
+class BlockRows:
+    """What :meth:`RankSums.add` reads of a block besides its weights, from its visible keys, real rows and
+    special / padding keys (:meth:`RankSums.block_rows`): ``special [batch, key]`` and ``blind [batch]`` (NumPy), the
+    rows not counted anywhere ``unreal [batch, 1, c]``, the real rows ``rows_w [batch, 1, 1, c]`` (bool) that sum the
+    columns, ``n_rows [batch]``; per setting kept (``i`` 0 keeps special keys, 1 excludes them) ``(i, counted [batch|1,
+    1|head, c], weights [batch, 1|head, c, 2] (1 and 1 / log visible keys, 0 off the rows counted), counts [batch,
+    head, 2])``; with one axis, the self / previous key positions ``pairs [1, 1, c, 2]``, which rows count them
+    ``self_prev [batch, 1, c, 2]`` and ``prev_n [batch]``."""
+
+    special: np.ndarray
+    any_special: bool
+    blind: np.ndarray
+    unreal: torch.Tensor
+    rows_w: torch.Tensor
+    n_rows: np.ndarray
+    settings: list
+    pairs: torch.Tensor | None
+    self_prev: torch.Tensor | None
+    prev_n: np.ndarray | None
+
+
 class RankSums:
     """Running sums of the rank metrics over query rows, for ``batch`` documents and every head at once.
 
@@ -102,12 +124,14 @@ class RankSums:
         self.special = np.zeros((batch, keys), bool)  # the special-token keys (sink_mass reads cols there)
 
     def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
-            pad_k: torch.Tensor, at: slice = slice(None), logits: torch.Tensor | None = None) -> bool:
+            pad_k: torch.Tensor, at: slice = slice(None), logits: torch.Tensor | None = None,
+            block: BlockRows | None = None) -> bool:
         """Add one block of query rows: ``w [batch, head, c, key]`` weights (float32, not modified),
         ``vis [batch, 1|head, c, key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding)
         query rows, ``q_idx [c]`` the block's positions on the query axis, ``special_k`` and ``pad_k``
         ``[batch, key]`` the special-token and padding keys; ``at`` the documents of the sums the block's
-        batch rows are (default: all of them).
+        batch rows are (default: all of them). ``block`` (:meth:`block_rows` of the same arguments) spares
+        recomputing what depends only on them, for the sites that share a mask and axes.
 
         Excluding special keys renormalizes each row over its other keys; its entropy follows from the same
         ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its ``-sum p log p``
@@ -126,63 +150,82 @@ class RankSums:
 
         Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
         ``sum p log p`` non-finite), so callers need no pass of their own to check."""
-        b, h, c, _ = w.shape
-        want = self.want
-        special = special_k.numpy()
-        self.special[at] = special
-        any_special = True in want and bool(special.any())
-        sees = vis.any(-1).any(1).numpy()  # [batch|1, c|1]: the row sees at least one key under some head
-        rows = rows.numpy()
-        self.blind[at] += (rows & ~sees).sum(-1)
-        rows = rows & sees
-        real = rows[:, None, :]  # [batch, 1, c]
+        g = block if block is not None else self.block_rows(w.shape[1], vis, rows, q_idx, special_k, pad_k)
+        self.special[at] = g.special
+        self.blind[at] += g.blind
         # the block-sized passes, in torch: each row's entropy, [batch, head, c]
         finite, logw = False, None
-        if logits is not None and not any_special:
+        if logits is not None and not g.any_special:
             # s_max - s_k >= 0, in place, in one pass (amax, not max: torch's max with indices is ~9x slower)
             gap = torch.sub(logits.amax(-1, keepdim=True), logits, out=logits)
-            row_ent = (torch.linalg.vecdot(w, gap) - w.amax(-1).log()).double().numpy()
-            finite = bool((np.isfinite(row_ent) | ~real).all())  # else the log p path below decides
+            row_ent = torch.linalg.vecdot(w, gap) - w.amax(-1).log()
+            finite = bool((torch.isfinite(row_ent) | g.unreal).all())  # else the log p path below decides
         if not finite:
             # log p with log 0 clamped to the dtype's minimum, so that p log p is 0 where p is 0
             logw = w.log().clamp_min_(torch.finfo(w.dtype).min)
-            row_ent = (-torch.linalg.vecdot(w, logw)).double().numpy()
-            finite = bool((np.isfinite(row_ent) | ~real).all())
-        row_ents = [row_ent, row_ent]
-        n_vis = [vis.sum(-1).numpy()] * 2  # [batch|1, 1|head, c|1]
-        if any_special:  # the renormalized rows without special keys, from the same block
+            row_ent = -torch.linalg.vecdot(w, logw)
+            finite = bool((torch.isfinite(row_ent) | g.unreal).all())
+        row_ents = [row_ent.double()] * 2
+        if g.any_special:  # the renormalized rows without special keys, from the same block
             plain = (~special_k).to(w.dtype)[:, None, :, None]
-            h_ns = (-torch.matmul(w * logw, plain)).squeeze(-1).double().numpy()
-            mass = torch.matmul(w, plain).squeeze(-1).double().numpy()  # S: weight left on non-special keys
-            safe = np.maximum(mass, np.finfo(np.float64).tiny)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                row_ents[1] = np.where(mass > 0, h_ns / safe + np.log(safe), 0.0)
-            n_vis[1] = (vis & ~special_k[:, None, None, :]).sum(-1).numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            for i in (0, 1):
-                if (i == 1) not in want:
-                    continue
-                ok = real & (n_vis[i] >= 2)
-                counted = real & (n_vis[i] >= 1)  # a row with no visible key (all special, excluded) has no entropy
-                self.ent[at, i] += np.where(counted, row_ents[i], 0.0).sum(-1)
-                self.ent_n[at, i] += np.broadcast_to(counted, (b, h, c)).sum(-1)
-                self.norm[at, i] += np.where(ok, row_ents[i] / np.log(np.maximum(n_vis[i], 2)), 0.0).sum(-1)
-                self.norm_n[at, i] += np.broadcast_to(ok, (b, h, c)).sum(-1)
+            h_ns = (-torch.matmul(w * logw, plain)).squeeze(-1).double()
+            mass = torch.matmul(w, plain).squeeze(-1).double()  # S: weight left on non-special keys
+            safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
+            row_ents[1] = torch.where(mass > 0, h_ns / safe + safe.log(), 0.0)
+        for i, counted, weights, counts in g.settings:
+            # [batch, head, 2]: the entropies summed over the counted rows and, over the rows with two visible keys
+            # or more, divided by the log of their number
+            sums = (row_ents[i].masked_fill(~counted, 0.0).unsqueeze(-1) * weights).sum(-2).numpy()
+            self.ent[at, i] += sums[..., 0]
+            self.norm[at, i] += sums[..., 1]
+            self.ent_n[at, i] += counts[..., 0]
+            self.norm_n[at, i] += counts[..., 1]
         # the weight on special keys is read from cols at the end (metrics): sink = cols . special
-        rows_t = torch.from_numpy(rows)
-        self.cols[at] += torch.matmul(rows_t.to(w.dtype)[:, None, None, :], w).squeeze(2).double().numpy()  # [batch, head, key]
-        self.n_rows[at] += rows.sum(-1)
+        self.cols[at] += torch.matmul(g.rows_w.to(w.dtype), w).squeeze(2).double().numpy()  # [batch, head, key]
+        self.n_rows[at] += g.n_rows
         if self.same_axis:
-            q = q_idx.numpy()
-            prev = np.maximum(q - 1, 0)
-            # each row's weight on itself and on the previous position: one gather of two columns
-            both = w.gather(-1, torch.from_numpy(np.stack([q, prev], -1))[None, None].expand(b, h, c, 2)).double().numpy()
-            self.self_m[at] += np.where(real, both[..., 0], 0.0).sum(-1)
-            # the previous position must be a real token (left padding puts padding before the first one)
-            has_prev = rows & (q >= 1)[None, :] & ~pad_k.numpy()[:, prev]  # [batch, c]
-            self.prev_m[at] += np.where(has_prev[:, None, :], both[..., 1], 0.0).sum(-1)
-            self.prev_n[at] += has_prev.sum(-1)
+            # each row's weight on itself and on the previous position: one gather of two columns, summed over the
+            # real rows and the rows whose previous position is a real token
+            both = w.gather(-1, g.pairs.expand(*w.shape[:3], 2)).double().masked_fill(~g.self_prev, 0.0).sum(2).numpy()
+            self.self_m[at] += both[..., 0]
+            self.prev_m[at] += both[..., 1]
+            self.prev_n[at] += g.prev_n
         return finite
+
+    def block_rows(self, heads: int, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor,
+                   special_k: torch.Tensor, pad_k: torch.Tensor) -> BlockRows:
+        """What :meth:`add` needs of a block besides its weights (arguments as :meth:`add` takes them): the rows
+        it counts in each setting and their weights, the real rows, the self / previous-position pairs. The same
+        for every site with the same mask, axes and number of heads, so a caller may compute it once for them."""
+        special = special_k.numpy()
+        any_special = True in self.want and bool(special.any())
+        sees = vis.any(-1).any(1)  # [batch|1, c|1]: the row sees at least one key under some head
+        blind = (rows & ~sees).sum(-1).double().numpy()
+        rows = rows & sees
+        real = rows[:, None, :]  # [batch, 1, c]
+        n_vis = [vis.sum(-1)] * 2  # [batch|1, 1|head, c|1]
+        if any_special:
+            n_vis[1] = (vis & ~special_k[:, None, None, :]).sum(-1)
+        settings = []
+        for i in (0, 1):
+            if (i == 1) not in self.want:
+                continue
+            counted = real & (n_vis[i] >= 1)  # a row with no visible key (all special, excluded) has no entropy
+            ok = real & (n_vis[i] >= 2)
+            weights = torch.stack(torch.broadcast_tensors(counted.double(), ok.double() / n_vis[i].clamp_min(2).double().log()), -1)
+            counts = torch.stack([counted.sum(-1), ok.sum(-1)], -1).expand(rows.shape[0], heads, 2).double().numpy()
+            settings.append((i, counted, weights, counts))
+        pairs = self_prev = prev_n = None
+        if self.same_axis:
+            prev = (q_idx - 1).clamp_min(0)
+            pairs = torch.stack([q_idx, prev], -1)[None, None]  # [1, 1, c, 2] key positions
+            # the previous position must be a real token (left padding puts padding before the first one)
+            has_prev = rows & (q_idx >= 1)[None, :] & ~pad_k[:, prev]  # [batch, c]
+            self_prev = torch.stack(torch.broadcast_tensors(real[:, 0], has_prev), -1)[:, None]  # [batch, 1, c, 2]
+            prev_n = has_prev.sum(-1).double().numpy()
+        return BlockRows(special=special, any_special=any_special, blind=blind, unreal=~real, rows_w=rows[:, None, None, :],
+                         n_rows=rows.sum(-1).double().numpy(), settings=settings, pairs=pairs, self_prev=self_prev,
+                         prev_n=prev_n)
 
     def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:
         """``[batch, head]`` float64 tensors of the rank metrics (NaN where undefined) and ``top_key_index``

@@ -151,7 +151,8 @@ def eval_mode(model, modules: list | None = None):
         yield model
     finally:
         for m, flag in saved:
-            m.training = flag
+            if m.training != flag:  # only what changed: Module.__setattr__ costs microseconds per module
+                m.training = flag
 
 
 @contextlib.contextmanager

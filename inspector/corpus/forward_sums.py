@@ -21,6 +21,7 @@ stored tensors, so that both paths read the same Q and K).
 
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -61,10 +62,32 @@ class StopPlan:
     itself); later passes of that shape end after the same sequence of calls, and a pass whose calls differ from
     it within the sequence runs to its end (:class:`~inspector.capture.recorder.StopForward`,
     ``Recorder.stop_order``). What it does not cover: a model whose calls depend on the input's values rather
-    than its shape. One plan serves one model."""
+    than its shape. One plan serves one model: :meth:`of` keeps one per model for the process's life, so the
+    scans of one loaded model (a notebook's, a benchmark's rounds, a Ray actor's batches) learn each shape once."""
 
-    def __init__(self):
+    def __init__(self, signature: tuple = ()):
         self.orders: dict[tuple, tuple[int, ...] | None] = {}
+        self.signature = signature
+
+    @staticmethod
+    def signature_of(model) -> tuple:
+        """What a plan's call orders depend on besides the input's shape: every module of ``model`` (name, identity,
+        class) and any ``forward`` set on an instance (a patched module calls attention another way). Identities,
+        not objects: the plan holds no reference to the model."""
+        return tuple((name, id(m), type(m), id(m.__dict__.get("forward"))) for name, m in model.named_modules())
+
+    @classmethod
+    def of(cls, model) -> StopPlan:
+        """The plan kept for ``model`` (weakly: it goes with the model), a new one where there is none or the model's
+        modules changed since it was learned (:meth:`signature_of`: a layer replaced, added or patched)."""
+        signature = cls.signature_of(model)
+        plan = _PLANS.get(model)
+        if plan is None or plan.signature != signature:
+            plan = _PLANS[model] = cls(signature)
+        return plan
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its StopPlan (StopPlan.of)
 
 
 class ForwardSums:
@@ -94,6 +117,7 @@ class ForwardSums:
         self.finite: dict[str, bool] = {}
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._kept_values = 0
+        self._blocks: dict[tuple, object] = {}  # a block's RankSums.block_rows, per mask, axes and rows
 
     def passed(self, order: tuple[int, ...] | None) -> None:
         """Told by the recorder after a full pass: its attention calls' modules in call order, or None where a pass
@@ -154,8 +178,13 @@ class ForwardSums:
                     self.weights[site.name] = (w, vv)
                     self._kept_values += w.numel()
                 if bool(rows.any()):
+                    # what the sums read of the block besides its weights: once for the sites that share its mask and axes
+                    shape = (id(vis), id(pad_q), id(special_k), b0, b1, r0, r1, h, sums.same_axis)
+                    if shape not in self._blocks:
+                        self._blocks[shape] = sums.block_rows(h, vv, rows, torch.arange(r0, r1), special_k[b0:b1],
+                                                              pad_k[b0:b1])
                     finite &= sums.add(w, vv, rows, torch.arange(r0, r1), special_k[b0:b1], pad_k[b0:b1], at=slice(b0, b1),
-                                       logits=logits)
+                                       logits=logits, block=self._blocks[shape])
         self.sums[site.name] = sums
         self.finite[site.name] = finite
         return out.transpose(1, 2).contiguous()

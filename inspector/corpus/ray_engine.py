@@ -90,7 +90,7 @@ class Reducer:
 
         self.lm = load_model(model, device=device, trust_remote_code=trust_remote_code)
         self.options = Options(**options)
-        self.plan = StopPlan()  # this actor's model: its passes end after the last attention call, as the local engine's
+        self.plan = StopPlan.of(self.lm.model)  # its passes end after the last attention call, as the local engine's
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         """One row for the whole batch: its ``documents`` and ``heads`` tables as Arrow IPC bytes (exact floats,

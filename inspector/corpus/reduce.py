@@ -400,7 +400,7 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
     """
     if prefetch is None:
         prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
-    plan = StopPlan()
+    plan = StopPlan.of(model)  # kept per model: a shape learned by an earlier scan of this model is not learned again
     if not prefetch:
         for batch in length_batches(docs, batch_size):
             yield reduce_batch(model, tokenizer, batch, options, plan)
