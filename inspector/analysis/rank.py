@@ -199,11 +199,11 @@ class RankSums:
         for every site with the same mask, axes and number of heads, so a caller may compute it once for them."""
         special = special_k.numpy()
         any_special = True in self.want and bool(special.any())
-        sees = vis.any(-1).any(1)  # [batch|1, c|1]: the row sees at least one key under some head
+        n_vis = [vis.sum(-1)] * 2  # [batch|1, 1|head, c|1]
+        sees = (n_vis[0] > 0).any(1)  # [batch|1, c|1]: the row sees at least one key under some head (one pass over vis)
         blind = (rows & ~sees).sum(-1).double().numpy()
         rows = rows & sees
         real = rows[:, None, :]  # [batch, 1, c]
-        n_vis = [vis.sum(-1)] * 2  # [batch|1, 1|head, c|1]
         if any_special:
             n_vis[1] = (vis & ~special_k[:, None, None, :]).sum(-1)
         settings = []
