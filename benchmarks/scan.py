@@ -9,7 +9,9 @@ documents.
    loop and >= 0.8x the forward. Two corpora: the demo's lease clauses (~40 tokens each) and contracts
    (a clause plus boilerplate, ~230 tokens); two model shapes (``--model both``, the default). Rounds
    alternate forward / loop / scan in one process; each ratio is the median of the rounds' own ratios
-   (the three runs of a round share the machine's load, which on a shared machine moves a lot).
+   (the three runs of a round share the machine's load, which on a shared machine moves a lot). The warm-up
+   scan of the same documents teaches the model's stop plan every batch shape (``StopPlan.of``: kept per model),
+   so the measured scans are in the steady state of a long scan, where shapes repeat.
 2. Peak memory of a scan at two corpus sizes, N and 4N documents made of the same 16 contracts under
    new ids (the same batch shapes, four times the documents), each in a fresh process after a warm-up
    scan of the 16: the peak RSS above the RSS before the scan. It must not grow with the corpus.

@@ -109,8 +109,8 @@ def _block(seed: int = 0):
 def test_the_entropy_read_from_the_logits_is_minus_sum_p_log_p():
     logits, w, vis, rows, special, pad = _block()
     by_log, by_logits = RankSums(2, 3, 7, True, (False,)), RankSums(2, 3, 7, True, (False,))
-    assert by_log.add(w, vis, rows, torch.arange(5), special, pad)
-    assert by_logits.add(w, vis, rows, torch.arange(5), special, pad, logits=logits)
+    assert by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad))
+    assert by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad), logits=logits)
     assert_same_metrics(_metrics(by_logits, False), _metrics(by_log, False))
     # the same by hand, in float64
     p = w.double()
@@ -125,8 +125,8 @@ def test_a_row_the_logits_cannot_give_takes_minus_sum_p_log_p():
     w = torch.softmax(logits, -1)
     vis[1, ..., 6] = False
     by_log, by_logits = RankSums(2, 3, 7, True, (False,)), RankSums(2, 3, 7, True, (False,))
-    assert by_log.add(w, vis, rows, torch.arange(5), special, pad)
-    assert by_logits.add(w, vis, rows, torch.arange(5), special, pad, logits=logits)
+    assert by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad))
+    assert by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad), logits=logits)
     assert_same_metrics(_metrics(by_logits, False), _metrics(by_log, False))
     assert np.isfinite(_metrics(by_logits, False)["entropy"]).all()
 
@@ -153,8 +153,8 @@ def test_sharp_heads_on_large_logits_keep_their_entropy_and_it_is_never_negative
     rows = torch.ones(1, 4, dtype=torch.bool)
     none = torch.zeros(1, 9, dtype=torch.bool)
     by_log, by_logits = RankSums(1, 2, 9, True, (False,)), RankSums(1, 2, 9, True, (False,))
-    by_log.add(w, vis, rows, torch.arange(4), none, none)
-    by_logits.add(w, vis, rows, torch.arange(4), none, none, logits=logits.clone())
+    by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(4), none, none))
+    by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(4), none, none), logits=logits.clone())
     got, want = _metrics(by_logits, False)["entropy"], _metrics(by_log, False)["entropy"]
     p = torch.softmax(logits.double(), -1)
     exact = -(p * p.log()).sum(-1).mean(-1).numpy()

@@ -341,6 +341,10 @@ def test_a_second_scan_of_the_same_model_stops_from_its_first_pass_and_a_changed
     attn = model.encoder.layer[0].attention.self
     attn.forward = attn.forward  # a module's forward set on the instance
     assert StopPlan.of(model) is not patched
+    hooked = StopPlan.of(model)
+    handle = model.encoder.layer[1].register_forward_hook(lambda *a: None)  # a hook may call attention again
+    assert StopPlan.of(model) is not hooked
+    handle.remove()
 
 
 def test_a_plan_holds_no_reference_to_its_model():

@@ -81,13 +81,15 @@ class LabelRule:
 class BlockRows:
     """What :meth:`RankSums.add` reads of a block besides its weights, from its visible keys, real rows and
     special / padding keys (:meth:`RankSums.block_rows`): ``special [batch, key]`` and ``blind [batch]`` (NumPy), the
-    rows not counted anywhere ``unreal [batch, 1, c]``, the real rows ``rows_w [batch, 1, 1, c]`` (bool) that sum the
+    rows not counted anywhere ``unreal [batch, 1, c]``,
+    ``special_t`` the special keys as a tensor, the real rows ``rows_w [batch, 1, 1, c]`` (bool) that sum the
     columns, ``n_rows [batch]``; per setting kept (``i`` 0 keeps special keys, 1 excludes them) ``(i, counted [batch|1,
     1|head, c], weights [batch, 1|head, c, 2] (1 and 1 / log visible keys, 0 off the rows counted), counts [batch,
     head, 2])``; with one axis, the self / previous key positions ``pairs [1, 1, c, 2]``, which rows count them
     ``self_prev [batch, 1, c, 2]`` and ``prev_n [batch]``."""
 
     special: np.ndarray
+    special_t: torch.Tensor
     any_special: bool
     blind: np.ndarray
     unreal: torch.Tensor
@@ -123,15 +125,11 @@ class RankSums:
         self.cols = np.zeros((batch, heads, keys), f64)
         self.special = np.zeros((batch, keys), bool)  # the special-token keys (sink_mass reads cols there)
 
-    def add(self, w: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor, special_k: torch.Tensor,
-            pad_k: torch.Tensor, at: slice = slice(None), logits: torch.Tensor | None = None,
-            block: BlockRows | None = None) -> bool:
-        """Add one block of query rows: ``w [batch, head, c, key]`` weights (float32, not modified),
-        ``vis [batch, 1|head, c, key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding)
-        query rows, ``q_idx [c]`` the block's positions on the query axis, ``special_k`` and ``pad_k``
-        ``[batch, key]`` the special-token and padding keys; ``at`` the documents of the sums the block's
-        batch rows are (default: all of them). ``block`` (:meth:`block_rows` of the same arguments) spares
-        recomputing what depends only on them, for the sites that share a mask and axes.
+    def add(self, w: torch.Tensor, block: BlockRows, at: slice = slice(None), logits: torch.Tensor | None = None) -> bool:
+        """Add one block of query rows: ``w [batch, head, c, key]`` weights (float32, not modified) and ``block``,
+        the block's rows as :meth:`block_rows` reads them (the keys each row sees, its real rows, the special and
+        padding keys: the same for every site with the same mask, axes and heads, so a caller may compute it
+        once for them); ``at`` the documents of the sums the block's batch rows are (default: all of them).
 
         Excluding special keys renormalizes each row over its other keys; its entropy follows from the same
         ``p log p`` block: with ``S`` the row's weight on non-special keys and ``H_ns`` its ``-sum p log p``
@@ -150,7 +148,7 @@ class RankSums:
 
         Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
         ``sum p log p`` non-finite), so callers need no pass of their own to check."""
-        g = block if block is not None else self.block_rows(w.shape[1], vis, rows, q_idx, special_k, pad_k)
+        g = block
         self.special[at] = g.special
         self.blind[at] += g.blind
         # the block-sized passes, in torch: each row's entropy, [batch, head, c]
@@ -167,7 +165,7 @@ class RankSums:
             finite = bool((torch.isfinite(row_ent) | g.unreal).all())
         row_ents = [row_ent.double()] * 2
         if g.any_special:  # the renormalized rows without special keys, from the same block
-            plain = (~special_k).to(w.dtype)[:, None, :, None]
+            plain = (~g.special_t).to(w.dtype)[:, None, :, None]
             h_ns = (-torch.matmul(w * logw, plain)).squeeze(-1).double()
             mass = torch.matmul(w, plain).squeeze(-1).double()  # S: weight left on non-special keys
             safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
@@ -194,9 +192,11 @@ class RankSums:
 
     def block_rows(self, heads: int, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor,
                    special_k: torch.Tensor, pad_k: torch.Tensor) -> BlockRows:
-        """What :meth:`add` needs of a block besides its weights (arguments as :meth:`add` takes them): the rows
-        it counts in each setting and their weights, the real rows, the self / previous-position pairs. The same
-        for every site with the same mask, axes and number of heads, so a caller may compute it once for them."""
+        """What :meth:`add` needs of a block of ``heads`` heads besides its weights: from ``vis [batch, 1|head, c,
+        key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding) query rows, ``q_idx [c]`` the
+        block's positions on the query axis and ``special_k`` / ``pad_k [batch, key]`` the special-token and
+        padding keys, the rows it counts in each setting and their weights, the real rows and the self /
+        previous-position pairs (:class:`BlockRows`)."""
         special = special_k.numpy()
         any_special = True in self.want and bool(special.any())
         n_vis = [vis.sum(-1)] * 2  # [batch|1, 1|head, c|1]
@@ -223,7 +223,7 @@ class RankSums:
             has_prev = rows & (q_idx >= 1)[None, :] & ~pad_k[:, prev]  # [batch, c]
             self_prev = torch.stack(torch.broadcast_tensors(real[:, 0], has_prev), -1)[:, None]  # [batch, 1, c, 2]
             prev_n = has_prev.sum(-1).double().numpy()
-        return BlockRows(special=special, any_special=any_special, blind=blind, unreal=~real, rows_w=rows[:, None, None, :],
+        return BlockRows(special=special, special_t=special_k, any_special=any_special, blind=blind, unreal=~real, rows_w=rows[:, None, None, :],
                          n_rows=rows.sum(-1).double().numpy(), settings=settings, pairs=pairs, self_prev=self_prev,
                          prev_n=prev_n)
 
@@ -278,8 +278,8 @@ def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weigh
             continue
         w, logits = _block(capture, site, batch, heads, qs, vn, log_vn, from_logits)  # [head, c, key] each
         vis = visible_keys(capture, site, batch, qs, pad_k)
-        sums.add(w[None], vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None],
-                 logits=None if logits is None else logits[None])
+        block = sums.block_rows(h, vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None])
+        sums.add(w[None], block, logits=None if logits is None else logits[None])
     key_tokens = capture.tokens(site, "key", batch)
     # a head whose value norms are all zero leaves no value-weighted row: its metrics are NaN, not a sharp head
     dead = (vn == 0).all(-1) if vn is not None else torch.zeros(h, dtype=torch.bool)

@@ -223,7 +223,7 @@ def _group_pass(site, inputs: tuple, members: list[int], qw: slice, kw: slice, k
                                         out_dtype=torch.float32)
         v = g_vis[:, :, a0:a1] if g_vis.shape[2] > 1 else g_vis
         # self / previous position are read on the key window, which is the query window on one axis
-        if not sums.add(w, v, rows, torch.arange(a0, a1) - kw.start, g_special, g_pad_k):
+        if not sums.add(w, sums.block_rows(h, v, rows, torch.arange(a0, a1) - kw.start, g_special, g_pad_k)):
             raise LookupError(site.name)
         _keep_block_rows(w, v, members, keep, kept, a0, a1, kw, site.key_len)
     found = sums.metrics(want[0])

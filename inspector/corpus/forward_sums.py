@@ -72,9 +72,11 @@ class StopPlan:
     @staticmethod
     def signature_of(model) -> tuple:
         """What a plan's call orders depend on besides the input's shape: every module of ``model`` (name, identity,
-        class) and any ``forward`` set on an instance (a patched module calls attention another way). Identities,
-        not objects: the plan holds no reference to the model."""
-        return tuple((name, id(m), type(m), id(m.__dict__.get("forward"))) for name, m in model.named_modules())
+        class), any ``forward`` set on an instance (a patched module calls attention another way) and the module's
+        forward hooks (keys: a hook added or removed). Identities, not objects: the plan holds no reference to the
+        model."""
+        return tuple((name, id(m), type(m), id(m.__dict__.get("forward")), tuple(m._forward_pre_hooks),
+                      tuple(m._forward_hooks)) for name, m in model.named_modules())
 
     @classmethod
     def of(cls, model) -> StopPlan:
@@ -183,8 +185,7 @@ class ForwardSums:
                     if shape not in self._blocks:
                         self._blocks[shape] = sums.block_rows(h, vv, rows, torch.arange(r0, r1), special_k[b0:b1],
                                                               pad_k[b0:b1])
-                    finite &= sums.add(w, vv, rows, torch.arange(r0, r1), special_k[b0:b1], pad_k[b0:b1], at=slice(b0, b1),
-                                       logits=logits, block=self._blocks[shape])
+                    finite &= sums.add(w, self._blocks[shape], at=slice(b0, b1), logits=logits)
         self.sums[site.name] = sums
         self.finite[site.name] = finite
         return out.transpose(1, 2).contiguous()
