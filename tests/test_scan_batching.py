@@ -359,3 +359,65 @@ def test_a_plan_holds_no_reference_to_its_model():
     del model
     gc.collect()
     assert gone() is None
+
+
+def test_a_kept_plan_is_dropped_when_a_class_forward_or_an_instance_forward_at_a_reused_address_changes(monkeypatch):
+    """A reviewer's two cases: a class-level patch that runs the last layer twice, and an instance forward replaced
+    by another function (which CPython may place at the freed one's address): the kept plan would have stopped the
+    pass before the new calls; each makes a new plan, and the scan keeps every site a fresh plan finds."""
+    import types
+
+    from transformers.models.llama import modeling_llama
+
+    from inspector.corpus.forward_sums import StopPlan
+
+    model, tok = tiny.build("llama"), tiny.tokenizer()
+    docs = _lease_docs(3)
+
+    def sites():
+        return sorted(pd.concat([r.heads for r in reduce.local_batches(model, tok, docs, batch_size=3, prefetch=False)])
+                      ["site"].unique())
+
+    before = sites()
+    plan = StopPlan.of(model)
+    own = modeling_llama.LlamaDecoderLayer.forward
+
+    def looped(self, hidden_states, *args, **kw):
+        out = own(self, hidden_states, *args, **kw)
+        if self is model.model.layers[-1]:
+            out = own(self, out[0] if isinstance(out, tuple) else out, *args, **kw)
+        return out
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", looped)
+    assert StopPlan.of(model) is not plan
+    assert len(sites()) == len(before) + 1  # the second call of the last layer's attention is there
+    monkeypatch.undo()
+    attn = model.model.layers[-1].self_attn
+    once = type(attn).forward
+
+    def twice(self, hidden_states, *a, **k):
+        out, w = once(self, hidden_states, *a, **k)
+        return once(self, hidden_states + out, *a, **k)
+
+    attn.forward = types.MethodType(once, attn)
+    assert sites() == before
+    kept = StopPlan.of(model)
+    del attn.forward
+    attn.forward = types.MethodType(twice, attn)
+    assert StopPlan.of(model) is not kept
+    assert len(sites()) == len(before) + 1
+
+
+def test_a_row_a_sum_leaves_out_adds_nothing_even_where_its_weights_are_not_finite():
+    """A real row that sees one key is in the entropy's mean, not in the normalized entropy's: a NaN weight there
+    makes the block not finite (the caller's error) but leaves the normalized entropy of the other rows as it was."""
+    from inspector.analysis import RankSums
+
+    none = torch.zeros(1, 3, dtype=torch.bool)
+    rows = torch.ones(1, 1, dtype=torch.bool)
+    s = RankSums(1, 1, 3, False, (False,))
+    one = torch.tensor([[[[True, False, False]]]])
+    assert not s.add(torch.tensor([[[[float("nan"), 0.0, 0.0]]]]), s.block_rows(1, one, rows, torch.arange(1), none, none))
+    two = torch.tensor([[[[True, True, False]]]])
+    assert s.add(torch.tensor([[[[0.5, 0.5, 0.0]]]]), s.block_rows(1, two, rows, torch.arange(1), none, none))
+    assert float(s.metrics(False)["normalized_entropy"][0, 0]) == pytest.approx(1.0)

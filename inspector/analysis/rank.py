@@ -83,9 +83,9 @@ class BlockRows:
     special / padding keys (:meth:`RankSums.block_rows`): ``special [batch, key]`` and ``blind [batch]`` (NumPy), the
     rows not counted anywhere ``unreal [batch, 1, c]``,
     ``special_t`` the special keys as a tensor, the real rows ``rows_w [batch, 1, 1, c]`` (bool) that sum the
-    columns, ``n_rows [batch]``; per setting kept (``i`` 0 keeps special keys, 1 excludes them) ``(i, counted [batch|1,
-    1|head, c], weights [batch, 1|head, c, 2] (1 and 1 / log visible keys, 0 off the rows counted), counts [batch,
-    head, 2])``; with one axis, the self / previous key positions ``pairs [1, 1, c, 2]``, which rows count them
+    columns, ``n_rows [batch]``; per setting kept (``i`` 0 keeps special keys, 1 excludes them) ``(i, skip [batch|1,
+    1|head, c, 2] (the rows the entropy sum and the normalized one leave out), weights [batch, 1|head, c, 2] (1 and
+    1 / log visible keys, 0 off the rows counted), counts [batch, head, 2])``; with one axis, the self / previous key positions ``pairs [1, 1, c, 2]``, which rows count them
     ``self_prev [batch, 1, c, 2]`` and ``prev_n [batch]``."""
 
     special: np.ndarray
@@ -170,10 +170,10 @@ class RankSums:
             mass = torch.matmul(w, plain).squeeze(-1).double()  # S: weight left on non-special keys
             safe = mass.clamp_min(torch.finfo(torch.float64).tiny)
             row_ents[1] = torch.where(mass > 0, h_ns / safe + safe.log(), 0.0)
-        for i, counted, weights, counts in g.settings:
+        for i, skip, weights, counts in g.settings:
             # [batch, head, 2]: the entropies summed over the counted rows and, over the rows with two visible keys
-            # or more, divided by the log of their number
-            sums = (row_ents[i].masked_fill(~counted, 0.0).unsqueeze(-1) * weights).sum(-2).numpy()
+            # or more, divided by the log of their number (a row left out adds 0, whatever its entropy)
+            sums = (row_ents[i].unsqueeze(-1) * weights).masked_fill_(skip, 0.0).sum(-2).numpy()
             self.ent[at, i] += sums[..., 0]
             self.norm[at, i] += sums[..., 1]
             self.ent_n[at, i] += counts[..., 0]
@@ -213,8 +213,9 @@ class RankSums:
             counted = real & (n_vis[i] >= 1)  # a row with no visible key (all special, excluded) has no entropy
             ok = real & (n_vis[i] >= 2)
             weights = torch.stack(torch.broadcast_tensors(counted.double(), ok.double() / n_vis[i].clamp_min(2).double().log()), -1)
+            skip = ~torch.stack(torch.broadcast_tensors(counted, ok), -1)  # the rows each sum leaves out
             counts = torch.stack([counted.sum(-1), ok.sum(-1)], -1).expand(rows.shape[0], heads, 2).double().numpy()
-            settings.append((i, counted, weights, counts))
+            settings.append((i, skip, weights, counts))
         pairs = self_prev = prev_n = None
         if self.same_axis:
             prev = (q_idx - 1).clamp_min(0)

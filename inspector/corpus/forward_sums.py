@@ -72,11 +72,15 @@ class StopPlan:
     @staticmethod
     def signature_of(model) -> tuple:
         """What a plan's call orders depend on besides the input's shape: every module of ``model`` (name, identity,
-        class), any ``forward`` set on an instance (a patched module calls attention another way) and the module's
-        forward hooks (keys: a hook added or removed). Identities, not objects: the plan holds no reference to the
-        model."""
-        return tuple((name, id(m), type(m), id(m.__dict__.get("forward")), tuple(m._forward_pre_hooks),
-                      tuple(m._forward_hooks)) for name, m in model.named_modules())
+        class), the ``forward`` it runs (its class's, or one set on the instance: a patched module may call attention
+        another way), its forward hooks and the global ones (a hook added or removed). A forward is held by a weak
+        reference, which compares equal only while the same object is alive (a new function at a freed one's
+        address does not pass for it), so the plan holds no reference to the model."""
+        from torch.nn.modules import module as torch_module
+
+        hooks = (tuple(torch_module._global_forward_pre_hooks), tuple(torch_module._global_forward_hooks))
+        return (hooks, *((name, id(m), type(m), _weak(m.__dict__.get("forward")), _weak(getattr(type(m), "forward", None)),
+                          tuple(m._forward_pre_hooks), tuple(m._forward_hooks)) for name, m in model.named_modules()))
 
     @classmethod
     def of(cls, model) -> StopPlan:
@@ -90,6 +94,15 @@ class StopPlan:
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its StopPlan (StopPlan.of)
+
+
+def _weak(fn):
+    """A weak reference to ``fn`` (equal to another only while both point at the same live object), or ``fn``
+    itself where it takes none (None, a builtin)."""
+    try:
+        return weakref.ref(fn)
+    except TypeError:
+        return fn
 
 
 class ForwardSums:
