@@ -560,7 +560,9 @@ class _Lists:
             lengths[dst] = keep.sum(1)
             present[dst] = True
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        flat = np.empty(int(offsets[-1]), dtype=object if self.kind == pa.string() else None)
+        # the values' own type (an int64 column filled through float64 would be cast back, value by value)
+        numeric = pa.types.is_integer(self.kind) or pa.types.is_floating(self.kind)
+        flat = np.empty(int(offsets[-1]), dtype=self.kind.to_pandas_dtype() if numeric else object)
         for dst, values, keep in self.parts:
             count = keep.sum(1)
             if not count.sum():
@@ -569,7 +571,10 @@ class _Lists:
             rank = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
             flat[np.repeat(offsets[dst], count) + rank] = values[keep]
         values = pa.array(flat, type=self.kind) if len(flat) else pa.array([], type=self.kind)
-        arr = pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), values, mask=pa.array(~present))
+        # the list array from its buffers: validity bitmap (little-endian bits), int32 offsets, the values
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+        arr = pa.Array.from_buffers(pa.list_(self.kind), self.n, [validity, pa.py_buffer(offsets.astype(np.int32))],
+                                    null_count=int(self.n - present.sum()), children=[values])
         return pd.arrays.ArrowExtensionArray(arr)
 
 
