@@ -79,14 +79,14 @@ class LabelRule:
 
 @dataclass(frozen=True)
 class BlockRows:
-    """What :meth:`RankSums.add` reads of a block besides its weights, from its visible keys, real rows and
-    special / padding keys (:meth:`RankSums.block_rows`): ``special [batch, key]`` and ``blind [batch]`` (NumPy), the
-    rows not counted anywhere ``unreal [batch, 1, c]``,
-    ``special_t`` the special keys as a tensor, the real rows ``rows_w [batch, 1, 1, c]`` (bool) that sum the
-    columns, ``n_rows [batch]``; per setting kept (``i`` 0 keeps special keys, 1 excludes them) ``(i, skip [batch|1,
-    1|head, c, 2] (the rows the entropy sum and the normalized one leave out), weights [batch, 1|head, c, 2] (1 and
-    1 / log visible keys, 0 off the rows counted), counts [batch, head, 2])``; with one axis, the self / previous key positions ``pairs [1, 1, c, 2]``, which rows count them
-    ``self_prev [batch, 1, c, 2]`` and ``prev_n [batch]``."""
+    """What :meth:`RankSums.add` reads of a block besides its weights (:meth:`RankSums.block_rows`, from the block's
+    visible keys, real rows and special / padding keys): ``special [batch, key]`` (NumPy) and ``special_t`` (the same,
+    a tensor); ``blind [batch]`` the real rows that see no key; ``unreal [batch, 1, c]`` the rows counted nowhere;
+    ``rows_w [batch, 1, 1, c]`` the counted rows, which sum the columns; ``n_rows [batch]``; per setting kept (``i``:
+    0 keeps special keys, 1 excludes them) ``(i, skip, weights, counts)``: ``skip [batch|1, 1|head, c, 2]`` the rows
+    the entropy sum and the normalized one leave out, ``weights`` (same shape) 1 and 1 / log(visible keys),
+    ``counts [batch, head, 2]`` how many rows each sum counts; with one axis, the self / previous key positions
+    ``pairs [1, 1, c, 2]``, the rows that count them ``self_prev [batch, 1, c, 2]`` and ``prev_n [batch]``."""
 
     special: np.ndarray
     special_t: torch.Tensor
@@ -148,7 +148,7 @@ class RankSums:
 
         Returns whether every real row's weights were finite (a NaN or infinity anywhere in a row makes its
         ``sum p log p`` non-finite), so callers need no pass of their own to check."""
-        g = block
+        g = block  # short: read on almost every line below
         self.special[at] = g.special
         self.blind[at] += g.blind
         # the block-sized passes, in torch: each row's entropy, [batch, head, c]
@@ -224,9 +224,9 @@ class RankSums:
             has_prev = rows & (q_idx >= 1)[None, :] & ~pad_k[:, prev]  # [batch, c]
             self_prev = torch.stack(torch.broadcast_tensors(real[:, 0], has_prev), -1)[:, None]  # [batch, 1, c, 2]
             prev_n = has_prev.sum(-1).double().numpy()
-        return BlockRows(special=special, special_t=special_k, any_special=any_special, blind=blind, unreal=~real, rows_w=rows[:, None, None, :],
-                         n_rows=rows.sum(-1).double().numpy(), settings=settings, pairs=pairs, self_prev=self_prev,
-                         prev_n=prev_n)
+        return BlockRows(special=special, special_t=special_k, any_special=any_special, blind=blind, unreal=~real,
+                         rows_w=rows[:, None, None, :], n_rows=rows.sum(-1).double().numpy(), settings=settings,
+                         pairs=pairs, self_prev=self_prev, prev_n=prev_n)
 
     def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:
         """``[batch, head]`` float64 tensors of the rank metrics (NaN where undefined) and ``top_key_index``

@@ -560,7 +560,7 @@ class _Lists:
             lengths[dst] = keep.sum(1)
             present[dst] = True
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        # the values' own type (an int64 column filled through float64 would be cast back, value by value)
+        # the values in their own type (int64 positions not carried through float64)
         numeric = pa.types.is_integer(self.kind) or pa.types.is_floating(self.kind)
         flat = np.empty(int(offsets[-1]), dtype=self.kind.to_pandas_dtype() if numeric else object)
         for dst, values, keep in self.parts:

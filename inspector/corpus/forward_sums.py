@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
-from inspector.analysis.rank import RankSums
+from inspector.analysis.rank import BlockRows, RankSums
 from inspector.store import attention
 
 BLOCK_VALUES = 1 << 21  # weights per block (8 MB float32): few blocks (each a few dozen small operations), read from the last-level cache
@@ -132,7 +132,7 @@ class ForwardSums:
         self.finite: dict[str, bool] = {}
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._kept_values = 0
-        self._blocks: dict[tuple, object] = {}  # a block's RankSums.block_rows, per mask, axes and rows
+        self._blocks: dict[tuple, BlockRows] = {}  # a block's RankSums.block_rows, per mask, axes and rows
 
     def passed(self, order: tuple[int, ...] | None) -> None:
         """Told by the recorder after a full pass: its attention calls' modules in call order, or None where a pass
