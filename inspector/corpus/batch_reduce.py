@@ -34,6 +34,7 @@ import torch
 from inspector.analysis import placement, split
 from inspector.analysis.rank import LabelRule, RankSums
 from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clean_referents
+from inspector.corpus.folder import frame_of, table_of
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
 from inspector.store.masks import leading_padding, visible_by_mask
@@ -344,7 +345,21 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
     :func:`~inspector.corpus.reduce.document_rows` gives them, or None when the fast path does not apply to this
     capture. Returns ``(frames, errors)``: ``frames`` maps a batch row to its rows (several batch rows may
     share one frame, told apart by the ``id`` column), ``errors`` a batch row to its one-line error
-    (the split could not run); batch rows in neither need the per-document path."""
+    (the split could not run); batch rows in neither need the per-document path. :func:`batch_tables` as DataFrames."""
+    found = batch_tables(capture, docs, options)
+    if found is None:
+        return None
+    tables, errors = found
+    frames: dict[int, pd.DataFrame] = {}
+    for b, table in tables.items():
+        shared = next((frames[c] for c, t in tables.items() if c in frames and t is table), None)
+        frames[b] = shared if shared is not None else frame_of(table)
+    return frames, errors
+
+
+def batch_tables(capture, docs: list, options) -> tuple[dict[int, object], dict[int, str]] | None:
+    """:func:`batch_rows` as the Arrow tables a scan commits (:func:`~inspector.corpus.folder.table_of`: the
+    ``arrow_table`` of the DataFrame, built without it): ``(tables, errors)``, several batch rows sharing one table."""
     if not fast_path_applies(capture):
         return None
     taken = getattr(capture, "forward_sums", None)
@@ -360,16 +375,16 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
     reach, pairs = _splits(axes, queries, sites, split_rows, rule)
     plain = [b for b, doc in enumerate(docs) if doc.query is None]
     with_query = [b for b in queries if reach[b]]
-    frames: dict[int, pd.DataFrame] = {}
+    tables: dict[int, object] = {}
     if plain:
-        df = pd.DataFrame(_rank_rows(axes, docs, plain, sites, metrics))
-        frames.update({b: df for b in plain})
+        table = table_of(_rank_rows(axes, docs, plain, sites, metrics))
+        tables.update({b: table for b in plain})
     if with_query:
         cols = _rank_rows(axes, docs, with_query, sites, metrics)
         cols.update(_split_columns(axes, with_query, queries, sites, reach, pairs))
-        df = pd.DataFrame(cols)
-        frames.update({b: df for b in with_query})
-    return frames, errors
+        table = table_of(cols)
+        tables.update({b: table for b in with_query})
+    return tables, errors
 
 
 def _queries(capture, docs: list, sites) -> tuple[dict[int, _Query], dict[int, str]]:

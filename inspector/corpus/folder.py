@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from inspector.errors import InspectorError
@@ -50,13 +51,14 @@ GROUP_DOCUMENTS = 64  # a scan commits its batches in parts of at least this man
 GROUP_SECONDS = 1.0  # ... or of what it finished this long after the first uncommitted batch, whichever comes first
 
 
-def write_parquet(path: Path, df: pd.DataFrame) -> None:
-    """Write ``df`` to ``path`` atomically (:func:`write_table` of its Arrow table, no index). Arrow-backed list
+def write_parquet(path: Path, df) -> None:
+    """Write ``df`` to ``path`` atomically (:func:`write_table` of its Arrow table, no index; an Arrow table, as
+    :func:`arrow_table` or :func:`table_of` make it, is written as it is). Arrow-backed list
     columns (the heads rows', :data:`inspector.store.schema.LIST_TYPES`) are recorded in the file's pandas
     metadata as object columns, as lists of Python objects are: the part reads back the same with
     ``pandas.read_parquet`` whichever way its rows were held (pandas cannot read back a list ``ArrowDtype`` from
     that metadata)."""
-    write_table(path, arrow_table(df))
+    write_table(path, df if not isinstance(df, pd.DataFrame) else arrow_table(df))
 
 
 def arrow_table(df: pd.DataFrame):
@@ -78,6 +80,57 @@ def arrow_table(df: pd.DataFrame):
         return table
     meta[b"pandas"] = json.dumps(pandas_meta).encode()
     return table.replace_schema_metadata(meta)
+
+
+_TABLE_SCHEMAS: dict[tuple, Any] = {}  # table_of: per column signature, the schema arrow_table gave (types, pandas metadata)
+
+
+def _signature(name: str, column: Any) -> tuple:
+    """What decides the Arrow type pandas and :func:`arrow_table` give a column: its container and dtype, and for
+    Python objects the type of the first that is not None (all missing: Arrow's null type)."""
+    if isinstance(column, list) or (isinstance(column, np.ndarray) and column.dtype == object):
+        first = next((x for x in column if x is not None), None)
+        return name, type(column).__name__, type(first).__name__  # NoneType: every value missing
+    if isinstance(column, np.ndarray):
+        return name, column.dtype.str
+    return name, type(column).__name__, str(getattr(column, "dtype", getattr(column, "type", "")))
+
+
+def _pandas_column(column: Any) -> Any:
+    """A column as ``pd.DataFrame`` takes it: an Arrow array as an Arrow-backed extension array."""
+    import pyarrow as pa
+
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return pd.arrays.ArrowExtensionArray(column)
+    return column
+
+
+def table_of(columns: dict[str, Any]):
+    """``arrow_table(pd.DataFrame(columns))`` without the DataFrame: the same Arrow table, schema and pandas
+    metadata included (so the part reads back the same), built straight from the columns. ``columns``: equal-length
+    NumPy arrays, lists of Python values, pandas ``BooleanArray`` / ``IntegerArray`` or Arrow arrays, in order. The
+    first table of a column signature (names, containers, dtypes) is built through pandas and its schema kept
+    (:data:`_TABLE_SCHEMAS`); later ones convert each column to that schema's type (``from_pandas``: NaN is
+    missing, as pandas gives it). tests/test_scan_batching.py checks it against :func:`arrow_table`."""
+    import pyarrow as pa
+
+    key = tuple(_signature(n, c) for n, c in columns.items())
+    schema = _TABLE_SCHEMAS.get(key)
+    if schema is None:
+        table = arrow_table(pd.DataFrame({n: _pandas_column(c) for n, c in columns.items()}))
+        if len(_TABLE_SCHEMAS) < 256:  # a scan has a handful of signatures; never grows without bound
+            _TABLE_SCHEMAS[key] = table.schema
+        return table
+    arrays = []
+    try:
+        for field, column in zip(schema, columns.values(), strict=True):
+            if isinstance(column, (pa.Array, pa.ChunkedArray)):
+                arrays.append(column if column.type == field.type else column.cast(field.type))
+            else:
+                arrays.append(pa.array(column, type=field.type, from_pandas=True))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # values of other types than the signature's first: as pandas reads them
+        return arrow_table(pd.DataFrame({n: _pandas_column(c) for n, c in columns.items()}))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _widen_null_lists(path: Path) -> None:
@@ -416,15 +469,17 @@ class ScanFolder:
         self._dirty = bool(done)  # documents.parquet may lag the parts after a hard kill: rewrite it once
         return self
 
-    def commit(self, documents: pd.DataFrame, heads: pd.DataFrame) -> int:
-        """Write one batch: its heads part, then its documents part (the commit record). Returns the part number."""
+    def commit(self, documents, heads) -> int:
+        """Write one batch: its heads part, then its documents part (the commit record). Returns the part number.
+        ``documents`` / ``heads``: DataFrames, or the Arrow tables :func:`arrow_table` / :func:`table_of` make of them."""
         n = self.next_part
         name = f"part-{n:05d}.parquet"
         if len(heads):
             write_parquet(self.out / "heads" / name, heads)
         write_parquet(self.out / "_documents" / name, documents)
         self.next_part += 1
-        self.done.update(documents["id"].astype(str))
+        ids = documents["id"].astype(str) if isinstance(documents, pd.DataFrame) else map(str, documents.column("id").to_pylist())
+        self.done.update(ids)
         self.committed += len(documents)
         self._dirty = True
         if time.monotonic() - self._last_flush >= self._flush_every:
@@ -442,6 +497,17 @@ class ScanFolder:
         self._last_flush = time.monotonic()
         self._flush_every = max(_FLUSH_SECONDS, 20 * (self._last_flush - t0))
         self._dirty = False
+
+
+def concat_rows(parts: list):
+    """Batches' rows as one: Arrow tables of one schema (pandas metadata included) concatenated as they are, anything
+    else (DataFrames, tables of different columns) as ``pd.concat`` of their DataFrames (missing columns empty)."""
+    import pyarrow as pa
+
+    if all(isinstance(p, pa.Table) for p in parts) and all(p.schema.equals(parts[0].schema, check_metadata=True)
+                                                           for p in parts):
+        return pa.concat_tables(parts)
+    return pd.concat([p if isinstance(p, pd.DataFrame) else frame_of(p) for p in parts], ignore_index=True)
 
 
 def _documents_table(out: Path):
@@ -510,7 +576,7 @@ class Committer:
         self._thread = threading.Thread(target=self._run, name="inspector-commit", daemon=True)
         self._thread.start()
 
-    def _write(self, group: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+    def _write(self, group: list[tuple]) -> None:
         """Commit the gathered batches as one part (in their order), unless an earlier write failed."""
         if not group or self._error is not None:  # after a failure, the batches still queued are dropped (not committed)
             return
@@ -519,13 +585,12 @@ class Committer:
                 self.folder.commit(*group[0])
             else:
                 heads = [h for _, h in group if len(h)]
-                self.folder.commit(pd.concat([d for d, _ in group], ignore_index=True),
-                                   pd.concat(heads, ignore_index=True) if heads else pd.DataFrame())
+                self.folder.commit(concat_rows([d for d, _ in group]), concat_rows(heads) if heads else pd.DataFrame())
         except BaseException as exc:  # noqa: BLE001 - raised in the scan's thread by commit / close
             self._error = exc
 
     def _run(self) -> None:
-        group: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+        group: list[tuple] = []  # (documents, heads): DataFrames or Arrow tables
         count, deadline = 0, 0.0
         while True:
             try:
@@ -549,8 +614,9 @@ class Committer:
         if self._error is not None:
             raise self._error
 
-    def commit(self, documents: pd.DataFrame, heads: pd.DataFrame) -> None:
-        """Hand one batch to the writer (blocks while ``depth`` batches wait). Raises the writer's failure, if any."""
+    def commit(self, documents, heads) -> None:
+        """Hand one batch to the writer (blocks while ``depth`` batches wait): DataFrames or Arrow tables, as
+        :meth:`ScanFolder.commit` takes them. Raises the writer's failure, if any."""
         self._raise()
         self._queue.put((documents, heads))
 

@@ -55,26 +55,32 @@ def _document(r: dict[str, Any]) -> Document:
                     problem=r["problem"] or None)
 
 
-def to_ipc(df: pd.DataFrame) -> bytes:
-    """A DataFrame as Arrow IPC stream bytes (how rows cross between Ray actors and the driver; no pickle)."""
+def to_ipc(rows) -> bytes:
+    """Rows as Arrow IPC stream bytes (how rows cross between Ray actors and the driver; no pickle): an Arrow table
+    as it is (its schema and pandas metadata travel with it), a DataFrame as its ``arrow_table``."""
     import pyarrow as pa
 
     from inspector.corpus.folder import arrow_table
 
-    table = arrow_table(df)
+    table = rows if isinstance(rows, pa.Table) else arrow_table(rows)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
-def from_ipc(data: bytes) -> pd.DataFrame:
-    """The DataFrame of :func:`to_ipc` bytes (list columns Arrow-backed, as the local engine holds them)."""
+def table_from_ipc(data: bytes):
+    """The Arrow table of :func:`to_ipc` bytes."""
     import pyarrow as pa
 
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def from_ipc(data: bytes) -> pd.DataFrame:
+    """The DataFrame of :func:`to_ipc` bytes (list columns Arrow-backed, as the local engine holds them)."""
     from inspector.corpus.folder import frame_of
 
-    return frame_of(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
+    return frame_of(table_from_ipc(data))
 
 
 class Reducer:
@@ -99,8 +105,8 @@ class Reducer:
 
         docs = [_document(r) for r in batch.to_dict("records")]
         result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options, self.plan)
-        return pd.DataFrame({"documents": [to_ipc(result.documents)],
-                             "heads": [to_ipc(result.heads) if len(result.heads) else b""]})
+        return pd.DataFrame({"documents": [to_ipc(result.documents_table)],
+                             "heads": [to_ipc(result.heads_table) if len(result.heads_table) else b""]})
 
 
 def _workers(ray, workers: int | None) -> tuple[int, int]:
@@ -214,10 +220,8 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
             del items  # Ray holds the window now
             for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
                 for documents, heads in zip(out["documents"], out["heads"], strict=True):  # one row per reduced batch
-                    # the local engine's dtypes, so that the Parquet parts match
-                    docs_df = from_ipc(documents).astype({"id": str, "row": "int64", "tokens": "int64", "status": str,
-                                                          "error": str})
-                    yield BatchResult(documents=docs_df, heads=from_ipc(heads) if len(heads) else pd.DataFrame())
+                    # the local engine's tables, schema and pandas metadata included: the Parquet parts match
+                    yield BatchResult.of(table_from_ipc(documents), table_from_ipc(heads) if len(heads) else pd.DataFrame())
             del ds
             items = _window(docs)
     finally:

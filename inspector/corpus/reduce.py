@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -64,13 +65,41 @@ class Options:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchResult:
-    """What a batch of documents reduces to: one ``documents`` row per document, ``heads`` rows for the
-    documents that succeeded."""
+    """What a batch of documents reduces to, as the Arrow tables a scan commits (the ``arrow_table`` of each
+    DataFrame: schema and pandas metadata, :func:`~inspector.corpus.folder.table_of`): one ``documents`` row per
+    document, ``heads`` rows for the documents that succeeded (a table of no columns when none did).
+    :attr:`documents` and :attr:`heads` read them as DataFrames; :meth:`of` makes one from DataFrames."""
 
-    documents: pd.DataFrame
-    heads: pd.DataFrame
+    documents_table: Any  # pyarrow.Table
+    heads_table: Any  # pyarrow.Table
+
+    @classmethod
+    def of(cls, documents, heads) -> BatchResult:
+        """From ``documents`` and ``heads``, each a DataFrame or an Arrow table."""
+        import pyarrow as pa
+
+        from inspector.corpus.folder import arrow_table
+
+        def table(x):
+            return x if isinstance(x, pa.Table) else arrow_table(x) if len(x.columns) else pa.table({})
+
+        return cls(documents_table=table(documents), heads_table=table(heads))
+
+    @property
+    def documents(self) -> pd.DataFrame:
+        """The ``documents`` rows (:data:`DOC_COLUMNS`)."""
+        from inspector.corpus.folder import frame_of
+
+        return frame_of(self.documents_table)
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        """The ``heads`` rows (an empty DataFrame without columns when no document has any)."""
+        from inspector.corpus.folder import frame_of
+
+        return frame_of(self.heads_table) if self.heads_table.num_columns else pd.DataFrame()
 
 
 # split's flags as a scan's document gives them
@@ -259,18 +288,26 @@ def _routes(model, tokenizer, docs: list[tuple[int, Document]], options: Options
 
 
 def analyse(captured: Captured) -> BatchResult:
-    """The second stage of :func:`reduce_batch`: every captured document to its rows."""
+    """The second stage of :func:`reduce_batch`: every captured document to its rows. Where the fast path
+    (:func:`~inspector.corpus.batch_reduce.batch_tables`) gave the whole batch's rows as one Arrow table, that is
+    the heads table, with no DataFrame in between; else the rows are merged as DataFrames."""
+    from inspector.corpus.folder import frame_of, table_of
+
     doc_rows = dict(captured.doc_rows)
-    frames: list[pd.DataFrame] = []
+    frames: list = []  # DataFrames, or Arrow tables from the fast path
     for cap, group in captured.captures:
         _reduce(cap, group, captured.options, doc_rows, frames)
-    heads = (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
-    if captured.routes is not None:
-        heads = _with_routes(heads, captured, doc_rows)
-    documents = pd.DataFrame([doc_rows[i] for i in range(len(captured.docs))], columns=DOC_COLUMNS)
-    if "driving_row" in heads and heads["driving_row"].dtype != "Int64":  # a position, missing where the split did
-        heads["driving_row"] = heads["driving_row"].astype("Int64")  # not reach a site (or a document has no query)
-    return BatchResult(documents=documents, heads=heads)
+    if len(frames) == 1 and not isinstance(frames[0], pd.DataFrame) and captured.routes is None:
+        heads = frames[0]
+    else:
+        frames = [f if isinstance(f, pd.DataFrame) else frame_of(f) for f in frames]
+        heads = (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
+        if captured.routes is not None:
+            heads = _with_routes(heads, captured, doc_rows)  # may turn documents into errors
+        if "driving_row" in heads and heads["driving_row"].dtype != "Int64":  # a position, missing where the split did
+            heads["driving_row"] = heads["driving_row"].astype("Int64")  # not reach a site (or a document has no query)
+    rows = [doc_rows[i] for i in range(len(captured.docs))]
+    return BatchResult.of(table_of({c: [r[c] for r in rows] for c in DOC_COLUMNS}), heads)
 
 
 def _with_routes(heads: pd.DataFrame, captured: Captured, doc_rows: dict) -> pd.DataFrame:
@@ -302,11 +339,12 @@ def _with_routes(heads: pd.DataFrame, captured: Captured, doc_rows: dict) -> pd.
 def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: dict, frames: list) -> None:
     """The rows of every document in ``cap``: all at once (:mod:`inspector.corpus.batch_reduce`) where that applies,
     else one by one with :func:`document_rows`; in batch order either way."""
-    from inspector.corpus.batch_reduce import batch_rows
+    from inspector.corpus.batch_reduce import batch_tables
+    from inspector.corpus.folder import frame_of
 
-    fast = batch_rows(cap, [d for _, d in group], options)
+    fast = batch_tables(cap, [d for _, d in group], options)
     done, errors = fast if fast is not None else ({}, {})
-    parts: list[pd.DataFrame] = []
+    parts: list = []  # Arrow tables from the fast path, DataFrames from the per-document one
     for b, (i, doc) in enumerate(group):
         tokens = _real_tokens(cap, b)
         if b in errors:
@@ -327,7 +365,7 @@ def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: 
     if len(parts) == 1:
         frames.append(parts[0])
     elif parts:
-        heads = pd.concat(parts, ignore_index=True)
+        heads = pd.concat([p if isinstance(p, pd.DataFrame) else frame_of(p) for p in parts], ignore_index=True)
         order = heads["id"].map({doc.id: k for k, (_, doc) in enumerate(group)}).to_numpy()
         frames.append(heads.iloc[np.argsort(order, kind="stable")].reset_index(drop=True))
 

@@ -98,10 +98,10 @@ def _commit_all(folder: ScanFolder, results, bar) -> tuple[int, int]:
     try:
         with Committer(folder, group_documents=folder_mod.GROUP_DOCUMENTS, group_seconds=folder_mod.GROUP_SECONDS) as committer:
             for result in results:
-                committer.commit(result.documents, result.heads)
-                n = len(result.documents)
+                committer.commit(result.documents_table, result.heads_table)
+                n = result.documents_table.num_rows
                 scanned += n
-                errors += sum(s != "ok" for s in result.documents["status"].tolist())
+                errors += sum(s != "ok" for s in result.documents_table.column("status").to_pylist())
                 if bar is not None:
                     bar.update(n)
                     bar.set_postfix(errors=errors, refresh=False)
