@@ -63,6 +63,39 @@ def test_length_batches_cut_the_padding_of_the_demo_clauses(tokenizer):
 
     before, after = padded(reduce.batched(docs, 8)), padded(reduce.length_batches(docs, 8))
     assert before > 1.1 and after - 1 < (before - 1) / 3, (before, after)
+    # with the (fast) tokenizer the batches follow the token counts: no more padding than by characters, and each
+    # window's documents in token order (ties in corpus order)
+    by_tokens = list(reduce.length_batches(docs, 8, tokenizer=tokenizer))
+    assert padded(by_tokens) <= after, (padded(by_tokens), after)
+    assert sorted(d.row for b in by_tokens for d in b) == list(range(128))
+    window = [d for b in by_tokens for d in b]  # 128 documents: one window of 16 batches of 8
+    keys = [(len(tokenizer(d.text, add_special_tokens=False)["input_ids"]), d.row) for d in window]
+    assert keys == sorted(keys)
+
+
+def test_token_lengths_count_text_and_target_and_give_way_to_characters(tokenizer):
+    docs = [Document(row=0, id="a", text="The Lessor shall pay.", target="Yes."),
+            Document(row=1, id="b", text=None, problem="no text"), Document(row=2, id="c", text="indemnify")]
+    want = [len(tokenizer(d.text or "", add_special_tokens=False)["input_ids"])
+            + len(tokenizer(d.target or "", add_special_tokens=False)["input_ids"]) for d in docs]
+    assert reduce.token_lengths(docs, tokenizer) == want and want[1] == 0 and want[2] > 1  # "indemnify": word pieces
+    backend = tokenizer.backend_tokenizer
+    backend.enable_padding(length=64)  # what a padded call may leave set on the Rust tokenizer: real tokens still counted
+    try:
+        assert reduce.token_lengths(docs, tokenizer) == want
+    finally:
+        backend.no_padding()
+    assert reduce.token_lengths(docs, None) is None  # no tokenizer: length_batches sorts by characters
+
+    class Broken:
+        is_fast = True
+
+        def __call__(self, *a, **k):
+            raise RuntimeError("no")
+
+    assert reduce.token_lengths(docs, Broken()) is None
+    ordered = [d.id for b in reduce.length_batches(docs, 2, tokenizer=Broken()) for d in b]
+    assert ordered == ["b", "c", "a"]  # by characters: 0, 9, 25
 
 
 def test_a_scans_rows_do_not_depend_on_how_its_documents_were_batched(bert, tmp_path, monkeypatch):
@@ -271,9 +304,9 @@ def test_long_documents_are_not_read_ahead_many_at_a_time(monkeypatch):
     held = []
     real = reduce._cut
 
-    def spy(chunk, size):
+    def spy(chunk, size, tokenizer=None):
         held.append(len(chunk))
-        return real(chunk, size)
+        return real(chunk, size, tokenizer)
 
     monkeypatch.setattr(reduce, "_cut", spy)
     batches = list(reduce.length_batches(docs, 4))

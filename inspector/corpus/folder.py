@@ -464,7 +464,7 @@ class ScanFolder:
         self.committed = len(docs)
         self.errors = int((docs["status"] != "ok").sum())  # committed with an error
         self.next_part = max(done, default=-1) + 1
-        self._last_flush = 0.0
+        self._last_flush = time.monotonic()  # the first rewrite comes a flush interval in (a short scan's, at its end)
         self._flush_every = _FLUSH_SECONDS
         self._dirty = bool(done)  # documents.parquet may lag the parts after a hard kill: rewrite it once
         return self

@@ -387,21 +387,51 @@ WINDOW_CHARS = 1 << 22  # ... unless their texts reach this many characters firs
 
 
 def length_of(doc: Document) -> int:
-    """A document's length in characters (text plus target): the order :func:`length_batches` batches in,
-    read without tokenizing (the tokenizer runs once, in the capture). A text that is not a string counts 0."""
+    """A document's length in characters (text plus target): the order :func:`length_batches` batches in without a
+    fast tokenizer (and the Ray engine's driver, which loads none), read without tokenizing. A text that is not a
+    string counts 0."""
     return sum(len(x) for x in (doc.text, doc.target) if isinstance(x, str))
 
 
-def length_batches(docs: Iterable[Document], size: int, window: int | None = None) -> Iterator[list[Document]]:
+def token_lengths(docs: list[Document], tokenizer) -> list[int] | None:
+    """Each document's length in tokens (text plus target, without special tokens), from one call of a fast
+    tokenizer's Rust batch encoder over all of them (about 0.07 ms per short text), or None where there is no
+    tokenizer, it is not a fast one, or it fails (callers then sort by :func:`length_of`). A text or target that
+    is not a string counts 0."""
+    if tokenizer is None or not getattr(tokenizer, "is_fast", False) or not docs:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+
+    def count(texts: list[str]) -> list[int]:
+        if hasattr(backend, "encode_batch_fast"):  # the Rust encoder without offsets: half the wrapper's time
+            # real tokens, whatever padding the wrapper's last call left set on the backend
+            return [sum(e.attention_mask) for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
+                                              return_token_type_ids=False)["input_ids"]]
+
+    try:
+        lengths = count([d.text if isinstance(d.text, str) else "" for d in docs])
+        if any(isinstance(d.target, str) for d in docs):
+            targets = count([d.target if isinstance(d.target, str) else "" for d in docs])
+            lengths = [n + t for n, t in zip(lengths, targets, strict=True)]
+    except Exception:  # noqa: BLE001 - only the order depends on it: sorted by characters instead
+        return None
+    return lengths
+
+
+def length_batches(docs: Iterable[Document], size: int, window: int | None = None,
+                   tokenizer=None) -> Iterator[list[Document]]:
     """The documents in batches of ``size`` (the last of each window may be shorter) whose members have similar
     lengths: ``size * window`` documents are read ahead (fewer where their texts reach :data:`WINDOW_CHARS`
-    characters: long documents are not held many at a time), sorted by :func:`length_of` (stable: equal lengths
-    keep the corpus's order) and cut into batches, so a padded batch spends little of its forward pass on padding
-    (on the demo's clauses, padded tokens fall from 1.22 to 1.02 of the real ones). Each document is in exactly
-    one batch; memory holds one window of documents, not their captures. What a document's rows hold does not
-    depend on its batch (:mod:`inspector.corpus.reduce` computes every statistic over the document's own tokens);
-    only the order in which batches are committed follows the length. ``window`` defaults to
-    :data:`LENGTH_WINDOW`; 1 is :func:`batched`."""
+    characters: long documents are not held many at a time), sorted by length (stable: equal lengths keep the
+    corpus's order) and cut into batches, so a padded batch spends little of its forward pass on padding. The
+    length is in tokens where ``tokenizer`` is a fast one (:func:`token_lengths`: one batch call per window), else
+    in characters (:func:`length_of`, read without tokenizing). On the demo's clauses, batches of 8, padded
+    tokens fall from 1.22 of the real ones in corpus order to 1.07 by characters and 1.02 by tokens. Each
+    document is in exactly one batch; memory holds one window of documents, not their captures. What a
+    document's rows hold does not depend on its batch (:mod:`inspector.corpus.reduce` computes every statistic
+    over the document's own tokens); only the order in which batches are committed follows the length.
+    ``window`` defaults to :data:`LENGTH_WINDOW`; 1 is :func:`batched`."""
     window = LENGTH_WINDOW if window is None else window
     if window <= 1:
         yield from batched(docs, size)
@@ -413,21 +443,22 @@ def length_batches(docs: Iterable[Document], size: int, window: int | None = Non
         chars += length_of(doc)
         # a window ends at its count, or once its texts hold WINDOW_CHARS (long documents are not read ahead)
         if len(chunk) >= size * window or chars >= WINDOW_CHARS:
-            yield from _cut(chunk, size)
+            yield from _cut(chunk, size, tokenizer)
             chunk, chars = [], 0
-    yield from _cut(chunk, size)
+    yield from _cut(chunk, size, tokenizer)
 
 
-def _cut(chunk: list[Document], size: int) -> Iterator[list[Document]]:
-    ordered = sorted(chunk, key=length_of)
+def _cut(chunk: list[Document], size: int, tokenizer=None) -> Iterator[list[Document]]:
+    lengths = token_lengths(chunk, tokenizer) or [length_of(d) for d in chunk]
+    ordered = [chunk[i] for i in sorted(range(len(chunk)), key=lengths.__getitem__)]
     for i in range(0, len(ordered), size):
         yield ordered[i:i + size]
 
 
 def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
                   options: Options = Options(), prefetch: bool | None = None) -> Iterator[BatchResult]:
-    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents of similar length at a time
-    (:func:`length_batches`).
+    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents of similar length in tokens at a
+    time (:func:`length_batches`).
 
     With ``prefetch`` the next batch is captured in a background thread while this one is analysed
     (torch releases the GIL in its kernels; on a GPU the forward pass then overlaps the analysis, which
@@ -440,14 +471,14 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
         prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
     plan = StopPlan.of(model)  # kept per model: a shape learned by an earlier scan of this model is not learned again
     if not prefetch:
-        for batch in length_batches(docs, batch_size):
+        for batch in length_batches(docs, batch_size, tokenizer=tokenizer):
             yield reduce_batch(model, tokenizer, batch, options, plan)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="inspector-capture") as pool:
         pending = None
-        for batch in length_batches(docs, batch_size):
+        for batch in length_batches(docs, batch_size, tokenizer=tokenizer):
             submitted = pool.submit(_captured, model, tokenizer, batch, options, plan)
             if pending is not None:
                 yield _analysed(pending.result())
