@@ -268,6 +268,26 @@ def test_pieces_texts_of_many_heads_are_each_heads_own_text():
     assert lay.pieces_texts(np.zeros((0, len(lay.pieces)))) == [[], [], []]
 
 
+def test_the_pieces_of_many_rows_in_one_call_are_each_layouts_own():
+    """split.rows_pieces_texts (the scan's writer: one format call for a block's rows) gives, row by row, what
+    each row's layout gives alone: layouts of different pieces and referents (a shared piece, braces), rows of
+    documents in any order; a token holding the separator gives None (the writer then goes layout by layout)."""
+    from inspector.analysis.split import ReferentLayout, rows_pieces_texts
+
+    tokens = ["[CLS]", "the", "les", "##see", "{x}", "les", "##sor", "bank", "[SEP]"]
+    layouts = [ReferentLayout({"Lessee": [2, 3], "Lessor": [5, 6]}, tokens),
+               ReferentLayout({"bank": [7], "{x}": [4], "the Lessee": [1, 2, 3]}, tokens),
+               ReferentLayout({"the": [1], "bank": [7]}, tokens)]
+    rng = np.random.default_rng(1)
+    docs = np.array([2, 0, 0, 1, 2, 1, 1])
+    weights = rng.random((len(docs), max(len(lay.pieces) for lay in layouts)))
+    want = [text for d, w in zip(docs, weights, strict=True) for text in layouts[d].pieces_text(list(w))]
+    assert rows_pieces_texts(layouts, docs, weights) == want
+    assert want[2] == f"les={weights[1, 0]:.4f} ##see={weights[1, 1]:.4f}"
+    odd = [ReferentLayout({"a": [1], "b": [2]}, ["[CLS]", "x\x00y", "z"])]
+    assert rows_pieces_texts(odd, np.array([0, 0]), rng.random((2, 2))) is None
+
+
 def test_a_model_that_calls_attention_again_for_long_inputs_is_never_cut_short():
     """A pass's calls may depend on the input's length (here layer 1 of a Llama looks twice at inputs of 20 tokens
     or more): the plan is learned per input shape, so a batch of long documents after a batch of short ones keeps

@@ -391,6 +391,21 @@ class ReferentLayout:
         return out
 
 
+def rows_pieces_texts(layouts: list[ReferentLayout], docs, weights) -> list[str] | None:
+    """:meth:`ReferentLayout.pieces_texts` of many rows at once, from one format call: row ``i`` reads layout
+    ``docs[i]`` (``[row]`` ints) and its piece weights ``weights[i]`` (``[row, piece]``, at least that layout's
+    pieces). Returns every row's referent texts one after the other (row by row, each row's referents in
+    order), or None where a token holds the separator (``\x00``; callers then go layout by layout)."""
+    docs = np.asarray(docs, dtype=np.int64)
+    rows = np.asarray(weights, dtype=np.float64).reshape(len(docs), -1)
+    lines = ["\x00".join(line for line, _, _ in lay.piece_lines) for lay in layouts]
+    n_pieces = np.array([len(lay.pieces) for lay in layouts], dtype=np.int64)
+    n_lines = np.array([len(lay.piece_lines) for lay in layouts], dtype=np.int64)
+    values = rows[np.arange(rows.shape[1])[None, :] < n_pieces[docs][:, None]].tolist()  # row by row, piece by piece
+    texts = "\x00".join([lines[d] for d in docs.tolist()]).format(*values).split("\x00")
+    return texts if len(texts) == int(n_lines[docs].sum()) else None
+
+
 @dataclass(frozen=True)
 class ReferentKeys:
     """The referents of a batch of documents on one key axis as indicator matrices (float64, 1 on a key that

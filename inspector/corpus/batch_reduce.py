@@ -105,6 +105,17 @@ class Axes:
                                       site.num_heads)
         return self._flags[key]
 
+    def token_array(self, roles: tuple[str, ...]) -> np.ndarray:
+        """The tokens of the ``roles`` axis, ``[batch, position]`` (an object array of str); cached per roles."""
+        key = ("token_array", roles)
+        if key not in self._flags:
+            rows = [self.flags(roles, b)[2] for b in range(self.capture.batch_size)]
+            out = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)
+            for b, row in enumerate(rows):
+                out[b, :] = row
+            self._flags[key] = out
+        return self._flags[key]
+
     def leading_padding(self, roles: tuple[str, ...]) -> np.ndarray:
         """Per batch row, how many positions of the ``roles`` axis are padding before its first real token
         (:func:`~inspector.store.masks.leading_padding`), ``[batch]`` int64."""
@@ -437,16 +448,17 @@ def _rank_rows(axes: Axes, docs: list, batch_rows_: list[int], sites, metrics: l
     cols["head"] = np.tile(np.concatenate([np.arange(h) for h in n_heads]), len(batch_rows_))
     for c in ("entropy", "normalized_entropy", "sink_mass", "self_mass", "prev_mass"):
         cols[c] = np.concatenate([m[c][b] for b in batch_rows_ for m in metrics])
-    top_tokens, top_index = [], []
-    for b in batch_rows_:
-        for site, m in zip(sites, metrics, strict=True):
-            roles = tuple(site.key_input)
-            tokens = axes.flags(roles, b)[2]
-            idx = m["top_key_index"][b]
-            top_tokens += [tokens[i] for i in idx.tolist()]
-            top_index.append(idx - axes.leading_padding(roles)[b])
-    cols["top_key"] = top_tokens
-    cols["top_key_index"] = np.concatenate(top_index).astype(np.int64)
+    # each site's top key [batch, head] read on its key axis: the token (one gather per site from the axis's tokens
+    # [batch, key]) and its position shifted back by the leading padding; then row by row, as the other columns
+    rows_ = np.asarray(batch_rows_, dtype=np.int64)
+    tokens, index = [], []
+    for site, m in zip(sites, metrics, strict=True):
+        roles = tuple(site.key_input)
+        idx = np.asarray(m["top_key_index"])[rows_]  # [doc, head]
+        tokens.append(axes.token_array(roles)[rows_[:, None], idx])
+        index.append(idx - axes.leading_padding(roles)[rows_][:, None])
+    cols["top_key"] = np.concatenate(tokens, axis=1).ravel().tolist()
+    cols["top_key_index"] = np.concatenate(index, axis=1).ravel().astype(np.int64)
     cols["top_key_weight"] = np.concatenate([m["top_key_weight"][b] for b in batch_rows_ for m in metrics])
     cols["label"] = LabelRule().labels(cols["sink_mass"], cols["prev_mass"], cols["self_mass"], cols["normalized_entropy"])
     return cols
@@ -571,20 +583,25 @@ class _Lists:
 
         lengths = np.zeros(self.n, dtype=np.int64)
         present = np.zeros(self.n, dtype=bool)
-        for dst, _, keep in self.parts:
-            lengths[dst] = keep.sum(1)
+        counts = [keep.sum(1) for _, _, keep in self.parts]
+        for (dst, _, _), count in zip(self.parts, counts, strict=True):
+            lengths[dst] = count
             present[dst] = True
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         # the values in their own type (int64 positions not carried through float64)
         numeric = pa.types.is_integer(self.kind) or pa.types.is_floating(self.kind)
-        flat = np.empty(int(offsets[-1]), dtype=self.kind.to_pandas_dtype() if numeric else object)
-        for dst, values, keep in self.parts:
-            count = keep.sum(1)
-            if not count.sum():
-                continue
-            # each kept value's place: its row's offset plus its rank among the row's kept values
-            rank = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-            flat[np.repeat(offsets[dst], count) + rank] = values[keep]
+        dtype = self.kind.to_pandas_dtype() if numeric else object
+        if len(self.parts) == 1 and bool((np.diff(self.parts[0][0]) > 0).all()):
+            _, values, keep = self.parts[0]
+            flat = values[keep].astype(dtype, copy=False)  # rows in ascending order: row by row is the values' order
+        else:
+            flat = np.empty(int(offsets[-1]), dtype=dtype)
+            for (dst, values, keep), count in zip(self.parts, counts, strict=True):
+                if not count.sum():
+                    continue
+                # each kept value's place: its row's offset plus its rank among the row's kept values
+                rank = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+                flat[np.repeat(offsets[dst], count) + rank] = values[keep]
         values = pa.array(flat, type=self.kind) if len(flat) else pa.array([], type=self.kind)
         # the list array from its buffers: validity bitmap (little-endian bits), int32 offsets, the values
         validity = pa.py_buffer(np.packbits(present, bitorder="little"))
@@ -614,7 +631,7 @@ def _pair_block(axes: Axes, key: tuple, pair: _PairSplit, queries: dict, reach: 
     when no row of the frame reads the pair."""
     at, starts, sites = frame
     n_all = int(starts[-1])
-    src_d, src_h, dst = [], [], []
+    src_d, src_h, dst, heads = [], [], [], []
     shift = axes.leading_padding(tuple(key[0]))
     positions = np.zeros((len(pair.docs), max(pair.n_rows)), dtype=np.int64)
     texts: list[tuple[str, list[str]]] = []
@@ -624,15 +641,23 @@ def _pair_block(axes: Axes, key: tuple, pair: _PairSplit, queries: dict, reach: 
         if b not in at:
             continue
         positions[d, :pair.n_rows[d]] = np.asarray(occ.positions) - int(shift[b])
-        for i in reach[b].get(key, ()):
-            h = sites[i].num_heads
-            src_d.append(np.full(h, d))
-            src_h.append(np.arange(pair.offsets[i], pair.offsets[i] + h))
-            dst.append(np.arange(h) + at[b] * n_all + starts[i])
+        for i in reach[b].get(key, ()):  # one run of heads per (document, site): its rows, its stacked heads
+            src_d.append(d)
+            src_h.append(pair.offsets[i])
+            dst.append(at[b] * n_all + int(starts[i]))
+            heads.append(sites[i].num_heads)
     if not dst:
         return None
-    return SplitBlock(dst=np.concatenate(dst), src_d=np.concatenate(src_d), src_h=np.concatenate(src_h),
-                      positions=positions, n_rows=list(pair.n_rows), stats=pair.stats, layouts=pair.layouts, texts=texts)
+    return SplitBlock(dst=_runs(dst, heads), src_d=np.repeat(np.asarray(src_d, dtype=np.int64), heads),
+                      src_h=_runs(src_h, heads), positions=positions, n_rows=list(pair.n_rows), stats=pair.stats,
+                      layouts=pair.layouts, texts=texts)
+
+
+def _runs(firsts: list[int], lengths: list[int]) -> np.ndarray:
+    """The runs ``first, first + 1, ..., first + length - 1`` of each pair, one after the other (int64)."""
+    lengths_a = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths_a)
+    return np.repeat(np.asarray(firsts, dtype=np.int64) - (ends - lengths_a), lengths_a) + np.arange(int(ends[-1]))
 
 
 @dataclass(frozen=True)
@@ -695,13 +720,17 @@ class SplitWriter:
         self.lists["row_split_scores"].add(dst, s.row_split.numpy()[src_d, src_h][:, :pos.shape[1]], row_keep)
         self.lists["referents"].add(dst, per_doc[src_d, 2:], ref_keep)
         self.lists["referent_weights"].add(dst, s.referent_weights.numpy()[src_d, src_h], ref_keep)
-        # the pieces: texts, one format call per document and referent for all its heads
+        # the pieces: texts, one format call for every row's referents (else one per document and referent)
         pieces = np.full((len(dst), width), None, dtype=object)
         piece_weights = s.piece_weights.numpy()
-        for d in np.unique(src_d).tolist():
-            at = np.flatnonzero(src_d == d)
-            for j, texts in enumerate(block.layouts[d].pieces_texts(piece_weights[d, src_h[at]])):
-                pieces[at, j] = texts
+        flat = split.rows_pieces_texts(block.layouts, src_d, piece_weights[src_d, src_h])
+        if flat is not None:
+            pieces[ref_keep] = np.array(flat + [None], dtype=object)[:-1]  # an object array, not one of fixed-width text
+        else:
+            for d in np.unique(src_d).tolist():
+                at = np.flatnonzero(src_d == d)
+                for j, texts in enumerate(block.layouts[d].pieces_texts(piece_weights[d, src_h[at]])):
+                    pieces[at, j] = texts
         self.lists["referent_pieces"].add(dst, pieces, ref_keep)
 
     def columns(self) -> dict[str, object]:
