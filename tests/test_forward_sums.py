@@ -76,6 +76,12 @@ def test_the_forward_is_the_eager_forward_and_its_sums_are_the_recomputed_ones(n
         again = _recomputed(cap, (excluded,))
         for site in cap.sites:
             assert_same_metrics(_metrics(cap.forward_sums.sums[site.name], excluded), again[site.name])
+            # the metrics the scan reads, computed for every site at once where their sums line up: bit for bit each
+            # site's own (NaN where it is NaN)
+            together, alone = cap.forward_sums.metrics(site.name, excluded), _metrics(cap.forward_sums.sums[site.name], excluded)
+            assert set(together) == set(alone)
+            for c in alone:
+                np.testing.assert_array_equal(together[c], alone[c], err_msg=f"{name} {site.name} {c}")
 
 
 @pytest.mark.parametrize("block", [1, 64, 4096])
@@ -161,3 +167,37 @@ def test_sharp_heads_on_large_logits_keep_their_entropy_and_it_is_never_negative
     assert (got > 0).all()
     np.testing.assert_allclose(got, want, rtol=1e-4)
     np.testing.assert_allclose(got, exact, rtol=1e-3, atol=2e-7)  # float32 weights resolve about 1e-7 near 1
+
+
+def test_rank_sums_side_by_side_are_each_sites_own_and_refuse_sums_that_do_not_line_up():
+    """RankSums.concat: two sites' sums over the same documents and rows, side by side, give each site's metrics
+    column for column (also under different masks: the counts per head travel with the heads); sums whose
+    row counts per document differ, or whose keys differ, are not put together."""
+    from inspector.analysis.rank import RankSums
+
+    torch.manual_seed(0)
+    b, k = 3, 7
+
+    def summed(h: int, seen: int, padded: int = 2) -> RankSums:
+        sums = RankSums(b, h, k, True, (False, True))
+        vis = torch.zeros(b, 1, k, k, dtype=torch.bool)
+        vis[..., :seen] = True
+        logits = torch.randn(b, h, k, k).masked_fill(~vis, float("-inf"))
+        rows = torch.ones(b, k, dtype=torch.bool)
+        rows[0, k - padded:] = False  # padding rows in the first document
+        special = torch.zeros(b, k, dtype=torch.bool)
+        special[:, 0] = True
+        block = sums.block_rows(h, vis, rows, torch.arange(k), special, torch.zeros(b, k, dtype=torch.bool))
+        sums.add(logits.softmax(-1), block)
+        return sums
+
+    a, c = summed(2, k), summed(3, 4)  # another mask (fewer keys seen), the same rows: the counts per head differ
+    both = RankSums.concat([a, c])
+    for excluded in (False, True):
+        m, ma, mc = both.metrics(excluded), a.metrics(excluded), c.metrics(excluded)
+        for col in ma:
+            np.testing.assert_array_equal(m[col][:, :2].numpy(), ma[col].numpy(), err_msg=col)
+            np.testing.assert_array_equal(m[col][:, 2:].numpy(), mc[col].numpy(), err_msg=col)
+    assert RankSums.concat([a, summed(2, k, padded=3)]) is None  # other real rows: other row counts per document
+    assert RankSums.concat([a, RankSums(b, 2, k + 1, True, (False, True))]) is None  # another key axis
+

@@ -228,6 +228,26 @@ class RankSums:
                          rows_w=rows[:, None, None, :], n_rows=rows.sum(-1).double().numpy(), settings=settings,
                          pairs=pairs, self_prev=self_prev, prev_n=prev_n)
 
+    @classmethod
+    def concat(cls, parts: list[RankSums]) -> RankSums | None:
+        """The sums of several sites' heads side by side (head axis: ``parts[0]``'s heads first), so that
+        :meth:`metrics` runs once for all of them; None unless every part has the same documents, keys,
+        settings and per-document counts (``n_rows``, ``prev_n``, ``blind``, ``special``), whose metrics are
+        then each part's own, column for column (the per-head sums and counts travel with their heads)."""
+        first = parts[0]
+        if any(p.same_axis != first.same_axis or p.want != first.want or p.cols.shape[::2] != first.cols.shape[::2]
+               or not all(np.array_equal(getattr(p, a), getattr(first, a)) for a in ("n_rows", "prev_n", "blind", "special"))
+               for p in parts[1:]):
+            return None
+        out = cls.__new__(cls)
+        out.same_axis, out.want = first.same_axis, first.want
+        out.ent, out.ent_n, out.norm, out.norm_n = (np.concatenate([getattr(p, a) for p in parts], axis=2)
+                                                    for a in ("ent", "ent_n", "norm", "norm_n"))
+        out.self_m, out.prev_m, out.cols = (np.concatenate([getattr(p, a) for p in parts], axis=1)
+                                            for a in ("self_m", "prev_m", "cols"))
+        out.prev_n, out.n_rows, out.blind, out.special = first.prev_n, first.n_rows, first.blind, first.special
+        return out
+
     def metrics(self, excluded: bool) -> dict[str, torch.Tensor]:
         """``[batch, head]`` float64 tensors of the rank metrics (NaN where undefined) and ``top_key_index``
         (int64), with special-token keys kept or excluded from the entropies."""

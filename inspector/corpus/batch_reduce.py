@@ -185,10 +185,9 @@ def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tupl
         # kept (short inputs), else recomputed
         if not taken.finite[site.name]:
             raise LookupError(site.name)
-        found = taken.sums[site.name].metrics(want[0])
         held = taken.weights.get(site.name)
         rows = _held_rows(*held, keep, pos) if held is not None else _query_rows(site, q, k, mask, vis, keep, pos)
-        return {c: v.numpy() for c, v in found.items()}, rows
+        return taken.metrics(site.name, want[0]), rows
     out_metrics: dict[str, np.ndarray] = {}
     kept: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {b: {} for b in keep}
     for members, qw, kw in axes.groups(site):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import weakref
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from inspector.analysis.rank import BlockRows, RankSums
@@ -133,12 +134,36 @@ class ForwardSums:
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._kept_values = 0
         self._blocks: dict[tuple, BlockRows] = {}  # a block's RankSums.block_rows, per mask, axes and rows
+        self._metrics: dict[bool, dict[str, dict[str, np.ndarray]]] = {}  # metrics(): per setting, per site
 
     def passed(self, order: tuple[int, ...] | None) -> None:
         """Told by the recorder after a full pass: its attention calls' modules in call order, or None where a pass
         may not stop early; the plan keeps the first it is told for this input shape."""
         if self._plan is not None:
             self._plan.orders.setdefault(self._structure, order)
+
+    def metrics(self, name: str, excluded: bool) -> dict[str, np.ndarray]:
+        """``sums[name].metrics(excluded)`` as ``[batch, head]`` NumPy arrays, computed at once for the sites whose
+        sums line up (:meth:`RankSums.concat <inspector.analysis.RankSums.concat>`: same documents, keys and row
+        counts) and read back site by site: the same numbers, one pass of NumPy operations instead of one per site."""
+        if excluded not in self._metrics:
+            found: dict[str, dict[str, np.ndarray]] = {}
+            groups: dict[tuple, list[str]] = {}
+            for n, sums in self.sums.items():
+                groups.setdefault((sums.cols.shape[0], sums.cols.shape[2], sums.same_axis, sums.want), []).append(n)
+            for names in groups.values():
+                both = RankSums.concat([self.sums[n] for n in names]) if len(names) > 1 else None
+                if both is None:
+                    found.update({n: {c: v.numpy() for c, v in self.sums[n].metrics(excluded).items()} for n in names})
+                    continue
+                together = {c: v.numpy() for c, v in both.metrics(excluded).items()}
+                first = 0
+                for n in names:
+                    h = self.sums[n].cols.shape[1]
+                    found[n] = {c: v[:, first:first + h] for c, v in together.items()}
+                    first += h
+            self._metrics[excluded] = found
+        return self._metrics[excluded][name]
 
     def bind(self, masks: dict, tensors: dict) -> None:
         """Read site masks from the recorder's mask specs and tensors (filled as the forward goes)."""
