@@ -116,6 +116,13 @@ class Axes:
             self._flags[key] = out
         return self._flags[key]
 
+    def gathered_rows(self, vis: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """:func:`_gather_rows` of ``vis`` at ``pos``, once per pair of tensors (the sites sharing a mask share it)."""
+        key = ("gathered", id(vis), id(pos))
+        if key not in self._flags:
+            self._flags[key] = (vis, pos, _gather_rows(vis, pos))  # vis and pos held, so their ids stay theirs
+        return self._flags[key][2]
+
     def leading_padding(self, roles: tuple[str, ...]) -> np.ndarray:
         """Per batch row, how many positions of the ``roles`` axis are padding before its first real token
         (:func:`~inspector.store.masks.leading_padding`), ``[batch]`` int64."""
@@ -186,7 +193,7 @@ def _site_pass(capture, site, axes: Axes, keep: dict[int, list[int]], want: tupl
         if not taken.finite[site.name]:
             raise LookupError(site.name)
         held = taken.weights.get(site.name)
-        rows = _held_rows(*held, keep, pos) if held is not None else _query_rows(site, q, k, mask, vis, keep, pos)
+        rows = _held_rows(*held, keep, pos, axes) if held is not None else _query_rows(site, q, k, mask, vis, keep, pos)
         return taken.metrics(site.name, want[0]), rows
     out_metrics: dict[str, np.ndarray] = {}
     kept: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {b: {} for b in keep}
@@ -289,13 +296,15 @@ def _gather_rows(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return t.expand(b_n, *t.shape[1:]).gather(2, pos[:, None, :, None].expand(b_n, t.shape[1], width, t.shape[-1]))
 
 
-def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]], pos: torch.Tensor) -> _Rows | None:
+def _held_rows(w: torch.Tensor, vis: torch.Tensor, keep: dict[int, list[int]], pos: torch.Tensor, axes: Axes) -> _Rows | None:
     """:func:`_query_rows` read from a site's whole weights ``w [batch, head, query, key]`` and visible keys ``vis
     [batch|1, 1|head, query|1, key]``, as the forward pass computed them (:attr:`ForwardSums.weights
-    <inspector.corpus.forward_sums.ForwardSums>`): one gather each (``pos``: :func:`_positions` of ``keep``)."""
+    <inspector.corpus.forward_sums.ForwardSums>`): one gather each (``pos``: :func:`_positions` of ``keep``). The
+    visible keys' rows are gathered once for the sites that share ``vis`` and ``pos`` (cached on ``axes``), so
+    their :class:`_Rows` share one ``vis`` and the split reads it once for all their heads."""
     if not keep:
         return None
-    return _Rows(_gather_rows(w, pos), _gather_rows(vis, pos), frozenset(keep))
+    return _Rows(_gather_rows(w, pos), axes.gathered_rows(vis, pos), frozenset(keep))
 
 
 def _query_rows(site, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, vis: torch.Tensor,
