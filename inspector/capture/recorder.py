@@ -168,8 +168,9 @@ class Recorder:
             extra_kwargs=extra, module_class=type(module).__name__,
             eager_function=f"{fn.__module__}.{fn.__name__}" if fn is not None else "",
         )
-        if summed:
-            out = self.forward_sums.attend(site, query, key, value)
+        if summed:  # the call that ends a stop plan's pass needs no output: the pass stops right after it
+            last = self.stop_order is not None and len(self._order) == len(self.stop_order) and self.stop_order[-1] == id(module)
+            out = self.forward_sums.attend(site, query, key, value, output=not last)
         self.tensors[f"{name}/q"] = self._keep(query)
         self.tensors[f"{name}/k"] = self._keep(key)
         self.tensors[f"{name}/v"] = self._keep(value)

@@ -514,10 +514,11 @@ def _pair_split(axes: Axes, key: tuple, members: dict[int, list[int]], queries: 
             ws.append(torch.zeros(len(docs), h, width, k_len))
             vs.append(torch.zeros(len(docs), 1, width, k_len, dtype=torch.bool))
             continue
-        ws.append(_fit(r.w.index_select(0, idx), width))
-        v = r.vis if r.vis.shape[0] == 1 else r.vis.index_select(0, idx)
+        every = docs == list(range(r.w.shape[0]))  # every batch row, in order: the rows as they are
+        ws.append(_fit(r.w if every else r.w.index_select(0, idx), width))
+        v = r.vis if r.vis.shape[0] == 1 or every else r.vis.index_select(0, idx)
         vs.append((_fit(v, width) if v.shape[2] > 1 else v).expand(len(docs), v.shape[1], width, k_len))
-    w = (torch.cat(ws, dim=1) if len(ws) > 1 else ws[0]) * real
+    w = torch.cat(ws, dim=1).mul_(real) if len(ws) > 1 else ws[0] * real
     shared = all(rows[i] is not None and rows[i].vis is rows[pair[0]].vis and rows[i].vis.shape[1] == 1 for i in pair)
     if shared:  # every site sees the same keys: one [doc, 1, row, key] for all their heads
         vis = vs[0] & real

@@ -178,9 +178,11 @@ class ForwardSums:
         """Whether a call's tensors can be reduced here: float32 on the CPU, stored as float32."""
         return storage == torch.float32 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (query, key, value))
 
-    def attend(self, site, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    def attend(self, site, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: bool = True) -> torch.Tensor:
         """The output of one attention call, ``[batch, query, head, d_v]`` as ``eager_attention_forward``
-        returns it, from weights computed once per block and added to this site's sums on the way.
+        returns it, from weights computed once per block and added to this site's sums on the way. With ``output``
+        False (the call after which a stop plan ends the pass) the sums are taken and the returned tensor is left
+        uncomputed (``weights @ v`` skipped).
 
         ``query [batch, head, query, d_head]``, ``key``/``value [batch, kv_head, key, d]`` (grouped heads are
         expanded by ``site.head_map``); the mask is the one the recorder stored for the site."""
@@ -207,7 +209,9 @@ class ForwardSums:
                 logits = attention.masked_scores(query[b0:b1, :, r0:r1], k[b0:b1], scaling=site.scaling, mask=m,
                                                  softcap=site.softcap)
                 w = attention.softmax_weights(logits, torch.float32)
-                if docs > 1 or step == q_len:
+                if not output:
+                    pass
+                elif docs > 1 or step == q_len:
                     torch.matmul(w, v[b0:b1], out=out[b0:b1])
                 else:
                     out[b0:b1, :, r0:r1] = torch.matmul(w, v[b0:b1])
@@ -226,4 +230,4 @@ class ForwardSums:
                     finite &= sums.add(w, self._blocks[shape], at=slice(b0, b1), logits=logits)
         self.sums[site.name] = sums
         self.finite[site.name] = finite
-        return out.transpose(1, 2).contiguous()
+        return out.transpose(1, 2).contiguous() if output else out.transpose(1, 2)
