@@ -4,6 +4,7 @@
 * :mod:`~inspector.corpus.reduce` / :mod:`~inspector.corpus.batch_reduce`: a batch of documents to per-head rows;
 * :mod:`~inspector.corpus.forward_sums`: the rank sums taken while the model runs (handed to ``capture``);
 * :mod:`~inspector.corpus.folder`: the scan folder (atomic parts, commit records, resume);
+* :mod:`~inspector.corpus.tables`: a scan's rows as Arrow tables (built straight from a batch's columns, read back);
 * :mod:`~inspector.corpus.scan`: ``inspector scan``; :mod:`~inspector.corpus.ray_engine`: the Ray Data engine;
 * :mod:`~inspector.corpus.queries`: DuckDB over a scan folder;
 * :mod:`~inspector.corpus.leases`: the generated demo corpus;

@@ -34,7 +34,7 @@ import torch
 from inspector.analysis import placement, split
 from inspector.analysis.rank import LabelRule, RankSums
 from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clean_referents
-from inspector.corpus.folder import frame_of, table_of
+from inspector.corpus.tables import frame_of, table_of
 from inspector.errors import InspectorError
 from inspector.store import attention, masks
 from inspector.store.masks import leading_padding, visible_by_mask
@@ -377,7 +377,7 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
 
 
 def batch_tables(capture, docs: list, options) -> tuple[dict[int, object], dict[int, str]] | None:
-    """:func:`batch_rows` as the Arrow tables a scan commits (:func:`~inspector.corpus.folder.table_of`: the
+    """:func:`batch_rows` as the Arrow tables a scan commits (:func:`~inspector.corpus.tables.table_of`: the
     ``arrow_table`` of the DataFrame, built without it): ``(tables, errors)``, several batch rows sharing one table."""
     if not fast_path_applies(capture):
         return None

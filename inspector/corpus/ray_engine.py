@@ -60,7 +60,7 @@ def to_ipc(rows) -> bytes:
     as it is (its schema and pandas metadata travel with it), a DataFrame as its ``arrow_table``."""
     import pyarrow as pa
 
-    from inspector.corpus.folder import arrow_table
+    from inspector.corpus.tables import arrow_table
 
     table = rows if isinstance(rows, pa.Table) else arrow_table(rows)
     sink = pa.BufferOutputStream()
@@ -78,7 +78,7 @@ def table_from_ipc(data: bytes):
 
 def from_ipc(data: bytes) -> pd.DataFrame:
     """The DataFrame of :func:`to_ipc` bytes (list columns Arrow-backed, as the local engine holds them)."""
-    from inspector.corpus.folder import frame_of
+    from inspector.corpus.tables import frame_of
 
     return frame_of(table_from_ipc(data))
 

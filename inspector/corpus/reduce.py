@@ -68,7 +68,7 @@ class Options:
 @dataclass(frozen=True)
 class BatchResult:
     """What a batch of documents reduces to, as the Arrow tables a scan commits (the ``arrow_table`` of each
-    DataFrame: schema and pandas metadata, :func:`~inspector.corpus.folder.table_of`): one ``documents`` row per
+    DataFrame: schema and pandas metadata, :func:`~inspector.corpus.tables.table_of`): one ``documents`` row per
     document, ``heads`` rows for the documents that succeeded (a table of no columns when none did).
     :attr:`documents` and :attr:`heads` read them as DataFrames; :meth:`of` makes one from DataFrames."""
 
@@ -80,7 +80,7 @@ class BatchResult:
         """From ``documents`` and ``heads``, each a DataFrame or an Arrow table."""
         import pyarrow as pa
 
-        from inspector.corpus.folder import arrow_table
+        from inspector.corpus.tables import arrow_table
 
         def table(x):
             return x if isinstance(x, pa.Table) else arrow_table(x) if len(x.columns) else pa.table({})
@@ -90,14 +90,14 @@ class BatchResult:
     @property
     def documents(self) -> pd.DataFrame:
         """The ``documents`` rows (:data:`DOC_COLUMNS`)."""
-        from inspector.corpus.folder import frame_of
+        from inspector.corpus.tables import frame_of
 
         return frame_of(self.documents_table)
 
     @property
     def heads(self) -> pd.DataFrame:
         """The ``heads`` rows (an empty DataFrame without columns when no document has any)."""
-        from inspector.corpus.folder import frame_of
+        from inspector.corpus.tables import frame_of
 
         return frame_of(self.heads_table) if self.heads_table.num_columns else pd.DataFrame()
 
@@ -291,7 +291,7 @@ def analyse(captured: Captured) -> BatchResult:
     """The second stage of :func:`reduce_batch`: every captured document to its rows. Where the fast path
     (:func:`~inspector.corpus.batch_reduce.batch_tables`) gave the whole batch's rows as one Arrow table, that is
     the heads table, with no DataFrame in between; else the rows are merged as DataFrames."""
-    from inspector.corpus.folder import frame_of, table_of
+    from inspector.corpus.tables import frame_of, table_of
 
     doc_rows = dict(captured.doc_rows)
     frames: list = []  # DataFrames, or Arrow tables from the fast path
@@ -340,7 +340,7 @@ def _reduce(cap, group: list[tuple[int, Document]], options: Options, doc_rows: 
     """The rows of every document in ``cap``: all at once (:mod:`inspector.corpus.batch_reduce`) where that applies,
     else one by one with :func:`document_rows`; in batch order either way."""
     from inspector.corpus.batch_reduce import batch_tables
-    from inspector.corpus.folder import frame_of
+    from inspector.corpus.tables import frame_of
 
     fast = batch_tables(cap, [d for _, d in group], options)
     done, errors = fast if fast is not None else ({}, {})
