@@ -331,3 +331,68 @@ def test_both_paths_write_the_split_columns_with_one_writer(monkeypatch):
     assert len(blocks) == 2 * sites and all(d == 1 for d, _ in blocks), blocks  # per document, one block per site
     assert fast.heads.dtypes.to_dict() == slow.heads.dtypes.to_dict()
     assert_same_rows(fast.heads, slow.heads)
+
+
+# ---- the rows straight to Arrow (corpus.tables.table_of) ----------------------------------------------------------
+@pytest.mark.parametrize("name", ["bert", "bart"])
+def test_the_fast_paths_tables_are_the_arrow_tables_of_its_dataframes(name, monkeypatch):
+    """Every table the fast path builds without pandas (heads of plain documents, heads with split columns,
+    documents) is, schema and pandas metadata included, the table of the DataFrame the code built before
+    (``arrow_table(pd.DataFrame(columns))``), for the first batch of a signature and for later ones (kept schema);
+    and BatchResult's DataFrames have that DataFrame's dtypes (``mostly_shared`` an object column)."""
+    from inspector.corpus import batch_reduce, tables
+
+    lm = LoadedModel(tiny.build(name), tiny.tokenizer(), name)
+    fields = Fields(query="query", referents="referents", id="id", occurrence="occurrence")
+    if name == "bart":
+        fields = Fields(query="query", referents="referents", id="id", occurrence="occurrence", target="target")
+    rows = [dict(r, target="The Lessee pays.") for r in ROWS]
+    seen: list[dict] = []
+    real = tables.table_of
+
+    def spy(columns):
+        seen.append(dict(columns))
+        return real(columns)
+
+    monkeypatch.setattr(batch_reduce, "table_of", spy)
+    monkeypatch.setattr(tables, "table_of", spy)
+    tables._TABLE_SCHEMAS.clear()
+    results = [reduce.reduce_batch(lm.model, lm.tokenizer, docs_of(rows, fields)) for _ in range(2)]
+    assert len(seen) >= 4 and any("split_score" in c for c in seen) and any("row" in c for c in seen)
+    for columns in seen:
+        want = tables.arrow_table(pd.DataFrame({n: tables._pandas_column(c) for n, c in columns.items()}))
+        assert real(columns).equals(want, check_metadata=True), list(columns)
+    heads = results[1].heads
+    built = pd.DataFrame({n: tables._pandas_column(c) for n, c in seen[-2 if "row" in seen[-1] else -1].items()})
+    if "mostly_shared" in built:
+        assert heads["mostly_shared"].dtype == built["mostly_shared"].dtype == object
+    assert results[1].heads is heads  # made once: a change to it stays
+
+
+def test_table_of_reads_each_columns_values_not_the_first_ones():
+    """A kept schema is reused only for columns of the same value types: ints then floats, ints with None, nested
+    lists and an int past int64 each give what pandas gives."""
+    from inspector.corpus import tables
+
+    tables._TABLE_SCHEMAS.clear()
+    cases = [[1, 2], [1, 2.5], [1, None], [[1]], [[1.5]], [1], [2 ** 63], [], ["a", None], [True, None]]
+    for values in cases:
+        want = tables.arrow_table(pd.DataFrame({"x": values}))
+        got = tables.table_of({"x": values})
+        assert got.equals(want, check_metadata=True), (values, got.schema, want.schema)
+        assert got.column("x").to_pylist() == want.column("x").to_pylist()
+
+
+def test_the_sites_of_one_mask_share_their_gathered_rows():
+    """The forward keeps a site's visible keys as the one tensor of its mask, so the split's rows of BERT's six
+    sites share one ``vis`` (gathered once) and the split reads it once for every head."""
+    from inspector.corpus import batch_reduce
+
+    lm = LoadedModel(tiny.build("bert"), tiny.tokenizer(), "bert")
+    docs = docs_of(ROWS, Fields(query="query", referents="referents", id="id", occurrence="occurrence"))
+    cap, group = capture_batch(lm.model, lm.tokenizer, docs, Options()).captures[0]
+    axes = cap.forward_sums.axes
+    queries, _ = batch_reduce._queries(cap, [d for _, d in group], cap.sites)
+    _, rows = batch_reduce._site_passes(cap, list(cap.sites), axes, queries, (False,))
+    assert len(rows) == len(cap.sites) > 1 and all(r is not None for r in rows)
+    assert all(r.vis is rows[0].vis for r in rows), "one gathered vis for the sites of one mask"

@@ -369,10 +369,9 @@ def batch_rows(capture, docs: list, options) -> tuple[dict[int, pd.DataFrame], d
     if found is None:
         return None
     tables, errors = found
-    frames: dict[int, pd.DataFrame] = {}
-    for b, table in tables.items():
-        shared = next((frames[c] for c, t in tables.items() if c in frames and t is table), None)
-        frames[b] = shared if shared is not None else frame_of(table)
+    by_table: dict[int, pd.DataFrame] = {}  # id of a table -> its DataFrame (batch rows share tables)
+    frames = {b: by_table.setdefault(id(t), frame_of(t)) if id(t) not in by_table else by_table[id(t)]
+              for b, t in tables.items()}
     return frames, errors
 
 

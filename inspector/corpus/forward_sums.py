@@ -181,8 +181,8 @@ class ForwardSums:
     def attend(self, site, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: bool = True) -> torch.Tensor:
         """The output of one attention call, ``[batch, query, head, d_v]`` as ``eager_attention_forward``
         returns it, from weights computed once per block and added to this site's sums on the way. With ``output``
-        False (the call after which a stop plan ends the pass) the sums are taken and the returned tensor is left
-        uncomputed (``weights @ v`` skipped).
+        False (the call after which a stop plan ends the pass) the sums are taken and ``weights @ v`` is skipped:
+        the returned tensor holds zeros.
 
         ``query [batch, head, query, d_head]``, ``key``/``value [batch, kv_head, key, d]`` (grouped heads are
         expanded by ``site.head_map``); the mask is the one the recorder stored for the site."""
@@ -192,7 +192,8 @@ class ForwardSums:
         k_len = k.shape[-2]
         special_k, pad_k, pad_q, mask, vis = self.axes.site_inputs(site)
         sums = RankSums(b_n, h, k_len, site.query_input == site.key_input, self.want)
-        out = query.new_empty(b_n, h, q_len, v.shape[-1])
+        # zeros where no output is wanted: whatever reads it after all (model code that swallows StopForward) reads 0
+        out = query.new_empty(b_n, h, q_len, v.shape[-1]) if output else query.new_zeros(b_n, h, q_len, v.shape[-1])
         finite = True
         per_doc = h * q_len * k_len
         docs = max(1, min(b_n, BLOCK_VALUES // max(1, per_doc)))
@@ -209,14 +210,14 @@ class ForwardSums:
                 logits = attention.masked_scores(query[b0:b1, :, r0:r1], k[b0:b1], scaling=site.scaling, mask=m,
                                                  softcap=site.softcap)
                 w = attention.softmax_weights(logits, torch.float32)
-                if not output:
-                    pass
-                elif docs > 1 or step == q_len:
+                if output and (docs > 1 or step == q_len):
                     torch.matmul(w, v[b0:b1], out=out[b0:b1])
-                else:
+                elif output:
                     out[b0:b1, :, r0:r1] = torch.matmul(w, v[b0:b1])
-                vv = vis[b0:b1] if vis.shape[0] > 1 else vis
-                vv = vv[:, :, r0:r1] if vv.shape[2] > 1 else vv
+                # the site's visible keys themselves where the block is the whole site (the same tensor for every
+                # site of its mask, so the split gathers their rows once: batch_reduce.Axes.gathered_rows)
+                vv = vis if vis.shape[0] == 1 or (b0, b1) == (0, b_n) else vis[b0:b1]
+                vv = vv if vv.shape[2] == 1 or (r0, r1) == (0, q_len) else vv[:, :, r0:r1]
                 rows = ~pad_q[b0:b1, r0:r1]
                 if docs >= b_n and step == q_len and self._kept_values + w.numel() <= KEEP_VALUES:  # the whole site
                     self.weights[site.name] = (w, vv)
@@ -230,4 +231,4 @@ class ForwardSums:
                     finite &= sums.add(w, self._blocks[shape], at=slice(b0, b1), logits=logits)
         self.sums[site.name] = sums
         self.finite[site.name] = finite
-        return out.transpose(1, 2).contiguous() if output else out.transpose(1, 2)
+        return out.transpose(1, 2).contiguous()

@@ -76,13 +76,6 @@ def table_from_ipc(data: bytes):
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def from_ipc(data: bytes) -> pd.DataFrame:
-    """The DataFrame of :func:`to_ipc` bytes (list columns Arrow-backed, as the local engine holds them)."""
-    from inspector.corpus.tables import frame_of
-
-    return frame_of(table_from_ipc(data))
-
-
 class Reducer:
     """A Ray actor holding one model; called with a batch of documents, returns their rows."""
 
@@ -221,7 +214,7 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
             for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
                 for documents, heads in zip(out["documents"], out["heads"], strict=True):  # one row per reduced batch
                     # the local engine's tables, schema and pandas metadata included: the Parquet parts match
-                    yield BatchResult.of(table_from_ipc(documents), table_from_ipc(heads) if len(heads) else pd.DataFrame())
+                    yield BatchResult(table_from_ipc(documents), table_from_ipc(heads) if len(heads) else pd.DataFrame())
             del ds
             items = _window(docs)
     finally:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -65,41 +64,42 @@ class Options:
         return out
 
 
-@dataclass(frozen=True)
 class BatchResult:
-    """What a batch of documents reduces to, as the Arrow tables a scan commits (the ``arrow_table`` of each
-    DataFrame: schema and pandas metadata, :func:`~inspector.corpus.tables.table_of`): one ``documents`` row per
-    document, ``heads`` rows for the documents that succeeded (a table of no columns when none did).
-    :attr:`documents` and :attr:`heads` read them as DataFrames; :meth:`of` makes one from DataFrames."""
+    """What a batch of documents reduces to: one ``documents`` row per document, ``heads`` rows for the documents
+    that succeeded, each given as a DataFrame or as the Arrow table a scan commits (its ``arrow_table``: schema
+    and pandas metadata, :func:`~inspector.corpus.tables.table_of`). ``documents_table`` / ``heads_table`` are the
+    tables (``heads_table`` has no columns when no document has rows), :attr:`documents` / :attr:`heads` the
+    DataFrames (made once, on first use, from the tables). A scan commits the tables."""
 
-    documents_table: Any  # pyarrow.Table
-    heads_table: Any  # pyarrow.Table
-
-    @classmethod
-    def of(cls, documents, heads) -> BatchResult:
-        """From ``documents`` and ``heads``, each a DataFrame or an Arrow table."""
+    def __init__(self, documents, heads):
         import pyarrow as pa
 
         from inspector.corpus.tables import arrow_table
 
-        def table(x):
-            return x if isinstance(x, pa.Table) else arrow_table(x) if len(x.columns) else pa.table({})
-
-        return cls(documents_table=table(documents), heads_table=table(heads))
+        self._frames: dict[str, pd.DataFrame] = {}
+        for name, rows in (("documents", documents), ("heads", heads)):
+            if isinstance(rows, pd.DataFrame):
+                self._frames[name] = rows
+                rows = arrow_table(rows) if len(rows.columns) else pa.table({})
+            setattr(self, f"{name}_table", rows)
 
     @property
     def documents(self) -> pd.DataFrame:
         """The ``documents`` rows (:data:`DOC_COLUMNS`)."""
-        from inspector.corpus.tables import frame_of
-
-        return frame_of(self.documents_table)
+        return self._frame("documents")
 
     @property
     def heads(self) -> pd.DataFrame:
         """The ``heads`` rows (an empty DataFrame without columns when no document has any)."""
+        return self._frame("heads")
+
+    def _frame(self, name: str) -> pd.DataFrame:
         from inspector.corpus.tables import frame_of
 
-        return frame_of(self.heads_table) if self.heads_table.num_columns else pd.DataFrame()
+        if name not in self._frames:
+            table = getattr(self, f"{name}_table")
+            self._frames[name] = frame_of(table) if table.num_columns else pd.DataFrame()
+        return self._frames[name]
 
 
 # split's flags as a scan's document gives them
@@ -307,7 +307,8 @@ def analyse(captured: Captured) -> BatchResult:
         if "driving_row" in heads and heads["driving_row"].dtype != "Int64":  # a position, missing where the split did
             heads["driving_row"] = heads["driving_row"].astype("Int64")  # not reach a site (or a document has no query)
     rows = [doc_rows[i] for i in range(len(captured.docs))]
-    return BatchResult.of(table_of({c: [r[c] for r in rows] for c in DOC_COLUMNS}), heads)
+    documents = table_of({c: [r[c] for r in rows] for c in DOC_COLUMNS}) if rows else pd.DataFrame([], columns=DOC_COLUMNS)
+    return BatchResult(documents, heads)
 
 
 def _with_routes(heads: pd.DataFrame, captured: Captured, doc_rows: dict) -> pd.DataFrame:
@@ -429,8 +430,9 @@ def length_batches(docs: Iterable[Document], size: int, window: int | None = Non
     in characters (:func:`length_of`, read without tokenizing). On the demo's clauses, batches of 8, padded
     tokens fall from 1.22 of the real ones in corpus order to 1.07 by characters and 1.02 by tokens. Each
     document is in exactly one batch; memory holds one window of documents, not their captures. What a
-    document's rows hold does not depend on its batch (:mod:`inspector.corpus.reduce` computes every statistic
-    over the document's own tokens); only the order in which batches are committed follows the length.
+    document's rows hold does not depend on its batch but for float32 rounding (:mod:`inspector.corpus.reduce`
+    computes every statistic over the document's own tokens, but a padded matrix product may round differently:
+    a ratio such as ``lift`` moves by up to about 1e-5); the order in which batches are committed follows the length.
     ``window`` defaults to :data:`LENGTH_WINDOW`; 1 is :func:`batched`."""
     window = LENGTH_WINDOW if window is None else window
     if window <= 1:
