@@ -71,17 +71,24 @@ class BatchResult:
     tables (``heads_table`` has no columns when no document has rows), :attr:`documents` / :attr:`heads` the
     DataFrames (made once, on first use, from the tables). A scan commits the tables."""
 
+    documents_table: object  # pyarrow.Table
+    heads_table: object  # pyarrow.Table
+
     def __init__(self, documents, heads):
+        self._frames: dict[str, pd.DataFrame] = {}
+        self.documents_table = self._table("documents", documents)
+        self.heads_table = self._table("heads", heads)
+
+    def _table(self, name: str, rows):
+        """``rows`` as a table; a DataFrame is also kept as the rows' DataFrame."""
         import pyarrow as pa
 
         from inspector.corpus.tables import arrow_table
 
-        self._frames: dict[str, pd.DataFrame] = {}
-        for name, rows in (("documents", documents), ("heads", heads)):
-            if isinstance(rows, pd.DataFrame):
-                self._frames[name] = rows
-                rows = arrow_table(rows) if len(rows.columns) else pa.table({})
-            setattr(self, f"{name}_table", rows)
+        if not isinstance(rows, pd.DataFrame):
+            return rows
+        self._frames[name] = rows
+        return arrow_table(rows) if len(rows.columns) else pa.table({})
 
     @property
     def documents(self) -> pd.DataFrame:
@@ -97,7 +104,7 @@ class BatchResult:
         from inspector.corpus.tables import frame_of
 
         if name not in self._frames:
-            table = getattr(self, f"{name}_table")
+            table = self.documents_table if name == "documents" else self.heads_table
             self._frames[name] = frame_of(table) if table.num_columns else pd.DataFrame()
         return self._frames[name]
 
