@@ -53,7 +53,7 @@ GROUP_SECONDS = 1.0  # ... or of what it finished this long after the first unco
 
 def write_parquet(path: Path, df) -> None:
     """Write ``df`` to ``path`` atomically (:func:`write_table` of its Arrow table, no index; an Arrow table, as
-    :func:`arrow_table` or :func:`table_of` make it, is written as it is). Arrow-backed list
+    :func:`~inspector.corpus.tables.arrow_table` or :func:`~inspector.corpus.tables.table_of` make it, is written as it is). Arrow-backed list
     columns (the heads rows', :data:`inspector.store.schema.LIST_TYPES`) are recorded in the file's pandas
     metadata as object columns, as lists of Python objects are: the part reads back the same with
     ``pandas.read_parquet`` whichever way its rows were held (pandas cannot read back a list ``ArrowDtype`` from
@@ -392,7 +392,7 @@ class ScanFolder:
 
     def commit(self, documents, heads) -> int:
         """Write one batch: its heads part, then its documents part (the commit record). Returns the part number.
-        ``documents`` / ``heads``: DataFrames, or the Arrow tables :func:`arrow_table` / :func:`table_of` make of them."""
+        ``documents`` / ``heads``: DataFrames, or the Arrow tables :func:`~inspector.corpus.tables.arrow_table` / :func:`~inspector.corpus.tables.table_of` make of them."""
         n = self.next_part
         name = f"part-{n:05d}.parquet"
         if len(heads):
