@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inspector.errors import InspectorError
 from inspector.store.schema import InputRecord
 from inspector.store.words import MAX_INDEX_DIGITS, TOKEN_INDEX, occurs_in, positions_in, token_index  # noqa: F401
+
+# A Hugging Face fast tokenizer is one Rust object that a call may reconfigure (padding, truncation): two threads
+# calling it at once may fail ("Already borrowed"). Code that tokenizes in several threads (the corpus scan's
+# workers) holds this around each call; capture() does.
+TOKENIZER_LOCK = threading.RLock()
 
 if TYPE_CHECKING:
     import torch

@@ -9,6 +9,12 @@ transformers 5.x routes the attention of most model families through ``ALL_ATTEN
 ``AttentionMaskInterface`` -- without it masks are silently skipped and causal models would see the future.
 Every change is undone on every exit path; registrations are counted, so nested and concurrent uses share one.
 The intervention seam (:mod:`inspector.intervene.seam`) uses the same registration.
+
+A capture holds :data:`LOCK` for its whole pass, so captures in several threads take turns. Inside
+:func:`concurrent_captures` (the corpus scan's worker threads) the model stays pointed at the recording attention
+for the block, and captures of it run at once: each forward pass reads the shared set-up
+(:meth:`SharedModel.reading`), and a step that changes the model (a second, eager pass with hooks; forward hooks for
+value norms) waits for the others and runs alone (:meth:`SharedModel.writing`).
 """
 
 from __future__ import annotations
@@ -122,6 +128,100 @@ def registered_functions():
                 # GeneralInterface has no unregister; its class-level mapping is the registry
                 AttentionInterface._global_mapping.pop(IMPL, None)
                 AttentionMaskInterface._global_mapping.pop(IMPL, None)
+
+
+class SharedModel:
+    """A model held pointed at the recording attention by :func:`concurrent_captures`: its configs' own attention
+    implementations before (``original``: config id -> name, which the recorder reads instead of the configs) and a
+    readers-writer lock over its passes. A thread that holds :meth:`writing` may also read; a reader must not ask to
+    write (it would wait for itself)."""
+
+    def __init__(self, original: dict[int, Any]):
+        self.original = original
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer: int | None = None  # the thread that writes
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def reading(self):
+        """A pass that changes nothing of the model: runs alongside other readers, never alongside a writer."""
+        me = threading.get_ident()
+        with self._cond:
+            nested = self._writer == me
+            if not nested:
+                while self._writer is not None:
+                    self._cond.wait()
+                self._readers += 1
+        try:
+            yield self
+        finally:
+            if not nested:
+                with self._cond:
+                    self._readers -= 1
+                    if not self._readers:
+                        self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def writing(self):
+        """A step that changes the model (hooks, its attention implementation): waits until no other pass runs."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._writer != me:
+                while self._writer is not None or self._readers:
+                    self._cond.wait()
+                self._writer = me
+            self._depth += 1
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self._depth -= 1
+                if not self._depth:
+                    self._writer = None
+                    self._cond.notify_all()
+
+
+_SHARED: dict[int, SharedModel] = {}  # id(model) -> its set-up while concurrent_captures holds it
+
+
+def shared_model(model) -> SharedModel | None:
+    """The :class:`SharedModel` that :func:`concurrent_captures` holds for ``model``, else None."""
+    return _SHARED.get(id(model))
+
+
+@contextlib.contextmanager
+def concurrent_captures(model):
+    """Let captures of ``model`` in several threads run at once for the block: the recording attention registered,
+    the model in evaluation mode and every config pointed at it once, for the whole block (instead of per
+    capture, under :data:`LOCK`); restored on every exit path. Nested holds of one model share the first. Yields
+    the :class:`SharedModel`. Each thread's capture still records only its own calls (:data:`ACTIVE` is a
+    ``ContextVar``); a tokenizer is not shared between threads by this (callers serialize it:
+    :data:`inspector.capture.inputs.TOKENIZER_LOCK`)."""
+    undo = contextlib.ExitStack()
+    with LOCK:  # set up once, atomically; the block itself does not hold LOCK (other models' captures go on)
+        held = _SHARED.get(id(model))
+        if held is None:
+            modules = list(model.modules())
+            configs = model_configs(model, modules)
+            state = SharedModel({id(c): c._attn_implementation for c in configs})
+            try:
+                undo.enter_context(eval_mode(model, modules))
+                undo.enter_context(registered_functions())
+                undo.enter_context(attn_implementation(model, IMPL, configs))
+            except BaseException:
+                undo.close()
+                raise
+            _SHARED[id(model)] = state
+    if held is not None:
+        yield held
+        return
+    try:
+        yield state
+    finally:
+        with state.writing(), LOCK:  # once no pass of another thread still runs
+            _SHARED.pop(id(model), None)
+            undo.close()
 
 
 def model_configs(model, modules: list | None = None) -> list[Any]:

@@ -23,6 +23,7 @@ restored on every exit path, exceptions included.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import re
@@ -31,19 +32,21 @@ from typing import Any
 import torch
 
 from inspector.capture import banded
-from inspector.capture.inputs import Encoded, encode_with_globals
+from inspector.capture.inputs import TOKENIZER_LOCK, Encoded, encode_with_globals
 from inspector.capture.interface import (  # noqa: F401  (re-exported: part of this module's API)
     ACTIVE,
     HANDLED_KWARGS,
     IMPL,
     LOCK,
     NEUTRAL_KWARGS,
+    SharedModel,
     attn_implementation,
     eager_function,
     eval_mode,
     fast_attention,
     model_configs,
     registered_functions,
+    shared_model,
 )
 from inspector.capture.models import display_name
 from inspector.capture.options import CaptureOptions
@@ -92,7 +95,10 @@ class Recorder:
         self.lengths = dict(lengths or {})  # tokens per role (batch row 0; rows are padded alike)
         self.padding: dict[str, list[list[bool]]] = {}  # per role, per batch row: which tokens are padding
         # configs whose model ran sdpa before the capture: lazy calls of other modules run their eager function
-        self.sdpa_configs = {id(c) for c in self.configs if c._attn_implementation == "sdpa"}
+        # (while concurrent_captures holds the model, its configs name the recording attention: it kept theirs)
+        shared = shared_model(model)
+        before = shared.original if shared is not None else {id(c): c._attn_implementation for c in self.configs}
+        self.sdpa_configs = {id(c) for c in self.configs if before.get(id(c)) == "sdpa"}
         self.model_sdpa = id(model.config) in self.sdpa_configs
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         self.weights = weights
@@ -566,11 +572,10 @@ def record(
     recorder = _recorder(model, roles, options, bar=bar, lengths=lengths, padding=padding, forward_sums=forward_sums)
     if recorder.layers is None and recorder.site_patterns is None:
         recorder.stop_order = getattr(forward_sums, "stop_order", None)
-    token = None
+    shared = shared_model(model)
+    alone = shared is None or bool(options.value_norms)  # value norms hook every projection: no other pass may run
     try:
-        with LOCK, eval_mode(model, [m for _, m in recorder.walk]), registered_functions(), \
-                attn_implementation(model, IMPL, recorder.configs), torch.no_grad(), \
-                recorder.projections.watching(recorder.tensors):
+        with _pass_hold(model, recorder, shared, alone), torch.no_grad(), recorder.projections.watching(recorder.tensors):
             token = ACTIVE.set(recorder)
             stopped = False
             try:
@@ -583,17 +588,47 @@ def record(
             missing = [] if stopped else _unrecorded_modules(recorder)
             if forward_sums is not None and not stopped:
                 _tell_order(forward_sums, recorder, missing)
-            if missing:  # attention modules that bypass the interface: their output_attentions maps, by module
-                _weights_only_pass(model, model_kwargs, recorder, missing, notes)
-            if not recorder._calls and not recorder.sites:
-                return Recording(*_fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[options.dtype],
-                                            layers=options.layers, sites=options.sites))
+            # attention modules that bypass the interface, or no call through it at all: a second, eager pass
+            second = bool(missing) or (not recorder._calls and not recorder.sites)
+            fallback = _second_pass(model, model_kwargs, roles, options, recorder, missing, notes) if second and alone else None
+        if second and not alone:  # it changes the model's attention implementation: once no other pass runs
+            with shared.writing(), torch.no_grad():
+                fallback = _second_pass(model, model_kwargs, roles, options, recorder, missing, notes)
+        if fallback is not None:
+            return fallback
     finally:
         if bar is not None:
             bar.close()
     if not recorder.sites:
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
     return Recording(recorder.sites, recorder.tensors, output, dict(recorder.masks), dict(recorder.pseudo), notes)
+
+
+@contextlib.contextmanager
+def _pass_hold(model, recorder: Recorder, shared: SharedModel | None, alone: bool):
+    """What one recording pass holds: without :func:`~inspector.capture.interface.concurrent_captures`, :data:`LOCK`
+    and the model pointed at the recording attention for the pass; within it, the shared set-up (alongside other
+    threads' passes, or ``alone``)."""
+    if shared is not None:
+        with shared.writing() if alone else shared.reading():
+            yield
+        return
+    with LOCK, eval_mode(model, [m for _, m in recorder.walk]), registered_functions(), \
+            attn_implementation(model, IMPL, recorder.configs):
+        yield
+
+
+def _second_pass(model, model_kwargs, roles, options: CaptureOptions, recorder: Recorder, missing: list,
+                 notes: list) -> Recording | None:
+    """After the recording pass: the ``output_attentions`` maps of the attention modules it did not record
+    (``missing``, by module), or, where no call went through the interface at all, the whole recording from
+    ``output_attentions`` (returned; else None)."""
+    if missing:
+        _weights_only_pass(model, model_kwargs, recorder, missing, notes)
+    if not recorder._calls and not recorder.sites:
+        return Recording(*_fallback(model, model_kwargs, roles, dtype=STORAGE_DTYPES[options.dtype],
+                                    layers=options.layers, sites=options.sites))
+    return None
 
 
 def _tell_order(forward_sums, recorder: Recorder, missing: list) -> None:
@@ -822,8 +857,9 @@ def capture(
         options = dataclasses.replace(options or CaptureOptions(), **fields)
     options = options or CaptureOptions()
     said = target.kwargs() if isinstance(target, Output) else {"target": target}
-    encoded = encode_with_globals(model, tokenizer, text, said.get("target"), target_ids=said.get("target_ids"),
-                                  global_tokens=list(options.global_tokens) if options.global_tokens else None)
+    with TOKENIZER_LOCK:  # captures may run in several threads (concurrent_captures); the tokenizer is one object
+        encoded = encode_with_globals(model, tokenizer, text, said.get("target"), target_ids=said.get("target_ids"),
+                                      global_tokens=list(options.global_tokens) if options.global_tokens else None)
     if extra_inputs:
         encoded.model_kwargs.update(extra_inputs)
     roles = roles_of(encoded)

@@ -830,7 +830,10 @@ def add_corpus_commands(sub) -> None:
                    help="documents per forward pass, padded (default 8)")
     p.add_argument("--engine", choices=["local", "ray"], default="local", help="local (this process) or ray (Ray Data actors)")
     p.add_argument("--ray-address", help="join this Ray cluster (e.g. ray://head:10001 or auto); default: a local Ray instance")
-    p.add_argument("--workers", type=positive_int, help="Ray actors holding the model (default: one per GPU, else one per node)")
+    p.add_argument("--workers", type=positive_int,
+                   help="with --engine ray, Ray actors holding the model (default: one per GPU, else one per node); "
+                        "with the local engine, batches reduced at once in threads sharing the torch threads "
+                        "(default: 2 on a CPU, 1 on a GPU or with --routes)")
     p.add_argument("--exclude-special", action="store_true", help="as in `inspector rank`")
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")

@@ -26,6 +26,8 @@ tokens over all inputs, 0 when it could not be tokenized), ``status`` (``ok`` or
 
 from __future__ import annotations
 
+import collections
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from inspector.capture.inputs import TOKENIZER_LOCK
 from inspector.corpus.documents import Document, error_line
 from inspector.corpus.forward_sums import ForwardSums, StopPlan
 from inspector.intervene.routes import THRESHOLD
@@ -418,10 +421,11 @@ def token_lengths(docs: list[Document], tokenizer) -> list[int] | None:
                                               return_token_type_ids=False)["input_ids"]]
 
     try:
-        lengths = count([d.text if isinstance(d.text, str) else "" for d in docs])
-        if any(isinstance(d.target, str) for d in docs):
-            targets = count([d.target if isinstance(d.target, str) else "" for d in docs])
-            lengths = [n + t for n, t in zip(lengths, targets, strict=True)]
+        with TOKENIZER_LOCK:  # the scan's worker threads tokenize their batches meanwhile
+            lengths = count([d.text if isinstance(d.text, str) else "" for d in docs])
+            if any(isinstance(d.target, str) for d in docs):
+                targets = count([d.target if isinstance(d.target, str) else "" for d in docs])
+                lengths = [n + t for n, t in zip(lengths, targets, strict=True)]
     except Exception:  # noqa: BLE001 - only the order depends on it: sorted by characters instead
         return None
     return lengths
@@ -464,21 +468,48 @@ def _cut(chunk: list[Document], size: int, tokenizer=None) -> Iterator[list[Docu
         yield ordered[i:i + size]
 
 
-def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
-                  options: Options = Options(), prefetch: bool | None = None) -> Iterator[BatchResult]:
-    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents of similar length in tokens at a
-    time (:func:`length_batches`).
+WORKERS = 2  # the local engine's worker threads on a CPU by default (each with half the torch threads)
 
-    With ``prefetch`` the next batch is captured in a background thread while this one is analysed
+
+def default_workers(model, options: Options = Options(), prefetch: bool | None = None) -> int:
+    """The local engine's worker threads when none are asked for: on a CPU, two (each batch's forward pass on half
+    the torch threads, two batches at once) where torch has two threads or more; one on a GPU, with route rows
+    (their intervention passes run one at a time) or with ``prefetch`` asked for. Measured in
+    ``benchmarks/scan.py``: on 2 CPUs, short clauses run faster two at a time on one thread each than one at a
+    time on both (the per-batch work outside the matrix products, which one thread does, overlaps the other
+    batch's forward pass)."""
+    on_gpu = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
+    if on_gpu or options.routes or prefetch:
+        return 1
+    return max(1, min(WORKERS, torch.get_num_threads()))
+
+
+def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
+                  options: Options = Options(), prefetch: bool | None = None,
+                  workers: int | None = None) -> Iterator[BatchResult]:
+    """The local engine: :func:`reduce_batch` over ``docs``, ``batch_size`` documents of similar length in tokens at a
+    time (:func:`length_batches`), yielded in that order.
+
+    ``workers`` (default :func:`default_workers`) above 1 reduces that many batches at once, each in a thread of
+    its own: the model is shared (:func:`~inspector.capture.interface.concurrent_captures`), the torch threads are
+    divided between the workers for the scan (``torch.set_num_threads``, restored after; on a CPU) and at most
+    ``workers`` batches are in memory beside the one being committed. The rows are those of one worker.
+
+    With one worker and ``prefetch`` the next batch is captured in a background thread while this one is analysed
     (torch releases the GIL in its kernels; on a GPU the forward pass then overlaps the analysis, which
     runs on the CPU), holding at most two batches' captures. The rows are the same either way. By default
     (None) it is on for a model on a GPU and off on the CPU, where the two threads share the cores and
     their torch thread pool (measured slower: ``benchmarks/scan.py``), and the rank sums are taken in the
     forward pass anyway (:mod:`inspector.corpus.forward_sums`).
     """
+    workers = default_workers(model, options, prefetch) if workers is None else workers
     if prefetch is None:
         prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
     plan = StopPlan.of(model)  # kept per model: a shape learned by an earlier scan of this model is not learned again
+    if workers > 1:
+        yield from _threaded(model, tokenizer, length_batches(docs, batch_size, tokenizer=tokenizer), options, plan,
+                             workers)
+        return
     if not prefetch:
         for batch in length_batches(docs, batch_size, tokenizer=tokenizer):
             yield reduce_batch(model, tokenizer, batch, options, plan)
@@ -494,3 +525,41 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
             pending = submitted
         if pending is not None:
             yield _analysed(pending.result())
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to ``n`` for the block (threads started in it take that many), restored after."""
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _threaded(model, tokenizer, batches: Iterable[list[Document]], options: Options, plan: StopPlan,
+              workers: int) -> Iterator[BatchResult]:
+    """:func:`reduce_batch` of ``batches`` in ``workers`` threads, yielded in order; at most ``workers`` batches
+    submitted ahead. On leaving (done, an error, the caller closing), batches not started are cancelled and the
+    running ones finish before the model and the torch threads are given back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inspector.capture.interface import concurrent_captures
+
+    on_cpu = all(p.device.type == "cpu" for p in list(model.parameters())[:1])
+    per = max(1, torch.get_num_threads() // workers) if on_cpu else torch.get_num_threads()
+    pending: collections.deque = collections.deque()
+    with concurrent_captures(model), torch_threads(per):
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="inspector-scan")
+        try:
+            for batch in batches:
+                pending.append(pool.submit(reduce_batch, model, tokenizer, batch, options, plan))
+                if len(pending) >= workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -62,9 +62,11 @@ def scan_meta(corpus: Corpus, model_name: str, options: Options) -> dict[str, An
     }
 
 
-def _check_arguments(batch_size: int, engine: str, ray_address: str | None) -> None:
+def _check_arguments(batch_size: int, engine: str, ray_address: str | None, workers: int | None = None) -> None:
     if batch_size < 1:
         raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InspectorError(f"--workers must be a whole number of at least 1, not {workers!r}")
     if engine not in ("local", "ray"):
         raise InspectorError(f"unknown engine {engine!r}: use local or ray")
     if ray_address and engine != "ray":
@@ -143,7 +145,9 @@ def scan(
     """Scan the corpus ``data`` into the folder ``out`` (created, or resumed when it holds this scan).
 
     ``loaded`` (a :class:`~inspector.capture.models.LoadedModel`) reuses a model already in memory for the
-    local engine; ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
+    local engine; ``workers`` the Ray engine's actors, or the local engine's worker threads, each reducing a batch of
+    its own on its share of the torch threads (default: :func:`~inspector.corpus.reduce.default_workers`, two on a
+    CPU); ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
     torch threads; ``prefetch`` makes the local engine capture the next batch while it analyses this one
     (True; at most two batches' captures in memory) or capture and analyse in turn (False); by default
     (None) it is on for a model on a GPU and off on the CPU (:func:`~inspector.corpus.reduce.local_batches`); ``status`` (a function of one line) is told
@@ -153,7 +157,7 @@ def scan(
     from it); bad documents are recorded in ``documents.parquet`` and never stop the scan. A resumed scan with
     nothing left loads no model.
     """
-    _check_arguments(batch_size, engine, ray_address)
+    _check_arguments(batch_size, engine, ray_address, workers)
     corpus = Corpus(data, fields)
     total = len(corpus)
     from inspector.capture.models import DEFAULT_MODEL
@@ -185,7 +189,7 @@ def scan(
         results: Any = iter(())
     elif engine == "local":
         results = local_batches(loaded.model, loaded.tokenizer, _pending(corpus, folder.done), batch_size=batch_size,
-                                options=options, prefetch=prefetch)
+                                options=options, prefetch=prefetch, workers=workers)
     else:
         from inspector.corpus.ray_engine import ray_batches
 
