@@ -163,21 +163,23 @@ def worker_throughput(spec: dict) -> dict:
         finally:
             lm.model.set_attn_implementation(sdpa)
 
-    def scanned(k):
+    def scanned(k, workers=None):
         t0 = time.perf_counter()
-        _scan(data, tmp / f"out{k}", loaded=lm)
+        _scan(data, tmp / f"out{k}-{workers}", loaded=lm, workers=workers)
         return len(texts) / (time.perf_counter() - t0)
 
-    forward(), loop("warm"), scanned("warm")  # warm-up
-    fw, lp, sc = [], [], []
-    for k in range(spec["rounds"]):  # alternating, so that a change in the machine's load falls on all three
+    forward(), loop("warm"), scanned("warm"), scanned("warm", 1)  # warm-up
+    fw, lp, sc, one = [], [], [], []
+    for k in range(spec["rounds"]):  # alternating, so that a change in the machine's load falls on all four
         fw.append(forward())
         lp.append(loop(k))
         sc.append(scanned(k))
+        one.append(scanned(k, 1))
     tokens = sum(len(lm.tokenizer(t)["input_ids"]) for t in texts) / len(texts)
     # ratios per round (the three runs of a round saw the same load), then their medians
-    return {"forward": fw, "loop": lp, "scan": sc, "tokens": tokens, "attn": sdpa,
-            "scan_loop": [s / x for s, x in zip(sc, lp, strict=True)], "scan_forward": [s / f for s, f in zip(sc, fw, strict=True)]}
+    return {"forward": fw, "loop": lp, "scan": sc, "scan1": one, "tokens": tokens, "attn": sdpa,
+            "scan_loop": [s / x for s, x in zip(sc, lp, strict=True)], "scan_forward": [s / f for s, f in zip(sc, fw, strict=True)],
+            "scan1_loop": [s / x for s, x in zip(one, lp, strict=True)]}
 
 
 def _trim() -> None:
@@ -223,7 +225,7 @@ def worker_memory(spec: dict) -> dict:
 
         ScanFolder.commit = commit
     with PeakMemory() as mem:
-        _scan(data, tmp / "out", loaded=lm, prefetch=spec["prefetch"])
+        _scan(data, tmp / "out", loaded=lm, prefetch=spec["prefetch"], workers=spec.get("workers"))
     return {"base": mem.base, "peak": mem.peak, "after": rss_mb(), "live": live}
 
 
@@ -246,7 +248,7 @@ def worker_engine(spec: dict) -> dict:
     if spec["engine"] == "local":
         from inspector.capture.models import load_model
 
-        _scan(data, tmp / "out", loaded=load_model(None))
+        _scan(data, tmp / "out", loaded=load_model(None), workers=1)  # one worker, as the one actor
     else:  # the actor gets as many torch threads as the local engine has
         import torch
 
@@ -308,22 +310,24 @@ def main() -> None:
 def throughput(script: str, n: int, rounds: int, th: dict, lines: list, models: tuple[str, ...],
                corpora: tuple[str, ...] = ("clauses", "contracts")) -> None:
     print(f"1. documents per second, {n} documents, {rounds} rounds (medians), sdpa forward, the user's loop (eager "
-          "output_attentions=True, per-head mean row entropy, pandas, Parquet) and scan alternating; ratios are medians "
-          "of each round's own ratio")
+          "output_attentions=True, per-head mean row entropy, pandas, Parquet), scan (its default workers) and scan with "
+          "one worker alternating; ratios are medians of each round's own ratio")
     rows = []
     for model in models:
         for kind in corpora:
             r = run_once(script, {"job": "throughput", "kind": kind, "n": n, "rounds": rounds, **th, "model": model})
-            fw, lp, sc = median(r["forward"]), median(r["loop"]), median(r["scan"])
-            s_l, s_f = median(r["scan_loop"]), median(r["scan_forward"])
-            rows.append([model, kind, f"{r['tokens']:.0f}", f"{fw:.1f}", f"{lp:.1f}", f"{sc:.1f}", f"{s_l:.2f}", f"{s_f:.2f}"])
-            print(f"   {model}, {kind}: forward {fw:.1f}, loop {lp:.1f}, scan {sc:.1f} docs/s; scan / loop {s_l:.2f}, "
-                  f"scan / forward {s_f:.2f} (rounds: {', '.join(f'{x:.2f}' for x in r['scan_loop'])} / "
-                  f"{', '.join(f'{x:.2f}' for x in r['scan_forward'])})")
+            fw, lp, sc, sc1 = median(r["forward"]), median(r["loop"]), median(r["scan"]), median(r["scan1"])
+            s_l, s_f, s1_l = median(r["scan_loop"]), median(r["scan_forward"]), median(r["scan1_loop"])
+            rows.append([model, kind, f"{r['tokens']:.0f}", f"{fw:.1f}", f"{lp:.1f}", f"{sc:.1f}", f"{s_l:.2f}", f"{s_f:.2f}",
+                         f"{sc1:.1f}", f"{s1_l:.2f}"])
+            print(f"   {model}, {kind}: forward {fw:.1f}, loop {lp:.1f}, scan {sc:.1f} (one worker {sc1:.1f}) docs/s; "
+                  f"scan / loop {s_l:.2f}, scan / forward {s_f:.2f}, one worker / loop {s1_l:.2f} (rounds: "
+                  f"{', '.join(f'{x:.2f}' for x in r['scan_loop'])} / {', '.join(f'{x:.2f}' for x in r['scan_forward'])} / "
+                  f"{', '.join(f'{x:.2f}' for x in r['scan1_loop'])})")
             lines.append((f"scan / user's loop, {model}, {kind}", s_l, LOOP_TARGET, ">="))
             lines.append((f"scan / sdpa forward, {model}, {kind}", s_f, THROUGHPUT_TARGET, ">="))
     print(table(["model", "corpus", "tokens/doc", "forward docs/s", "loop docs/s", "scan docs/s", "scan / loop",
-                 "scan / forward"], rows))
+                 "scan / forward", "scan, 1 worker, docs/s", "1 worker / loop"], rows))
 
 
 def memory(script: str, quick: bool, th: dict, lines: list) -> None:
@@ -337,24 +341,28 @@ def memory(script: str, quick: bool, th: dict, lines: list) -> None:
     # default pipeline (next batch captured while this one is analysed) peaks where the two threads meet worst,
     # which the more batches a scan has the likelier it sees, so its growth is printed, not judged
     rows, growth = [], {}
-    for prefetch in (False, True):
-        mem = {m: run_once(script, {"job": "memory", "n": m, "warm": warm, "prefetch": prefetch, **th}) for m in (small, large)}
-        mode = "pipelined (the GPU default)" if prefetch else "in turn (the CPU default)"
+    modes = {"turn": ("one worker, in turn", {"prefetch": False, "workers": 1}),
+             "pipelined": ("one worker, pipelined (the GPU default)", {"prefetch": True, "workers": 1}),
+             "workers": ("two workers (the CPU default)", {"prefetch": None, "workers": 2})}
+    for key, (mode, how) in modes.items():
+        mem = {m: run_once(script, {"job": "memory", "n": m, "warm": warm, **how, **th}) for m in (small, large)}
         rows += [[mode, f"{m} documents", f"{mem[m]['base']:.0f}", f"{mem[m]['peak']:.0f}",
                   f"{mem[m]['peak'] - mem[m]['base']:.0f}"] for m in (small, large)]
-        growth[prefetch] = (mem[large]["peak"] - mem[large]["base"]) - (mem[small]["peak"] - mem[small]["base"])
+        growth[key] = (mem[large]["peak"] - mem[large]["base"]) - (mem[small]["peak"] - mem[small]["base"])
     print(table(["capture and analysis", "corpus", "RSS before MB", "peak MB", "peak above before MB"], rows))
-    print(f"   pipelined: peak above before at {large} minus at {small} documents {growth[True]:.1f} MB (not judged)")
-    lines.append((f"peak above before at {large} minus at {small} documents, in turn, MB", growth[False], MEMORY_GROWTH_MB,
-                  "<="))
+    print(f"   pipelined: peak above before at {large} minus at {small} documents {growth['pipelined']:.1f} MB (not judged)")
+    for key in ("turn", "workers"):
+        lines.append((f"peak above before at {large} minus at {small} documents, {modes[key][0]}, MB", growth[key],
+                      MEMORY_GROWTH_MB, "<="))
     # what stays live: the RSS after each commit (collected, trimmed) over a scan of the large corpus
-    live = run_once(script, {"job": "memory", "n": large, "warm": warm, "prefetch": True, "live": True, **th})["live"]
+    live = run_once(script, {"job": "memory", "n": large, "warm": warm, "prefetch": None, "workers": 2, "live": True,
+                             **th})["live"]
     # the least-squares line through all of them (each sample swings by some 15 MB): its rise over the scan
     n = len(live)
     mx, my = (n - 1) / 2, sum(live) / n
     slope = sum((i - mx) * (y - my) for i, y in enumerate(live)) / max(1e-9, sum((i - mx) ** 2 for i in range(n)))
     rise = slope * (n - 1)
-    print(f"   live after each commit (pipelined, {large} documents, {n} commits): {min(live):.0f}..{max(live):.0f} MB, "
+    print(f"   live after each commit (two workers, {large} documents, {n} commits): {min(live):.0f}..{max(live):.0f} MB, "
           f"fitted line rises {rise:.1f} MB over the scan")
     lines.append((f"live memory, rise of the fitted line over a {large}-document scan, MB", rise, LIVE_GROWTH_MB, "<="))
 
