@@ -144,6 +144,10 @@ def test_a_click_during_start_up_keeps_the_selection(legal_capture, tmp_path, sl
         header = page.locator('[data-testid="stMain"] h4, [data-testid="stMain"] h1').first.inner_text()
         # the sidebar is drawn in the same run as the page, after it: wait for its last selection widget
         page.wait_for_selector('[data-testid="stSidebar"] input[aria-label="Query position"]', timeout=WAIT_MS * 2)
+        # and for every selection widget of it to be drawn (they appear one after another; a value may be empty)
+        page.wait_for_function(f"() => {{ const s = ({SIDEBAR_SELECTION})(); "
+                               "return s !== null && s.query !== null && s.selects.every((v) => v !== null); }",
+                               timeout=WAIT_MS * 2)
         side = page.evaluate(SIDEBAR_SELECTION)
     site, head, query = START_SELECTION
     assert f"{site} · head {head} · query {query} «##em»" in header, header  # the start selection is kept

@@ -751,7 +751,7 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
             else:
                 recorder.weights_only(module, site_name, name, maps[0], call)
     for n in notes:
-        warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=3)
+        warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=4)
 
 
 def _flatten(value) -> list:
