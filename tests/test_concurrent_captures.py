@@ -248,3 +248,150 @@ def test_a_bad_workers_count_is_refused_before_any_model_loads(bad, tmp_path):
     with pytest.raises(InspectorError, match="--workers must be a whole number"):
         scan(data, tmp_path / "out", workers=bad, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_lazy_and_layer_selected_captures_in_threads_equal_captures_one_at_a_time(name):
+    """A lazy capture runs sdpa where the model ran sdpa before: the recorder reads that from the set-up
+    (the configs meanwhile name the recording attention)."""
+    model, tok = tiny.build(name), tiny.tokenizer()
+    for options in ({"weights": False}, {"weights": False, "layers": [1]}):
+        options["value_norms"] = False
+        one = _captures(model, tok, TEXTS * 2, 1, **options)
+        _same(one, _captures(model, tok, TEXTS * 2, 3, **options))
+
+
+def test_route_rows_in_worker_threads_equal_one_workers():
+    """A route pass hooks the model's residual stream: beside other threads' passes it runs alone."""
+    model, tok = tiny.build("gpt2"), tiny.tokenizer()
+    docs = [d for d in _docs(24) if d.query is not None][:12]
+    options = reduce.Options(routes=True)
+
+    def rows(workers):
+        results = list(reduce.local_batches(model, tok, docs, batch_size=2, options=options, workers=workers))
+        return (pd.concat([r.heads for r in results], ignore_index=True),
+                pd.concat([r.documents for r in results], ignore_index=True))
+
+    heads1, documents1 = rows(1)
+    assert (documents1["status"] == "ok").sum() >= len(docs) - 3  # (a route may be refused for a document: the same with 3)
+    assert "on_route" in heads1.columns and heads1["on_route"].notna().any()
+    heads2, documents2 = rows(3)
+    pd.testing.assert_frame_equal(documents1, documents2)
+    # the route's sums run on the worker's share of the torch threads: float rounding apart, the same rows
+    pd.testing.assert_frame_equal(heads1, heads2, check_exact=False, rtol=1e-5, atol=1e-6)  # (as with one thread)
+    assert heads1["on_route"].equals(heads2["on_route"])
+    rank = [c for c in heads1.columns if c not in ("on_route", "route_share")]
+    pd.testing.assert_frame_equal(heads1[rank], heads2[rank])  # the rank and split columns exactly
+
+
+def test_the_set_up_outlives_every_holder_and_waits_for_the_passes_still_running():
+    model = tiny.build("bert")
+    configs = interface.model_configs(model)
+    before = [c._attn_implementation for c in configs]
+    entered, leave_first, first_left = threading.Event(), threading.Event(), threading.Event()
+
+    def other_holder():
+        with interface.concurrent_captures(model):
+            entered.set()
+            leave_first.wait(10)
+        first_left.set()
+
+    t = threading.Thread(target=other_holder)
+    t.start()
+    assert entered.wait(10)
+    with interface.concurrent_captures(model) as held:
+        leave_first.set()
+        assert first_left.wait(10)
+        assert interface.shared_model(model) is held  # the other thread's exit kept it: this block holds it
+        assert {c._attn_implementation for c in configs} == {interface.IMPL}
+        # a pass still running when the last holder leaves: the set-up is undone once it ends
+        reading, release = threading.Event(), threading.Event()
+
+        def pass_():
+            with held.reading():
+                reading.set()
+                release.wait(10)
+                assert not held.closed and {c._attn_implementation for c in configs} == {interface.IMPL}
+
+        p = threading.Thread(target=pass_)
+        p.start()
+        assert reading.wait(10)
+        threading.Timer(0.3, release.set).start()
+    assert release.is_set()  # the exit waited for the pass
+    p.join(10)
+    t.join(10)
+    assert [c._attn_implementation for c in configs] == before
+    assert interface.shared_model(model) is None and held.closed
+
+
+def test_an_interrupt_while_the_exit_waits_still_undoes_the_set_up(monkeypatch):
+    model = tiny.build("bert")
+    configs = interface.model_configs(model)
+    before = [c._attn_implementation for c in configs]
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), interface.concurrent_captures(model):  # noqa: PT012
+        monkeypatch.setattr(interface.SharedModel, "writing", interrupted)
+    assert [c._attn_implementation for c in configs] == before
+    assert interface.shared_model(model) is None
+
+
+def test_a_waiting_writer_goes_before_new_readers():
+    shared = interface.SharedModel({})
+    first, release, writer_in = threading.Event(), threading.Event(), threading.Event()
+    order = []
+
+    def reader(tag, started=None):
+        with shared.reading():
+            if started is not None:
+                started.set()
+                release.wait(10)
+            order.append(tag)
+
+    def writer():
+        with shared.writing():
+            order.append("writer")
+            writer_in.set()
+
+    r1 = threading.Thread(target=reader, args=("first reader", first))
+    r1.start()
+    assert first.wait(10)
+    w = threading.Thread(target=writer)
+    w.start()
+    while not shared._waiting:  # the writer waits for the first reader
+        threading.Event().wait(0.01)
+    r2 = threading.Thread(target=reader, args=("late reader",))
+    r2.start()
+    release.set()
+    for t in (r1, w, r2):
+        t.join(10)
+    assert order == ["first reader", "writer", "late reader"]
+
+
+def test_sorting_by_tokens_holds_the_tokenizer_lock(tokenizer):
+    docs = _docs(12)
+    done = threading.Event()
+    found = []
+
+    def run():
+        found.append(reduce.token_lengths(docs, tokenizer))
+        done.set()
+
+    with TOKENIZER_LOCK:
+        t = threading.Thread(target=run)
+        t.start()
+        assert not done.wait(0.3)
+    assert done.wait(30)
+    t.join(30)
+    assert found[0] is not None and len(found[0]) == len(docs)
+
+
+def test_workers_as_numpy_integers_are_taken():
+    import numpy as np
+
+    assert reduce.check_workers(np.int64(2)) == 2
+    for bad in (0, -3, 2.5, True, "2"):
+        with pytest.raises(InspectorError, match="--workers must be a whole number"):
+            reduce.check_workers(bad)

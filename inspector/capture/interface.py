@@ -133,13 +133,18 @@ def registered_functions():
 class SharedModel:
     """A model held pointed at the recording attention by :func:`concurrent_captures`: its configs' own attention
     implementations before (``original``: config id -> name, which the recorder reads instead of the configs) and a
-    readers-writer lock over its passes. A thread that holds :meth:`writing` may also read; a reader must not ask to
-    write (it would wait for itself)."""
+    readers-writer lock over its passes that prefers writers (a reader waits while a writer waits). A thread that
+    holds :meth:`writing` may also read and write again; a reader must not ask to write (it would wait for itself).
+    ``closed`` once the set-up is undone (a pass that finds it closed runs as without it)."""
 
     def __init__(self, original: dict[int, Any]):
         self.original = original
+        self.closed = False
+        self.holders = 0  # concurrent_captures blocks holding it (nested or in other threads): the last one undoes it
+        self.undo = contextlib.ExitStack()
         self._cond = threading.Condition()
         self._readers = 0
+        self._waiting = 0  # writers waiting: new readers wait behind them
         self._writer: int | None = None  # the thread that writes
         self._depth = 0
 
@@ -150,7 +155,7 @@ class SharedModel:
         with self._cond:
             nested = self._writer == me
             if not nested:
-                while self._writer is not None:
+                while self._writer is not None or self._waiting:
                     self._cond.wait()
                 self._readers += 1
         try:
@@ -168,8 +173,14 @@ class SharedModel:
         me = threading.get_ident()
         with self._cond:
             if self._writer != me:
-                while self._writer is not None or self._readers:
-                    self._cond.wait()
+                self._waiting += 1
+                try:
+                    while self._writer is not None or self._readers:
+                        self._cond.wait()
+                finally:
+                    self._waiting -= 1
+                    if not self._waiting:
+                        self._cond.notify_all()
                 self._writer = me
             self._depth += 1
         try:
@@ -191,37 +202,69 @@ def shared_model(model) -> SharedModel | None:
 
 
 @contextlib.contextmanager
+def model_alone(model):
+    """For a step that changes ``model`` (forward hooks, its attention implementation) while
+    :func:`concurrent_captures` may hold it: until no other thread's pass runs, and none starts
+    (:meth:`SharedModel.writing`); without it, nothing."""
+    shared = shared_model(model)
+    if shared is None:
+        yield
+        return
+    with shared.writing():
+        yield
+
+
+@contextlib.contextmanager
 def concurrent_captures(model):
     """Let captures of ``model`` in several threads run at once for the block: the recording attention registered,
     the model in evaluation mode and every config pointed at it once, for the whole block (instead of per
-    capture, under :data:`LOCK`); restored on every exit path. Nested holds of one model share the first. Yields
-    the :class:`SharedModel`. Each thread's capture still records only its own calls (:data:`ACTIVE` is a
-    ``ContextVar``); a tokenizer is not shared between threads by this (callers serialize it:
-    :data:`inspector.capture.inputs.TOKENIZER_LOCK`)."""
-    undo = contextlib.ExitStack()
+    capture, under :data:`LOCK`); restored on every exit path, once the passes still running end (an interrupt
+    while waiting for them restores at once). Holds of one model, nested or in several threads, share one set-up,
+    which the last to leave undoes. Yields the :class:`SharedModel`. Each thread's capture still records only its
+    own calls (:data:`ACTIVE` is a ``ContextVar``); a tokenizer is not shared between threads by this (callers
+    serialize it: :data:`inspector.capture.inputs.TOKENIZER_LOCK`).
+
+    While the block is held (also while a generator that holds it is paused) the model is not as the caller left
+    it: its configs name :data:`IMPL`, it is in evaluation mode, and an eager ``output_attentions`` pass outside a
+    capture returns no weights."""
     with LOCK:  # set up once, atomically; the block itself does not hold LOCK (other models' captures go on)
-        held = _SHARED.get(id(model))
-        if held is None:
+        state = _SHARED.get(id(model))
+        if state is None:
             modules = list(model.modules())
             configs = model_configs(model, modules)
             state = SharedModel({id(c): c._attn_implementation for c in configs})
-            try:
-                undo.enter_context(eval_mode(model, modules))
-                undo.enter_context(registered_functions())
-                undo.enter_context(attn_implementation(model, IMPL, configs))
-            except BaseException:
-                undo.close()
-                raise
+            # published first and withdrawn last: a recorder that finds no SharedModel finds the configs as they were
             _SHARED[id(model)] = state
-    if held is not None:
-        yield held
-        return
+            try:
+                state.undo.enter_context(eval_mode(model, modules))
+                state.undo.enter_context(registered_functions())
+                state.undo.enter_context(attn_implementation(model, IMPL, configs))
+            except BaseException:
+                state.undo.close()
+                _SHARED.pop(id(model), None)
+                raise
+        state.holders += 1
     try:
         yield state
     finally:
-        with state.writing(), LOCK:  # once no pass of another thread still runs
-            _SHARED.pop(id(model), None)
-            undo.close()
+        with LOCK:
+            state.holders -= 1
+            last = not state.holders
+        if last:
+            alone = contextlib.ExitStack()
+            try:
+                alone.enter_context(state.writing())  # the passes still running end first; none starts meanwhile
+            finally:
+                try:
+                    with LOCK:
+                        if not state.holders and not state.closed:  # nobody joined meanwhile
+                            state.closed = True
+                            try:
+                                state.undo.close()
+                            finally:
+                                _SHARED.pop(id(model), None)
+                finally:
+                    alone.close()
 
 
 def model_configs(model, modules: list | None = None) -> list[Any]:

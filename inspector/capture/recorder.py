@@ -96,8 +96,9 @@ class Recorder:
         self.padding: dict[str, list[list[bool]]] = {}  # per role, per batch row: which tokens are padding
         # configs whose model ran sdpa before the capture: lazy calls of other modules run their eager function
         # (while concurrent_captures holds the model, its configs name the recording attention: it kept theirs)
-        shared = shared_model(model)
-        before = shared.original if shared is not None else {id(c): c._attn_implementation for c in self.configs}
+        with LOCK:  # read at once with the set-up (concurrent_captures changes both under LOCK)
+            shared = shared_model(model)
+            before = shared.original if shared is not None else {id(c): c._attn_implementation for c in self.configs}
         self.sdpa_configs = {id(c) for c in self.configs if before.get(id(c)) == "sdpa"}
         self.model_sdpa = id(model.config) in self.sdpa_configs
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
@@ -573,9 +574,10 @@ def record(
     if recorder.layers is None and recorder.site_patterns is None:
         recorder.stop_order = getattr(forward_sums, "stop_order", None)
     shared = shared_model(model)
-    alone = shared is None or bool(options.value_norms)  # value norms hook every projection: no other pass may run
     try:
-        with _pass_hold(model, recorder, shared, alone), torch.no_grad(), recorder.projections.watching(recorder.tensors):
+        # value norms hook every projection: no other pass may run beside them
+        with _pass_hold(model, recorder, shared, bool(options.value_norms)) as alone, torch.no_grad(), \
+                recorder.projections.watching(recorder.tensors):
             token = ACTIVE.set(recorder)
             stopped = False
             try:
@@ -606,16 +608,20 @@ def record(
 
 @contextlib.contextmanager
 def _pass_hold(model, recorder: Recorder, shared: SharedModel | None, alone: bool):
-    """What one recording pass holds: without :func:`~inspector.capture.interface.concurrent_captures`, :data:`LOCK`
-    and the model pointed at the recording attention for the pass; within it, the shared set-up (alongside other
-    threads' passes, or ``alone``)."""
-    if shared is not None:
-        with shared.writing() if alone else shared.reading():
-            yield
-        return
-    with LOCK, eval_mode(model, [m for _, m in recorder.walk]), registered_functions(), \
-            attn_implementation(model, IMPL, recorder.configs):
-        yield
+    """What one recording pass holds, yielding whether it runs alone (nothing else changes or runs the model beside
+    it): without :func:`~inspector.capture.interface.concurrent_captures` (or once its set-up is undone),
+    :data:`LOCK` and the model pointed at the recording attention for the pass (alone); within it, the shared
+    set-up, beside other threads' passes or, with ``alone``, by itself."""
+    with contextlib.ExitStack() as held:
+        if shared is not None:
+            held.enter_context(shared.writing() if alone else shared.reading())
+        if shared is None or shared.closed:
+            held.enter_context(LOCK)
+            held.enter_context(eval_mode(model, [m for _, m in recorder.walk]))
+            held.enter_context(registered_functions())
+            held.enter_context(attn_implementation(model, IMPL, recorder.configs))
+            alone = True
+        yield alone
 
 
 def _second_pass(model, model_kwargs, roles, options: CaptureOptions, recorder: Recorder, missing: list,

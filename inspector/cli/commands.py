@@ -833,7 +833,7 @@ def add_corpus_commands(sub) -> None:
     p.add_argument("--workers", type=positive_int,
                    help="with --engine ray, Ray actors holding the model (default: one per GPU, else one per node); "
                         "with the local engine, batches reduced at once in threads sharing the torch threads "
-                        "(default: 2 on a CPU, 1 on a GPU or with --routes)")
+                        "(default: 2 on a CPU where torch has two threads or more, else 1; 1 on a GPU or with --routes)")
     p.add_argument("--exclude-special", action="store_true", help="as in `inspector rank`")
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")

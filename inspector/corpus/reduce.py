@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ import torch
 from inspector.capture.inputs import TOKENIZER_LOCK
 from inspector.corpus.documents import Document, error_line
 from inspector.corpus.forward_sums import ForwardSums, StopPlan
+from inspector.errors import InspectorError
 from inspector.intervene.routes import THRESHOLD
 from inspector.store.masks import leading_padding
 
@@ -484,6 +486,18 @@ def default_workers(model, options: Options = Options(), prefetch: bool | None =
     return max(1, min(WORKERS, torch.get_num_threads()))
 
 
+def check_workers(workers) -> int:
+    """``workers`` as an int (a NumPy integer too) if it is a whole number of at least 1, else
+    :class:`InspectorError` naming the fix."""
+    try:
+        n = operator.index(workers) if not isinstance(workers, bool) else None
+    except TypeError:
+        n = None
+    if n is None or n < 1:
+        raise InspectorError(f"--workers must be a whole number of at least 1, not {workers!r}")
+    return int(n)
+
+
 def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,
                   options: Options = Options(), prefetch: bool | None = None,
                   workers: int | None = None) -> Iterator[BatchResult]:
@@ -493,7 +507,14 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
     ``workers`` (default :func:`default_workers`) above 1 reduces that many batches at once, each in a thread of
     its own: the model is shared (:func:`~inspector.capture.interface.concurrent_captures`), the torch threads are
     divided between the workers for the scan (``torch.set_num_threads``, restored after; on a CPU) and at most
-    ``workers`` batches are in memory beside the one being committed. The rows are those of one worker.
+    ``workers`` batches are in memory beside the one being committed. The rows are those of one worker. Each
+    worker gets ``torch.get_num_threads() // workers`` threads (at least one: 3 threads make 2 workers of 1).
+    With route rows (``options.routes``) each document's route pass changes the model (hooks) and runs alone
+    (:func:`~inspector.capture.interface.model_alone`), so more workers gain little there. Until the generator is
+    exhausted or closed (also while it is paused between batches) the model is held as
+    :func:`~inspector.capture.interface.concurrent_captures` says (its configs name the recording attention,
+    evaluation mode) and torch has the divided thread count: exhaust or ``close()`` it before using the model or
+    torch otherwise. Raises :class:`InspectorError` for a ``workers`` that is not a whole number of at least 1.
 
     With one worker and ``prefetch`` the next batch is captured in a background thread while this one is analysed
     (torch releases the GIL in its kernels; on a GPU the forward pass then overlaps the analysis, which
@@ -502,7 +523,7 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
     their torch thread pool (measured slower: ``benchmarks/scan.py``), and the rank sums are taken in the
     forward pass anyway (:mod:`inspector.corpus.forward_sums`).
     """
-    workers = default_workers(model, options, prefetch) if workers is None else workers
+    workers = default_workers(model, options, prefetch) if workers is None else check_workers(workers)
     if prefetch is None:
         prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
     plan = StopPlan.of(model)  # kept per model: a shape learned by an earlier scan of this model is not learned again

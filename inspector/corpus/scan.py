@@ -19,7 +19,7 @@ from typing import Any
 from inspector.corpus import folder as folder_mod
 from inspector.corpus.documents import Corpus, Document, Fields
 from inspector.corpus.folder import Committer, ScanFolder, corpus_sha256
-from inspector.corpus.reduce import Options, local_batches
+from inspector.corpus.reduce import Options, check_workers, local_batches
 from inspector.errors import InspectorError
 
 
@@ -65,8 +65,8 @@ def scan_meta(corpus: Corpus, model_name: str, options: Options) -> dict[str, An
 def _check_arguments(batch_size: int, engine: str, ray_address: str | None, workers: int | None = None) -> None:
     if batch_size < 1:
         raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise InspectorError(f"--workers must be a whole number of at least 1, not {workers!r}")
+    if workers is not None:
+        check_workers(workers)
     if engine not in ("local", "ray"):
         raise InspectorError(f"unknown engine {engine!r}: use local or ray")
     if ray_address and engine != "ray":
@@ -146,9 +146,10 @@ def scan(
 
     ``loaded`` (a :class:`~inspector.capture.models.LoadedModel`) reuses a model already in memory for the
     local engine; ``workers`` the Ray engine's actors, or the local engine's worker threads, each reducing a batch of
-    its own on its share of the torch threads (default: :func:`~inspector.corpus.reduce.default_workers`, two on a
-    CPU); ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
-    torch threads; ``prefetch`` makes the local engine capture the next batch while it analyses this one
+    its own on its share of the torch threads (default: :func:`~inspector.corpus.reduce.default_workers`: two on a
+    CPU where torch has two threads or more, else one; one on a GPU, with route rows or with ``prefetch`` True);
+    ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
+    torch threads; ``prefetch`` makes a local engine of one worker capture the next batch while it analyses this one
     (True; at most two batches' captures in memory) or capture and analyse in turn (False); by default
     (None) it is on for a model on a GPU and off on the CPU (:func:`~inspector.corpus.reduce.local_batches`); ``status`` (a function of one line) is told
     when the model starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder (a

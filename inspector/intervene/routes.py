@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from inspector.capture.inputs import encode
+from inspector.capture.inputs import TOKENIZER_LOCK, encode
+from inspector.capture.interface import model_alone
 from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
@@ -227,13 +228,16 @@ def record(model, tokenizer, text: str, target: str | Output | None = None) -> G
     stacks = _resolve_stacks(model)
     said = Output.coerce(target)
     target, target_ids = said.text, said.id_lists
-    encode(model, tokenizer, text, target, target_ids=target_ids)  # user mistakes before the hooks go on
-    handles = _hooks(model, stacks)
-    try:
-        cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=False, value_norms=False)
-    finally:
-        for h in handles:
-            h.remove()
+    # the hooks see every pass of the model: where concurrent_captures shares it between threads, this pass runs
+    # alone (model_alone); the tokenizer is one object for every thread
+    with model_alone(model), TOKENIZER_LOCK:
+        encode(model, tokenizer, text, target, target_ids=target_ids)  # user mistakes before the hooks go on
+        handles = _hooks(model, stacks)
+        try:
+            cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=False, value_norms=False)
+        finally:
+            for h in handles:
+                h.remove()
     cap.output = None
     for st in stacks.values():
         for b, out in st.outputs.items():

@@ -35,7 +35,7 @@ import torch
 
 from inspector.capture.banded import pseudo_records
 from inspector.capture.inputs import Encoded
-from inspector.capture.interface import eval_mode
+from inspector.capture.interface import eval_mode, model_alone
 from inspector.capture.recorder import (
     ACTIVE,
     IMPL,
@@ -235,29 +235,30 @@ def seam(model, s: Seam):
     """Route every attention call of ``model`` through ``s`` for the duration (restored on exit): calls of
     transformers' attention interface, and the per-head outputs of the long-document modules
     :mod:`inspector.intervene.long_sites` knows, where they enter their output projection."""
-    s._names = {id(m): n for n, m in model.named_modules()}
-    s._pending.clear()
-    hooks = [model.register_forward_pre_hook(s.reset_calls)]
-    encoder = model.get_encoder() if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder", False) else None
-    if encoder is not None and encoder is not model:  # generate() runs the encoder on its own
-        hooks.append(encoder.register_forward_pre_hook(s.reset_calls))
-    try:
-        points = long_sites.edit_points(model)
-        if points:
-            hooks.append((encoder if encoder is not None else model).register_forward_pre_hook(s.note_source, with_kwargs=True))
-        for p in points:
-            hooks.append(p.module.register_forward_pre_hook(functools.partial(s.long_call, p), with_kwargs=True))
-            hooks.append(p.proj.register_forward_pre_hook(functools.partial(s.long_edit, p), with_kwargs=True))
-        with LOCK, registered_functions(), attn_implementation(model, IMPL):
-            token = ACTIVE.set(s)
-            try:
-                yield s
-            finally:
-                ACTIVE.reset(token)
-    finally:
-        for h in hooks:
-            h.remove()
+    with model_alone(model):  # its hooks see every pass: where threads share the model, it runs alone
+        s._names = {id(m): n for n, m in model.named_modules()}
         s._pending.clear()
+        hooks = [model.register_forward_pre_hook(s.reset_calls)]
+        encoder = model.get_encoder() if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder", False) else None
+        if encoder is not None and encoder is not model:  # generate() runs the encoder on its own
+            hooks.append(encoder.register_forward_pre_hook(s.reset_calls))
+        try:
+            points = long_sites.edit_points(model)
+            if points:
+                hooks.append((encoder if encoder is not None else model).register_forward_pre_hook(s.note_source, with_kwargs=True))
+            for p in points:
+                hooks.append(p.module.register_forward_pre_hook(functools.partial(s.long_call, p), with_kwargs=True))
+                hooks.append(p.proj.register_forward_pre_hook(functools.partial(s.long_edit, p), with_kwargs=True))
+            with LOCK, registered_functions(), attn_implementation(model, IMPL):
+                token = ACTIVE.set(s)
+                try:
+                    yield s
+                finally:
+                    ACTIVE.reset(token)
+        finally:
+            for h in hooks:
+                h.remove()
+            s._pending.clear()
 
 
 @contextlib.contextmanager
