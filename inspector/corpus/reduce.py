@@ -470,6 +470,11 @@ def _cut(chunk: list[Document], size: int, tokenizer=None) -> Iterator[list[Docu
         yield ordered[i:i + size]
 
 
+def _on_cpu(model) -> bool:
+    """Whether ``model`` runs on the CPU (read from its first parameter; a model without any counts as on the CPU)."""
+    return all(p.device.type == "cpu" for p in list(model.parameters())[:1])
+
+
 WORKERS = 2  # the local engine's worker threads on a CPU by default (each with half the torch threads)
 
 
@@ -480,8 +485,7 @@ def default_workers(model, options: Options = Options(), prefetch: bool | None =
     ``benchmarks/scan.py``: on 2 CPUs, short clauses run faster two at a time on one thread each than one at a
     time on both (the per-batch work outside the matrix products, which one thread does, overlaps the other
     batch's forward pass)."""
-    on_gpu = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
-    if on_gpu or options.routes or prefetch:
+    if not _on_cpu(model) or options.routes or prefetch:
         return 1
     return max(1, min(WORKERS, torch.get_num_threads()))
 
@@ -525,7 +529,7 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
     """
     workers = default_workers(model, options, prefetch) if workers is None else check_workers(workers)
     if prefetch is None:
-        prefetch = any(p.device.type != "cpu" for p in list(model.parameters())[:1])
+        prefetch = not _on_cpu(model)
     plan = StopPlan.of(model)  # kept per model: a shape learned by an earlier scan of this model is not learned again
     if workers > 1:
         yield from _threaded(model, tokenizer, length_batches(docs, batch_size, tokenizer=tokenizer), options, plan,
@@ -570,8 +574,7 @@ def _threaded(model, tokenizer, batches: Iterable[list[Document]], options: Opti
 
     from inspector.capture.interface import concurrent_captures
 
-    on_cpu = all(p.device.type == "cpu" for p in list(model.parameters())[:1])
-    per = max(1, torch.get_num_threads() // workers) if on_cpu else torch.get_num_threads()
+    per = max(1, torch.get_num_threads() // workers) if _on_cpu(model) else torch.get_num_threads()
     pending: collections.deque = collections.deque()
     with concurrent_captures(model), torch_threads(per):
         pool = ThreadPoolExecutor(workers, thread_name_prefix="inspector-scan")
