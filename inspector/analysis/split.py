@@ -250,6 +250,7 @@ def site_splits(capture: Capture, lookup: Lookup, *, sites: str | list[Site] = "
     problems: list[str] = []
     hidden = 0  # sites where the query and referents are found but its mask hides every referent from it
     missing_query: list[str] = []  # sites whose query axis lacks the query: said only when no site has it
+    layouts: dict = {}  # the referents' layout and indicators per key axis, shared by the sites that read it
     for site in candidates:
         ax = placement.at(site)
         if query_index is None and not _query_on_axis(placement, site, None):
@@ -266,7 +267,7 @@ def site_splits(capture: Capture, lookup: Lookup, *, sites: str | list[Site] = "
             continue
         try:
             found = referent_split(capture, site, list(occ.positions), ref_pos, batch=batch, rule=rule,
-                                   weighting=weighting)
+                                   weighting=weighting, layouts=layouts)
         except NothingVisible:
             problems.append(nothing_visible_message(capture, site))
             hidden += 1
@@ -638,10 +639,13 @@ def _check_visible(vis: torch.Tensor, referents: dict[str, list[int]]) -> None:
 
 
 def referent_split(capture: Capture, site: Site, query_positions: list[int], referents: dict[str, list[int]], *,
-                   batch: int = 0, rule: SplitRule = SplitRule(), weighting: str = "attention") -> ReferentSplit:
+                   batch: int = 0, rule: SplitRule = SplitRule(), weighting: str = "attention",
+                   layouts: dict | None = None) -> ReferentSplit:
     """Each of the query's rows over the referents at ``site``, with each row's chance (one read of the
-    rows ``min..max`` of the query positions), through :func:`split_statistics` as a batch of one. Raises
-    ``NothingVisible`` when no referent key is visible to any of the rows."""
+    rows ``min..max`` of the query positions), through :func:`split_statistics` as a batch of one. ``layouts``:
+    a dict a caller shares between the sites of one question, so that the referents' :class:`ReferentLayout` and
+    :class:`ReferentKeys` on a key axis are built once, not once per site. Raises ``NothingVisible`` when no
+    referent key is visible to any of the rows."""
     q_pos = list(query_positions)
     lo, hi = min(q_pos), max(q_pos) + 1
     idx = [p - lo for p in q_pos]
@@ -650,9 +654,13 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
     w = query_rows(capture, site, q_pos, batch=batch, weighting=weighting, value_norm=vn)  # [head, row, key]
     vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
     _check_visible(vis, referents)
-    layout = ReferentLayout(referents, capture.tokens(site, "key", batch))
-    stats = split_statistics(w[None], vis[None], referent_keys([layout], site.key_len), rule,
-                             value_norm=None if vn is None else vn[None])
+    memo = {} if layouts is None else layouts
+    at = (tuple(site.key_input), site.key_len, batch, tuple((r, tuple(p)) for r, p in referents.items()))
+    if at not in memo:
+        layout = ReferentLayout(referents, capture.tokens(site, "key", batch))
+        memo[at] = (layout, referent_keys([layout], site.key_len))
+    layout, keys = memo[at]
+    stats = split_statistics(w[None], vis[None], keys, rule, value_norm=None if vn is None else vn[None])
     return ReferentSplit(site=site, query_positions=q_pos, referents=layout.referents, layout=layout, stats=stats,
                          rule=rule, weighting=weighting)
 

@@ -166,26 +166,36 @@ class Capture:
         return sorted({r.role for r in self.inputs}, key=lambda r: (r != "source", r))
 
     def axis(self, site: Site | str, which: str = "query", batch: int = 0) -> list[tuple[InputRecord, int]]:
-        """(record, index in record) for each position of the site's query or key axis."""
-        site = self.site(site) if isinstance(site, str) else site
-        roles = site.query_input if which == "query" else site.key_input
-        out = []
-        for role in roles:
-            rec = self.records(role, batch)
-            out += [(rec, i) for i in range(len(rec.ids))]
-        return out
+        """(record, index in record) for each position of the site's query or key axis (a new list)."""
+        return list(self._axis(site, which, batch)[0])
 
     def tokens(self, site: Site | str, which: str = "query", batch: int = 0) -> list[str]:
         """The token texts along the site's ``which`` axis (``query`` or ``key``) of batch row ``batch``,
         one per position (its roles' tokens in order)."""
-        return [rec.tokens[i] for rec, i in self.axis(site, which, batch)]
+        return list(self._axis(site, which, batch)[1])
 
     def flags(self, site: Site | str, which: str = "query", batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(special, padding) boolean vectors along an axis."""
-        ax = self.axis(site, which, batch)
-        special = torch.tensor([rec.special[i] for rec, i in ax], dtype=torch.bool)
-        padding = torch.tensor([rec.padding[i] for rec, i in ax], dtype=torch.bool)
-        return special, padding
+        """(special, padding) boolean vectors ``[position]`` along an axis (new tensors the caller may change)."""
+        _, _, special, padding = self._axis(site, which, batch)
+        return special.clone(), padding.clone()
+
+    def _axis(self, site: Site | str, which: str, batch: int) -> tuple:
+        """``(axis, tokens, special, padding)`` of an axis, built once per (roles, batch row): every site of a
+        stack reads the same axis, and an analysis reads it once per site. The records are not changed after
+        the capture is made (the padding cache and the mask rows assume the same)."""
+        site = self.site(site) if isinstance(site, str) else site
+        roles = tuple(site.query_input if which == "query" else site.key_input)
+        cache = self.__dict__.setdefault("_axis_cache", {})
+        if (roles, batch) not in cache:
+            ax: list[tuple[InputRecord, int]] = []
+            for role in roles:
+                rec = self.records(role, batch)
+                ax += [(rec, i) for i in range(len(rec.ids))]
+            tokens = tuple(rec.tokens[i] for rec, i in ax)
+            special = torch.tensor([rec.special[i] for rec, i in ax], dtype=torch.bool)
+            padding = torch.tensor([rec.padding[i] for rec, i in ax], dtype=torch.bool)
+            cache[(roles, batch)] = (tuple(ax), tokens, special, padding)
+        return cache[(roles, batch)]
 
     # ---- tensors --------------------------------------------------------------------------
     def has(self, site: Site | str, part: str) -> bool:
@@ -284,10 +294,7 @@ class Capture:
     def _padding(self, site: Site, which: str, batch: int) -> torch.Tensor:
         """The padding flags along an axis (cached: rows are checked on every read)."""
         roles = tuple(site.query_input if which == "query" else site.key_input)
-        cache = self.__dict__.setdefault("_pad_cache", {})
-        if (roles, batch) not in cache:
-            cache[(roles, batch)] = self.flags(site, which, batch)[1]
-        return cache[(roles, batch)]
+        return self._axis(site, which, batch)[3]
 
     def _rows(self, name: str, batch: int, heads: list[int], rows: slice, num_heads: int) -> torch.Tensor:
         """``[head, row, ...]`` of a stored ``[batch, head, row, ...]`` tensor as a new float32 tensor (never
