@@ -292,8 +292,7 @@ class Capture:
         return self.tensors.slice(name, (slice(b, b + 1),))[0].bool()
 
     def _padding(self, site: Site, which: str, batch: int) -> torch.Tensor:
-        """The padding flags along an axis (cached: rows are checked on every read)."""
-        roles = tuple(site.query_input if which == "query" else site.key_input)
+        """The padding flags along an axis (the cached tensor itself, not a copy: rows are checked on every read)."""
         return self._axis(site, which, batch)[3]
 
     def _rows(self, name: str, batch: int, heads: list[int], rows: slice, num_heads: int) -> torch.Tensor:
