@@ -67,18 +67,50 @@ def test_split_heads_builds_one_layout_per_key_axis_and_each_site_reads_its_own(
     key_axes = {(tuple(s.key_input), s.key_len) for s in sites.values()}
     assert len(sites) > len(key_axes) >= 2  # BART: the query in the source and in the output, two key axes
     assert len(built) == len(key_axes)
-    # each site's rows equal that site's split made alone, with nothing shared
-    placement = place(bart, Lookup(query="indemnify", referents=("Lessee", "Lessor")), 0, sites=list(sites.values()))
+    _each_site_is_its_own_split(bart, df, Lookup(query="indemnify", referents=("Lessee", "Lessor")))
+
+
+def _each_site_is_its_own_split(cap, df, lookup, weighting="attention", batch=0):
+    """Each site's rows of ``df`` (split_heads) equal that site's split made alone, with nothing shared."""
+    sites = {s.name: s for s in cap.sites if s.name in set(df["site"])}
+    placement = place(cap, lookup, batch, sites=list(sites.values()))
     for name, site in sites.items():
         ax = placement.at(site)
-        alone = split.referent_split(bart, site, list(ax.picked().positions), ax.referent_positions())
+        alone = split.referent_split(cap, site, list(ax.picked().positions), ax.referent_positions(), batch=batch,
+                                     weighting=weighting)
         got = df[df["site"] == name].sort_values("head")
         want = pd.DataFrame(alone.columns())
         for column in want.columns:
             if column in ("row_split_scores", "rows_flagged"):
-                assert [list(x) for x in got[column]] == [list(x) for x in want[column]], column
+                assert [list(x) for x in got[column]] == [list(x) for x in want[column]], (name, column)
             elif want[column].dtype.kind == "f":
-                assert torch.allclose(torch.tensor(got[column].to_numpy(float)), torch.tensor(want[column].to_numpy(float)),
-                                      rtol=0, atol=0), column
+                assert torch.equal(torch.tensor(got[column].to_numpy(float)), torch.tensor(want[column].to_numpy(float))), \
+                    (name, column)
             else:
-                assert got[column].tolist() == want[column].tolist(), column
+                assert got[column].tolist() == want[column].tolist(), (name, column)
+
+
+@pytest.mark.parametrize("weighting", ["attention", "value-norm"])
+def test_two_key_axes_with_the_referents_at_the_same_positions_keep_their_own_layouts(tokenizer, weighting):
+    # source and target of one length, the referents given as token indices: the same positions on the source
+    # (cross-attention's keys) and on the target (the decoder's own keys), other tokens at them
+    cap = capture(tiny.build("bart"), tokenizer, "The Lessee shall indemnify the Lessor.",
+                  "The Lessor shall indemnify Lessee.")
+    assert len(cap.records("source").ids) == len(cap.records("target").ids)
+    df = analysis.split_heads(cap, "indemnify", ["@2", "@6"], query_role="target", weighting=weighting)
+    assert {s.kind for s in cap.sites if s.name in set(df["site"])} >= {"cross", "causal"}
+    _each_site_is_its_own_split(cap, df, Lookup(query="indemnify", referents=("@2", "@6"), query_role="target"),
+                                weighting=weighting)
+
+
+def test_each_batch_row_reads_its_own_axis(tokenizer):
+    cap = capture(tiny.build("bert"), tokenizer, ["The Lessee shall indemnify the Lessor.", "Lessor pays the Lessee."])
+    rows = [cap.records("source", b) for b in (0, 1)]
+    assert rows[0].padding != rows[1].padding  # rows of different lengths: the shorter one is padded
+    for site in cap.sites:
+        for b in (0, 1, 0):  # row 0 read first, then row 1, then row 0 again
+            assert cap.tokens(site, "key", b) == list(rows[b].tokens)
+            assert cap.flags(site, "key", b)[1].tolist() == [bool(x) for x in rows[b].padding]
+            assert cap.flags(site, "query", b)[0].tolist() == [bool(x) for x in rows[b].special]
+    df = analysis.split_heads(cap, "Lessee", ["Lessor", "pays"], batch=1)
+    _each_site_is_its_own_split(cap, df, Lookup(query="Lessee", referents=("Lessor", "pays")), batch=1)

@@ -643,9 +643,9 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
                    layouts: dict | None = None) -> ReferentSplit:
     """Each of the query's rows over the referents at ``site``, with each row's chance (one read of the
     rows ``min..max`` of the query positions), through :func:`split_statistics` as a batch of one. ``layouts``:
-    a dict a caller shares between the sites of one question, so that the referents' :class:`ReferentLayout` and
-    :class:`ReferentKeys` on a key axis are built once, not once per site. Raises ``NothingVisible`` when no
-    referent key is visible to any of the rows."""
+    a dict a caller shares between the sites of one question on one capture (never across captures), so that
+    the referents' :class:`ReferentLayout` and :class:`ReferentKeys` on a key axis are built once, not once per
+    site. Raises ``NothingVisible`` when no referent key is visible to any of the rows."""
     q_pos = list(query_positions)
     lo, hi = min(q_pos), max(q_pos) + 1
     idx = [p - lo for p in q_pos]
