@@ -472,7 +472,8 @@ def _cut(chunk: list[Document], size: int, tokenizer=None) -> Iterator[list[Docu
 
 def _on_cpu(model) -> bool:
     """Whether ``model`` runs on the CPU (read from its first parameter; a model without any counts as on the CPU)."""
-    return all(p.device.type == "cpu" for p in list(model.parameters())[:1])
+    first = next(iter(model.parameters()), None)
+    return first is None or first.device.type == "cpu"
 
 
 WORKERS = 2  # the local engine's worker threads on a CPU by default (each with half the torch threads)
