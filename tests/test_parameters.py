@@ -20,6 +20,8 @@ ENTRY = "public entry point: each keyword is a documented option of its own (a C
 ALLOWED = {
     "corpus/scan.py:scan": ENTRY + " (fields, reduction options as one Options value, engine, Ray's address, "
                                    "workers and CPUs, device, progress)",
+    "investigate/evaluation.py:evaluate": ENTRY + " (the evaluation as one Evaluation value, fields, batch size, "
+                                                  "device, remote code, progress, a loaded model, status), as scan's",
     "intervene/sources.py:sources": ENTRY + " (ContextCite's ablations, alpha, seed, mode, span, batch size)",
     "intervene/attribution.py:attribute": ENTRY + " (methods and integrated gradients' steps, batch and memory budget)",
     "analysis/split.py:split_heads": ENTRY + "; investigations call it once with a Question's fields (split_for)",

@@ -633,6 +633,10 @@ def cmd_scan(args) -> int:
     _check_scan(args, out)  # before torch and pandas load (issue 28)
     fields = Fields(text=args.text_field, target=args.target_field, query=args.query_field,
                     referents=args.referents_field, id=args.id_field, occurrence=args.occurrence_field)
+    from inspector.cli import evaluate
+
+    if evaluate.asked(args):  # a contrast per document: the verdict over an evaluation set
+        return evaluate.run_scan(args, data, fields)
     if args.demo is not None:
         if data is not None:
             raise InspectorError("--demo scans the generated lease corpus: drop DATA, or drop --demo to scan DATA")
@@ -777,6 +781,10 @@ def cmd_corpus(args) -> int:
     check_output_arg(args.csv, "--csv")
     if args.app:
         return _run_corpus_page(args)
+    from inspector.cli import evaluate
+
+    if evaluate.corpus_asked(args, out):
+        return evaluate.run_corpus(args)  # the verdict over an evaluation set: its views
     import pandas as pd
 
     from inspector.corpus import queries as corpus
@@ -844,6 +852,9 @@ def add_corpus_commands(sub) -> None:
     p.add_argument("--demo", type=int, nargs="?", const=300, metavar="N",
                    help="scan N generated lease clauses (default 300), written to OUT/demo-corpus.jsonl")
     add_rows_options(p, "heads shown at the end", default=10, full=None)
+    from inspector.cli import evaluate
+
+    evaluate.add_scan_options(p)
     p.set_defaults(func=cmd_scan)
 
     p = sub.add_parser("corpus", help="per-head statistics over a scanned corpus (DuckDB)")
@@ -854,6 +865,7 @@ def add_corpus_commands(sub) -> None:
     add_rows_options(p)
     p.add_argument("--app", action="store_true", help="browse it in the Corpus page of the app instead")
     p.add_argument("--port", type=int, default=8501, help="port of the Corpus page (with --app)")
+    evaluate.add_corpus_options(p)
     p.set_defaults(func=cmd_corpus)
 
 

@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,10 @@ CHUNK = 1024  # rows read at a time from CSV, Parquet and datasets files
 
 @dataclass(frozen=True)
 class Fields:
-    """Column names. ``text`` is required; the others are optional (None: not used)."""
+    """Column names. ``text`` is required; the others are optional (None: not used). ``extra``: more columns a
+    reader of the documents needs, as ``(option, column)`` pairs (e.g. ``("right-field", "gold")``: the evaluation
+    scan's contrast and reference columns, :mod:`inspector.investigate.evaluation`); each document holds their
+    values in :attr:`Document.extra`. They are not part of :meth:`to_dict` (whoever reads them records them)."""
 
     text: str = "text"
     target: str | None = None
@@ -34,10 +37,13 @@ class Fields:
     referents: str | None = None
     id: str | None = None
     occurrence: str | None = None
+    extra: tuple[tuple[str, str], ...] = ()
 
     def used(self) -> list[str]:
-        """The corpus columns these fields name (text, target, query, referents, id, occurrence), set ones only."""
-        return [c for c in (self.text, self.target, self.query, self.referents, self.id, self.occurrence) if c]
+        """The corpus columns these fields name (text, target, query, referents, id, occurrence, then the extra
+        ones), set ones only."""
+        named = [c for c in (self.text, self.target, self.query, self.referents, self.id, self.occurrence) if c]
+        return named + [c for _, c in self.extra if c not in named]
 
     def to_dict(self) -> dict[str, str | None]:
         """The field-to-column names as a dict (None where a field is not given), as the scan's manifest stores them."""
@@ -57,6 +63,7 @@ class Document:
     referents: list[str] | None = None
     occurrence: int | None = None
     problem: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # the values of Fields.extra's columns, by column name
 
 
 def kind_of(path: Path) -> str:
@@ -250,6 +257,9 @@ def field_option(fields: Fields, column: str) -> str:
     for name, value in fields.to_dict().items():
         if value == column:
             return f"{name}-field"
+    for option, value in fields.extra:
+        if value == column:
+            return option
     return "text-field"
 
 
@@ -289,6 +299,7 @@ def to_document(i: int, row: dict[str, Any] | str, fields: Fields) -> Document:
     for step in steps:
         problem = step(doc, row, fields)
         doc.problem = doc.problem or problem
+    doc.extra = {c: row.get(c) for _, c in fields.extra}
     return doc
 
 

@@ -176,6 +176,7 @@ def read_info(out: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]
         raise _damaged(path, "has no field 'corpus_sha256' (the corpus's content hash; an older inspector wrote this scan), "
                              "so a changed corpus could not be told apart")
     _check_info_field(path, info, "corpus_sha256", str, resume)
+    _check_info_field(path, info, "evaluation", dict, False)  # an evaluation scan's contrast and reference fields
     _check_options(path, info["options"])
     fields = info["fields"]
     for name in fields:
@@ -206,9 +207,11 @@ def _head_column_names() -> set[str]:
             *SPLIT_VERDICT_COLUMNS}
 
 
-def _check_part(path: Path, required: dict[str, str], optional: dict[str, str], known: set[str] | None) -> None:
+def _check_part(path: Path, required: dict[str, str], optional: dict[str, str], known: set[str] | None,
+                kind_of_extra=None) -> None:
     """One committed part: readable Parquet (its footer), the ``required`` columns, each column of the kind
-    given, no column a scan does not write (``known``; None: exactly ``required``)."""
+    given, no column a scan does not write (``known``; None: exactly ``required`` and ``optional``;
+    ``kind_of_extra``: a function giving the kind of a further column, or None for one not written)."""
     import pyarrow.parquet as pq
 
     fix = f"delete it and {path.parent.parent.name}/{'heads' if path.parent.name == '_documents' else '_documents'}/{path.name}, "           "then resume the scan to redo its documents, or scan into a new folder"
@@ -221,7 +224,7 @@ def _check_part(path: Path, required: dict[str, str], optional: dict[str, str], 
         if name not in names:
             raise InspectorError(f"{path} has no column {name!r}: {fix}")
     for name, tp in zip(names, schema.types, strict=True):
-        want = required.get(name) or optional.get(name)
+        want = required.get(name) or optional.get(name) or (kind_of_extra(name) if kind_of_extra else None)
         got = _kind(tp)
         if want is None and not (known is not None and (name in known or name.startswith("referent_"))):
             raise InspectorError(f"{path} has a column {name[:60]!r} that no scan writes: {fix}")
@@ -232,13 +235,31 @@ def _check_part(path: Path, required: dict[str, str], optional: dict[str, str], 
 def check_parts(out: str | os.PathLike) -> None:
     """Every committed part of the scan in ``out`` readable, with the columns and types a scan writes
     (``_documents``: exactly id, row, tokens, status, error; ``heads``: the key and entropy columns, and only
-    columns of the rank and split analyses and of ``--routes``). Raises InspectorError naming the part, column and fix."""
+    columns of the rank and split analyses and of ``--routes``; an evaluation scan's, those of
+    :mod:`inspector.corpus.verdicts`). Raises InspectorError naming the part, column and fix."""
     out = Path(out)
+    if _evaluation_scan(out):
+        from inspector.corpus import verdict_columns as verdicts
+
+        for p in _parts(out / "_documents").values():
+            _check_part(p, _DOC_TYPES, {}, None, verdicts.doc_column_kind)
+        for p in committed_heads(out):
+            _check_part(p, verdicts.HEAD_TYPES, verdicts.HEAD_OPTIONAL, None)
+        return
     for p in _parts(out / "_documents").values():
         _check_part(p, _DOC_TYPES, {}, None)
     known = _head_column_names()
     for p in committed_heads(out):
         _check_part(p, _HEAD_TYPES, _HEAD_OPTIONAL, known)
+
+
+def _evaluation_scan(out: Path) -> bool:
+    """Whether ``out/scan.json`` names an evaluation (its ``evaluation`` object; :func:`read_info` checks it)."""
+    try:
+        info = json.loads((out / "scan.json").read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(info, dict) and isinstance(info.get("evaluation"), dict)
 
 
 def corpus_sha256(path: str | os.PathLike) -> str:
@@ -287,7 +308,8 @@ def committed_heads(out: str | os.PathLike) -> list[Path]:
     return [p for n, p in sorted(_parts(out / "heads").items()) if n in done]
 
 
-_OTHER = {"corpus": "another corpus", "fields": "other fields", "model": "another model", "options": "other options"}
+_OTHER = {"corpus": "another corpus", "fields": "other fields", "model": "another model", "options": "other options",
+          "evaluation": "another evaluation (contrast, reference, output or variants)"}
 # the command-line option that sets each entry of scan.json's "fields" and "options" (None: no option sets it)
 _FLAGS = {"fields": {f: f"--{f}-field" for f in FIELD_NAMES},
           "options": {"exclude_special": "--exclude-special", "min_split": "--min-split", "min_mass": "--min-mass",
@@ -343,7 +365,7 @@ class ScanFolder:
             self.moved = old.get("corpus") != meta.get("corpus") and "corpus_sha256" in meta \
                 and old.get("corpus_sha256") == meta["corpus_sha256"]
             other = [f"{_OTHER[key]} ({differences(key, old.get(key), meta.get(key))})"
-                     for key in ("corpus", "fields", "model", "options")
+                     for key in ("corpus", "fields", "model", "options", "evaluation")
                      if old.get(key) != meta.get(key) and not (key == "corpus" and self.moved)]
             if other:
                 raise InspectorError(f"{self.out} holds a scan with {' and '.join(other)}; "

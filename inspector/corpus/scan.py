@@ -122,6 +122,21 @@ def _commit_all(folder: ScanFolder, results, bar) -> tuple[int, int]:
     return scanned, errors
 
 
+def pending_documents(corpus: Corpus, done: set[str]) -> Iterator[Document]:
+    """The documents of ``corpus`` a scan has not committed (``done``: the committed ids), in corpus order; a
+    repeated id is a bad document (ids must be unique to resume). What every scan of a folder reads, the evaluation
+    scan (:mod:`inspector.investigate.evaluation`) as well."""
+    return _pending(corpus, done)
+
+
+def commit_batches(folder: ScanFolder, results, bar) -> tuple[int, int]:
+    """Commit ``results`` (objects with ``documents_table`` and ``heads_table``, Arrow tables or DataFrames) into
+    ``folder`` as they come, updating the progress ``bar`` (or None), as :func:`scan` does: the background writer
+    (:class:`~inspector.corpus.folder.Committer`), then ``documents.parquet`` rewritten even after a failure.
+    Returns (documents committed, of them with an error)."""
+    return _commit_all(folder, results, bar)
+
+
 def scan(
     data: str | os.PathLike,
     out: str | os.PathLike,

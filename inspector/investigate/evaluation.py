@@ -1,0 +1,482 @@
+"""The verdict over an evaluation set: ``inspector scan`` with a contrast per document.
+
+For every document of a corpus (:mod:`inspector.corpus.documents`) that names its contrast (``--right-field`` and
+``--wrong-field``, or ``--contrast-field RIGHT,WRONG``) and what the model said (``--output-field``, or
+``--generate N``: greedy), :func:`judge` gives
+
+* whether the model errs: its output against the reference (``--reference-field``, whitespace-normalised exact
+  match), or, without a reference, the metric's sign;
+* the contrast metric ``m = logit(RIGHT) - logit(WRONG)`` at the row that predicts the first of the two words the
+  output says (:mod:`inspector.intervene.contrast`): where the output says WRONG first (``reads`` ``wrong``), the
+  row ``debug --contrast RIGHT,WRONG`` reads; where it says RIGHT first (``reads`` ``right``: a correct
+  document's usual case), the same row read the other way round (the metric of ``WRONG,RIGHT`` negated, so that a
+  positive ``m`` always means the model prefers RIGHT there); an output that says neither has no metric;
+* every head's attribution patching estimate (:func:`inspector.intervene.effects.attribute`: one forward and one
+  backward pass) and, on the erring documents whose output says WRONG (the *judged* ones), the exact effect of
+  the top ``top`` heads by attribution (:func:`inspector.intervene.effects.exact_effects`, as ``debug --top``);
+* each head's attention signature at that row, and the verdict's ranking (:func:`inspector.investigate.verdict.
+  verdict_of`, the function ``debug`` calls): the document's top culprit is the head ``debug`` names first;
+* per variant (a rule applied to every document: the key clause quoted, moved first, restated from a column, or a
+  user's own column holding the whole text), the variant's own output generated again, whether it errs, and with
+  the original output teacher-forced on the variant, the metric and the document's top culprit's exact effect.
+
+:func:`evaluate` runs it over the corpus into a scan folder (:mod:`inspector.corpus.folder`: resumable parts and
+commit records, the same :class:`~inspector.corpus.folder.ScanFolder` and
+:class:`~inspector.corpus.folder.Committer` as the scan), with a progress bar in documents per second; a document
+the model cannot read is recorded with why (``status`` ``error``) and the scan goes on. The views over the rows
+(counts, shares, Wilson intervals) are :mod:`inspector.corpus.verdicts`'s.
+
+It lives in ``investigate`` because it reuses the single-document verdict (:func:`verdict_of`), which is above
+``corpus``; it writes through ``corpus``'s folder, and the views (pure pandas over the rows) are in ``corpus`` so
+that the report (``ui``) can call them too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inspector.errors import InspectorError
+from inspector.investigate.defaults import DEBUG_TOP
+from inspector.store.schema import HEAD_KEY
+
+QUOTE = 'the lease states : " {} "'  # the quote rule's wording: the summariser demo's (inspector.investigate.story)
+RULES = ("quote", "first", "restate:COLUMN", "column:COLUMN")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A rule applied to every document (``rule``): ``quote`` (the key clause, ``--clause-field``, put in quotes as
+    :data:`QUOTE` words it), ``first`` (the key clause moved to the front), ``restate`` (the key clause replaced by
+    the text of ``column``) or ``column`` (``column`` holds the whole variant text)."""
+
+    name: str
+    rule: str
+    column: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        """``NAME=RULE`` with RULE one of :data:`RULES`. Raises :class:`InspectorError` naming the fix."""
+        name, sep, rule = spec.partition("=")
+        name, rule = name.strip(), rule.strip()
+        if not sep or not name or not rule:
+            raise InspectorError(f"--variant {spec!r} is not NAME=RULE: e.g. --variant quoted=quote, first=first, "
+                                 "active=restate:COLUMN or mine=column:COLUMN")
+        if not name.replace("_", "").replace("-", "").isalnum():
+            raise InspectorError(f"--variant name {name!r} must be letters, digits, '-' or '_': e.g. --variant quoted=quote")
+        kind, _, column = rule.partition(":")
+        if kind in ("quote", "first") and not column:
+            return cls(name, kind)
+        if kind in ("restate", "column") and column.strip():
+            return cls(name, kind, column.strip())
+        raise InspectorError(f"--variant {spec!r}: the rule is one of {', '.join(RULES)} (COLUMN a column of the corpus)")
+
+    def apply(self, text: str, clause: Any, column: Any) -> str:
+        """The variant of ``text`` (``clause``: the document's key clause; ``column``: the rule's column's value).
+        Raises :class:`InspectorError` where the rule does not apply (no clause, or the clause not in the text)."""
+        if self.rule == "column":
+            return _text_of(column, f"column {self.column!r}")
+        clause = _text_of(clause, "the key clause (--clause-field)").strip()
+        if clause not in text:
+            raise InspectorError("the key clause (--clause-field) is not in the text, so the rule cannot apply")
+        if self.rule == "quote":
+            return text.replace(clause, QUOTE.format(clause), 1)
+        if self.rule == "first":
+            rest = " ".join(text.replace(clause, " ", 1).split())
+            return f"{clause} {rest}".strip()
+        return text.replace(clause, _text_of(column, f"column {self.column!r}").strip(), 1)
+
+    @property
+    def spec(self) -> str:
+        """``NAME=RULE`` as the command line writes it."""
+        return f"{self.name}={self.rule}" + (f":{self.column}" if self.column else "")
+
+
+def _text_of(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InspectorError(f"{what} is empty or not a text")
+    return value
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How each document is judged (module docstring): the contrast's columns (``right_field`` and
+    ``wrong_field``, or ``contrast_field`` holding ``RIGHT,WRONG`` or a list of the two), the reference's
+    (``reference_field``, or None: the metric's sign says whether the model errs), the output (``generate`` N
+    tokens, greedy, or None: the corpus's output field), the exact effects of the ``top`` heads by attribution on
+    the judged documents, the key clause's column (``clause_field``, for the ``quote`` and ``first`` rules) and the
+    ``variants``. Raises :class:`InspectorError` (one line naming the fix) for a contrast given both ways or not at
+    all, a negative ``top``, a repeated variant name, a rule without its column, or variants without a reference
+    and ``generate`` (a variant's output is generated again and judged against the reference)."""
+
+    right_field: str | None = None
+    wrong_field: str | None = None
+    contrast_field: str | None = None
+    reference_field: str | None = None
+    generate: int | None = None
+    top: int = DEBUG_TOP
+    clause_field: str | None = None
+    variants: tuple[Variant, ...] = ()
+
+    def __post_init__(self) -> None:
+        pair = self.right_field is not None or self.wrong_field is not None
+        if self.contrast_field and pair:
+            raise InspectorError("give the contrast one way: --contrast-field, or --right-field with --wrong-field")
+        if not self.contrast_field and not (self.right_field and self.wrong_field):
+            raise InspectorError("the verdict over a corpus needs each document's contrast: --right-field COLUMN and "
+                                 "--wrong-field COLUMN, or --contrast-field COLUMN (RIGHT,WRONG)")
+        if self.top < 0:
+            raise InspectorError(f"--confirm-top must be 0 or more, got {self.top}")
+        names = [v.name for v in self.variants]
+        if len(set(names)) < len(names):
+            raise InspectorError("each --variant needs its own NAME: e.g. --variant quoted=quote --variant first=first")
+        if self.variants and (self.reference_field is None or self.generate is None):
+            raise InspectorError("variants are judged by generating again against the reference: add --reference-field "
+                                 "COLUMN and --generate N")
+        if any(v.rule in ("quote", "first", "restate") for v in self.variants) and not self.clause_field:
+            raise InspectorError("the quote, first and restate rules move the key clause: name its column with --clause-field")
+
+    def extra(self) -> tuple[tuple[str, str], ...]:
+        """The corpus columns it reads besides the text and output, as ``(option, column)`` pairs
+        (:attr:`inspector.corpus.documents.Fields.extra`)."""
+        pairs = [("right-field", self.right_field), ("wrong-field", self.wrong_field),
+                 ("contrast-field", self.contrast_field), ("reference-field", self.reference_field),
+                 ("clause-field", self.clause_field)]
+        pairs += [("variant", v.column) for v in self.variants]
+        return tuple((o, c) for o, c in pairs if c)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``scan.json`` records under ``evaluation`` (a resume must give the same)."""
+        return {"right_field": self.right_field, "wrong_field": self.wrong_field, "contrast_field": self.contrast_field,
+                "reference_field": self.reference_field, "generate": self.generate, "top": self.top,
+                "clause_field": self.clause_field, "variants": [v.spec for v in self.variants]}
+
+
+# ---- one document ------------------------------------------------------------------------------
+@dataclass
+class _Measured:
+    """What :func:`inspector.investigate.verdict.verdict_of` reads of a "Does it matter?" result."""
+
+    effects: Any
+    metric: float
+    definition: str
+    row: int | None
+
+
+def contrast_of(doc, ev: Evaluation) -> tuple[str, str]:
+    """``(RIGHT, WRONG)`` of one document, from its contrast column(s). Raises :class:`InspectorError` naming the
+    column for a missing or malformed contrast."""
+    from inspector.corpus.documents import parse_referents
+    from inspector.store.specs import contrast_words
+
+    if ev.contrast_field:
+        value = doc.extra.get(ev.contrast_field)
+        try:
+            words = parse_referents(value)
+        except ValueError as exc:
+            raise InspectorError(f"contrast column {ev.contrast_field!r}: {exc}") from None
+        if not words or len(words) != 2:
+            raise InspectorError(f"contrast column {ev.contrast_field!r} must hold RIGHT,WRONG (two words), not {value!r}")
+        return contrast_words(tuple(words))
+    right, wrong = doc.extra.get(ev.right_field), doc.extra.get(ev.wrong_field)
+    for value, column in ((right, ev.right_field), (wrong, ev.wrong_field)):
+        if not isinstance(value, str) or not value.strip():
+            raise InspectorError(f"no contrast word in column {column!r}: every document needs RIGHT and WRONG")
+    return contrast_words((right.strip(), wrong.strip()))
+
+
+def normalised(text: str) -> str:
+    """``text`` with runs of whitespace as one space and none at either end: how outputs and references compare."""
+    return " ".join(str(text).split())
+
+
+def first_word(said: str, right: str, wrong: str) -> str:
+    """``wrong``, ``right`` or ``neither``: which of the two words ``said`` says first (whole-word, case-sensitive,
+    :func:`inspector.store.words.matches`)."""
+    from inspector.store.words import matches
+
+    r, w = matches(said, right), matches(said, wrong)
+    if not r and not w:
+        return "neither"
+    if w and (not r or w[0][0] <= r[0][0]):
+        return "wrong"
+    return "right"
+
+
+def _decode(tokenizer, ids) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def generated(loaded, text: str, n: int):
+    """The model's greedy output of up to ``n`` tokens for ``text``: ``(its text, the Output to feed)`` -- the text
+    where it tokenizes to the generated ids (as ``debug --generate`` feeds it), else the ids."""
+    from inspector.capture.generation import generate_target
+    from inspector.capture.inputs import encode
+    from inspector.capture.output import Output
+
+    ids = generate_target(loaded.model, loaded.tokenizer, text, n)[0]
+    said = _decode(loaded.tokenizer, ids)
+    by_ids = [r.ids for r in encode(loaded.model, loaded.tokenizer, text, target_ids=[ids]).records if r.role == "target"]
+    if said.strip():
+        by_text = [r.ids for r in encode(loaded.model, loaded.tokenizer, text, said).records if r.role == "target"]
+        if by_text == by_ids:
+            return said, Output(text=said)
+    return said, Output.of(ids=[ids])
+
+
+def _flipped(c):
+    """A logit contrast read the other way round (RIGHT and WRONG swapped), for its definition."""
+    token = " / ".join(reversed(c.token.split(" / ")))
+    return dataclasses.replace(c, right=c.wrong, wrong=c.right, right_id=c.wrong_id, wrong_id=c.right_id, token=token)
+
+
+def _said(loaded, doc, ev: Evaluation, text: str):
+    from inspector.capture.output import Output
+
+    if ev.generate:
+        return generated(loaded, text, ev.generate)
+    said = doc.target
+    if not isinstance(said, str) or not said.strip():
+        raise InspectorError("no output: the output column is empty (give what the model said, or --generate N)")
+    return said, Output(text=said)
+
+
+def judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One document's row (the columns of :data:`inspector.corpus.verdicts.DOC_TYPES`, with ``id, row, tokens,
+    status, error`` first) and its heads' rows (:data:`inspector.corpus.verdicts.HEAD_TYPES`), as the module
+    docstring defines them. A document the model cannot read (no text, no contrast, a word the output or tokenizer
+    cannot place, too long for the model) gets ``status`` ``error`` and the reason in ``error``, and no heads rows."""
+    from inspector.corpus.documents import error_line
+
+    row: dict[str, Any] = {"id": doc.id, "row": doc.row, "tokens": 0, "status": "ok", "error": None}
+    try:
+        found, heads = _judge(loaded, doc, ev)
+    except Exception as exc:  # noqa: BLE001 - a document the model cannot read is recorded, and the scan goes on
+        return {**row, "status": "error", "error": error_line(exc)}, []
+    return {**row, **found}, heads
+
+
+def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from inspector.analysis.question import Question
+    from inspector.capture.inputs import encode_with_globals
+    from inspector.capture.recorder import capture
+    from inspector.intervene.effects import attribute, exact_effects
+    from inspector.investigate.verdict import verdict_of
+
+    if doc.problem:
+        raise InspectorError(doc.problem)
+    text = _text_of(doc.text, "the text")
+    right, wrong = contrast_of(doc, ev)
+    said, output = _said(loaded, doc, ev, text)
+    reference = doc.extra.get(ev.reference_field) if ev.reference_field else None
+    if ev.reference_field and (not isinstance(reference, str) or not reference.strip()):
+        raise InspectorError(f"no reference in column {ev.reference_field!r}")
+    reads = first_word(said, right, wrong)
+    found: dict[str, Any] = {"output": said, "reference": reference, "right": right, "wrong": wrong, "reads": reads}
+    erring_by_reference = None if reference is None else normalised(said) != normalised(reference)
+    if reads == "neither":
+        if erring_by_reference is None:
+            raise InspectorError(f"the output says neither {right!r} nor {wrong!r}, so the metric cannot be read and, "
+                                 "without --reference-field, whether it errs cannot be told")
+        return {**found, "errs": erring_by_reference, "metric": math.nan}, []
+    sign = 1.0 if reads == "wrong" else -1.0
+    model, tokenizer = loaded.model, loaded.tokenizer
+    encoded = encode_with_globals(model, tokenizer, text, **output.kwargs())
+    res = attribute(model, tokenizer, text, contrast=(right, wrong) if sign > 0 else (wrong, right), encoded=encoded)
+    if res.contrast.kind != "logit":
+        raise InspectorError("the verdict over a corpus reads logits: give a model with an LM head")
+    metric = sign * res.metric
+    errs = erring_by_reference if erring_by_reference is not None else metric < 0
+    table = res.table.copy()
+    if errs and reads == "wrong" and ev.top:
+        keys = list(zip(table["site"], table["head"].astype(int), strict=True))[: ev.top]
+        exact = exact_effects(model, encoded, res.capture, res.contrast, keys, before=res.metric)
+        table.loc[: len(exact) - 1, "effect"] = exact
+    table["attribution"] *= sign
+    table["effect"] *= sign
+    definition = (res.contrast if sign > 0 else _flipped(res.contrast)).definition
+    cap = capture(model, tokenizer, text, output, model_name=loaded.name)
+    v = verdict_of(cap, _Measured(table, metric, definition, res.contrast.row), Question(None, contrast=(right, wrong)))
+    found.update(errs=bool(errs), metric=metric, definition=definition,
+                 tokens=len(cap.records("source").ids))
+    top = v.top if errs and reads == "wrong" else None
+    if top is not None:
+        found.update(culprit_site=top["site"], culprit_stack=top["stack"], culprit_kind=top["kind"],
+                     culprit_layer=int(top["layer"]), culprit_head=int(top["head"]), culprit_effect=float(top["effect"]),
+                     culprit_signature=top["signature"])
+    heads = [{"id": doc.id, **{k: r[k] for k in HEAD_COLUMNS}, "culprit_rank": None if r["rank"] is None or
+              r["rank"] != r["rank"] else int(r["rank"])} for r in v.table.astype(object).where(v.table.notna(), None)
+             .to_dict("records")]
+    for variant in ev.variants:
+        found.update(_variant(loaded, doc, ev, variant, output, (right, wrong) if sign > 0 else (wrong, right), sign, top))
+    return found, heads
+
+
+HEAD_COLUMNS = (*HEAD_KEY, "attribution", "effect", "direction", "signature",
+                "weight_right", "weight_wrong", "wrong_share", "referent_mass", "split_score")
+
+
+def _variant(loaded, doc, ev: Evaluation, variant: Variant, output, read_as: tuple[str, str], sign: float,
+             top: dict | None) -> dict[str, Any]:
+    """One variant's columns of a document (:data:`inspector.corpus.verdicts.VARIANT_TYPES`): ``read_as`` is the
+    contrast as the original was read (RIGHT,WRONG, or swapped with ``sign`` -1), ``top`` the original's top culprit."""
+    from inspector.corpus.documents import error_line
+    from inspector.corpus.verdict_columns import variant_column
+    from inspector.intervene.effects import effects
+
+    def col(what: str) -> str:
+        return variant_column(variant.name, what)
+
+    try:
+        vtext = variant.apply(doc.text, doc.extra.get(ev.clause_field) if ev.clause_field else None,
+                              doc.extra.get(variant.column) if variant.column else None)
+        said, _ = generated(loaded, vtext, ev.generate)
+        out = {col("output"): said, col("errs"): normalised(said) != normalised(doc.extra[ev.reference_field]),
+               col("metric"): math.nan, col("culprit_effect"): math.nan, col("error"): None}
+        if top is not None:  # the original output teacher-forced on the variant: the metric, and the culprit's effect
+            e = effects(loaded.model, loaded.tokenizer, vtext, output, contrast=read_as, top=0,
+                        confirm=[(top["site"], int(top["head"]))])
+            hit = e.table[(e.table["site"] == top["site"]) & (e.table["head"] == int(top["head"]))]["effect"]
+            out[col("metric")] = sign * e.metric
+            out[col("culprit_effect")] = sign * float(hit.iloc[0])
+    except Exception as exc:  # noqa: BLE001 - a variant that cannot be built or read is recorded with why
+        return {col("output"): None, col("errs"): None, col("metric"): math.nan, col("culprit_effect"): math.nan,
+                col("error"): error_line(exc)}
+    return out
+
+
+# ---- the corpus ----------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """One batch's rows as the scan folder commits them (Arrow tables)."""
+
+    documents_table: Any
+    heads_table: Any
+
+
+def rows_tables(docs: list[dict[str, Any]], heads: list[dict[str, Any]], ev: Evaluation) -> Batch:
+    """A batch's documents and heads rows as Arrow tables of fixed column types (nullable booleans and integers),
+    so that every part of the folder has one schema."""
+    import pandas as pd
+
+    from inspector.corpus.tables import arrow_table
+    from inspector.corpus.verdict_columns import (
+        DOC_TYPES,
+        HEAD_OPTIONAL,
+        HEAD_TYPES,
+        VARIANT_TYPES,
+        variant_column,
+    )
+
+    kinds = {"id": "string", "row": "int", "tokens": "int", "status": "string", "error": "string", **DOC_TYPES}
+    kinds.update({variant_column(v.name, w): k for v in ev.variants for w, k in VARIANT_TYPES.items()})
+    d = _typed(pd.DataFrame(docs, columns=list(kinds)), kinds)
+    h = _typed(pd.DataFrame(heads, columns=[*HEAD_TYPES, *HEAD_OPTIONAL]), {**HEAD_TYPES, **HEAD_OPTIONAL})
+    return Batch(arrow_table(d), arrow_table(h))
+
+
+_DTYPES = {"string": object, "int": "Int64", "float": "float64", "bool": "boolean"}
+
+
+def _typed(df, kinds: dict[str, str]):
+    import pandas as pd
+
+    for name, kind in kinds.items():
+        if kind == "string":  # Arrow's string type even where every value is missing
+            df[name] = df[name].astype(object).where(df[name].notna(), None).astype("string")
+        elif kind == "float":
+            df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
+        else:
+            df[name] = df[name].astype(_DTYPES[kind])
+    return df
+
+
+def judged_batches(loaded, documents: Iterator, ev: Evaluation, batch_size: int) -> Iterator[Batch]:
+    """The documents judged one by one (:func:`judge`), their rows in batches of ``batch_size`` documents."""
+    docs: list[dict[str, Any]] = []
+    heads: list[dict[str, Any]] = []
+    for doc in documents:
+        row, rows = judge(loaded, doc, ev)
+        docs.append(row)
+        heads += rows
+        if len(docs) >= batch_size:
+            yield rows_tables(docs, heads, ev)
+            docs, heads = [], []
+    if docs:
+        yield rows_tables(docs, heads, ev)
+
+
+@dataclass
+class EvaluationSummary:
+    """What one evaluation scan did: the folder ``out``; documents in the corpus (``total``), committed by an
+    earlier run (``skipped``), judged now (``scanned``), of them recorded with an error (``errors``)."""
+
+    out: Path
+    total: int
+    skipped: int
+    scanned: int
+    errors: int
+
+
+def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evaluation, *, model: str | None = None,
+             fields=None, batch_size: int = 8, device: str | None = None, trust_remote_code: bool = False,
+             progress: bool = True, loaded=None, status=None) -> EvaluationSummary:
+    """Judge every document of the corpus ``data`` (:func:`judge`) into the scan folder ``out`` (created, or resumed
+    when it holds this evaluation: the documents committed before are skipped, never judged twice).
+
+    ``fields`` (:class:`~inspector.corpus.documents.Fields`): the text, output (``target``) and id columns;
+    ``evaluation`` the contrast, reference and variants (:class:`Evaluation`); ``loaded`` a model already in memory
+    (else ``model`` is loaded, on ``device``); ``status`` is told when the model starts loading. Raises
+    :class:`InspectorError` (nothing judged) for a bad corpus or folder (another scan, or this one with other
+    options), a model without an LM head, or an output column missing where ``--generate`` is not given; bad
+    documents are recorded with why and never stop the scan. A resumed scan with nothing left loads no model."""
+    from inspector.corpus.documents import Corpus, Fields
+    from inspector.corpus.folder import ScanFolder, committed_documents
+    from inspector.corpus.reduce import Options
+    from inspector.corpus.scan import commit_batches, pending_documents, scan_meta
+
+    if batch_size < 1:
+        raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
+    fields = fields or Fields()
+    if evaluation.generate is None and not fields.target:
+        raise InspectorError("say what the model said: --output-field COLUMN, or --generate N to generate it")
+    corpus = Corpus(data, dataclasses.replace(fields, extra=evaluation.extra()))
+    total = len(corpus)
+    from inspector.capture.models import DEFAULT_MODEL
+
+    if model is not None and Path(model).expanduser().exists():
+        model = str(Path(model).expanduser().resolve())
+    name = loaded.name if loaded is not None else (model or DEFAULT_MODEL)
+    folder = ScanFolder(out, {**scan_meta(corpus, name, Options()), "evaluation": evaluation.to_dict()})
+    done = set(committed_documents(folder.out)["id"].astype(str)) if (folder.out / "scan.json").is_file() else set()
+    first = next(pending_documents(corpus, done), None)
+    if loaded is None and first is not None:
+        from inspector.capture.models import load_model
+
+        if status is not None:
+            status(f"loading model {model or 'embedded all-MiniLM-L6-v2'} ...")
+        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+    if loaded is not None:
+        from inspector.intervene.contrast import model_has_lm_head
+
+        if not model_has_lm_head(loaded.model):
+            raise InspectorError(f"{type(loaded.model).__name__} has no LM head: the verdict over a corpus reads "
+                                 "logit(RIGHT) - logit(WRONG), so give a decoder or an encoder-decoder")
+    folder.open()
+    skipped = folder.committed
+    results = judged_batches(loaded, pending_documents(corpus, folder.done), evaluation, batch_size) \
+        if first is not None else iter(())
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=skipped, desc="judging", unit="doc", file=sys.stderr, dynamic_ncols=True,
+                   disable=None)
+    scanned, errors = commit_batches(folder, results, bar)
+    return EvaluationSummary(out=folder.out, total=total, skipped=skipped, scanned=scanned, errors=errors)
