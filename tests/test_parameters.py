@@ -21,7 +21,8 @@ ALLOWED = {
     "corpus/scan.py:scan": ENTRY + " (fields, reduction options as one Options value, engine, Ray's address, "
                                    "workers and CPUs, device, progress)",
     "investigate/evaluation.py:evaluate": ENTRY + " (the evaluation as one Evaluation value, fields, batch size, "
-                                                  "device, remote code, progress, a loaded model, status), as scan's",
+                                                  "device, remote code, progress, a loaded model, status, engine, Ray's "
+                                                  "address and workers), as scan's",
     "intervene/sources.py:sources": ENTRY + " (ContextCite's ablations, alpha, seed, mode, span, batch size)",
     "intervene/attribution.py:attribute": ENTRY + " (methods and integrated gradients' steps, batch and memory budget)",
     "analysis/split.py:split_heads": ENTRY + "; investigations call it once with a Question's fields (split_for)",

@@ -62,8 +62,6 @@ def evaluation_of(args):
     if args.demo is not None:
         raise InspectorError("--demo scans the generated lease corpus without a contrast: drop --demo, or give the "
                              "evaluation set as DATA")
-    if args.engine != "local":
-        raise InspectorError("a scan with a contrast per document runs on the local engine: drop --engine ray")
     if args.target_field and args.generate:
         raise InspectorError("give the output one way: --output-field COLUMN (what the model said) or --generate N")
     return Evaluation(right_field=args.right_field, wrong_field=args.wrong_field, contrast_field=args.contrast_field,
@@ -84,7 +82,8 @@ def run_scan(args, data, fields) -> int:
         raise InspectorError("give the evaluation set to scan (a .jsonl, .csv or .parquet file, or a datasets folder)")
     t0 = time.perf_counter()
     result = evaluate(data, args.output, evaluation, model=args.model, fields=fields, batch_size=args.batch_size,
-                      device=args.device, trust_remote_code=args.trust_remote_code, status=status)
+                      device=args.device, trust_remote_code=args.trust_remote_code, status=status, engine=args.engine,
+                      ray_address=args.ray_address, workers=args.workers)
     dt = time.perf_counter() - t0
     before = f", {result.skipped} done before" if result.skipped else ""
     rate = f" ({result.scanned / dt:.2f} documents/s)" if result.scanned and dt > 0 else ""

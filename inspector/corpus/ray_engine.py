@@ -150,15 +150,14 @@ def _join(ray, address: str) -> None:
                              "(HOST:PORT of the head node, ray://HOST:10001, or auto on a cluster node)") from None
 
 
-def _map(ds, batch_size: int, n: int, gpus: int, device: str, model: str | None, options: Options, trust_remote_code: bool,
-         threads: int | None):
-    """``ds`` mapped by a pool of ``n`` :class:`Reducer` actors, ``batch_size`` documents per call."""
+def _map(ds, batch_size: int, n: int, gpus: int, device: str, actor, kwargs: dict, threads: int | None):
+    """``ds`` mapped by a pool of ``n`` ``actor`` actors (:class:`Reducer`, or another of its form: constructed with
+    ``kwargs``, ``device`` and ``threads``), ``batch_size`` documents per call."""
     import ray
 
     return ds.map_batches(
-        Reducer, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
-        fn_constructor_kwargs={"model": model, "options": options.to_dict(), "device": "cuda" if gpus else device,
-                               "trust_remote_code": trust_remote_code, "threads": threads},
+        actor, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
+        fn_constructor_kwargs={**kwargs, "device": "cuda" if gpus else device, "threads": threads},
         num_gpus=gpus, num_cpus=threads or 1,
         # Ray Data passes its actors' constructor arguments by reference and, with restarts on (its
         # default), logs an error-tagged core_worker line for every run; an actor lost midway fails the
@@ -180,13 +179,27 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
                 address: str | None = None, workers: int | None = None, device: str | None = None,
                 trust_remote_code: bool = False, num_cpus: int | None = None) -> Iterator[BatchResult]:
     """Reduce ``docs`` on Ray actors; yields a :class:`BatchResult` per batch as it completes (in any order)."""
+    docs = iter(docs)
+    kwargs = {"model": model, "options": options.to_dict(), "trust_remote_code": trust_remote_code}
+    yield from actor_batches(lambda: _window(docs), Reducer, kwargs, batch_size=batch_size, address=address,
+                             workers=workers, device=device, num_cpus=num_cpus)
+
+
+def actor_batches(window, actor, kwargs: dict, *, batch_size: int = 8, address: str | None = None,
+                  workers: int | None = None, device: str | None = None,
+                  num_cpus: int | None = None) -> Iterator[BatchResult]:
+    """The Ray driver of :func:`ray_batches`, for any actor of :class:`Reducer`'s form (the evaluation scan's
+    too: :mod:`inspector.investigate.evaluation`): ``window()`` gives the next items (plain rows; empty: done),
+    ``actor`` is constructed with ``kwargs``, ``device`` and ``threads`` on each worker and returns, per batch of
+    ``batch_size`` items, rows of ``documents`` and ``heads`` Arrow IPC bytes (:func:`to_ipc`); yields them as
+    :class:`BatchResult` as they complete. Starts (and stops) a local Ray instance or joins ``address`` as the
+    module docstring says."""
     try:
         import ray
         import ray.data
     except ImportError:
         raise InspectorError("--engine ray needs Ray: pip install 'attention-inspector[ray]' (or use --engine local)") from None
-    docs = iter(docs)
-    items = _window(docs)
+    items = window()
     if not items:
         return
     started = False
@@ -209,14 +222,14 @@ def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int 
             ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 64 * n)))
             with warnings.catch_warnings():  # max_restarts has no named parameter before Ray 2.64 (pyproject pins below it)
                 warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-                ds = _map(ds, batch_size, n, gpus, device, model, options, trust_remote_code, threads)
+                ds = _map(ds, batch_size, n, gpus, device, actor, kwargs, threads)
             del items  # Ray holds the window now
             for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
                 for documents, heads in zip(out["documents"], out["heads"], strict=True):  # one row per reduced batch
                     # the local engine's tables, schema and pandas metadata included: the Parquet parts match
                     yield BatchResult(table_from_ipc(documents), table_from_ipc(heads) if len(heads) else pd.DataFrame())
             del ds
-            items = _window(docs)
+            items = window()
     finally:
         if started:
             ray.shutdown()

@@ -34,6 +34,7 @@ that the report (``ui``) can call them too.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -156,6 +157,11 @@ class Evaluation:
         return {"right_field": self.right_field, "wrong_field": self.wrong_field, "contrast_field": self.contrast_field,
                 "reference_field": self.reference_field, "generate": self.generate, "top": self.top,
                 "clause_field": self.clause_field, "variants": [v.spec for v in self.variants]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Evaluation:
+        """The :class:`Evaluation` of :meth:`to_dict`'s answer (how a Ray actor receives it)."""
+        return cls(**{**d, "variants": tuple(Variant.parse(v) for v in d.get("variants", ()))})
 
 
 # ---- one document ------------------------------------------------------------------------------
@@ -412,6 +418,71 @@ def judged_batches(loaded, documents: Iterator, ev: Evaluation, batch_size: int)
         yield rows_tables(docs, heads, ev)
 
 
+def _json_value(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else str(value)
+
+
+def ray_item(doc) -> dict[str, Any]:
+    """A document as a Ray row: its row number, id, and the rest (text, output, problem, the extra columns' values)
+    as JSON text, so that any column type crosses as it is read (no pickle)."""
+    rest = {"text": doc.text, "target": doc.target, "problem": doc.problem, "extra": doc.extra}
+    return {"row": int(doc.row), "id": str(doc.id), "doc": json.dumps(rest, default=_json_value)}
+
+
+def from_ray_item(r: dict[str, Any]):
+    """The :class:`~inspector.corpus.documents.Document` of a :func:`ray_item` row."""
+    from inspector.corpus.documents import Document
+
+    rest = json.loads(r["doc"])
+    return Document(row=int(r["row"]), id=str(r["id"]), text=rest["text"], target=rest["target"],
+                    problem=rest["problem"], extra=rest["extra"])
+
+
+class Judge:
+    """A Ray actor holding one model (the evaluation scan's form of :class:`inspector.corpus.ray_engine.Reducer`):
+    called with a batch of :func:`ray_item` rows, it judges each document (:func:`judge`, as the local engine does)
+    and returns one row: the batch's ``documents`` and ``heads`` tables as Arrow IPC bytes."""
+
+    def __init__(self, model: str | None, evaluation: dict, device: str | None, trust_remote_code: bool,
+                 threads: int | None):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        from inspector.capture.models import load_model
+
+        self.loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+        self.evaluation = Evaluation.from_dict(evaluation)
+
+    def __call__(self, batch):
+        import pandas as pd
+
+        from inspector.corpus.ray_engine import to_ipc
+
+        docs, heads = [], []
+        for r in batch.to_dict("records"):
+            row, rows = judge(self.loaded, from_ray_item(r), self.evaluation)
+            docs.append(row)
+            heads += rows
+        b = rows_tables(docs, heads, self.evaluation)
+        return pd.DataFrame({"documents": [to_ipc(b.documents_table)],
+                             "heads": [to_ipc(b.heads_table) if b.heads_table.num_rows else b""]})
+
+
+def ray_judged(model: str | None, documents: Iterator, ev: Evaluation, *, batch_size: int, address: str | None,
+               workers: int | None, device: str | None, trust_remote_code: bool):
+    """The documents judged on Ray actors (:class:`Judge`, through :func:`inspector.corpus.ray_engine.actor_batches`:
+    a local Ray instance, or the cluster at ``address``), their rows per batch as they complete."""
+    from itertools import islice
+
+    from inspector.corpus.ray_engine import WINDOW, actor_batches
+
+    documents = iter(documents)
+    kwargs = {"model": model, "evaluation": ev.to_dict(), "trust_remote_code": trust_remote_code}
+    return actor_batches(lambda: [ray_item(d) for d in islice(documents, WINDOW)], Judge, kwargs, batch_size=batch_size,
+                         address=address, workers=workers, device=device)
+
+
 @dataclass
 class EvaluationSummary:
     """What one evaluation scan did: the folder ``out``; documents in the corpus (``total``), committed by an
@@ -426,13 +497,16 @@ class EvaluationSummary:
 
 def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evaluation, *, model: str | None = None,
              fields=None, batch_size: int = 8, device: str | None = None, trust_remote_code: bool = False,
-             progress: bool = True, loaded=None, status=None) -> EvaluationSummary:
+             progress: bool = True, loaded=None, status=None, engine: str = "local", ray_address: str | None = None,
+             workers: int | None = None) -> EvaluationSummary:
     """Judge every document of the corpus ``data`` (:func:`judge`) into the scan folder ``out`` (created, or resumed
     when it holds this evaluation: the documents committed before are skipped, never judged twice).
 
     ``fields`` (:class:`~inspector.corpus.documents.Fields`): the text, output (``target``) and id columns;
     ``evaluation`` the contrast, reference and variants (:class:`Evaluation`); ``loaded`` a model already in memory
-    (else ``model`` is loaded, on ``device``); ``status`` is told when the model starts loading. Raises
+    (else ``model`` is loaded, on ``device``); ``status`` is told when the model starts loading. ``engine`` ``ray``
+    judges the documents on Ray actors (:class:`Judge`; ``ray_address`` joins a cluster, ``workers`` actors), each
+    holding the model, with the local engine's rows; the driver commits them as they come. Raises
     :class:`InspectorError` (nothing judged) for a bad corpus or folder (another scan, or this one with other
     options), a model without an LM head, or an output column missing where ``--generate`` is not given; bad
     documents are recorded with why and never stop the scan. A resumed scan with nothing left loads no model."""
@@ -443,6 +517,8 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
 
     if batch_size < 1:
         raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
+    if engine not in ("local", "ray"):
+        raise InspectorError(f"unknown engine {engine!r}: use local or ray")
     fields = fields or Fields()
     if evaluation.generate is None and not fields.target:
         raise InspectorError("say what the model said: --output-field COLUMN, or --generate N to generate it")
@@ -456,7 +532,7 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
     folder = ScanFolder(out, {**scan_meta(corpus, name, Options()), "evaluation": evaluation.to_dict()})
     done = set(committed_documents(folder.out)["id"].astype(str)) if (folder.out / "scan.json").is_file() else set()
     first = next(pending_documents(corpus, done), None)
-    if loaded is None and first is not None:
+    if loaded is None and first is not None and engine == "local":
         from inspector.capture.models import load_model
 
         if status is not None:
@@ -470,8 +546,13 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
                                  "logit(RIGHT) - logit(WRONG), so give a decoder or an encoder-decoder")
     folder.open()
     skipped = folder.committed
-    results = judged_batches(loaded, pending_documents(corpus, folder.done), evaluation, batch_size) \
-        if first is not None else iter(())
+    if first is None:
+        results: Any = iter(())
+    elif engine == "local":
+        results = judged_batches(loaded, pending_documents(corpus, folder.done), evaluation, batch_size)
+    else:
+        results = ray_judged(model, pending_documents(corpus, folder.done), evaluation, batch_size=batch_size,
+                             address=ray_address, workers=workers, device=device, trust_remote_code=trust_remote_code)
     bar = None
     if progress:
         from tqdm.auto import tqdm
