@@ -72,10 +72,15 @@ def test_sigterm_while_debug_builds_its_folder_leaves_the_old_one_whole(gpt2, tm
     model = gpt2
     out = tmp_path / "dbg"
     out.mkdir()
-    (out / "report.html").write_text("the earlier report")  # an earlier investigation
+    (out / "report.html").write_text("the earlier report")  # an earlier investigation, marked as inspector's
+    from inspector.investigate.defaults import MARKER
+    from inspector.store.files import write_marker
+
+    write_marker(out, MARKER, {"command": "debug"})
     argv = ["debug", "--model", model, "--source", LEGAL, "--output", "The Lessor shall indemnify the Lessee.",
             "--query", "indemnify", "--referents", "Lessee,Lessor", "-o", out]
     proc = run(argv, at=3)  # two files of the new folder written, the third half
     check_terminated(proc)
-    assert sorted(p.name for p in out.iterdir()) == ["report.html"] and (out / "report.html").read_text() == "the earlier report"
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "report.html"]
+    assert (out / "report.html").read_text() == "the earlier report"
     assert [p for p in leftovers(tmp_path)] == []  # no .dbg.*.new folder, no .dbg.*.old

@@ -39,6 +39,8 @@ from inspector.cli.common import (
 from inspector.errors import InspectorError
 from inspector.investigate.defaults import DEBUG_TOP
 
+STORY_VARIANTS, STORY_SOURCES = "variants.csv", "sources.csv"  # what the demo's story writes beside the investigation
+
 if TYPE_CHECKING:
     from inspector.analysis.question import Question
     from inspector.investigate.debug import Investigation
@@ -151,7 +153,7 @@ def _check_occurrence_in(texts: dict[str, str], query: str, occurrence: int) -> 
 
 
 def cmd_debug(args) -> int:
-    from inspector.investigate.defaults import MARKER
+    from inspector.investigate.defaults import MARKER, REPORT
     from inspector.store.files import check_folder_target
     from inspector.store.specs import contrast_words
     from inspector.store.words import occurs_in
@@ -190,7 +192,7 @@ def cmd_debug(args) -> int:
                                                             for name, text in variants.items()}}, args.query, args.occurrence)
     check_global_texts(args.global_tokens, {"the source text": source,
                                             **{f"the --variant {name} file": text for name, text in variants.items()}})
-    check_folder_target(Path(args.out), MARKER)  # before the model loads
+    check_folder_target(Path(args.out), MARKER, legacy=REPORT)  # before the model loads: only inspector's folder is replaced
     from inspector.capture.output import Output
     from inspector.investigate.debug import investigate
 
@@ -199,7 +201,7 @@ def cmd_debug(args) -> int:
     loaded = load_from_args(args)
     inv = investigate(loaded, source, question, output, out_dir=args.out, variants=variants, progress=True, top=args.top,
                       global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None,
-                      commands_as=args.commands_as)
+                      commands_as=args.commands_as, command="debug")
     _print_findings(inv)
     return 0
 
@@ -245,11 +247,11 @@ def cmd_compare(args) -> int:
 
 def cmd_demo(args) -> int:
     """The seed's story on the trained summariser (default), or on the embedded MiniLM with ``--minilm``."""
-    from inspector.investigate.defaults import MARKER
+    from inspector.investigate.defaults import MARKER, REPORT
     from inspector.store.files import check_folder_target
 
     check_port(args.port)
-    check_folder_target(Path(args.out), MARKER)  # before the model loads, and before torch (issue 28)
+    check_folder_target(Path(args.out), MARKER, legacy=REPORT)  # before the model loads, and before torch (issue 28)
     inv = _demo_minilm(args) if args.minilm else _demo_summariser(args)
     if args.no_app:
         return 0
@@ -270,6 +272,12 @@ def _demo_summariser(args):
     loaded = load_model(str(folder))
     item = story.pick(folder)
     tale = story.tell(loaded, item, args.out, progress=True, commands_as=args.commands_as)
+    from inspector.investigate.debug import folder_stamp
+    from inspector.investigate.defaults import MARKER
+    from inspector.store.files import add_to_marker
+
+    # the story's own tables, written into the folder after the investigation was swapped in, are the run's too
+    add_to_marker(args.out, MARKER, [STORY_VARIANTS, STORY_SOURCES], folder_stamp("demo"))
     for line in story.opening(tale):
         say_lines(line)
     say_lines()
@@ -292,7 +300,7 @@ def _demo_minilm(args):
     question = Question(query="indemnity", referents=("Lessee", "Lessor"), contrast=("Lessee", "Lessor"),
                         weighting=args.weighting)
     inv = investigate(loaded, LEGAL_SOURCE, question, out_dir=args.out, variants={"quoted": LEGAL_QUOTED}, progress=True,
-                      commands_as=args.commands_as)
+                      commands_as=args.commands_as, command="demo")
     _print_findings(inv)
     return inv
 
@@ -312,7 +320,9 @@ def add_commands(sub, commands_as: CommandFormat | None = None) -> None:
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
     add_lift_option(p)
     add_weighting_option(p, "the ranking's, the split's and the heatmaps' weights (one weighting per run)")
-    p.add_argument("-o", "--out", required=True, metavar="FOLDER", help="folder for the captures, CSVs and report.html")
+    p.add_argument("-o", "--out", required=True, metavar="FOLDER",
+                   help="folder for the captures, CSVs and report.html: new, empty, or an earlier run's (marked by its "
+                        ".inspector.json), which is replaced whole; a link is followed")
     p.add_argument("--contrast", metavar="RIGHT,WRONG",
                    help='add "Does it matter?": effects of heads on logit(RIGHT) - logit(WRONG) where the output says WRONG '
                         "(no LM head: on the query word's final representation), and \"Where did the word come from?\": "
@@ -346,7 +356,9 @@ def add_commands(sub, commands_as: CommandFormat | None = None) -> None:
 
     p = sub.add_parser("demo", help="the seed's story on the trained lease summariser (a wrong summary, its culprits, "
                                     "its source sentence, prompt variants), then the app")
-    p.add_argument("-o", "--out", default="out", metavar="FOLDER", help="folder for the results (default out/)")
+    p.add_argument("-o", "--out", default="out", metavar="FOLDER",
+                   help="folder for the results (default out/): new, empty, or an earlier run's (marked by its "
+                        ".inspector.json), which is replaced whole")
     p.add_argument("--no-app", action="store_true", help="do not start the app afterwards (for scripts)")
     p.add_argument("--port", type=int, default=8501, help="port to serve the app on afterwards (default 8501)")
     p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address the app listens on (default 127.0.0.1)")

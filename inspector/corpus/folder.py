@@ -41,7 +41,14 @@ import pandas as pd
 
 from inspector.corpus.tables import arrow_table, concat_rows
 from inspector.errors import InspectorError
-from inspector.store.files import check_writable, strict_json, temp_beside, write_error, write_text
+from inspector.store.files import (
+    check_writable,
+    folder_target,
+    strict_json,
+    temp_beside,
+    write_error,
+    write_text,
+)
 from inspector.store.schema import LIST_TYPES, STORAGE_DTYPES  # the names, without torch
 
 FORMAT = 1
@@ -350,11 +357,14 @@ def differences(key: str, old: Any, new: Any) -> str:
 
 class ScanFolder:
     """``OUT/`` for writing: new (empty or absent) or a scan of the same corpus to resume. Checked when
-    made (nothing written); :meth:`open` creates it or prepares the resume."""
+    made (nothing written); :meth:`open` creates it or prepares the resume. Anything else (a file, a non-empty
+    folder without ``scan.json``, a link that points nowhere) raises InspectorError; a link to a folder is followed:
+    the scan writes into the folder it points to (it never replaces a folder, so the link stays as it is)."""
 
     def __init__(self, out: str | os.PathLike, meta: dict[str, Any], allow: tuple[str, ...] = ()):
         self.out = Path(out).expanduser()
         self.meta = meta
+        folder_target(self.out)  # a link is followed (the scan writes into the folder it points to); a dangling one refused
         if self.out.exists() and not self.out.is_dir():
             raise InspectorError(f"{self.out} is a file: give a folder for the scan to write into, e.g. -o scan-out")
         info = self.out / "scan.json"

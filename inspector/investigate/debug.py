@@ -21,7 +21,7 @@ from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
-from inspector.investigate.defaults import DEBUG_TOP, MARKER
+from inspector.investigate.defaults import DEBUG_TOP, MARKER, REPORT
 from inspector.investigate.reproduce import Command, CommandFormat, format_plainly
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
@@ -108,6 +108,14 @@ def split_for(cap: Capture, question: Question, placement: Placement | None = No
                                 sites="all", rule=question.rule, query_role=lk.query_role, referent_role=lk.referent_role,
                                 cross_first=True, weighting=question.weighting, case_sensitive=question.case_sensitive,
                                 placement=placement)
+
+
+def folder_stamp(command: str) -> dict[str, str]:
+    """What an investigation folder's marker records besides its files: the ``command`` that wrote it (``debug``,
+    ``demo``, or ``investigate`` from Python) and inspector's version."""
+    from inspector import __version__
+
+    return {"command": command, "version": __version__}
 
 
 def rank_note(weighting: str) -> str:
@@ -219,6 +227,7 @@ def investigate(
     top: int = DEBUG_TOP,
     global_tokens: list[str] | None = None,
     commands_as: CommandFormat | None = None,
+    command: str = "investigate",
 ) -> Investigation:
     """Capture, rank, split, compare variants, give the verdict and write everything into ``out_dir``.
 
@@ -239,6 +248,14 @@ def investigate(
     command line passes its parser's format (:func:`inspector.cli.reproduce.formatter_for`); the default is
     :func:`~inspector.investigate.reproduce.format_plainly`. Raises :class:`InspectorError` (nothing written) for a
     question or output the capture cannot answer.
+
+    ``out_dir`` is replaced whole, and only where it is inspector's (:func:`inspector.store.files.check_folder_target`,
+    checked before any work and again when the new folder goes in): absent, empty, or marked by an earlier run's
+    ``.inspector.json`` (:data:`~inspector.investigate.defaults.MARKER`, written last, naming ``command``, the version
+    and every file written) with nothing in it that the marker does not list. A user's folder (a ``report.html`` of
+    their own included), an older version's folder (``report.html``, no marker), a file and a dangling link raise
+    :class:`InspectorError` and are kept byte for byte; a link to a folder is followed (the swap happens on the folder
+    it points to, the link stays a link).
     """
     from inspector.capture.inputs import model_layout
     from inspector.intervene.contrast import model_has_lm_head
@@ -247,7 +264,7 @@ def investigate(
     if model_layout(loaded.model) != "encoder" and not output.given:
         raise InspectorError(f"{type(loaded.model).__name__} produces text: pass what it said with --output, or --generate N")
     out = Path(out_dir)
-    check_folder_target(out, MARKER)  # a file, or a folder of other things, is refused before any work
+    check_folder_target(out, MARKER, legacy=REPORT)  # a file, or a folder not inspector's, is refused before any work
     # everything is computed (and every mistake found) before anything is written into out_dir
     cap = _capture_one(loaded, source, output, progress, global_tokens)
     question, question_notes = resolve_question(loaded, cap, question)
@@ -307,9 +324,9 @@ def investigate(
         matter=_matter.section(matter) if matter is not None else None, where=where_section, verdict=verdict, why=why))
 
     # built beside the target and swapped in whole: never two runs' files in one folder, and a failure midway
-    # leaves the old folder as it was
+    # leaves the old folder as it was; its marker (written last) says which command and version wrote which files
     final = out
-    with swap_folder(final, MARKER) as out:
+    with swap_folder(final, MARKER, folder_stamp(command), legacy=REPORT) as out:
         cap_path = cap.save(out / "capture.safetensors")
         write_csv(out / "rank.csv", rank)
         write_csv(out / "split.csv", split)
@@ -332,7 +349,7 @@ def investigate(
             from inspector.investigate import wherefrom
 
             wherefrom.write(out, where)
-        report = write_text(out / MARKER, html)
+        report = write_text(out / REPORT, html)
     out = final
     cap_path, report = out / cap_path.name, out / report.name
     variant_paths = {name: out / p.name for name, p in variant_paths.items()}

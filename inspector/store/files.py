@@ -7,7 +7,9 @@
 * A write the system refuses (read-only folder, full disk, no permission) is one
   :class:`~inspector.errors.InspectorError` line naming the target; the old file is kept.
 * A folder of results (``inspector debug``) is built beside the target and swapped in whole
-  (:func:`swap_folder`), so it never mixes two runs and a failure midway leaves the old folder intact.
+  (:func:`swap_folder`), so it never mixes two runs and a failure midway leaves the old folder intact. It
+  replaces only a folder that is inspector's by its marker (``.inspector.json``, listing every file in it):
+  anything else is refused and kept byte for byte (:func:`check_folder_target`). Links are followed, never replaced.
 * SIGTERM and SIGHUP stop a command as Ctrl-C does (``inspector.cli`` raises them as KeyboardInterrupt), so
   each of these clean-ups runs: no ``.tmp`` file and no half-built ``.NAME.*.new`` folder is left.
 * CSV text cells follow one rule (:func:`csv_cell`): a cell that a spreadsheet would run as a formula gets a
@@ -304,52 +306,265 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 
 # ---- folders --------------------------------------------------------------------------------
-def check_folder_target(path: Path, marker: str) -> None:
-    """Refuse a results folder target that is a file, or a folder holding something other than an
-    earlier result (recognised by ``marker``, a file every result folder has): those would be lost."""
-    if path.exists() and not path.is_dir():
-        raise InspectorError(f"{path} exists and is not a folder: this command writes a folder of results; choose a new name")
-    if path.is_dir() and not (path / marker).is_file() and any(path.iterdir()):
-        raise InspectorError(
-            f"{path} is a folder with other files in it (no {marker}): the results replace the whole folder, so choose a "
-            "new or empty folder"
-        )
-    check_writable(path)  # the new folder is made beside it, then renamed in
+# A results folder (``inspector debug -o``, ``demo -o``) is inspector's only where its marker says so: a small JSON
+# file the command writes last (:func:`write_marker`), naming the command, the version and every file it wrote. A
+# folder is replaced whole only when it is absent, empty, or marked with every entry in it listed by its marker;
+# anything else (a user's folder that happens to hold a report.html, an older version's folder, a marked folder a
+# user added a file to) is refused in one line, and the refusal leaves it byte for byte as it was.
+WRITTEN_BY = "inspector"  # the marker's "written_by"
+_MARKER_BYTES = 1 << 20  # a marker is a few hundred bytes: a larger file is no marker
+_SWAP_TRIES = 8  # other runs' folders may take the place while ours goes in: look again this often, then give up
+
+
+def folder_target(path: str | os.PathLike) -> Path:
+    """The folder that a results folder path ``path`` names, symbolic links followed: ``path`` with every link on
+    the way (``path`` itself included) resolved. Links are followed, never replaced, so that ``-o link`` writes where
+    the link points and the link stays a link: the swap (:func:`swap_folder`) happens on the resolved folder (renaming
+    or replacing the link itself would leave the folder it points to behind and put a folder in the link's place).
+
+    Raises InspectorError for a link that points nowhere (dangling, or a loop of links): where the results should
+    go is then unknown (it may name a drive that is not mounted), so nothing is created in its place."""
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            path.resolve(strict=True)
+        except (OSError, RuntimeError):  # missing target; RuntimeError is Python < 3.13's "symlink loop"
+            raise InspectorError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist (or is a loop "
+                                 "of links): create the folder it should point to, or give -o another folder") from None
+    return Path(os.path.realpath(path))
+
+
+def _shown(path: Path, target: Path) -> str:
+    """``path`` as the user gave it, with the folder it links to where it is a link."""
+    return f"{path} (a link to {target})" if path.is_symlink() else str(path)
+
+
+def _plain_name(name: Any) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def read_marker(file: Path) -> tuple[dict[str, Any] | None, str]:
+    """The marker at ``file`` (a folder's ``.inspector.json``) and ``""`` when it is one inspector wrote: a regular
+    file (not a link), at most 1 MiB of UTF-8 JSON, an object whose ``written_by`` is ``"inspector"`` and whose
+    ``files`` is a list of plain file names. Otherwise ``None`` and the reason, in words. Raises nothing."""
+    if file.is_symlink():
+        return None, "it is a symbolic link"
+    if not file.is_file():
+        return None, "it is a folder" if file.is_dir() else "it is not a file"
+    try:
+        with open(file, "rb") as f:
+            data = f.read(_MARKER_BYTES + 1)
+        info = json.loads(data.decode("utf-8")) if len(data) <= _MARKER_BYTES else None
+    except OSError as exc:
+        return None, f"it cannot be read: {exc.strerror or exc}"
+    except (ValueError, RecursionError):
+        return None, "it is not JSON"
+    if not isinstance(info, dict) or info.get("written_by") != WRITTEN_BY:
+        return None, "it does not say written_by inspector"
+    if not isinstance(info.get("files"), list) or not all(_plain_name(n) for n in info["files"]):
+        return None, "its 'files' is not a list of file names"
+    return info, ""
+
+
+def _not_a_file(p: Path) -> str:
+    return "a symbolic link" if p.is_symlink() else "a folder" if p.is_dir() else "not a file"
+
+
+def _marked_entries(target: Path, shown: str, marker: str, names: list[str]) -> None:
+    """Raise InspectorError unless ``target/marker`` is inspector's and lists every other entry of ``names``, each
+    a regular file."""
+    info, why = read_marker(target / marker)
+    if info is None:
+        raise InspectorError(f"{shown}/{marker} is not a marker inspector wrote ({why}), so {shown} is not inspector's to "
+                             "replace: move it away, or choose a new folder")
+    listed = set(info["files"])
+    for name in names:
+        p = target / name
+        if name != marker and name not in listed:
+            raise InspectorError(f"{shown} holds {name!r}, which inspector did not write ({marker} does not list it), and "
+                                 f"the results replace the whole folder: move {name!r} out of it, or choose a new folder")
+        if name != marker and (p.is_symlink() or not p.is_file()):
+            raise InspectorError(f"{shown}/{name} is {_not_a_file(p)}, not the file inspector wrote there: move it away, "
+                                 "or choose a new folder")
+
+
+def _folder_state(target: Path, shown: str, marker: str, legacy: str | None) -> str:
+    """``"absent"``, ``"empty"`` or ``"ours"`` (marked, every entry listed: :func:`_marked_entries`); InspectorError
+    naming what is there and the fix for anything else."""
+    if not target.exists() and not target.is_symlink():
+        return "absent"
+    if target.is_symlink() or not target.is_dir():
+        raise InspectorError(f"{shown} exists and is not a folder: this command writes a folder of results; choose a new name")
+    try:
+        names = sorted(p.name for p in target.iterdir())
+    except OSError as exc:
+        raise InspectorError(f"cannot read the folder {shown} ({exc.strerror or exc}): choose another folder") from None
+    if not names:
+        return "empty"
+    if marker not in names and legacy is not None and legacy in names:
+        raise InspectorError(f"{shown} holds a {legacy} but no {marker}: an older inspector wrote it, or it is not "
+                             "inspector's, and the results replace a whole folder only where its marker says inspector "
+                             "wrote it; move the folder away or delete it yourself, then run again (or choose a new folder)")
+    if marker not in names:
+        raise InspectorError(f"{shown} is a folder with other files in it (no {marker}): the results replace the whole "
+                             "folder, so choose a new or empty folder")
+    _marked_entries(target, shown, marker, names)
+    return "ours"
+
+
+def check_folder_target(path: str | os.PathLike, marker: str, *, legacy: str | None = None) -> Path:
+    """The folder a results folder path means (:func:`folder_target`: links followed), checked before any work:
+    refused (InspectorError, one line naming the fix) where replacing it whole would lose something not inspector's.
+    It may be absent, an empty folder, or a folder whose ``marker`` (:func:`read_marker`) lists every entry in it as
+    a regular file inspector wrote. A file, a dangling link, an unmarked non-empty folder (one holding ``legacy``, an
+    older version's folder, gets its own line: move it away or delete it yourself), a marker that is not inspector's
+    (garbage, another program's JSON, a folder, a link), and an entry the marker does not list are refused. The
+    folder above must let a file be created (:func:`check_writable`): the new folder is made beside it."""
+    path = Path(path)
+    target = folder_target(path)
+    here = Path(os.path.realpath(os.getcwd()))
+    if target == here or target in here.parents:
+        raise InspectorError(f"{path} is the current folder or holds it, and the results replace the whole folder: "
+                             "give -o a new folder, e.g. -o out")
+    _folder_state(target, _shown(path, target), marker, legacy)
+    check_writable(target)  # the new folder is made beside it, then renamed in
+    return target
+
+
+def write_marker(folder: Path, marker: str, stamp: dict[str, Any], names: list[str] | None = None) -> Path:
+    """Write ``folder/marker`` atomically: ``{"written_by": "inspector", **stamp, "files": [...]}`` (``stamp``: e.g.
+    the command and the version), the files being ``names`` or, by default, every regular file now in ``folder``
+    but the marker. Returns its path; raises InspectorError for a write the system refuses."""
+    folder = Path(folder)
+    if names is None:
+        names = [p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink() and p.name != marker]
+    about = ("this folder was written by inspector; a later run into it replaces it whole, but only while every "
+             "file in it is listed here")
+    own = ("written_by", "about", "files")
+    return write_json(folder / marker, {"written_by": WRITTEN_BY, **{k: v for k, v in stamp.items() if k not in own},
+                                        "about": about, "files": sorted(set(names))})
+
+
+def add_to_marker(folder: str | os.PathLike, marker: str, names: list[str], stamp: dict[str, Any] | None = None) -> Path:
+    """List ``names`` (files a command wrote into ``folder`` after :func:`swap_folder` put it in place, e.g. the demo's
+    ``variants.csv``) in its marker too, with ``stamp``'s fields updated, so that the next run may replace them.
+    Raises InspectorError where ``folder`` holds no marker inspector wrote, or for a refused write."""
+    folder = folder_target(folder)
+    info, why = read_marker(folder / marker)
+    if info is None:
+        raise InspectorError(f"{folder}/{marker} is not a marker inspector wrote ({why}): run the command again into a new folder")
+    there = [n for n in names if _plain_name(n) and (folder / n).is_file() and not (folder / n).is_symlink()]
+    return write_marker(folder, marker, {**info, **(stamp or {})}, [*info["files"], *there])
+
+
+def _hidden(target: Path) -> str:
+    """The prefix of the hidden folders made beside ``target`` (name cut short: a name may be 255 bytes long)."""
+    return f".{target.name[:64]}."
+
+
+def _move_aside(target: Path, shown: str, names: tuple[str, str | None], aside: list[Path]) -> None:
+    """Rename ``target`` into a new hidden holder beside it (``.NAME.*.old/folder``, appended to ``aside`` first, so
+    that an interruption never strands it unknown), then check what was moved: a folder that is no longer inspector's
+    (replaced by someone since it was checked) is put back and refused. Nothing to move (another run moved it first) is
+    no error."""
+    holder = Path(tempfile.mkdtemp(prefix=_hidden(target), suffix=".old", dir=target.parent))
+    aside.append(holder)
+    try:
+        os.rename(target, holder / "folder")
+    except FileNotFoundError:
+        return
+    try:
+        _folder_state(holder / "folder", shown, *names)
+    except InspectorError:
+        os.rename(holder / "folder", target)
+        raise
+
+
+def _swap_in(work: Path, target: Path, shown: str, names: tuple[str, str | None], aside: list[Path]) -> None:
+    """Rename ``work`` to ``target``, moving an earlier marked folder aside first (:func:`_move_aside`). Where another
+    run's folder takes the place between the two renames (the rename then fails: the place is not empty), look again:
+    the newest complete folder wins, never a mix. Refuses what :func:`_folder_state` refuses, as found at this moment."""
+    for _ in range(_SWAP_TRIES):
+        if _folder_state(target, shown, *names) == "ours":
+            _move_aside(target, shown, names, aside)
+        try:
+            os.rename(work, target)  # onto an absent path, or an empty folder (replaced atomically)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    raise InspectorError(f"{shown} kept changing while the results were put in its place (other runs writing to it?): "
+                         "run again, or choose a new folder")
+
+
+def _remove_ours(holder: Path, marker: str) -> bool:
+    """Remove a holder made by :func:`_move_aside` and the folder in it: only the files its marker lists (and the
+    marker), then the empty folders. Anything else found there is kept, and so is the holder (False)."""
+    folder = holder / "folder"
+    try:
+        if folder.is_dir() and not folder.is_symlink():
+            info, _ = read_marker(folder / marker)
+            for name in [*(info["files"] if info else []), marker]:
+                p = folder / name
+                if p.is_file() and not p.is_symlink():
+                    p.unlink()
+            folder.rmdir()
+        holder.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _put_back(aside: list[Path], target: Path) -> Path | None:
+    """After a failure: the folder moved aside last goes back to ``target`` if the place is free (the ones before it
+    were replaced by it, and are removed). Returns the holder kept, with that folder in it, where the place was taken."""
+    moved = aside[-1] / "folder" if aside else None
+    if moved is None or not (moved.exists() or moved.is_symlink()):
+        return None
+    try:
+        os.rename(moved, target)
+    except OSError:
+        return aside.pop()
+    return None
 
 
 @contextlib.contextmanager
-def swap_folder(path: str | os.PathLike, marker: str) -> Iterator[Path]:
-    """Yield a fresh folder beside ``path`` to fill; on success it replaces ``path`` whole (an old folder
-    is renamed aside, the new one renamed in, the old one removed). On any failure the new folder is
-    removed and ``path`` is as it was. Raises InspectorError for targets :func:`check_folder_target`
-    refuses and for writes the system refuses."""
+def swap_folder(path: str | os.PathLike, marker: str, stamp: dict[str, Any], *,
+                legacy: str | None = None) -> Iterator[Path]:
+    """Yield a fresh folder beside ``path`` to fill; on success its ``marker`` is written (:func:`write_marker` with
+    ``stamp``, listing the files written) and it replaces ``path`` whole: an earlier marked folder is renamed aside,
+    the new one renamed in, and of the old one only the files its marker lists are removed. Links are followed
+    (:func:`folder_target`): the swap happens on the folder a link points to.
+
+    ``path`` is checked before (:func:`check_folder_target`) and again when the new folder goes in, so a folder that
+    stopped being inspector's meanwhile (a file added to it, another folder in its place) is refused then and kept;
+    another run's folder that took the place meanwhile is replaced whole (two runs into one folder: the last one to
+    finish wins, never a mix, and neither leaves a half folder). On any failure (an error, Ctrl-C, SIGTERM) the new
+    folder is removed and ``path`` is as it was. Raises InspectorError for what :func:`check_folder_target` refuses and
+    for writes the system refuses."""
     path = Path(path)
-    check_folder_target(path, marker)
+    target = check_folder_target(path, marker, legacy=legacy)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=_hidden(target), suffix=".new", dir=target.parent))
     except OSError as exc:
         raise write_error(path, exc) from None
+    aside: list[Path] = []
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(work, 0o777 & ~umask)
         yield work
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.rmdir(old)
-            os.rename(path, old)
-        try:
-            os.rename(work, path)
-        except BaseException:
-            if old is not None:
-                os.rename(old, path)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        write_marker(work, marker, stamp)
+        _swap_in(work, target, _shown(path, target), (marker, legacy), aside)
     except BaseException as exc:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)  # made by mkdtemp above and filled by this run alone
+        kept = _put_back(aside, target)
         if isinstance(exc, OSError):
-            raise write_error(path, exc, path.exists()) from None
+            raise write_error(path, exc, target.exists()) from None
+        if kept is not None and isinstance(exc, InspectorError):
+            raise InspectorError(f"{exc}; the earlier results are kept in {kept / 'folder'}") from None
         raise
+    finally:
+        for holder in aside:
+            _remove_ours(holder, marker)
