@@ -27,7 +27,9 @@ import streamlit as st
 
 from inspector.analysis import SplitRule
 from inspector.corpus import queries as corpus
+from inspector.corpus import verdicts
 from inspector.errors import InspectorError
+from inspector.ui.vega_text import order_column
 from inspector.ui.views import csv_bytes, md_text
 
 PAGE = Path(__file__).resolve()
@@ -61,7 +63,9 @@ def _parts(out: Path) -> tuple[str, ...]:
 
 def _grid(df: pd.DataFrame, chosen: tuple[str, int] | None) -> alt.LayerChart:
     pick = alt.selection_point(name="cell", fields=["site", "head"], on="click", clear=False)
-    order = df.sort_values(["stack", "layer", "site"])["site"].drop_duplicates().tolist()
+    sites = df.sort_values(["stack", "layer", "site"])["site"].drop_duplicates().tolist()
+    df, by = order_column(df, "site", sites)  # never a sort list of site names (vega_text.order_column says why)
+    order = alt.EncodingSortField(by, op="min")
     base = alt.Chart(df).encode(x=alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, orient="top")),
                                 y=alt.Y("site:N", title="site", sort=order, axis=alt.Axis(labelLimit=LABEL_PX)))
     cells = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
@@ -81,7 +85,7 @@ def _grid(df: pd.DataFrame, chosen: tuple[str, int] | None) -> alt.LayerChart:
             x="head:O", y=alt.Y("site:N", sort=order)))
     # as wide as its column (every head visible at any window width); long site names cut at LABEL_PX (full in
     # the tooltip and the table)
-    return alt.layer(*layers, hits).properties(width="container", height=26 * len(order),
+    return alt.layer(*layers, hits).properties(width="container", height=26 * len(sites),
                                                autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
 
 
@@ -129,6 +133,9 @@ def corpus_view() -> None:
         return
     out = Path(ss.corpus_out.strip()).expanduser()
     try:
+        if (out / "scan.json").is_file() and verdicts.is_evaluation(corpus.scan_info(out)):
+            _evaluation_view(out)  # a scan with a contrast per document: the verdict over the evaluation set
+            return
         summary = _summary(str(out), _parts(out))
         docs = corpus.query(str(out), "SELECT status, count(*) AS n FROM documents GROUP BY status")
     except InspectorError as exc:
@@ -166,6 +173,41 @@ def corpus_view() -> None:
                            file_name="corpus.csv", mime="text/csv", key="cp_dl", on_click="ignore")
     st.divider()
     _documents(out, summary, keys, site, head, info)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _views(out: str, parts: tuple[str, ...]) -> dict[str, pd.DataFrame]:  # parts: the cache key changes as a scan goes on
+    return verdicts.views(out)
+
+
+CULPRIT_LEAD = ["rank", "layer", "head", "site", "culprit_documents", "share", "share_low", "share_high", "mean_effect"]
+
+
+def _evaluation_view(out: Path) -> None:
+    """An evaluation scan's views (:func:`inspector.corpus.verdicts.views`, the numbers `inspector corpus` prints and
+    writes): the error rate, the heads by how often they are the top culprit, the variants."""
+    from inspector.ui.report import EVALUATION_NOTES
+
+    v = _views(str(out), _parts(out))
+    info = corpus.scan_info(out)
+    st.caption(f"**Model** {md_text(info.get('model'))} · **corpus** {md_text(info.get('corpus'))} · the verdict over "
+               "an evaluation set (a contrast per document)")
+    st.markdown(md_text(verdicts.headline(v["summary"])))
+    st.subheader("Heads by how often they are the top culprit")
+    for note in EVALUATION_NOTES:
+        st.caption(md_text(note))
+    culprits = v["culprits"]
+    st.dataframe(culprits, hide_index=True, key="cp_culprits",
+                 column_order=CULPRIT_LEAD + [c for c in culprits.columns if c not in CULPRIT_LEAD])
+    st.download_button("Download CSV (as `inspector corpus --csv`)", csv_bytes(culprits), file_name="culprits.csv",
+                       mime="text/csv", key="cp_dl_culprits", on_click="ignore")
+    if len(v["variants"]):
+        st.subheader("Variants over the corpus")
+        st.caption("Each variant's output generated again and judged against the reference; error rates with 95% "
+                   "Wilson intervals (`inspector corpus OUT --view variants`).")
+        st.dataframe(v["variants"], hide_index=True, key="cp_variants")
+        st.download_button("Download CSV (as `inspector corpus --view variants --csv`)", csv_bytes(v["variants"]),
+                           file_name="variants.csv", mime="text/csv", key="cp_dl_variants", on_click="ignore")
 
 
 def _documents(out: Path, summary: pd.DataFrame, keys: list[str], site: str, head: int, info: dict) -> None:

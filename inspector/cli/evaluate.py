@@ -93,29 +93,12 @@ def run_scan(args, data, fields) -> int:
     return 0
 
 
-def headline(summary) -> str:
-    """The error rate in one sentence, from :func:`inspector.corpus.verdicts.error_summary`'s row."""
-    r = summary.iloc[0]
-    if not r["read"]:
-        return f"No document was read ({int(r['failed'])} recorded with an error: inspector corpus OUT --view documents)."
-    text = (f"The model errs on {int(r['erring'])} of {int(r['read'])} documents read: error rate {r['error_rate']:.3f} "
-            f"(95% Wilson interval {r['error_low']:.3f}-{r['error_high']:.3f}). {int(r['judged'])} erring documents say "
-            "WRONG where the contrast is read (the judged ones, whose top culprits are counted below)")
-    if r["erring_not_wrong"]:
-        text += f"; {int(r['erring_not_wrong'])} err otherwise (no verdict)"
-    if r["no_culprit"]:
-        text += f"; on {int(r['no_culprit'])} no confirmed head pushes towards WRONG"
-    if r["failed"]:
-        text += f"; {int(r['failed'])} could not be read (--view documents says why)"
-    return text + "."
-
-
 def show(out, rows: int | None) -> None:
     """Print the evaluation scan's views: the error rate, the culprit table, the variants."""
     from inspector.corpus import verdicts
 
     v = verdicts.views(out)
-    print(headline(v["summary"]))
+    print(verdicts.headline(v["summary"]))
     culprits = v["culprits"]
     shown = culprits.drop(columns=["stack"] if (culprits["stack"] == "none").all() else [])
     print("\nHeads by how often they are the top culprit (share of the judged documents, 95% Wilson interval; "

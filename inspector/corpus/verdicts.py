@@ -209,6 +209,24 @@ def variant_table(docs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=VARIANT_COLUMNS)
 
 
+def headline(summary) -> str:
+    """The error rate in one sentence, from :func:`error_summary`'s row: what the command line prints first, and
+    the app's Corpus page and the report show."""
+    r = summary.iloc[0]
+    if not r["read"]:
+        return f"No document was read ({int(r['failed'])} recorded with an error: inspector corpus OUT --view documents)."
+    text = (f"The model errs on {int(r['erring'])} of {int(r['read'])} documents read: error rate {r['error_rate']:.3f} "
+            f"(95% Wilson interval {r['error_low']:.3f}-{r['error_high']:.3f}). {int(r['judged'])} erring documents say "
+            "WRONG where the contrast is read (the judged ones, whose top culprits are counted below)")
+    if r["erring_not_wrong"]:
+        text += f"; {int(r['erring_not_wrong'])} err otherwise (no verdict)"
+    if r["no_culprit"]:
+        text += f"; on {int(r['no_culprit'])} no confirmed head pushes towards WRONG"
+    if r["failed"]:
+        text += f"; {int(r['failed'])} could not be read (--view documents says why)"
+    return text + "."
+
+
 def views(out: str | os.PathLike) -> dict[str, pd.DataFrame]:
     """``{"summary", "culprits", "variants"}``: :func:`error_summary`, :func:`culprit_table` and :func:`variant_table`
     of the evaluation scan in ``out`` (:func:`read_evaluation`), the one source of these numbers for the command

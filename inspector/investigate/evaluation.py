@@ -560,4 +560,29 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
         bar = tqdm(total=total, initial=skipped, desc="judging", unit="doc", file=sys.stderr, dynamic_ncols=True,
                    disable=None)
     scanned, errors = commit_batches(folder, results, bar)
+    write_report(folder.out)
     return EvaluationSummary(out=folder.out, total=total, skipped=skipped, scanned=scanned, errors=errors)
+
+
+REPORT = "report.html"
+
+
+def write_report(out: str | os.PathLike) -> Path:
+    """``OUT/report.html`` (atomic): the evaluation scan's views (:func:`inspector.corpus.verdicts.views`, the numbers
+    the command line and the app's Corpus page show) as one self-contained page
+    (:func:`inspector.ui.report.render_evaluation_report`). Rewritten at the end of every run of the scan."""
+    from inspector.corpus import verdicts
+    from inspector.corpus.folder import read_info
+    from inspector.store.files import write_text
+    from inspector.ui.report import render_evaluation_report
+
+    out = Path(out)
+    info = read_info(out)
+    v = verdicts.views(out)
+    ev = info["evaluation"]
+    contrast = ev.get("contrast_field") or f"{ev.get('right_field')},{ev.get('wrong_field')}"
+    meta = [("model", str(info["model"])), ("corpus", str(info["corpus"])), ("contrast columns", contrast),
+            ("reference column", str(ev.get("reference_field"))),
+            ("output", f"generated, up to {ev['generate']} tokens" if ev.get("generate") else "the corpus's output column"),
+            ("exact effects", f"top {ev.get('top')} heads by attribution on each erring document")]
+    return write_text(out / REPORT, render_evaluation_report(v, verdicts.headline(v["summary"]), meta))

@@ -733,3 +733,28 @@ def render_report(capture: Capture, split: pd.DataFrame, rank: pd.DataFrame, que
         "commands": "\n".join(commands),
     }
     return _env().get_template("report.html.j2").render(**context)
+
+
+EVALUATION_NOTES = (
+    "culprit_documents: the judged erring documents (the output says WRONG where the contrast is read) whose top "
+    "culprit is the head, i.e. the confirmed head with the largest exact effect towards WRONG there; share: of the "
+    "judged documents, with its 95% Wilson interval (Wilson 1927).",
+    "effect = metric with the head zero-ablated - metric, the metric logit(RIGHT) - logit(WRONG) at the row that "
+    "predicts the contrasted word: positive pushes towards WRONG. split_share (how often its signature is split) is a "
+    "hypothesis, not a cause.",
+    "A share counts how often a head is the largest cause on its own document; it does not say that ablating the head "
+    "fixes the output, nor that documents outside this set err the same way.",
+)
+
+
+def render_evaluation_report(views_: dict[str, pd.DataFrame], headline: str, meta: list[tuple[str, str]],
+                             title: str = "inspector: the verdict over an evaluation set") -> str:
+    """The evaluation scan's views (:func:`inspector.corpus.verdicts.views`: ``summary``, ``culprits``, ``variants``)
+    and the ``headline`` sentence as one self-contained HTML page, each table in a ``section`` whose ``data-view``
+    names it, every cell as :func:`table_data` formats it. ``meta``: (label, value) pairs for the header. The
+    template escapes every string."""
+    variants = views_.get("variants")
+    return views.templates().get_template("evaluation.html.j2").render(
+        title=title, meta=meta, headline=headline, notes=list(EVALUATION_NOTES), summary=table_data(views_["summary"]),
+        culprits=table_data(views_["culprits"]),
+        variants=table_data(variants) if variants is not None and len(variants) else None)
