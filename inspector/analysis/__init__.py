@@ -8,6 +8,7 @@
 * :mod:`~inspector.analysis.moves`: what a variant did to the flagged heads, in words;
 * :mod:`~inspector.analysis.question`: the :class:`~inspector.analysis.question.Question` a person asks, built once;
 * :mod:`~inspector.analysis.placement`: a question's positions on a capture (:func:`~inspector.analysis.placement.place`), found once;
+* :mod:`~inspector.analysis.intervals`: the Wilson score interval of a share of documents (Wilson 1927);
 * :mod:`~inspector.analysis.rollout`: attention rollout, raw and value-weighted (Abnar & Zuidema 2020);
 * :mod:`~inspector.analysis.verdict`: the verdict: heads ranked by exact effect, with their attention signature.
 

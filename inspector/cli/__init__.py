@@ -5,6 +5,7 @@
 * :mod:`~inspector.cli.investigate`: ``debug``, ``compare`` and ``demo``;
 * :mod:`~inspector.cli.routes`: ``attribute`` and ``routes``; :mod:`~inspector.cli.why`: ``why``;
 * :mod:`~inspector.cli.sources`: ``sources`` (ContextCite);
+* :mod:`~inspector.cli.evaluate`: ``scan``'s contrast per document and ``corpus``'s views of an evaluation scan;
 * :mod:`~inspector.cli.reproduce`: the reproduce commands of ``debug`` and ``demo`` as shell lines, spelt by the
   parser (a renamed flag renames them).
 
