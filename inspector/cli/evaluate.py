@@ -122,7 +122,7 @@ def is_evaluation_folder(out: Path) -> bool:
 
     try:
         info = json.loads((Path(out) / "scan.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # the folder's own checks name a damaged scan.json
         return False
     return isinstance(info, dict) and isinstance(info.get("evaluation"), dict)
 

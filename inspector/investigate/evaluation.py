@@ -54,7 +54,7 @@ RULES = ("quote", "first", "restate:COLUMN", "column:COLUMN")
 @dataclass(frozen=True)
 class Variant:
     """A rule applied to every document (``rule``): ``quote`` (the key clause, ``--clause-field``, put in quotes as
-    :data:`QUOTE` words it), ``first`` (the key clause moved to the front), ``restate`` (the key clause replaced by
+    :data:`QUOTE` words it; not built where the clause is in quotes already), ``first`` (the key clause moved to the front), ``restate`` (the key clause replaced by
     the text of ``column``) or ``column`` (``column`` holds the whole variant text)."""
 
     name: str
@@ -87,6 +87,8 @@ class Variant:
         if clause not in text:
             raise InspectorError("the key clause (--clause-field) is not in the text, so the rule cannot apply")
         if self.rule == "quote":
+            if text[: text.index(clause)].rstrip().endswith('"'):
+                raise InspectorError("the key clause is quoted already, so the quote rule does not apply")
             return text.replace(clause, QUOTE.format(clause), 1)
         if self.rule == "first":
             rest = " ".join(text.replace(clause, " ", 1).split())
