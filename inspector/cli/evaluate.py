@@ -62,6 +62,9 @@ def evaluation_of(args):
     if args.demo is not None:
         raise InspectorError("--demo scans the generated lease corpus without a contrast: drop --demo, or give the "
                              "evaluation set as DATA")
+    if args.workers and args.engine != "ray":
+        raise InspectorError("--workers sets the Ray actors of a scan with a contrast per document (the local engine "
+                             "judges one document at a time): add --engine ray, or drop --workers")
     if args.target_field and args.generate:
         raise InspectorError("give the output one way: --output-field COLUMN (what the model said) or --generate N")
     return Evaluation(right_field=args.right_field, wrong_field=args.wrong_field, contrast_field=args.contrast_field,
