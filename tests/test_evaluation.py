@@ -3,9 +3,9 @@ sets of the two trained fixtures (fixtures/parties/: a GPT-2 that answers with o
 
 Ground truth is tests/groundtruth.py's own exhaustive zero-ablation with plain transformers hooks (no inspector
 code): every judged erring document's top culprit must be the head with the largest effect towards WRONG there,
-and the corpus ranking's counts must be the counts of those heads. ``debug`` on a sample of the documents names
-the same head first (every erring document: benchmarks/evaluation.py, which runs ``debug`` on each). A variant's
-error rate must equal generating every variant by hand with ``model.generate``."""
+and the corpus ranking's counts must be the counts of those heads. ``debug`` names the same head first (on one
+document per fixture here; on every erring document in benchmarks/evaluation.py, which runs ``debug`` on each). A
+variant's error rate must equal generating every variant by hand with ``model.generate``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from inspector.corpus import verdicts
 
 import groundtruth as gt
 
-CORRECT = 8  # correct held-out documents scanned besides every erring one (the fixture's own order)
+CORRECT = 5  # correct held-out documents scanned besides every erring one (the fixture's own order)
 GENERATE = 16  # the summariser's tokens (its summaries and end token), as heldout.json's outputs were generated
 NEGLIGIBLE = 0.05  # inspector.analysis.verdict.NEGLIGIBLE, restated: a top culprit's effect is at least this share of the largest
 
@@ -147,7 +147,7 @@ def test_the_metric_is_the_ground_truths_on_erring_and_correct_documents_alike(e
 
 def test_debug_names_the_same_top_culprit_first(evaluated, tmp_path):
     kind, items, _, docs, _ = evaluated
-    sample = [x for x in items if not x["right"] and _says_wrong_first(kind, x)][:2]
+    sample = [x for x in items if not x["right"] and _says_wrong_first(kind, x)][:1]
     for n, item in enumerate(sample):
         right, wrong = _parties(kind, item)
         doc = docs.loc[str(item["id"])]
