@@ -781,10 +781,6 @@ def cmd_corpus(args) -> int:
     check_output_arg(args.csv, "--csv")
     if args.app:
         return _run_corpus_page(args)
-    from inspector.cli import evaluate
-
-    if evaluate.corpus_asked(args, out):
-        return evaluate.run_corpus(args)  # the verdict over an evaluation set: its views
     import pandas as pd
 
     from inspector.corpus import queries as corpus
@@ -866,7 +862,7 @@ def add_corpus_commands(sub) -> None:
     p.add_argument("--app", action="store_true", help="browse it in the Corpus page of the app instead")
     p.add_argument("--port", type=int, default=8501, help="port of the Corpus page (with --app)")
     evaluate.add_corpus_options(p)
-    p.set_defaults(func=cmd_corpus)
+    p.set_defaults(func=evaluate.corpus_command(cmd_corpus))  # an evaluation scan's views, else cmd_corpus
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -130,12 +130,29 @@ def is_evaluation_folder(out: Path) -> bool:
     return isinstance(info, dict) and isinstance(info.get("evaluation"), dict)
 
 
+def corpus_command(fallback):
+    """``inspector corpus``'s function: an evaluation scan's views (:func:`run_corpus`) where OUT holds one and
+    neither ``--sql`` nor ``--app`` is given, else ``fallback`` (the attention scan's ``cmd_corpus``, which checks
+    the folder and the options and answers ``--sql`` and ``--app`` for both kinds of scan)."""
+    from inspector.cli.common import check_output_arg
+
+    def run(args) -> int:
+        out = Path(args.out)
+        if args.app or not corpus_asked(args, out):
+            return fallback(args)
+        check_output_arg(args.csv, "--csv")
+        return run_corpus(args)
+
+    return run
+
+
 def corpus_asked(args, out: Path) -> bool:
     """Whether ``inspector corpus OUT`` shows an evaluation scan's views (OUT holds one, and no ``--sql`` is given).
-    Raises :class:`InspectorError` for ``--view`` on an attention scan."""
+    Raises :class:`InspectorError` for ``--view`` on an attention scan (a folder without ``scan.json`` is left to the
+    folder's own checks)."""
     if args.sql is None and is_evaluation_folder(out):
         return True
-    if args.view is not None:
+    if args.view is not None and (out / "scan.json").is_file():
         raise InspectorError(f"--view reads a scan with a contrast per document; {out} holds "
                              f"{'an attention scan' if not is_evaluation_folder(out) else 'one, but --sql asks the views'}: "
                              "drop --view (or scan the evaluation set with --right-field and --wrong-field)")
