@@ -185,3 +185,39 @@ def test_a_resume_with_another_evaluation_is_refused_and_loses_nothing(loaded, t
         "format": 1, "corpus": data, "model": "m", "options": {},
         "fields": {"text": "text", "target": None, "query": None, "referents": None, "id": None, "occurrence": None}}))
     assert "--view reads a scan with a contrast" in _one_line(capsys, ["corpus", str(scan_folder), "--view", "culprits"])
+
+
+def test_a_killed_evaluation_resumes_and_counts_each_document_once(loaded, tmp_path):
+    """A real kill (SIGKILL of the command's process) after its first commit: the resume judges only what was not
+    committed, and the rows are those of an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    items = _items(4, 10)
+    data = _write(tmp_path / "eval.jsonl", items)
+    out = tmp_path / "killed"
+    code = ("import sys, torch; torch.set_num_threads(1); from inspector.cli import main; "
+            f"sys.exit(main({['scan', data, '-o', str(out), *ARGS, *CONTRAST, '--batch-size', '1']!r}))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "_documents").glob("part-*.parquet")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no commit within two minutes"
+            time.sleep(0.05)  # polling for the first commit record (a condition, not a fixed wait)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    committed = len(committed_documents(out))
+    assert 0 < committed < len(items) or proc.returncode == 0
+    result = evaluate(data, out, EVAL, fields=FIELDS, batch_size=1, loaded=loaded, progress=False)
+    assert (result.skipped, result.skipped + result.scanned) == (committed, len(items))
+    full = tmp_path / "full"
+    evaluate(data, full, EVAL, fields=FIELDS, batch_size=1, loaded=loaded, progress=False)
+    (a, ha), (b, hb) = _read(full), _read(out)
+    assert b["id"].is_unique and len(b) == len(items)
+    pd.testing.assert_frame_equal(a, b, check_exact=False, atol=1e-6, rtol=1e-6)
+    pd.testing.assert_frame_equal(ha, hb, check_exact=False, atol=1e-6, rtol=1e-6)
