@@ -60,11 +60,12 @@ PAGES = {
     "corpus": st.Page("corpus_page.py", title="Corpus"),
 }
 page = st.navigation(list(PAGES.values()), position="top")
-ss.problems = []
+ss.problems = ss.pop("problems_carried", [])  # what the run that switched here found (below)
 shared.open_pending(page.url_path, progress)
 if ss.get("goto") in PAGES:
     target = PAGES[ss.pop("goto")]
     if target.url_path != page.url_path:
+        ss.problems_carried = list(ss.problems)  # a start-up error is shown on the page the start opens, not lost
         st.switch_page(target)
 
 

@@ -22,10 +22,17 @@ st.caption(
 )
 c1, c2, c3 = st.columns([1.2, 1, 1.5])
 c1.radio("View", ["head view", "model view"], key="bv_view", horizontal=True, persist_state=PERSIST)
-if ss.bv_view == "model view":
+view = ss.bv_view.split()[0]
+if view == "model":
     limit = views.MODEL_VIEW_MAX_TOKENS
-if longest > limit:
-    sizes = [n for n in (8, 16, 24, 32, 48, 64) if n <= limit]
+try:  # the smallest window first: a capture with too many heads or layers has none bertviz can draw in time
+    views.check_bertviz(cap, view, min(longest, 8))
+except InspectorError as exc:
+    shared.show_error(views.app_error(exc))
+    st.stop()
+bound = views.MODEL_VIEW_MAX_WEIGHTS if view == "model" else views.BERTVIZ_MAX_WEIGHTS
+if longest > limit or views.bertviz_weights(cap, longest) > bound:
+    sizes = [n for n in (8, 16, 24, 32, 48, 64) if n <= limit and views.bertviz_weights(cap, n) <= bound] or [8]
     if ss.get("bv_size") not in sizes:
         ss.bv_size = max(n for n in sizes if n <= limit)
     c2.number_input(f"First token (0..{longest - 1})", 0, longest - 1, key="bv_start", persist_state=PERSIST)
@@ -40,7 +47,7 @@ cache_key = (ss.path, ss.bv_view, start, size, layer_index, head)
 if ss.bertviz_page is None or ss.bertviz_page[0] != cache_key:
     try:
         with st.spinner("Rendering bertviz …"):
-            page = views.bertviz_html(cap, ss.bv_view.split()[0], start, size, VENDOR, layer=layer_index, heads=[head])
+            page = views.bertviz_html(cap, view, start, size, VENDOR, layer=layer_index, heads=[head])
     except InspectorError as exc:
         shared.show_error(views.app_error(exc))
         st.stop()

@@ -82,13 +82,13 @@ def heat(cap, site, qi: int, title: str) -> alt.LayerChart:
     qs, ks = views.heatmap_windows(site, qi, size)
     df = views.heatmap_frame(cap, site, c.head, qs, ks, weighting=shared.weighting_of(cap, site))
     df["visible"] = views.visible_frame(cap, site, df)
-    q_order = list(dict.fromkeys(df["query_label"]))
-    k_order = list(dict.fromkeys(df["key_label"]))
-    px = max(11, min(16, 480 // max(1, len(q_order))))  # rows tall enough for a label each
-    font = 10 if max(len(q_order), len(k_order)) > 40 else 11
-    x = alt.X("key_label:N", sort=k_order, title="key",
+    n_q, n_k = df["query_label"].nunique(), df["key_label"].nunique()
+    px = max(11, min(16, 480 // max(1, n_q)))  # rows tall enough for a label each
+    font = 10 if max(n_q, n_k) > 40 else 11
+    # sorted by position, never by a list of labels (vega_text.order_column says why)
+    x = alt.X("key_label:N", sort=alt.EncodingSortField("key_index", op="min"), title="key",
               axis=alt.Axis(labelAngle=-60, labelLimit=110, labels=True, ticks=True, labelOverlap=False, labelFontSize=font))
-    y = alt.Y("query_label:N", sort=q_order, title="query",
+    y = alt.Y("query_label:N", sort=alt.EncodingSortField("query_index", op="min"), title="query",
               axis=alt.Axis(labelLimit=120, labels=True, ticks=True, labelOverlap=False, labelFontSize=font))
     cells = alt.Chart(df).mark_rect().encode(
         x=x, y=y,
@@ -97,9 +97,9 @@ def heat(cap, site, qi: int, title: str) -> alt.LayerChart:
                             alt.value("#e4e4e4")),
         tooltip=["query_index:O", "query_token:N", "key_index:O", "key_token:N", alt.Tooltip("weight:Q", format=".4f")],
     )
-    selected = df[df["query_index"] == qi].head(1)[["query_label"]]
+    selected = df[df["query_index"] == qi].head(1)[["query_label", "query_index"]]
     outline = alt.Chart(selected).mark_rect(fill=None, stroke="#ff4b4b", strokeWidth=2).encode(y=y)
-    return alt.layer(cells, outline).properties(title=title, height=px * len(q_order))
+    return alt.layer(cells, outline).properties(title=title, height=px * n_q)
 
 
 o_qi = variant_row(c.site, o_site, c.qi)

@@ -10,6 +10,7 @@ import shared
 import streamlit as st
 from shared import PERSIST, ss
 
+from inspector.errors import InspectorError
 from inspector.ui import views
 
 c = shared.current()
@@ -117,7 +118,7 @@ def bars_spec(n: int) -> dict:
     return spec
 
 
-@st.fragment(key="head_qkv")
+@shared.fragment("head_qkv")
 def qkv_panel(row: pd.DataFrame) -> None:
     """The Q, K and V vectors of the query and a key: choosing another key reruns this panel only."""
     st.markdown("**Q, K and V vectors**")
@@ -130,7 +131,11 @@ def qkv_panel(row: pd.DataFrame) -> None:
                  format_func=lambda i: "the query's strongest key" if i < 0 else views.token_label(i, c.k_tokens[i]),
                  help="The key whose vectors are shown; the caption below names it.")
     kj = strongest if int(ss.qkv_key) < 0 else int(ss.qkv_key)
-    vec = views.qkv_frame(cap, site, head, qi, kj)
+    try:
+        vec = views.qkv_frame(cap, site, head, qi, kj)
+    except InspectorError as exc:  # vectors too long to list, or NaN/infinity in them: said, never drawn
+        shared.show_error(views.app_error(exc))
+        return
     dot = float(vec["q*k"].sum())
     m1, m2, m3 = st.columns(3)
     m1.metric("q · k", f"{dot:.3f}")
@@ -144,7 +149,7 @@ def qkv_panel(row: pd.DataFrame) -> None:
                        mime="text/csv", key="dl_qkv", on_click="ignore")
 
 
-@st.fragment(key="head_body")
+@shared.fragment("head_body")
 def page_body() -> None:
     """Everything below the header: the page's own controls (heatmap mode, window, colour scale, weights) rerun
     this fragment only, not the sidebar and the rest of the app."""

@@ -9,6 +9,7 @@ Markdown); errors through :func:`inspector.ui.views.app_error` (one line, no ser
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 import tempfile
@@ -130,11 +131,15 @@ def set_capture(cap: Capture, path: Path | str, source: str) -> None:
     set_selection(Selection(first.name, 0, query))
     ss.verdict = None  # the verdict `inspector debug` wrote beside the capture (culprits.csv, verdict.json)
     try:
-        from inspector.ui.verdict_view import read_verdict
+        from inspector.ui.verdict_view import misfit, read_verdict
 
         v = read_verdict(Path(path).parent)
         names = {s.name for s in cap.sites}
-        if v is not None and set(v.table["site"]) <= names:
+        if v is not None and set(v.table["site"]) <= names:  # other sites: another capture's verdict
+            why = misfit(v, cap)
+            if why is not None:
+                raise InspectorError(f"the verdict beside this capture names {why}: it is not this capture's; run "
+                                     "inspector debug again")
             ss.verdict = v
     except InspectorError as exc:
         ss.problems.append(views.app_error(exc))
@@ -146,6 +151,24 @@ def set_capture(cap: Capture, path: Path | str, source: str) -> None:
 def capture_key() -> str:
     """The open capture's identity for the caches (``st.cache_data``): its file, size and modification time."""
     return ss.get("cap_key") or str(ss.path)
+
+
+def fragment(key: str):
+    """``st.fragment(key=key)`` whose body shows an unexpected error as one error box, like a page's (``app.py``):
+    Streamlit would draw an exception from a fragment as its own traceback element, also on the fragment's own
+    reruns, which ``app.py`` does not wrap."""
+    def wrap(body):
+        @functools.wraps(body)
+        def guarded(*args, **kwargs):
+            try:
+                return body(*args, **kwargs)
+            except Exception as exc:  # st.rerun and st.stop are not Exceptions: they pass
+                show_error(f"this view cannot show the open capture: {views.app_error(exc)}")
+                return None
+
+        return st.fragment(guarded, key=key)
+
+    return wrap
 
 
 def open_capture(path: str, source: str) -> bool:
@@ -190,13 +213,29 @@ def open_pending(page: str | None = None, progress=None) -> None:
 
 def _apply_start(args, say) -> None:
     """Open ``args.file`` and select what the arguments name (:func:`open_pending`); sets ``ss.start_applied``
-    once all of it is done, so an interrupted start is started again."""
+    once all of it is done, so an interrupted start is started again. A start selection that cannot be applied
+    is one error box; the capture stays open on what could be applied."""
     ss.start_applied = False
     if not open_capture(args.file, getattr(args, "source", None) or "command line"):
         ss.start_applied = True
         return
-    _start_selection(args, say)
+    try:
+        _start_selection(args, say)
+    except Exception as exc:  # st.rerun and st.stop are not Exceptions: they pass
+        ss.problems.append(f"the start selection could not be applied: {views.app_error(exc)}")
     ss.start_applied = True
+
+
+def _start_head(cap: Capture, head: int | None) -> None:
+    """``--head``: selected where the selected site has it, else said (the app stays on head 0)."""
+    if head is None:
+        return
+    site = cap.site(selection().site)
+    if 0 <= head < site.num_heads:
+        set_selection(head=head)
+    else:
+        have = "it has one head, 0" if site.num_heads == 1 else f"it has heads 0..{site.num_heads - 1}"
+        ss.problems.append(f"--head {head} does not exist at {site.name}: {have}; choose one in the sidebar's Head box")
 
 
 def _start_selection(args, say) -> None:
@@ -208,8 +247,11 @@ def _start_selection(args, say) -> None:
             ss.problems.append(views.app_error(exc))
     if getattr(args, "weighting", None):
         ss.weighting = args.weighting
-    if args.head is not None and 0 <= args.head < cap.site(selection().site).num_heads:
-        set_selection(head=args.head)
+    _start_head(cap, args.head)
+    if bool(args.query) != bool(args.referents):  # the split finder needs both: never dropped silently
+        given, missing = ("--query", "--referents") if args.query else ("--referents", "--query")
+        ss.problems.append(f"{given} needs {missing} too (the split finder runs on a query and its referents): "
+                           "give both, or fill in the Split finder's fields")
     if args.variant:
         open_variant(args.variant)
     top = ss.verdict.top if ss.get("verdict") is not None else None

@@ -11,6 +11,7 @@ from shared import FLAG_COLOUR, PERSIST, ss
 from inspector import analysis
 from inspector.analysis import spans
 from inspector.ui import views
+from inspector.ui.vega_text import order_column
 
 c = shared.current()
 cap, site = c.cap, c.site
@@ -89,10 +90,9 @@ most = min(40, len(df))
 if most > 1:
     ss.sp_top = min(int(ss.sp_top), most)
     st.slider("Heads in the chart", 1, most, key="sp_top", persist_state=PERSIST)
-bars = views.split_bars(df, int(ss.sp_top))
-order = list(dict.fromkeys(bars["head_label"]))
+bars, order = order_column(views.split_bars(df, int(ss.sp_top)), "head_label")  # never a sort list of text
 st.altair_chart(alt.Chart(bars).mark_bar().encode(
-    x=alt.X("head_label:N", sort=order, title="layer and head (split table order)",
+    x=alt.X("head_label:N", sort=alt.EncodingSortField(order, op="min"), title="layer and head (split table order)",
             axis=alt.Axis(labelAngle=-45, labelOverlap=False)),
     y=alt.Y("weight:Q", title="weight on the referent", stack="zero", scale=alt.Scale(domain=[0, 1])),
     color=alt.Color("referent:N", title="referent"),

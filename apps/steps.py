@@ -33,6 +33,7 @@ if shared.ss.get("verdict") is not None and shared.ss.get("path"):
             st.dataframe(terms.reindex(terms["term"].abs().sort_values(ascending=False).index).head(20),
                          hide_index=True, column_config={"term": st.column_config.NumberColumn(format="%+.5f")})
 try:
+    views.check_head_dims(site)  # before any work: explain builds one contribution of d_v entries per key
     exp = explain(cap, site, head, qi)
 except InspectorError as exc:
     shared.show_error(views.app_error(exc))

@@ -16,6 +16,8 @@ import re
 
 import pandas as pd
 
+from inspector.ui.vega_text import order_column
+
 PALETTE = ["#ea7814", "#1d4ed8", "#16a34a", "#9333ea", "#dc2626", "#0891b2"]
 _SCORE = re.compile(r"^split_score(?:\[(.+)\]|:(.+))$")  # compare_captures' split_score[name], or split_score:name
 
@@ -101,17 +103,21 @@ def comparison_bars(comparison: pd.DataFrame, top: int = 10) -> str | None:
 def _grouped_bars(alt, df: pd.DataFrame, *, group: str, group_order: list[str], value: str, y_title: str, x_title: str,
                   opacity=None) -> str:
     """Bars of ``value`` (0..1 axis) per head, one per ``group`` side by side, as inline SVG."""
-    order = list(dict.fromkeys(df["head"]))
+    # sorted by number fields, never by lists of names (vega_text.order_column says why)
+    df, by_head = order_column(df, "head")
+    df, by_group = order_column(df, group, group_order)
+    n_heads = df["head"].nunique()
     encoding = dict(
-        x=alt.X("head:N", sort=order, title=x_title, axis=alt.Axis(labelAngle=-40)),
-        xOffset=alt.XOffset(f"{group}:N", sort=group_order),
+        x=alt.X("head:N", sort=alt.EncodingSortField(by_head, op="min"), title=x_title, axis=alt.Axis(labelAngle=-40)),
+        xOffset=alt.XOffset(f"{group}:N", sort=alt.EncodingSortField(by_group, op="min")),
         y=alt.Y(f"{value}:Q", title=y_title, scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color(f"{group}:N", sort=group_order, scale=alt.Scale(range=PALETTE), title=group),
+        color=alt.Color(f"{group}:N", sort=alt.EncodingSortField(by_group, op="min"), scale=alt.Scale(range=PALETTE),
+                        title=group),
         tooltip=["head:N", f"{group}:N", alt.Tooltip(f"{value}:Q", format=".4f")],
     )
     if opacity is not None:
         encoding["opacity"] = opacity
-    chart = alt.Chart(df).mark_bar().encode(**encoding).properties(width=max(300, 48 * len(order)), height=220)
+    chart = alt.Chart(df).mark_bar().encode(**encoding).properties(width=max(300, 48 * n_heads), height=220)
     return _svg(chart)
 
 

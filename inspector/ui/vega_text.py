@@ -69,3 +69,19 @@ def title(text: str):
     import altair as alt
 
     return alt.TitleParams(text=alt.ExprRef(expr=decoded(json.dumps(encode(text)))))
+
+
+def order_column(df: pd.DataFrame, column: str, order: list | None = None) -> tuple[pd.DataFrame, str]:
+    """A copy of ``df`` with a column ``<column>_order`` holding each value's place in ``order`` (default: the
+    order the values first appear in), and that column's name, to sort a channel with
+    ``alt.EncodingSortField(name, op="min")``.
+
+    Never sort a channel by a list of capture text: Vega-Lite writes such a list into a Vega expression, and Vega's
+    expression parser refuses a string holding U+2028 or U+2029 ("Unexpected token ILLEGAL"), so a token or a
+    name with one would leave the chart undrawn. A sort by a number field carries no text into an expression."""
+    values = list(dict.fromkeys(df[column])) if order is None else list(order)
+    place = {v: i for i, v in enumerate(values)}
+    name = f"{column}_order"
+    out = df.copy()
+    out[name] = [place.get(v, len(values)) for v in df[column]]
+    return out, name

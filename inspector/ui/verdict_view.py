@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from inspector.analysis.verdict import COLUMNS, SignatureRule, Verdict
+from inspector.analysis.verdict import (
+    COLUMNS,
+    NEGLIGIBLE_LABEL,
+    SIGNATURES,
+    TOWARDS_RIGHT,
+    TOWARDS_WRONG,
+    UNCONFIRMED,
+    SignatureRule,
+    Verdict,
+)
 from inspector.errors import InspectorError
 
 CSV, META = "culprits.csv", "verdict.json"
@@ -53,7 +62,7 @@ def read_verdict(folder: str | Path) -> Verdict | None:
     table = table[COLUMNS].copy()
     for c in ("site", "stack", "kind", "direction", "signature", "query_token"):
         table[c] = table[c].map(csv_cell_read)
-    table["rank"] = table["rank"].astype("Int64")
+    table = _checked_columns(table, folder.name)
     table["query_token"] = table["query_token"].fillna("").astype(str)
     rule = info.get("rule") or {}
     try:
@@ -63,6 +72,52 @@ def read_verdict(folder: str | Path) -> Verdict | None:
     notes = [str(n) for n in info.get("notes") or [] if isinstance(n, str)]
     return Verdict(right=info["right"], wrong=info["wrong"], metric=float(info["metric"]), definition=info["definition"],
                    table=table, rule=rule, notes=notes)
+
+
+WHOLE = ("layer", "head", "query_row")  # whole numbers in every row
+NUMBERS = ("effect", "attribution", "weight_right", "weight_wrong", "wrong_share", "referent_mass", "split_score")
+DIRECTIONS = (TOWARDS_WRONG, TOWARDS_RIGHT, NEGLIGIBLE_LABEL, UNCONFIRMED)
+
+
+def _checked_columns(table: pd.DataFrame, name: str) -> pd.DataFrame:
+    """``culprits.csv``'s columns as the views read them: ``layer``, ``head``, ``query_row`` whole numbers,
+    ``rank`` a whole number or empty, the measures numbers (empty: not measured, never an infinity), ``site``
+    text, ``direction`` and ``signature`` the labels :mod:`inspector.analysis.verdict` gives. Raises
+    :class:`InspectorError` (one line) naming the first column that is not."""
+    def bad(column: str, what: str) -> InspectorError:
+        return InspectorError(f"the verdict in {name}: column {column!r} of culprits.csv holds a value that is not {what} "
+                              "(damaged, or not what inspector debug writes): run inspector debug again")
+
+    for c in (*WHOLE, "rank"):
+        col = pd.to_numeric(table[c], errors="coerce")
+        given = table[c].notna() if c == "rank" else pd.Series(True, index=table.index)
+        if (col.isna() & given).any() or not (col.dropna() == col.dropna().round()).all() \
+                or not col.dropna().abs().lt(2**53).all():
+            raise bad(c, "a whole number")
+        table[c] = col.astype("Int64") if c == "rank" else col.astype("int64")
+    for c in NUMBERS:
+        col = pd.to_numeric(table[c], errors="coerce")
+        if (col.isna() & table[c].notna()).any() or col.abs().eq(math.inf).any():
+            raise bad(c, "a finite number (or empty)")
+        table[c] = col.astype(float)
+    for c, allowed in (("direction", DIRECTIONS), ("signature", SIGNATURES)):
+        if not table[c].isin(allowed).all():
+            raise bad(c, "one of " + ", ".join(allowed))
+    if not table["site"].map(lambda x: isinstance(x, str)).all():
+        raise bad("site", "a site name")
+    return table
+
+
+def misfit(v: Verdict, capture) -> str | None:
+    """Why the verdict ``v`` read beside a capture cannot be this capture's (a head or a query row it lacks), or
+    None when it fits. Sites are compared by the caller: a verdict of other sites is another capture's."""
+    for r in v.table.to_dict("records"):
+        site = capture.site(r["site"])
+        if not 0 <= int(r["head"]) < site.num_heads:
+            return f"head {int(r['head'])} at {site.name}, which has {site.num_heads}"
+        if not -1 <= int(r["query_row"]) < site.query_len:
+            return f"query row {int(r['query_row'])} at {site.name}, whose rows are 0..{site.query_len - 1}"
+    return None
 
 
 def read_why(folder: str | Path) -> tuple[dict, pd.DataFrame] | None:

@@ -16,12 +16,17 @@ matrix of a long input. Every public name of the submodules is re-exported here 
 """
 
 from inspector.ui.views.bertviz import (
+    BERTVIZ_MAX_HEADS,
     BERTVIZ_MAX_TOKENS,
+    BERTVIZ_MAX_WEIGHTS,
     FIT_WIDTH,
     MODEL_VIEW_MAX_TOKENS,
+    MODEL_VIEW_MAX_WEIGHTS,
     VENDOR_FILES,
     bertviz_html,
     bertviz_kwargs,
+    bertviz_weights,
+    check_bertviz,
     default_vendor_dir,
     html_size,
     offline_bertviz,
@@ -51,7 +56,14 @@ from inspector.ui.views.labels import (
     site_short,
     token_label,
 )
-from inspector.ui.views.limits import APP_MAX_RECOMPUTED, app_error, check_app_work, recomputed_weights
+from inspector.ui.views.limits import (
+    APP_MAX_HEAD_DIM,
+    APP_MAX_RECOMPUTED,
+    app_error,
+    check_app_work,
+    check_head_dims,
+    recomputed_weights,
+)
 from inspector.ui.views.shading import (
     Shade,
     shade_alpha,
@@ -71,18 +83,25 @@ from inspector.ui.views.windows import (
 )
 
 __all__ = [
+    "APP_MAX_HEAD_DIM",
     "APP_MAX_RECOMPUTED",
+    "BERTVIZ_MAX_HEADS",
     "BERTVIZ_MAX_TOKENS",
+    "BERTVIZ_MAX_WEIGHTS",
     "FIT_WIDTH",
     "GRID_METRICS",
     "MODEL_VIEW_MAX_TOKENS",
+    "MODEL_VIEW_MAX_WEIGHTS",
     "VENDOR_FILES",
     "Shade",
     "app_error",
     "bertviz_html",
     "bertviz_kwargs",
+    "bertviz_weights",
     "causal_keys",
     "check_app_work",
+    "check_bertviz",
+    "check_head_dims",
     "csv_bytes",
     "default_vendor_dir",
     "explain_frame",

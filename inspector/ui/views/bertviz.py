@@ -19,6 +19,14 @@ BERTVIZ_MAX_TOKENS = 64  # bertviz embeds every weight as JSON: a 64-token windo
 # bertviz's model view draws one SVG line per weight of every head (layers x heads x window^2): 6 x 12 heads
 # at 64 tokens are 295k lines, about 10 s in Chromium before anything shows; at 32 tokens 74k lines, 2.6 s
 MODEL_VIEW_MAX_TOKENS = 32
+# ... and a window's weights are layers x heads x window^2 over the stacks bertviz draws: a capture of 4,000 heads
+# at one layer kept Chromium busy 13 s for a 4-token window, 20,000 heads 50 s. These bound what one page embeds
+# (the head view, about 6 bytes of JSON a weight: 2.5 M is 15 MB, a 64-token window of BART-large's three stacks)
+# and draws (the model view: one line a weight), and the heads a layer may have (its colour boxes and thumbnails;
+# the largest text models have 128).
+BERTVIZ_MAX_WEIGHTS = 2_500_000
+MODEL_VIEW_MAX_WEIGHTS = 300_000
+BERTVIZ_MAX_HEADS = 128
 
 
 VENDOR_FILES = {  # what bertviz's HTML would fetch from cdnjs, as installed by `make assets`
@@ -26,6 +34,49 @@ VENDOR_FILES = {  # what bertviz's HTML would fetch from cdnjs, as installed by 
     "d3": "d3/dist/d3.min.js",
     "jquery": "jquery/dist/jquery.min.js",
 }
+
+
+def _drawn(capture: Capture) -> list[tuple[list[Site], str]]:
+    """The sites bertviz draws, one per layer, by stack (encoder, decoder, cross; or the single stack's self sites
+    of its first site's shape), each with the axis its window's keys are on (``key`` for cross, else ``query``)."""
+    def per_layer(sites: list[Site]) -> list[Site]:
+        first: dict[int, Site] = {}
+        for s in sites:
+            first.setdefault(s.layer, s)
+        return [s for _, s in sorted(first.items())]
+
+    by_group = {(stack, kind): sites for stack, kind, sites in groups(capture)}
+    enc = by_group.get(("encoder", "self"))
+    if enc:
+        dec = by_group.get(("decoder", "causal")) or by_group.get(("decoder", "self"))
+        cross = by_group.get(("decoder", "cross")) if dec else None
+        return [(per_layer(g), "key" if g is cross else "query") for g in (enc, dec, cross) if g]
+    sites = [s for _, kind, ss in groups(capture) if kind != "cross" for s in ss]
+    same = [s for s in sites if sites and (s.query_len, s.key_len) == (sites[0].query_len, sites[0].key_len)]
+    return [(per_layer(same), "query")] if same else []
+
+
+def bertviz_weights(capture: Capture, size: int) -> int:
+    """How many weights bertviz embeds (head view) or draws as lines (model view) for a window of ``size`` tokens
+    of ``capture``: heads x query window x key window, summed over the layers and stacks it draws. From the header
+    alone."""
+    return sum(s.num_heads * min(size, s.query_len) * min(size, s.key_len if axis == "key" else s.query_len)
+               for sites, axis in _drawn(capture) for s in sites)
+
+
+def check_bertviz(capture: Capture, view: str, size: int) -> None:
+    """Refuse, in one line naming the fix, a window bertviz would take too long to draw: a layer with more than
+    :data:`BERTVIZ_MAX_HEADS` heads, or more than :data:`BERTVIZ_MAX_WEIGHTS` weights
+    (:data:`MODEL_VIEW_MAX_WEIGHTS` in the model view; :func:`bertviz_weights`). Raises :class:`InspectorError`."""
+    heads = max((s.num_heads for sites, _ in _drawn(capture) for s in sites), default=0)
+    if heads > BERTVIZ_MAX_HEADS:
+        raise InspectorError(f"this capture has {heads:,} heads in a layer, more than bertviz draws ({BERTVIZ_MAX_HEADS}): "
+                             "use the Head view, which shows one head at a time")
+    bound = MODEL_VIEW_MAX_WEIGHTS if view == "model" else BERTVIZ_MAX_WEIGHTS
+    n = bertviz_weights(capture, size)
+    if n > bound:
+        raise InspectorError(f"bertviz's {view} view of a {size}-token window of this capture holds {n:,} weights, more "
+                             f"than it draws ({bound:,}): choose a smaller window, or use the Head view")
 
 
 def bertviz_kwargs(capture: Capture, start: int, size: int, *, batch: int = 0, decimals: int = 3) -> dict:
@@ -152,13 +203,15 @@ def bertviz_html(capture: Capture, view: str, start: int, size: int, vendor_dir:
                  layer: int | None = None, heads: list[int] | None = None) -> str:
     """bertviz's head or model view of a token window, as self-contained HTML. For the head view,
     ``layer`` (an index into the captured layers) and ``heads`` pick what is shown first. The model view
-    takes windows of at most :data:`MODEL_VIEW_MAX_TOKENS` tokens (:class:`InspectorError` otherwise)."""
+    takes windows of at most :data:`MODEL_VIEW_MAX_TOKENS` tokens, and either view a window within
+    :func:`check_bertviz`'s bounds (:class:`InspectorError` otherwise)."""
     import bertviz
 
     if view == "model" and size > MODEL_VIEW_MAX_TOKENS:
         raise InspectorError(f"bertviz's model view draws every weight of every head: windows of at most "
                              f"{MODEL_VIEW_MAX_TOKENS} tokens, got {size}: choose a smaller window (or the head view)")
 
+    check_bertviz(capture, view, size)
     scripts = vendor_scripts(vendor_dir)
     kwargs = bertviz_kwargs(capture, start, size, batch=batch)
     if view == "head":

@@ -4,6 +4,8 @@ shows from the capture."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import torch
 
@@ -13,6 +15,7 @@ from inspector.analysis.split import word_row
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 from inspector.ui.views.labels import group_label, head_label, token_label
+from inspector.ui.views.limits import check_head_dims
 
 GRID_METRICS = {
     "normalized_entropy": "normalized entropy",
@@ -101,7 +104,9 @@ def query_row(capture: Capture, site: Site, head: int, query_index: int, batch: 
 
 def qkv_frame(capture: Capture, site: Site, head: int, query_index: int, key_index: int, batch: int = 0) -> pd.DataFrame:
     """The query vector of ``query_index`` and the key and value vectors of ``key_index`` for one head
-    (K/V of the head's K/V group under grouped-query attention): ``dim, q, k, q*k, v``."""
+    (K/V of the head's K/V group under grouped-query attention): ``dim, q, k, q*k, v``. Raises
+    :class:`InspectorError` for a site without Q/K/V, vectors longer than the app lists
+    (:func:`~inspector.ui.views.limits.check_head_dims`) or holding NaN or infinity."""
     if not {"q", "k", "v"} <= set(site.parts):
         raise InspectorError(f"site {site.name} was captured through output_attentions, without Q/K/V: no vectors to show")
     kv = site.head_map[head]
@@ -110,7 +115,11 @@ def qkv_frame(capture: Capture, site: Site, head: int, query_index: int, key_ind
         t = capture.tensors.slice(site.tensor_name(part), (slice(batch, batch + 1), slice(h, h + 1), slice(pos, pos + 1)))
         return t[0, 0, 0].float().tolist()
 
+    check_head_dims(site)
     q, k, v = row("q", head, query_index), row("k", kv, key_index), row("v", kv, key_index)
+    if not all(math.isfinite(x) for x in (*q, *k, *v)):
+        raise InspectorError(f"the Q, K or V vector of head {head} at {site.name} (query {query_index}, key {key_index}) "
+                             "holds NaN or infinity, which no model computes: the file is damaged; capture again")
     n = max(len(q), len(v))
     pad = [float("nan")] * n
     return pd.DataFrame({

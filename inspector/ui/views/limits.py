@@ -15,6 +15,24 @@ from inspector.store.capture_file import Capture
 APP_MAX_RECOMPUTED = 1_000_000_000
 
 
+# the Head page lists a head's Q, K and V entry by entry and Step by step charts its output vector; real heads have
+# 64 to 256 entries: a crafted header declaring 300,000 held the server for seconds and the browser for minutes
+APP_MAX_HEAD_DIM = 4096
+
+
+def check_head_dims(site, limit: int | None = None) -> None:
+    """Refuse, in one line naming the fix, a site whose Q/K (``d_head``) or V (``d_v``) vectors have more than
+    ``limit`` entries a head (default :data:`APP_MAX_HEAD_DIM`, read when called), where the site stores them:
+    the views that list or chart them entry by entry are not drawn. Read from the header alone."""
+    limit = APP_MAX_HEAD_DIM if limit is None else limit
+    sizes = {"d_head": site.d_head if {"q", "k"} & set(site.parts) else 0, "d_v": site.d_v if "v" in site.parts else 0}
+    over = [f"{k} {v:,}" for k, v in sizes.items() if v > limit]
+    if over:
+        raise InspectorError(f"site {site.name} has vectors of {' and '.join(over)} entries a head, more than the app "
+                             f"lists ({limit:,}): use the CLI (inspector explain FILE --site SITE --head H --query-index I "
+                             "--csv -)")
+
+
 def recomputed_weights(capture: Capture) -> int:
     """How many attention weights the views make for ``capture`` beyond those the file stores as they are:
     batch x heads x queries x keys summed over the sites that store no weights (recomputed from Q and K) and the
@@ -39,7 +57,9 @@ def check_app_work(capture: Capture, limit: int | None = None) -> None:
                              "text (or with stored weights), or use the CLI (inspector rank FILE)")
 
 
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s'\"\\/:,;)]+)+[\\/]?")
+# an absolute path starts the message or follows a space, a quote, a bracket or "=": a "/" inside a word (the
+# "</script>" of a hostile site name, "out/lease") is the user's own text, shown as it is
+_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=`]))(?:[A-Za-z]:)?(?:[\\/][^\s'\"\\/:,;)]+)+[\\/]?")
 
 
 def app_error(exc: BaseException) -> str:
