@@ -24,7 +24,7 @@ The metrics are defined in :mod:`inspector.intervene.contrast`; the seam in :mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -34,6 +34,7 @@ from inspector.capture.inputs import encode_with_globals
 from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.intervene import contrast as _contrast
+from inspector.intervene import rerun
 from inspector.intervene import seam as intervene
 from inspector.store.capture_file import Capture, Site
 from inspector.store.schema import HEAD_KEY
@@ -220,7 +221,10 @@ class Effects:
     ``metric``: the contrast before any ablation; ``definition``: what it measures.
     ``disagreements``: the rows with an exact effect whose sign differs from the attribution's, or
     whose rank by absolute effect is :func:`large_rank_gap` places or more from their rank by absolute
-    attribution; its ``attrs`` hold the Spearman rank correlation over every confirmed head."""
+    attribution; its ``attrs`` hold the Spearman rank correlation over every confirmed head.
+    ``confirmed`` (set by :func:`effects`): ``heads`` (how many have an exact effect), ``of`` (how many heads
+    there are), ``budget`` and ``cost`` (forward-equivalents, estimated: :meth:`inspector.intervene.rerun.Recording.cost`),
+    ``reused`` (whether reruns started at the head's layer) and ``reason`` (why not)."""
 
     table: pd.DataFrame
     metric: float
@@ -228,6 +232,7 @@ class Effects:
     disagreements: pd.DataFrame
     capture: Capture
     contrast: _contrast.Contrast
+    confirmed: dict = field(default_factory=dict)
 
 
 def attribute(model, tokenizer, text: str, target: str | Output | None = None, *, contrast: str | tuple[str, str],
@@ -272,9 +277,50 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
 
 
 def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
-                  method: str = "zero", before: float | None = None) -> list[float]:
-    """The exact change of the metric when each of ``heads`` is ablated alone (one forward pass each;
-    the LM head, where the model allows, only on the row the metric reads)."""
+                  method: str = "zero", before: float | None = None, reuse: bool = True,
+                  memory_gib: float | None = None, batch: int | None = None,
+                  recording: rerun.Recording | None = None) -> list[float]:
+    """The exact change of the metric when each of ``heads`` is ablated alone (units: the metric's).
+
+    Each ablation reruns only what it changes (:mod:`inspector.intervene.rerun`): from the head's layer on, an
+    encoder-decoder's decoder heads without the encoder, the LM head on the metric's two logits; the numbers are
+    those of a full pass per head (tested within 1e-5). ``reuse=False``: one full forward pass each, as before
+    issue 42. ``memory_gib``: the bound on what the clean pass keeps and one batch takes (default
+    :data:`inspector.intervene.rerun.MEMORY_GIB`); ``batch``: ablations a pass (default
+    :func:`inspector.intervene.rerun.batch_for`: one at a time on a CPU). ``recording``: a clean pass already
+    kept (:func:`inspector.intervene.rerun.record` on ``encoded``, recording every site's outputs with ``mean``).
+    ``before``: the metric without ablation when known (zero ablation). Raises :class:`InspectorError` for an
+    unknown site or head."""
+    for name, h in heads:
+        intervene.check_heads(capture.sites, [(name, h)], model)
+    if not reuse:
+        return _full_effects(model, encoded, capture, c, heads, method=method, before=before)
+    rec = recording or recording_for(model, encoded, capture, c, method=method, memory_gib=memory_gib)
+    if before is None or method == "mean":
+        before = float(c.value(rec.output, kept=bool(rec.extra)))
+    try:
+        return _reran_effects(rec, capture, c, heads, method=method, before=before, batch=batch)
+    except rerun.Stale:  # a pass changed a kept tensor in place: full passes for all of them
+        return _full_effects(model, encoded, capture, c, heads, method=method, before=before)
+
+
+def recording_for(model, encoded, capture: Capture, c: _contrast.Contrast, *, method: str = "zero",
+                  memory_gib: float | None = None) -> rerun.Recording:
+    """The clean pass :func:`exact_effects` reruns from (:func:`inspector.intervene.rerun.record`): for zero
+    ablation on the input cut after the metric's row (:func:`inspector.intervene.rerun.truncated`: the positions
+    after it change nothing the metric reads), for mean ablation on the whole input with every site's outputs
+    recorded (their means are over every position)."""
+    keep = _contrast.keep_kwargs(model, c)
+    if method == "zero" and c.kind == "logit":
+        encoded = rerun.truncated(encoded, c.row)
+    return rerun.record(model, encoded, capture.sites, intervene.Seam(record=method == "mean"), extra=keep,
+                        memory_gib=memory_gib)
+
+
+def _full_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
+                  method: str, before: float | None) -> list[float]:
+    """:func:`exact_effects` by one full forward pass per head (the LM head, where the model allows, only on the
+    row the metric reads)."""
     keep = _contrast.keep_kwargs(model, c)
     outputs = None
     if before is None or method == "mean":
@@ -288,14 +334,53 @@ def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads
     return out
 
 
+def _reran_effects(rec: rerun.Recording, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
+                   method: str, before: float, batch: int | None) -> list[float]:
+    """:func:`exact_effects` by reruns from each head's layer; zero ablations in batches of
+    :func:`inspector.intervene.rerun.batch_for` heads of one start layer (one head a batch row)."""
+    kept = bool(rec.extra)
+    narrow = rerun.narrow_for(rec.model, c, kept)
+    out: dict[int, float] = {}
+    rows = 1 + max((r.batch for r in rec.encoded.records), default=0)
+    order = sorted(range(len(heads)), key=lambda i: (rec.start([heads[i][0]]), i))
+    groups: list[list[int]] = []
+    for i in order:
+        site = heads[i][0]
+        size = 1 if method == "mean" or rows != 1 else rerun.batch_for(rec, len(heads), [site], batch)
+        if groups and len(groups[-1]) < size and rec.start([heads[groups[-1][0]][0]]) == rec.start([site]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for group in groups:
+        if len(group) == 1:
+            name, h = heads[group[0]]
+            s = intervene.ablation(capture, {name: [h]}, method, rec.seam.outputs)
+        else:
+            s = intervene.Seam()
+            for row, i in enumerate(group):
+                s.zero_rows.setdefault(heads[i][0], []).append((row, heads[i][1]))
+        edited = rec.run(s, [heads[i][0] for i in group], batch=len(group), narrow=narrow)
+        for row, i in enumerate(group):
+            out[i] = float(c.value(edited, batch=row, kept=kept)) - before
+    return [out[i] for i in range(len(heads))]
+
+
 def effects(model, tokenizer, text: str, target: str | Output | None = None, *, contrast: str | tuple[str, str],
             query: str | None = None, occurrence: int | None = None, top: int = 10, method: str = "zero",
-            confirm: list[tuple[str, int]] | None = None, global_tokens: list[str] | None = None) -> Effects:
+            confirm: list[tuple[str, int]] | None = None, global_tokens: list[str] | None = None,
+            budget: float | None = None, memory_gib: float | None = None) -> Effects:
     """Every head ranked by attribution (:func:`attribute`), then the exact effect of ablating each
     of the ``top`` heads alone (and of every head in ``confirm``) in the ``effect`` column. ``global_tokens``:
-    as :func:`ablate` (every pass marks them)."""
-    if top < 0:
-        raise InspectorError(f"--top must be 0 or more, got {top}")
+    as :func:`ablate` (every pass marks them).
+
+    ``budget`` (forward-equivalents, estimated by counting multiply-adds,
+    :meth:`inspector.intervene.rerun.Recording.cost`): every other head too, in attribution order, while the
+    reruns' total stays within it (a head that does not fit is passed over for cheaper ones after it): exact
+    effects for every head where affordable, attribution only ordering them. ``memory_gib``: the bound on what
+    the clean pass keeps and one batch of reruns takes (:func:`exact_effects`). :attr:`Effects.confirmed` says
+    how many were confirmed. Raises :class:`InspectorError` for ``top`` or ``budget`` below 0, a
+    ``memory_gib`` not above 0, an unknown head in ``confirm``."""
+    check_budget(budget, memory_gib, top)
     encoded = encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
     res = attribute(model, tokenizer, text, contrast=contrast, query=query, occurrence=occurrence, method=method,
                     encoded=encoded)
@@ -304,13 +389,57 @@ def effects(model, tokenizer, text: str, target: str | Output | None = None, *, 
     extra = [(str(s), int(h)) for s, h in confirm or []]
     intervene.check_heads(res.capture.sites, extra, model)
     chosen = keys[:top] + [k for k in dict.fromkeys(extra) if k not in keys[:top]]
+    rec = recording_for(model, encoded, res.capture, res.contrast, method=method, memory_gib=memory_gib)
+    narrow = rerun.narrow_for(model, res.contrast, bool(rec.extra)) is not None
+    per_site = {s.name: rec.cost([s.name], narrow) for s in res.capture.sites}
+    spent = sum(per_site[name] for name, _ in chosen)
+    if budget is not None:
+        taken = set(chosen)
+        for k in keys:
+            if k not in taken and spent + per_site[k[0]] <= budget:
+                chosen.append(k)
+                taken.add(k)
+                spent += per_site[k[0]]
     exact = exact_effects(model, encoded, res.capture, res.contrast, chosen, method=method,
-                          before=res.metric if method == "zero" else None)
+                          before=res.metric if method == "zero" else None, recording=rec)
     index = {k: i for i, k in enumerate(keys)}
     for k, e in zip(chosen, exact, strict=True):
         table.loc[index[k], "effect"] = e
     res.disagreements = _disagreements(table)
+    res.confirmed = {"heads": len(chosen), "of": len(keys), "budget": budget, "cost": spent, "reused": rec.reusable,
+                     "reason": rec.reason}
     return res
+
+
+def check_budget(budget: float | None = None, memory_gib: float | None = None, top: int = 0) -> None:
+    """Refuse a ``top`` below 0, a ``budget`` (forward-equivalents) below 0 or not finite, a ``memory_gib`` not
+    above 0 (or over :data:`inspector.intervene.attribution.MEMORY_LIMIT_GIB`): :class:`InspectorError`, one line
+    naming the flag (``--top``, ``--budget``, ``--memory-budget``)."""
+    import math
+
+    from inspector.intervene.attribution import MEMORY_LIMIT_GIB
+
+    if top < 0:
+        raise InspectorError(f"--top must be 0 or more, got {top}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not math.isfinite(budget) or budget < 0):
+        raise InspectorError(f"--budget must be a number of forward passes, 0 or more, got {budget!r}")
+    if memory_gib is not None and (isinstance(memory_gib, bool) or not isinstance(memory_gib, (int, float))
+                                   or not math.isfinite(memory_gib) or not 0 < memory_gib <= MEMORY_LIMIT_GIB):
+        raise InspectorError(f"--memory-budget must be more than 0 and at most {MEMORY_LIMIT_GIB:g} GiB, got {memory_gib!r}")
+
+
+def confirmed_text(res: Effects) -> str:
+    """``"confirmed N of M heads exactly (...)"``: how many heads :func:`effects` gave an exact effect, what their
+    reruns cost (estimated forward passes) against the budget, and why reruns were full passes where they were."""
+    c = res.confirmed
+    if not c:
+        n = int(res.table["effect"].notna().sum())
+        return f"confirmed {n} of {len(res.table)} heads exactly"
+    how = f"reruns estimated at {c['cost']:.2f} forward passes"
+    how += f" of a budget of {c['budget']:g}" if c.get("budget") is not None else ""
+    how += "" if c.get("reused") else f"; {c['reason']}"
+    return f"confirmed {c['heads']} of {c['of']} heads exactly ({how})"
 
 
 def large_rank_gap(n: int) -> int:

@@ -10,7 +10,8 @@ n-th repeated call within one forward pass), and then
 
 * records the output of chosen sites (``record``), e.g. a variant's head outputs to patch in;
 * sets chosen heads' slices to zero (``zero``): the same as zeroing that head's input columns of
-  the output projection, so the projection's bias is kept;
+  the output projection, so the projection's bias is kept; ``zero_rows`` does so in one batch row only, so that
+  a batch of copies of one input ablates a different head in each row (:mod:`inspector.intervene.rerun`);
 * replaces chosen heads' slices by given values (``replace``): a constant per head (mean ablation)
   or values per query position (patching), only at the positions a boolean mask selects;
 * adds a zero tensor that requires grad (``grad=True``), so the gradient of any function of the
@@ -80,6 +81,7 @@ class Seam:
 
     zero: dict[str, list[int]] = field(default_factory=dict)
     replace: dict[str, Replacement] = field(default_factory=dict)
+    zero_rows: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # site -> [(batch row, head)] zeroed
     record: set[str] | bool = field(default_factory=set)
     grad: bool = False
     recorder: Recorder | None = None
@@ -127,11 +129,13 @@ class Seam:
     def _edit(self, name: str, out: torch.Tensor, start: int) -> torch.Tensor:
         """``out [batch, query, head, d_v]`` (query positions ``start ..`` of the site) with the zeroed and
         replaced heads of ``name`` applied."""
-        if name in self.zero or name in self.replace:
-            keep = torch.ones(out.shape[2], dtype=out.dtype, device=out.device)
+        if name in self.zero or name in self.replace or name in self.zero_rows:
+            keep = torch.ones(out.shape[0], out.shape[2], dtype=out.dtype, device=out.device)
             if name in self.zero:
-                keep[self.zero[name]] = 0
-            out = out * keep[None, None, :, None]
+                keep[:, self.zero[name]] = 0
+            for row, head in self.zero_rows.get(name, ()):
+                keep[row, head] = 0
+            out = out * keep[:, None, :, None]
             r = self.replace.get(name)
             if r is not None:
                 out = _apply(out, r, start)
@@ -304,7 +308,7 @@ def run(model, encoded: Encoded, s: Seam | None = None, *, meta: dict | None = N
         raise InspectorError(
             f"{type(model).__name__}'s attention does not call transformers' attention interface, so its heads "
             "cannot be ablated or patched: use a model whose attention layers call ALL_ATTENTION_FUNCTIONS")
-    unedited = [n for n in list(s.zero) + list(s.replace) if n not in s.seen]
+    unedited = [n for n in [*s.zero, *s.replace, *s.zero_rows] if n not in s.seen]
     if unedited:  # never report an edit that did not happen
         raise InspectorError(f"{unedited[0]} did not run in this pass, so its heads were not edited: pick heads of "
                              f"{editable_sites(s.recorder.sites)}")
