@@ -516,6 +516,9 @@ def cmd_effects(args) -> int:
     check_source_words(args, source)
     if args.top < 0:
         raise InspectorError(f"--top must be 0 or more, got {args.top}")
+    from inspector.cli.investigate import check_budget_args
+
+    check_budget_args(args)
     confirm = parse_heads(args.confirm, "--confirm") if args.confirm else []
     variants = parse_variants(args.variant)
     check_global_texts(_global_arg(args), {"the source text": source,
@@ -542,10 +545,11 @@ def cmd_effects(args) -> int:
         return _effects_with_matter(args, loaded, source, output, confirm, variants)
     res = effects.effects(loaded.model, loaded.tokenizer, source, output, contrast=args.contrast, query=args.query,
                           occurrence=args.occurrence, top=args.top, method=args.method, confirm=confirm,
-                          global_tokens=_global_tokens(args))
+                          global_tokens=_global_tokens(args), budget=args.budget, memory_gib=args.memory_budget)
     write_csv(args.csv, res.table)
     status(f"wrote {len(res.table)} rows to {args.csv}")
     say(f"metric: {res.definition} = {res.metric:.6f}", indent="  ")
+    say(effects.confirmed_text(res), indent="  ")
     say(f"heads ranked by |attribution| (first {max(args.top, 10)}); effect = exact change under {args.method} ablation:",
         indent="  ")
     print_table(res.table, None if args.all_rows else max(args.top, 10), digits=5, what="heads",
@@ -566,7 +570,8 @@ def _effects_with_matter(args, loaded, source, output, confirm, variants) -> int
 
     question = Question(args.query, contrast=args.contrast, occurrence=args.occurrence)
     m = _matter.matter_of(loaded, source, output, question, flagged=confirm, contrast_occurrence=args.occurrence,
-                          variants=variants, top=args.top, global_tokens=_global_tokens(args))
+                          variants=variants, top=args.top, global_tokens=_global_tokens(args), budget=args.budget,
+                          memory_gib=args.memory_budget)
     write_csv(args.csv, m.effects)
     status(f"wrote {len(m.effects)} rows to {args.csv}")
     if args.matter_csv:
@@ -596,6 +601,13 @@ def add_effects_commands(sub) -> None:
             p.add_argument("--top", type=int, default=10, metavar="K",
                            help="the first K heads by attribution: confirmed by exact ablation and printed (at least 10 "
                                 "printed; default 10); --csv FILE holds every head")
+            p.add_argument("--budget", type=float, metavar="FORWARDS",
+                           help="also confirm every other head, in attribution order, while the reruns stay within "
+                                "FORWARDS forward passes (estimated by counting multiply-adds; default: none beyond --top "
+                                "and --confirm)")
+            p.add_argument("--memory-budget", type=float, metavar="GIB",
+                           help="GiB the clean pass kept for the reruns and one batch of reruns may take (default 2); "
+                                "what does not fit is rerun")
             add_rows_options(p, "heads", top=False)
             p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE", required=True,
                            help="CSV with one row per site and head")

@@ -37,7 +37,7 @@ from inspector.cli.common import (
     say_lines,
 )
 from inspector.errors import InspectorError
-from inspector.investigate.defaults import DEBUG_TOP
+from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP
 
 STORY_VARIANTS, STORY_SOURCES = "variants.csv", "sources.csv"  # what the demo's story writes beside the investigation
 
@@ -152,6 +152,16 @@ def _check_occurrence_in(texts: dict[str, str], query: str, occurrence: int) -> 
                                  f"{'1' if n == 1 else f'1..{n}'}")
 
 
+def check_budget_args(args) -> None:
+    """``--budget`` (forward passes, 0 or more) and ``--memory-budget`` (GiB, above 0) within bounds, before torch
+    loads: one line naming the flag (:func:`inspector.intervene.effects.check_budget` says the same after it)."""
+    budget, memory = getattr(args, "budget", None), getattr(args, "memory_budget", None)
+    if budget is not None and not 0 <= budget < float("inf"):
+        raise InspectorError(f"--budget must be a number of forward passes, 0 or more, got {budget!r}")
+    if memory is not None and not 0 < memory <= 65536:
+        raise InspectorError(f"--memory-budget must be more than 0 and at most 65536 GiB, got {memory!r}")
+
+
 def cmd_debug(args) -> int:
     from inspector.investigate.defaults import MARKER, REPORT
     from inspector.store.files import check_folder_target
@@ -193,6 +203,7 @@ def cmd_debug(args) -> int:
     check_global_texts(args.global_tokens, {"the source text": source,
                                             **{f"the --variant {name} file": text for name, text in variants.items()}})
     check_folder_target(Path(args.out), MARKER, legacy=REPORT)  # before the model loads: only inspector's folder is replaced
+    check_budget_args(args)
     from inspector.capture.output import Output
     from inspector.investigate.debug import investigate
 
@@ -200,6 +211,7 @@ def cmd_debug(args) -> int:
     output = Output(text=said, generate=args.generate)
     loaded = load_from_args(args)
     inv = investigate(loaded, source, question, output, out_dir=args.out, variants=variants, progress=True, top=args.top,
+                      budget=args.budget, memory_gib=args.memory_budget,
                       global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None,
                       commands_as=args.commands_as, command="debug")
     _print_findings(inv)
@@ -330,7 +342,15 @@ def add_commands(sub, commands_as: CommandFormat | None = None) -> None:
     p.add_argument("--top", type=positive_int, default=DEBUG_TOP,
                    metavar="K",
                    help=f"with --contrast: compute the exact effect of the top K heads by attribution patching, and of "
-                        f"every flagged head (default {DEBUG_TOP}); the verdict ranks and prints those")
+                        f"every flagged head (default {DEBUG_TOP}), then of every other head within --budget; the verdict "
+                        "ranks those")
+    p.add_argument("--budget", type=float, default=DEBUG_BUDGET, metavar="FORWARDS",
+                   help="with --contrast: confirm every other head too, in attribution order, while the reruns stay within "
+                        f"FORWARDS forward passes (estimated by counting multiply-adds; default {DEBUG_BUDGET:g}; 0: only "
+                        "--top and the flagged)")
+    p.add_argument("--memory-budget", type=float, metavar="GIB",
+                   help="with --contrast: GiB the clean pass kept for the reruns and one batch of reruns may take "
+                        "(default 2); what does not fit is rerun")
     p.add_argument("--global", dest="global_tokens", metavar="SPANS",
                    help="LED/Longformer: global tokens of the source (and variants), comma-separated words or token "
                         "indices, e.g. @0 (as in `inspector capture`)")

@@ -337,12 +337,14 @@ def _full_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads
 def _reran_effects(rec: rerun.Recording, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
                    method: str, before: float, batch: int | None) -> list[float]:
     """:func:`exact_effects` by reruns from each head's layer; zero ablations in batches of
-    :func:`inspector.intervene.rerun.batch_for` heads of one start layer (one head a batch row)."""
+    :func:`inspector.intervene.rerun.batch_for` heads of one start layer (one head a batch row), made in site and
+    head order whatever order ``heads`` come in, so that the same heads give the same numbers bit for bit."""
     kept = bool(rec.extra)
     narrow = rerun.narrow_for(rec.model, c, kept)
     out: dict[int, float] = {}
     rows = 1 + max((r.batch for r in rec.encoded.records), default=0)
-    order = sorted(range(len(heads)), key=lambda i: (rec.start([heads[i][0]]), i))
+    at = {x.name: j for j, x in enumerate(capture.sites)}  # one order whatever the heads' order: the same batches
+    order = sorted(range(len(heads)), key=lambda i: (rec.start([heads[i][0]]), at.get(heads[i][0], -1), heads[i][1], i))
     groups: list[list[int]] = []
     for i in order:
         site = heads[i][0]

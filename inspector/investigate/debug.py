@@ -21,7 +21,7 @@ from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
-from inspector.investigate.defaults import DEBUG_TOP, MARKER, REPORT
+from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP, MARKER, REPORT
 from inspector.investigate.reproduce import Command, CommandFormat, format_plainly
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
@@ -225,6 +225,8 @@ def investigate(
     variants: dict[str, str] | None = None,
     progress: bool = False,
     top: int = DEBUG_TOP,
+    budget: float | None = DEBUG_BUDGET,
+    memory_gib: float | None = None,
     global_tokens: list[str] | None = None,
     commands_as: CommandFormat | None = None,
     command: str = "investigate",
@@ -238,7 +240,8 @@ def investigate(
     ``variants`` maps a name to another version of the source (e.g. with the clause quoted), captured and
     compared with the same output (or generating again when the output is generated). With a contrast, the
     "Does it matter?" part (:mod:`inspector.investigate.matter`: exact effects of the ``top`` heads by attribution
-    and of the flagged ones, patches from each variant) and the verdict (:mod:`inspector.investigate.verdict`:
+    and of the flagged ones, then of every other head while the reruns stay within ``budget`` forward passes,
+    what they keep within ``memory_gib``; patches from each variant) and the verdict (:mod:`inspector.investigate.verdict`:
     the heads that push towards WRONG first, ``culprits.csv``). ``global_tokens`` (LED, Longformer) marks global
     tokens of the source and of every variant (words or ``@i`` token indices,
     :func:`inspector.capture.inputs.global_attention_mask`), in the capture and in every effects and patching
@@ -301,7 +304,7 @@ def investigate(
         from inspector.investigate.verdict import verdict_of
 
         matter = _matter.does_it_matter(loaded, cap, source, split, question, variants=variants, top=top,
-                                        global_tokens=global_tokens)
+                                        global_tokens=global_tokens, budget=budget, memory_gib=memory_gib)
         verdict = verdict_of(cap, matter, question)
         from inspector.investigate.verdict import why_of
 

@@ -5,4 +5,5 @@
 # .write_marker: the command, the version and the files written), says so; a folder without it is never replaced
 MARKER = ".inspector.json"
 REPORT = "report.html"  # the report; a folder holding one but no MARKER was written by an older version (or a user)
-DEBUG_TOP = 24  # heads whose exact effect debug computes by default (the top ones by attribution patching)
+DEBUG_TOP = 4  # heads whose exact effect debug always computes (the top ones by attribution patching)
+DEBUG_BUDGET = 4.0  # then every other head's, in attribution order, while the reruns stay within these forward passes
