@@ -54,6 +54,7 @@ from inspector.capture.output import Output
 from inspector.errors import InspectorError
 from inspector.store import masks, schema
 from inspector.store.capture_file import Capture, Site
+from inspector.store.files import SIGNALS
 from inspector.store.specs import site_patterns  # noqa: F401  (torch-free, for the CLI; part of this module's API)
 
 STORAGE_DTYPES = {name: getattr(torch, name) for name in schema.STORAGE_DTYPES}
@@ -600,7 +601,8 @@ def record(
             return fallback
     finally:
         if bar is not None:
-            bar.close()
+            with SIGNALS.hold():  # a signal inside tqdm's close waits until the bar is closed, then is raised
+                bar.close()
     if not recorder.sites:
         raise InspectorError("the capture selected no attention site: check --layers / --sites against the model")
     return Recording(recorder.sites, recorder.tensors, output, dict(recorder.masks), dict(recorder.pseudo), notes)

@@ -26,7 +26,6 @@ from inspector.cli.common import (
     QUERY_HELP,
     QUERY_INDEX_HELP,
     Parser,
-    Terminated,
     add_batch_row_option,
     add_lift_option,
     add_model_options,
@@ -59,12 +58,14 @@ from inspector.cli.common import (
     read_text,
     rows_shown,
     say,
+    signal_line,
     status,
     terminate_as_interrupt,
     writes_stdout,
 )
 from inspector.cli.reproduce import formatter_for
 from inspector.errors import InspectorError
+from inspector.store.files import SIGNALS, StdoutError, stdout_error
 from inspector.store.schema import STORAGE_DTYPES
 
 
@@ -790,6 +791,9 @@ def cmd_corpus(args) -> int:
     if args.sql is not None and not args.sql.strip():
         raise InspectorError("--sql is empty: give a statement, e.g. --sql \"SELECT * FROM heads LIMIT 5\", or drop --sql "
                              "for the per-head summary")
+    if args.allow_external and args.sql is None:
+        raise InspectorError("--allow-external lets --sql read files and URLs outside the scan: give --sql QUERY too, "
+                             "or drop --allow-external")
     check_output_arg(args.csv, "--csv")
     if args.app:
         return _run_corpus_page(args)
@@ -798,7 +802,10 @@ def cmd_corpus(args) -> int:
     from inspector.corpus import queries as corpus
     from inspector.store.files import write_csv
 
-    results = corpus.queries(args.out, args.sql, single=bool(args.csv)) if args.sql else [("", corpus.summary(args.out))]
+    # printed alone, a result is fetched as far as --top shows it (plus one row, to say more follow)
+    limit = rows_shown(args) if args.sql and not args.csv else None
+    results = corpus.queries(args.out, args.sql, single=bool(args.csv), limit=limit,
+                             allow_external=args.allow_external) if args.sql else [("", corpus.summary(args.out))]
     if args.csv:
         df = results[0][1] if results else pd.DataFrame()
         write_csv(args.csv, df)
@@ -808,7 +815,11 @@ def cmd_corpus(args) -> int:
     for i, (statement, df) in enumerate(results):
         if len(results) > 1:  # each result under its statement
             print(("\n" if i else "") + f"-- {statement}")
-        print_table(df, rows_shown(args), lead=CORPUS_LEAD)
+        if limit is not None and len(df) > limit:  # fetched up to limit + 1 rows: how many there are is not known
+            print_table(df.head(limit), None, lead=CORPUS_LEAD)
+            say(f"… the first {limit:,} rows shown, more follow; --all prints every one, --csv FILE writes them all")
+        else:
+            print_table(df, rows_shown(args), lead=CORPUS_LEAD)
     return 0
 
 
@@ -867,7 +878,11 @@ def add_corpus_commands(sub) -> None:
 
     p = sub.add_parser("corpus", help="per-head statistics over a scanned corpus (DuckDB)")
     p.add_argument("out", help="folder written by `inspector scan`")
-    p.add_argument("--sql", help="run this query over the views heads and documents instead")
+    p.add_argument("--sql", help="run this query over the views heads and documents instead (it reads the scan's own "
+                                 "files only)")
+    p.add_argument("--allow-external", action="store_true",
+                   help="let --sql read files and URLs outside the scan, and DuckDB install and load the extensions "
+                        "that needs (e.g. httpfs for https://); off by default")
     p.add_argument("--csv", "-o", "--out", dest="csv", metavar="FILE",
                    help="write the full result to this CSV file (- for standard output)")
     add_rows_options(p)
@@ -1028,35 +1043,90 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _CheckedStream:
+    """Standard output as a command prints to it: a write or flush the system refuses (a full disk behind
+    ``> FILE``, ``/dev/full``) is the one line :class:`~inspector.store.files.StdoutError`; a reader that went away
+    stays ``BrokenPipeError``."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise stdout_error(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise stdout_error(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from inspector.ui.terminal import EscapingStream, escape
+    """Run the command line ``argv`` (default: the process's arguments) and return its exit status: 0, 2 after the
+    one line ``inspector: error: ...``, 130 / 128 + the signal after ``inspector: interrupted`` / ``terminated``
+    (SIGINT, SIGTERM, SIGHUP: :func:`~inspector.cli.common.terminate_as_interrupt`, whose handler owns the clean-up
+    of every command, also for a signal that comes while the outcome is being reported), 141 when the reader of
+    standard output went away. Without ``argv`` (the ``inspector`` process itself) signals after the last line are
+    ignored, so the process exits with the status it reported."""
+    from inspector.ui.terminal import EscapingStream
 
     parser = build_parser()
     args = parser.parse_args(argv)
     stdout = sys.stdout
     # no control character from a file reaches the terminal raw; with an output to `-`, standard output holds
     # that data alone and everything printed besides goes to standard error
-    sys.stdout = EscapingStream(sys.stderr, data=stdout) if writes_stdout(args) else EscapingStream(stdout)
+    sys.stdout = EscapingStream(sys.stderr, data=stdout) if writes_stdout(args) else _CheckedStream(EscapingStream(stdout))
+    with terminate_as_interrupt(keep=argv is None) as owner:
+        try:
+            return _run(args, owner, stdout)
+        except KeyboardInterrupt as exc:  # the first signal, while the outcome of the command was being reported
+            return _outcome(owner, exc, stdout)
+        finally:
+            sys.stdout = stdout
+
+
+def _run(args, owner, stdout) -> int:
     try:
         check_outputs(args)  # two outputs on one path, before anything runs
-        with terminate_as_interrupt():  # SIGTERM cleans up every write as Ctrl-C does
-            code = args.func(args)
+        code = args.func(args)
         sys.stdout.flush()
+        SIGNALS.check()  # a signal swallowed on the way (inside a __del__, e.g. tqdm's) is how the command ended
+        owner.close()
         return code
-    except InspectorError as exc:
+    except BaseException as exc:  # noqa: BLE001 - each kind is reported by _outcome, anything else raised again
+        return _outcome(owner, exc, stdout)
+
+
+def _outcome(owner, exc: BaseException, stdout) -> int:
+    """The last line and the exit status of a command that raised ``exc``; signals are ignored from here on. A signal
+    received (even one swallowed on the way) wins over an error it caused."""
+    from inspector.ui.terminal import escape
+
+    owner.close()
+    stopped = owner.received() or (exc if isinstance(exc, KeyboardInterrupt) else None)
+    if stopped is not None:
+        line, code = signal_line(stopped)
+        print(line, file=sys.stderr)
+        return code
+    if isinstance(exc, InspectorError):
+        if isinstance(exc, StdoutError):  # what is left in its buffer cannot be written either
+            _silence_stdout(stdout)
         print(f"inspector: error: {escape(str(exc))}", file=sys.stderr)
         return 2
-    except Terminated as exc:
-        print("inspector: terminated", file=sys.stderr)
-        return 128 + exc.signum
-    except KeyboardInterrupt:
-        print("inspector: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # the reader went away (`inspector rank FILE | head -1`): stop quietly
+    if isinstance(exc, BrokenPipeError):  # the reader went away (`inspector rank FILE | head -1`): stop quietly
         _silence_stdout(stdout)
         return 141
-    finally:
-        sys.stdout = stdout
+    raise exc
 
 
 def _silence_stdout(stdout) -> None:

@@ -4,6 +4,7 @@ model loads, loading the model named by the arguments, printing a table, and sta
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import re
 import sys
@@ -16,16 +17,25 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+MAX_TEXT_BYTES = 16 * 2**20  # a text file for one model pass (--source-file, --variant ...): 4 M tokens and more
+
+
 def read_utf8(file: str, what: str) -> str:
     """The text of ``file``; InspectorError (one line naming the file and the fix) for a folder, a missing
-    file, or bytes that are not UTF-8."""
+    file, more than :data:`MAX_TEXT_BYTES` (read no further: ``/dev/zero`` or a 2 GB log is refused at once, a
+    pipe such as ``/dev/stdin`` still read), or bytes that are not UTF-8."""
     path = Path(file)
     if path.is_dir():
         raise InspectorError(f"{what} file {file!r} is a folder: give the text file itself")
     if not path.exists():
         raise InspectorError(f"{what} file {file!r} does not exist: check the path")
     try:
-        return path.read_bytes().decode("utf-8")
+        with path.open("rb") as f:
+            data = f.read(MAX_TEXT_BYTES + 1)
+        if len(data) > MAX_TEXT_BYTES:
+            raise InspectorError(f"{what} file {file!r} holds more than {MAX_TEXT_BYTES // 2**20} MiB, more than one "
+                                 "model pass reads: give the text itself, or a part of it")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InspectorError(f"{what} file {file!r} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}): "
                              "save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
@@ -59,14 +69,63 @@ def check_global_texts(spans: str | None, texts: dict[str, str | None]) -> None:
     if spans is None:
         return
     from inspector.capture.inputs import check_global_words
+    from inspector.store.words import token_index
 
+    for spec in spans.split(","):
+        token_index(spec, "--global")  # '@٣': one line saying ASCII digits, not "no token index"
     for where, text in texts.items():
         if text is not None:
             check_global_words(spans.split(","), text, where)
 
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]+")
+_ASCII_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
+MAX_DIGITS = 18  # of a whole number on the command line: every count, index and port fits (int64 holds 18 digits)
+
+
+def _shown(value: str, size: int = 24) -> str:
+    return repr(value if len(value) <= size else value[:size - 4] + "...")
+
+
+def ascii_int(value: str) -> int:
+    """``value`` as a whole number written in ASCII digits (an optional sign, then ``0``-``9``: no ``٣``, ``１``,
+    ``²``, which Python's ``int()`` reads, no ``1_000``), of at most :data:`MAX_DIGITS` digits; else
+    :class:`argparse.ArgumentTypeError` (one line). Every whole-number option of the command line is read by it
+    (:class:`Parser` gives it to ``type=int`` too)."""
+    text = value.strip()
+    if not _ASCII_INT.fullmatch(text):
+        if not text.isascii():
+            raise argparse.ArgumentTypeError(f"{_shown(value)} is not a whole number in ASCII digits: write it with "
+                                             "0-9, e.g. 3")
+        raise argparse.ArgumentTypeError(f"{_shown(value)} is not a whole number (ASCII digits 0-9, e.g. 3)")
+    if len(text.lstrip("+-")) > MAX_DIGITS:
+        raise argparse.ArgumentTypeError(f"{_shown(value)} has {len(text.lstrip('+-')):,} digits: no count, index or "
+                                         f"port needs more than {MAX_DIGITS}")
+    return int(text)
+
+
+def ascii_float(value: str) -> float:
+    """``value`` as a number written in ASCII (digits ``0``-``9``, a point, an exponent; ``inf`` and ``nan`` as
+    Python spells them, for the options' own range checks to refuse), else :class:`argparse.ArgumentTypeError`
+    (one line): ``float()`` also reads ``٣``, ``１.５`` and ``1_0``. :class:`Parser` gives it to ``type=float``."""
+    text = value.strip()
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"{_shown(value)} is not a number in ASCII digits: write it with 0-9, "
+                                         "e.g. 0.5")
+    if not _ASCII_FLOAT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{_shown(value)} is not a number (ASCII digits 0-9, e.g. 0.5)")
+    return float(text)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with the project's one-line errors: ``inspector: error: ...`` naming the fix, exit 2."""
+    """argparse with the project's one-line errors: ``inspector: error: ...`` naming the fix, exit 2; and with
+    ``type=int`` and ``type=float`` read by :func:`ascii_int` and :func:`ascii_float` (ASCII digits only), in
+    this parser and its sub-parsers."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("type", int, ascii_int)
+        self.register("type", float, ascii_float)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"inspector: error: {message} (see `{self.prog} --help`)\n")
@@ -94,8 +153,11 @@ def parse_variants(items: list[str] | None, query: str | None = None) -> dict[st
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise InspectorError(f"--variant takes NAME=FILE, got {item!r}")
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
-            raise InspectorError(f"variant name {name!r} must be letters, digits, '_', '-' or '.', e.g. --variant quoted=FILE")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", name) or ".." in name:
+            raise InspectorError(f"variant name {_shown(name, 40)} must be 1 to 64 letters, digits, '_', '-' or '.' (it "
+                                 "names the variant's files), e.g. --variant quoted=FILE")
+        if name in out:  # the second would replace the first's text, files and rows without a word
+            raise InspectorError(f"--variant {name} is given twice: give each variant its own name, e.g. {name}2=FILE")
         out[name] = read_utf8(file, "variant")
         if not out[name].strip():
             raise InspectorError(f"the variant file {file!r} (--variant {name}=...) is empty: give a version of the "
@@ -105,11 +167,9 @@ def parse_variants(items: list[str] | None, query: str | None = None) -> dict[st
 
 
 def whole_number(value: str, minimum: int) -> int:
-    """``value`` as a whole number of at least ``minimum``, else :class:`argparse.ArgumentTypeError` (one line)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    """``value`` as a whole number of at least ``minimum`` in ASCII digits (:func:`ascii_int`), else
+    :class:`argparse.ArgumentTypeError` (one line)."""
+    n = ascii_int(value)
     if n < minimum:
         raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {n}")
     return n
@@ -126,12 +186,15 @@ def token_index_arg(value: str) -> int:
 
 
 def int_list(value: str | None, what: str) -> list[int] | None:
+    """``--layers 0,3,5``: comma-separated whole numbers in ASCII digits (:func:`ascii_int`); None stays None.
+    Raises :class:`InspectorError` (one line naming ``--what``)."""
     if value is None:
         return None
     try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise InspectorError(f"--{what} takes comma-separated integers like 0,3,5; got {value!r}") from None
+        return [ascii_int(x) for x in value.split(",") if x.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise InspectorError(f"--{what} takes comma-separated integers in ASCII digits like 0,3,5; got "
+                             f"{_shown(value, 60)}: {exc}") from None
 
 
 # one wording per concept, for every command that takes it
@@ -285,42 +348,92 @@ def check_before_loading(*, capture_file: str | None = None, out_dir: str | None
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the program is as Ctrl-C is (a kind of KeyboardInterrupt), so every
-    write cleans up as on Ctrl-C: a temporary file is removed, a half-built results folder too, and what was
-    there before stays. ``signum`` is the signal."""
+    """SIGINT, SIGTERM or SIGHUP, raised where the program is (a kind of KeyboardInterrupt), so every write cleans up
+    as on Ctrl-C: a temporary file is removed, a half-built results folder too, and what was there before stays.
+    ``signum`` is the signal; :func:`signal_line` the command's last line and exit status for it."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
 
+def signal_line(exc: BaseException) -> tuple[str, int]:
+    """The one line and the exit status a command stopped by ``exc`` ends with: ``inspector: interrupted`` and 130
+    for Ctrl-C (SIGINT, or a KeyboardInterrupt without a signal), ``inspector: terminated`` and 128 + the signal's
+    number for SIGTERM (143) and SIGHUP (129)."""
+    import signal
+
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return ("inspector: interrupted" if signum == signal.SIGINT else "inspector: terminated"), 128 + int(signum)
+
+
+class SignalOwner:
+    """What :func:`terminate_as_interrupt` yields: :meth:`received`, the exception of the signal that stopped the
+    command (None: none), and :meth:`close`, after which a signal changes nothing (the command has said how it
+    ended)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def received(self) -> BaseException | None:
+        """The first signal's exception (raised or swallowed), or None."""
+        from inspector.store.files import SIGNALS
+
+        return SIGNALS.received
+
+    def close(self) -> None:
+        """Ignore every signal from now on: the outcome is decided and being reported."""
+        self.closed = True
+
+
 @contextlib.contextmanager
-def terminate_as_interrupt():
-    """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` (once; a repeat is ignored, so the clean-up
-    it starts is not cut short) instead of ending the process on the spot, which would leave ``.tmp`` files and
-    ``.NAME.*.new`` folders behind. Only in the main thread, and only for a signal whose handler is the default."""
+def terminate_as_interrupt(keep: bool = False):
+    """The one signal handler of every command: while the block runs, SIGINT, SIGTERM and SIGHUP each raise
+    :class:`Terminated` instead of ending the process on the spot (which would leave ``.tmp`` files and
+    ``.NAME.*.new`` folders behind), through :data:`inspector.store.files.SIGNALS`: the first signal is raised at
+    once, or where a clean-up or the making of a temporary file holds it (:meth:`~inspector.store.files.Signals.hold`),
+    when that ends; every later one is ignored, so the clean-up it starts is not cut short. A signal swallowed where
+    Python cannot raise (a ``__del__``, e.g. tqdm's) prints no traceback (``sys.unraisablehook``) and is raised again
+    at the next check (:meth:`~inspector.store.files.Signals.check`). Yields a :class:`SignalOwner`. When the block
+    ends, temporary files still listed are removed and the handlers are put back as they were, or, with ``keep`` (the
+    process ends right after), left ignoring signals, so that the status the command reported is the process's.
+    Only in the main thread, and only for a signal whose handler is the default (Python's for SIGINT)."""
     import signal
     import threading
 
+    from inspector.store.files import SIGNALS
+
+    owner = SignalOwner()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield owner
         return
-    raised: list[int] = []
+    SIGNALS.reset()
 
     def handler(signum, frame) -> None:
-        if not raised:
-            raised.append(signum)
-            raise Terminated(signum)
+        if not owner.closed and SIGNALS.arrive(Terminated(signum)):
+            raise SIGNALS.received
 
-    old = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
-            old[sig] = signal.signal(sig, handler)
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    if hasattr(signal, "SIGHUP"):
+        defaults[signal.SIGHUP] = signal.SIG_DFL
+    old = {sig: signal.signal(sig, handler) for sig, default in defaults.items() if signal.getsignal(sig) is default}
+    unraisable = sys.unraisablehook
+
+    def hook(info) -> None:  # a signal raised inside a __del__: reported as the command's line, not a traceback
+        if SIGNALS.received is None or info.exc_value is not SIGNALS.received:
+            unraisable(info)
+
+    sys.unraisablehook = hook
     try:
-        yield
+        yield owner
     finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
+        owner.closed = True
+        SIGNALS.sweep()
+        sys.unraisablehook = unraisable
+        if not keep:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+        SIGNALS.reset()
 
 
 # the options that name a file a command writes (capture's and plot's -o are their one output; debug's -o a folder)
@@ -640,12 +753,12 @@ def check_capture_arg(path: str, *, batch: int | None = None, site: str | None =
             near = ", ".join(sorted(sites)[:6])
             raise InspectorError(f"no site {site!r} in {path}; sites are: {near}{' ...' if len(sites) > 6 else ''}")
         d = sites.get(site, {})
-        n = d.get("num_heads")
-        if head is not None and (head < 0 or (isinstance(n, int) and head >= n)):
-            have = ("it has one head, 0" if n == 1 else f"it has heads 0..{n - 1}") if isinstance(n, int) else "heads count from 0"
+        # a count the header states as no positive whole number is the full check's to name (field and problem)
+        n, q = (v if type(v) is int and v >= 1 else None for v in (d.get("num_heads"), d.get("query_len")))
+        if head is not None and (head < 0 or (n is not None and head >= n)):
+            have = ("it has one head, 0" if n == 1 else f"it has heads 0..{n - 1}") if n is not None else "heads count from 0"
             raise InspectorError(f"head {head} does not exist at {site}: {have}")
-        q = d.get("query_len")
-        if query_index is not None and isinstance(q, int) and not 0 <= query_index < q:
+        if query_index is not None and q is not None and not 0 <= query_index < q:
             raise InspectorError(f"query index {query_index} is outside {site}'s query axis (0..{q - 1})")
     if query_index is not None and query_index < 0:
         raise InspectorError(f"--query-index counts from 0, got {query_index}")
@@ -661,7 +774,7 @@ def check_capture_words(path: str, meta: dict, words: list[str], what: str, role
     those texts (their count bounds what any site's axis holds); a token index (``@7``) past ``axis`` (its name and
     length, where the header states it). Passes where the header names no text for those roles."""
     from inspector.store import header
-    from inspector.store.words import is_token_index, matches, occurs_in, times, token_index
+    from inspector.store.words import is_token_index, iter_matches, matches, occurs_in, times, token_index
 
     for word in words:
         if is_token_index(word):
@@ -673,14 +786,15 @@ def check_capture_words(path: str, meta: dict, words: list[str], what: str, role
     if not texts:
         return
     rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
+    records = _header_records(meta, list(texts), batch)  # once for every word
+    covers = [_Coverage(rec) for rec in records]
     for word in words:
         if not word.strip() or is_token_index(word):
             continue
         if not any(occurs_in(t, word, case_sensitive) for t in texts.values()):
             raise InspectorError(f"{what} {word.strip()!r} is not in the {' + '.join(texts)} text of {path} ({rule})"
                                  f"{nearest_hint(word, texts.values())}: check the spelling or give token indices like @7")
-        records = _header_records(meta, list(texts), batch)
-        if records and not any(_covered(rec, a, b) for rec in records for a, b in matches(rec["text"], word, case_sensitive)):
+        if records and not any(cover(a, b) for cover in covers for a, b in iter_matches(cover.text, word, case_sensitive)):
             unk = [i for rec in records for i in _unknown_tokens(rec)]
             where = f" (the tokenizer reads it as {records[0]['tokens'][unk[0]]!s}, at @{unk[0]})" \
                 if unk and len(records) == 1 else ""
@@ -693,15 +807,23 @@ def check_capture_words(path: str, meta: dict, words: list[str], what: str, role
                                      f"{path}, so --occurrence must be {'1' if n == 1 else f'1..{n}'}")
 
 
+HINT_LENGTH = 64  # characters of a word that gets nearest-word hints: a longer one gets none (difflib is quadratic)
+
+
 def nearest_hint(word: str, texts) -> str:
     """``; nearest: a, b`` -- the words of ``texts`` closest to ``word`` (difflib, as the analysis's own message
-    names them), or nothing where none is close."""
+    names them), or nothing where none is close. Bounded work: nothing for a word of more than
+    :data:`HINT_LENGTH` characters, and only the text's words whose length could reach difflib's ratio of 0.5
+    (a third to three times the word's) are compared."""
     import difflib
 
+    word = word.strip()
+    if not word or len(word) > HINT_LENGTH:
+        return ""
     found: set[str] = set()
     for text in texts:
-        found.update(re.findall(r"\w+", text))
-    near = difflib.get_close_matches(word.strip(), sorted(found), n=4, cutoff=0.5)
+        found.update(w for w in re.findall(r"\w+", text) if len(word) <= 3 * len(w) and len(w) <= 3 * len(word))
+    near = difflib.get_close_matches(word, sorted(found), n=4, cutoff=0.5)
     return f"; nearest: {', '.join(near)}" if near else ""
 
 
@@ -724,10 +846,23 @@ def _header_records(meta: dict, roles: list[str], batch: int) -> list[dict]:
     return out
 
 
-def _covered(rec: dict, start: int, end: int) -> bool:
-    """A token (not padding) of the header record ``rec`` overlaps characters ``[start, end)``."""
-    pad = rec.get("padding") or [False] * len(rec["offsets"])
-    return any(o is not None and not p and o[0] < end and o[1] > start for o, p in zip(rec["offsets"], pad, strict=True))
+class _Coverage:
+    """Whether a token (not padding) of the header record ``rec`` overlaps characters ``[start, end)``: its tokens'
+    spans sorted by start with the running largest end, so each question is one bisection (issue 40: a look at
+    every token per occurrence made a frequent word quadratic)."""
+
+    def __init__(self, rec: dict):
+        import itertools
+
+        pad = rec.get("padding") or [False] * len(rec["offsets"])
+        spans = sorted((o[0], o[1]) for o, p in zip(rec["offsets"], pad, strict=True) if o is not None and not p)
+        self.text = rec["text"]
+        self.starts = [a for a, _ in spans]
+        self.reach = list(itertools.accumulate((b for _, b in spans), max))
+
+    def __call__(self, start: int, end: int) -> bool:
+        k = bisect.bisect_left(self.starts, end)  # the tokens starting before the end; one of them must end after start
+        return k > 0 and self.reach[k - 1] > start
 
 
 def _unknown_tokens(rec: dict) -> list[int]:

@@ -26,6 +26,7 @@ A write the system refuses (read-only folder, full disk) is one line; committed 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -42,10 +43,11 @@ import pandas as pd
 from inspector.corpus.tables import arrow_table, concat_rows
 from inspector.errors import InspectorError
 from inspector.store.files import (
+    SIGNALS,
     check_writable,
     folder_target,
+    replace_file,
     strict_json,
-    temp_beside,
     write_error,
     write_text,
 )
@@ -53,6 +55,8 @@ from inspector.store.schema import LIST_TYPES, STORAGE_DTYPES  # the names, with
 
 FORMAT = 1
 _PART = re.compile(r"^part-(\d{5,})\.parquet$")
+# the temporary file of a write of the folder's own files (store.files.temp_beside), left only by a hard kill
+_TEMPORARY = re.compile(r"^\.(scan\.json|documents\.parquet)\.[A-Za-z0-9_]+\.tmp$")
 _FLUSH_SECONDS = 5.0
 GROUP_DOCUMENTS = 64  # a scan commits its batches in parts of at least this many documents ...
 GROUP_SECONDS = 1.0  # ... or of what it finished this long after the first uncommitted batch, whichever comes first
@@ -90,25 +94,22 @@ def _widen_null_lists(path: Path) -> None:
 
 
 def write_table(path: Path, table) -> None:
-    """Write the Arrow ``table`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed). A
-    write the system refuses (``OSError``: read-only folder, full disk) raises InspectorError naming ``path``;
-    no temporary file is left and an existing ``path`` is unchanged."""
+    """Write the Arrow ``table`` to ``path`` whole or not at all (:func:`~inspector.store.files.replace_file`: a
+    temporary file beside it, on the device, closed without error, its Parquet footer whole and read back with the
+    table's row count, then renamed). A write the system refuses or cuts short (read-only folder, full disk, quota,
+    file size limit) raises InspectorError naming ``path``; no temporary file is left and an existing ``path`` is
+    unchanged."""
     import pyarrow.parquet as pq
 
-    existed = path.exists()
-    tmp = None
-    try:
-        tmp = temp_beside(path)
-        pq.write_table(table, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise write_error(path, exc, existed) from None
-        raise
+    def read_back(tmp: str) -> None:
+        try:
+            rows = pq.read_metadata(tmp).num_rows
+        except Exception as exc:  # pyarrow's ArrowInvalid for a footer it cannot read
+            raise OSError(errno.EIO, f"the file written cannot be read back ({str(exc).splitlines()[0][:80]})") from None
+        if rows != table.num_rows:
+            raise OSError(errno.EIO, f"the file written holds {rows:,} of {table.num_rows:,} rows")
+
+    replace_file(path, lambda tmp: pq.write_table(table, tmp), read_back)
 
 
 # ---- checking a folder before reading it --------------------------------------------------------
@@ -385,7 +386,7 @@ class ScanFolder:
                                      "from scan.json's 'corpus_sha256'), so old and new results would mix: restore the file, "
                                      "or scan it into a new folder")
             check_parts(self.out)
-        elif self.out.is_dir() and any(p.name not in allow for p in self.out.iterdir()):
+        elif self.out.is_dir() and any(p.name not in allow and not _TEMPORARY.match(p.name) for p in self.out.iterdir()):
             raise InspectorError(f"{self.out} is not empty and holds no scan: scan into a new or empty folder")
         # before any model loads: a file is created and removed where scan.json goes (or the nearest folder above),
         # as every other command's outputs are probed (os.access passes root on a read-only mount; a file on the way)
@@ -407,6 +408,9 @@ class ScanFolder:
                     p.unlink()
             for p in list((self.out / "heads").glob(".*.tmp")) + list((self.out / "_documents").glob(".*.tmp")):
                 p.unlink()
+            for p in self.out.iterdir():  # a scan.json or documents.parquet a hard kill stopped half written
+                if _TEMPORARY.match(p.name) and p.is_file():
+                    p.unlink()
             for n, p in _parts(self.out / "heads").items():
                 if n in done:
                     _widen_null_lists(p)
@@ -427,9 +431,12 @@ class ScanFolder:
         ``documents`` / ``heads``: DataFrames, or the Arrow tables :func:`~inspector.corpus.tables.arrow_table` / :func:`~inspector.corpus.tables.table_of` make of them."""
         n = self.next_part
         name = f"part-{n:05d}.parquet"
-        if len(heads):
-            write_parquet(self.out / "heads" / name, heads)
-        write_parquet(self.out / "_documents" / name, documents)
+        try:
+            if len(heads):
+                write_parquet(self.out / "heads" / name, heads)
+            write_parquet(self.out / "_documents" / name, documents)
+        except InspectorError as exc:
+            raise self.resumable(exc) from None
         self.next_part += 1
         ids = documents["id"].astype(str) if isinstance(documents, pd.DataFrame) else map(str, documents.column("id").to_pylist())
         self.done.update(ids)
@@ -439,6 +446,12 @@ class ScanFolder:
             self.flush()
         return n
 
+    def resumable(self, exc: InspectorError) -> InspectorError:
+        """A failed write's line (``exc``) with what a resume does: the committed documents stay, and the same command
+        run again continues after them."""
+        return InspectorError(f"{exc}; this scan keeps its {self.committed:,} committed documents: run the same command "
+                              "again to resume after them")
+
     def flush(self) -> None:
         """Rewrite ``documents.parquet`` from the committed parts. It reads every part, so it runs at most
         every 5 s and at most 5% of the time (the wait grows with the time a rewrite takes). Read and sorted
@@ -446,7 +459,10 @@ class ScanFolder:
         if not self._dirty:
             return
         t0 = time.monotonic()
-        write_table(self.out / "documents.parquet", _documents_table(self.out))
+        try:
+            write_table(self.out / "documents.parquet", _documents_table(self.out))
+        except InspectorError as exc:
+            raise self.resumable(exc) from None
         self._last_flush = time.monotonic()
         self._flush_every = max(_FLUSH_SECONDS, 20 * (self._last_flush - t0))
         self._dirty = False
@@ -532,6 +548,14 @@ class Committer:
             self._error = exc
 
     def _run(self) -> None:
+        try:
+            self._gather()
+        except BaseException as exc:  # noqa: BLE001 - a fault outside a write: raised in the scan's thread all the same
+            self._error = self._error or exc
+            while self._queue.get() is not None:  # take what is handed over, so that commit() and close() never block
+                pass
+
+    def _gather(self) -> None:
         group: list[tuple] = []  # (documents, heads): DataFrames or Arrow tables
         count, deadline = 0, 0.0
         while True:
@@ -562,12 +586,20 @@ class Committer:
         self._raise()
         self._queue.put((documents, heads))
 
-    def close(self) -> None:
-        """Wait for every batch handed over to be committed, stop the thread, raise the writer's failure, if any."""
+    def stop(self) -> BaseException | None:
+        """Wait for every batch handed over to be committed (or dropped after a failure) and for the thread to end;
+        return the writer's failure, if any. A signal that arrives meanwhile waits until the thread has ended
+        (:meth:`~inspector.store.files.Signals.hold`): the process never exits while a part is half written."""
         if not self._closed:
-            self._closed = True
-            self._queue.put(None)
-            self._thread.join()
+            with SIGNALS.hold():
+                self._closed = True
+                self._queue.put(None)
+                self._thread.join()
+        return self._error
+
+    def close(self) -> None:
+        """:meth:`stop`, then raise the writer's failure, if any."""
+        self.stop()
         self._raise()
 
     def __enter__(self) -> Committer:
@@ -577,7 +609,4 @@ class Committer:
         if exc[0] is None:
             self.close()
             return
-        try:  # already failing: wait for the writer, but the failure on its way is the one reported
-            self.close()
-        except BaseException:  # noqa: BLE001
-            pass
+        self.stop()  # already failing: wait for the writer, but the failure on its way is the one reported

@@ -21,6 +21,7 @@ from inspector.corpus.documents import Corpus, Document, Fields
 from inspector.corpus.folder import Committer, ScanFolder, corpus_sha256
 from inspector.corpus.reduce import Options, check_workers, local_batches
 from inspector.errors import InspectorError
+from inspector.store.files import SIGNALS
 
 
 @dataclass
@@ -92,34 +93,53 @@ def _first_pending(corpus: Corpus, folder: ScanFolder) -> Document | None:
 def _commit_all(folder: ScanFolder, results, bar) -> tuple[int, int]:
     """Commit the batches as they come, in a background writer (:class:`~inspector.corpus.folder.Committer`:
     the next batch is computed while this one is written; batches grouped into parts of about
-    :data:`~inspector.corpus.folder.GROUP_DOCUMENTS` documents or a second's work); (documents, of them with an error). Every batch
-    handed over is committed before this returns or raises, and the folder's documents.parquet is rewritten
-    at the end even after a failure (whose error is then the one raised)."""
+    :data:`~inspector.corpus.folder.GROUP_DOCUMENTS` documents or a second's work); (documents, of them with an error).
+
+    However it ends (the last batch, a failed write, an error, a signal), the clean-up runs whole, in this order and
+    uninterrupted (:meth:`~inspector.store.files.Signals.hold`: a signal meanwhile is raised after it): the progress
+    bar is closed, the engine's workers are stopped, every batch handed over is committed (or dropped after a failed
+    write) and the writer thread joined, and ``documents.parquet`` is rewritten. A failure of the writer is raised
+    (it ends the command with one line), unless another failure is already on its way; a signal some library
+    swallowed (tqdm's ``__del__``) stops the scan at the next batch (:meth:`~inspector.store.files.Signals.check`)."""
     scanned = errors = 0
-    failed = True
+    committer = Committer(folder, group_documents=folder_mod.GROUP_DOCUMENTS, group_seconds=folder_mod.GROUP_SECONDS)
+    failing = True
     try:
-        with Committer(folder, group_documents=folder_mod.GROUP_DOCUMENTS, group_seconds=folder_mod.GROUP_SECONDS) as committer:
-            for result in results:
-                committer.commit(result.documents_table, result.heads_table)
-                n = result.documents_table.num_rows
-                scanned += n
-                errors += sum(s != "ok" for s in result.documents_table.column("status").to_pylist())
-                if bar is not None:
-                    bar.update(n)
-                    bar.set_postfix(errors=errors, refresh=False)
-        failed = False
+        for result in results:
+            SIGNALS.check()
+            committer.commit(result.documents_table, result.heads_table)
+            n = result.documents_table.num_rows
+            scanned += n
+            errors += sum(s != "ok" for s in result.documents_table.column("status").to_pylist())
+            if bar is not None:
+                bar.update(n)
+                bar.set_postfix(errors=errors, refresh=False)
+        SIGNALS.check()
+        failing = False
     finally:
-        close = getattr(results, "close", None)
+        with SIGNALS.hold():
+            _clean_up(folder, results, bar, committer, failing)
+    return scanned, errors
+
+
+def _clean_up(folder: ScanFolder, results, bar, committer: Committer, failing: bool) -> None:
+    """:func:`_commit_all`'s end: the bar, the workers, the writer, ``documents.parquet``; raises the writer's or the
+    rewrite's failure unless ``failing`` (another failure is on its way)."""
+    if bar is not None:
+        bar.close()  # first: what is printed next starts on a line of its own
+    close = getattr(results, "close", None)
+    try:
         if close is not None:
             close()
-        if bar is not None:
-            bar.close()
-        try:
-            folder.flush()
-        except InspectorError:
-            if not failed:
-                raise  # a failure already on its way is the error to report
-    return scanned, errors
+    finally:
+        failure = committer.stop()
+    try:
+        folder.flush()
+    except InspectorError:
+        if failure is None and not failing:
+            raise  # a failure already on its way is the error to report
+    if failure is not None and not failing:
+        raise failure
 
 
 def pending_documents(corpus: Corpus, done: set[str]) -> Iterator[Document]:

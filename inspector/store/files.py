@@ -10,8 +10,12 @@
   (:func:`swap_folder`), so it never mixes two runs and a failure midway leaves the old folder intact. It
   replaces only a folder that is inspector's by its marker (``.inspector.json``, listing every file in it):
   anything else is refused and kept byte for byte (:func:`check_folder_target`). Links are followed, never replaced.
-* SIGTERM and SIGHUP stop a command as Ctrl-C does (``inspector.cli`` raises them as KeyboardInterrupt), so
-  each of these clean-ups runs: no ``.tmp`` file and no half-built ``.NAME.*.new`` folder is left.
+* A write is done only when the file was written, flushed to the device (``fsync``) and closed without error, and
+  holds every byte: its size is the size written and a safetensors or Parquet file is whole by its own header or
+  footer (:func:`settle`). A failed or short write is one line naming the path; the target is not touched.
+* SIGINT, SIGTERM and SIGHUP stop a command the same way (``inspector.cli`` raises them as KeyboardInterrupt, and
+  :data:`SIGNALS` holds the first of them back while a temporary file is made or removed, and while a clean-up
+  runs), so each of these clean-ups runs: no ``.tmp`` file and no half-built ``.NAME.*.new`` folder is left.
 * CSV text cells follow one rule (:func:`csv_cell`): a cell that a spreadsheet would run as a formula gets a
   leading ``'``.
 """
@@ -27,6 +31,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -91,63 +96,270 @@ def plain_mode(tmp: str) -> None:
 
 
 def temp_beside(path: Path) -> str:
-    """A temporary file next to ``path``, with plain permissions."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.close(fd)
-        plain_mode(tmp)
-    except BaseException:  # a signal (SIGTERM raises as Ctrl-C does) or a refused chmod: no file left behind
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """A temporary file next to ``path``, with plain permissions. Made while :data:`SIGNALS` holds signals back
+    and listed in :attr:`Signals.temporaries` until it is renamed in or removed (:func:`replace_file`), so that
+    no signal leaves it behind (the command line removes what is still listed when it stops)."""
+    with SIGNALS.hold():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        SIGNALS.temporaries.add(tmp)
+        try:
+            os.close(fd)
+            plain_mode(tmp)
+        except BaseException:  # a refused chmod: no file left behind
+            Path(tmp).unlink(missing_ok=True)
+            SIGNALS.temporaries.discard(tmp)
+            raise
     return tmp
 
 
-def write_error(path: str | os.PathLike, exc: BaseException, existed: bool | None = None) -> InspectorError:
-    """The one-line error for a write the system refused (``OSError``, safetensors' ``SafetensorError``)."""
+def write_error(path: str | os.PathLike, exc: BaseException, existed: bool | None = None, *,
+                fix: str | None = None) -> InspectorError:
+    """The one-line error for a write the system refused (``OSError``, safetensors' ``SafetensorError``), or that
+    :func:`settle` found short; ``fix`` replaces the default advice (free space, permissions, elsewhere)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     reason = getattr(exc, "strerror", None) or text
     if "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
         reason = "no space left on the device"
+    elif "File too large" in str(exc) or getattr(exc, "errno", None) == errno.EFBIG:
+        reason = "the file is larger than the system allows here (a file size limit or a full quota)"
+    elif getattr(exc, "errno", None) == errno.EDQUOT:
+        reason = "the disk quota is used up"
     reason = str(reason)[:160]
     kept = "" if existed is None else ("; what was there is unchanged" if existed else "; nothing was written")
-    return InspectorError(f"could not write {path} ({reason}){kept}: free some space, fix the folder's permissions or write elsewhere")
+    advice = fix or "free some space, fix the folder's permissions or write elsewhere"
+    return InspectorError(f"could not write {path} ({reason}){kept}: {advice}")
 
 
-def write_atomic(path: str | os.PathLike, fill: Callable[[str], None], stream: Callable[[BinaryIO], None]) -> Path:
-    """Write ``path`` safely: ``fill(tmp)`` writes a temporary file beside it that then replaces it;
-    ``stream(f)`` writes straight into ``f`` where the target is ``-`` (stdout) or not a regular file.
+class StdoutError(InspectorError):
+    """Standard output refused a write (a full disk or device behind ``-o -`` or ``> FILE``): the command's one line,
+    after which the command line drops what is left in the stream's buffer (it cannot be written either)."""
 
-    Raises InspectorError (one line) for a folder target or a write the system refuses; the old file,
-    if any, is then unchanged and no temporary file is left behind.
+
+def stdout_error(exc: OSError) -> StdoutError:
+    """The one line for a write to standard output that failed with ``exc``."""
+    return StdoutError(str(write_error("standard output", exc, fix="free some space where standard output goes, or "
+                                                                   "write to a file with -o / --csv / --json")))
+
+
+# ---- signals: a clean-up runs to its end -------------------------------------------------------------------
+class _Hold:
+    """:meth:`Signals.hold`'s block (a class, not a generator: nothing runs between the block and its end)."""
+
+    __slots__ = ("signals", "main")
+
+    def __init__(self, signals: Signals):
+        self.signals = signals
+        self.main = False
+
+    def __enter__(self) -> _Hold:
+        self.main = threading.current_thread() is threading.main_thread()
+        if self.main:
+            self.signals.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.main:
+            signals = self.signals
+            signals.depth -= 1
+            if not signals.depth and signals.received is not None and not signals.raised:
+                signals.raised = True
+                raise signals.received
+        return False
+
+
+class Signals:
+    """The signal that stops a command, as its writes see it (one per process: :data:`SIGNALS`).
+
+    The command line's handler (:func:`inspector.cli.common.terminate_as_interrupt`) hands every SIGINT, SIGTERM
+    and SIGHUP to :meth:`arrive`. The first is the command's interruption: raised at once (as KeyboardInterrupt),
+    or, while the main thread is in a :meth:`hold` block (a temporary file being made or removed, a clean-up
+    closing progress bars, joining the writer thread, rewriting ``documents.parquet``), when the outermost block
+    ends. Every later signal is ignored, so a clean-up under way is never cut short. :meth:`check` raises it again
+    where something swallowed it (a ``__del__``, e.g. tqdm's, cannot raise; a library's ``except``): long loops and
+    every new write call it, so a command never runs on after a signal. ``temporaries`` lists the temporary
+    files not yet renamed in or removed; :meth:`sweep` removes them when the command stops."""
+
+    def __init__(self) -> None:
+        self.received: BaseException | None = None
+        self.raised = False
+        self.depth = 0
+        self.temporaries: set[str] = set()
+
+    def reset(self) -> None:
+        """Forget the signal and the temporaries (a command begins or has ended)."""
+        self.received, self.raised, self.depth = None, False, 0
+        self.temporaries.clear()
+
+    def arrive(self, exc: BaseException) -> bool:
+        """Record ``exc`` (what the signal raises) unless a signal came before. True when the handler must raise it
+        now; False when it is ignored (an earlier signal) or held until the main thread's :meth:`hold` ends."""
+        if self.received is not None:
+            return False
+        self.received = exc
+        if self.depth:
+            return False
+        self.raised = True
+        return True
+
+    def hold(self) -> _Hold:
+        """A block that a signal does not interrupt (in the main thread; elsewhere it changes nothing): the first
+        signal that arrives in it is raised when the outermost block ends, after what the block does is done."""
+        return _Hold(self)
+
+    def check(self) -> None:
+        """Raise the signal's exception (again) if one arrived; only in the main thread outside :meth:`hold` blocks
+        (a writer thread goes on with its write and the main thread stops it)."""
+        if self.received is not None and not self.depth and threading.current_thread() is threading.main_thread():
+            self.raised = True
+            raise self.received
+
+    def sweep(self) -> None:
+        """Remove the temporary files still listed (a write stopped between making and removing one)."""
+        for tmp in list(self.temporaries):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self.temporaries.discard(tmp)
+
+
+SIGNALS = Signals()
+
+
+# ---- checked writes ----------------------------------------------------------------------------------------
+def _whole_parquet(f: BinaryIO, size: int) -> str | None:
+    f.seek(0)
+    head = f.read(4)
+    if size < 12 or head != b"PAR1":
+        return "it does not start as Parquet does"
+    f.seek(size - 8)
+    tail = f.read(8)
+    if tail[4:] != b"PAR1" or int.from_bytes(tail[:4], "little") + 12 > size:
+        return "its Parquet footer is missing or cut short"
+    return None
+
+
+def _whole_safetensors(f: BinaryIO, size: int) -> str | None:
+    f.seek(0)
+    n = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+    if n < 2 or 8 + n > size:
+        return "its safetensors header is cut short"
+    try:
+        header = json.loads(f.read(n).decode("utf-8"))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        return "its safetensors header is damaged"
+    if 8 + n + end != size:
+        return f"it holds {size:,} bytes where its safetensors header says {8 + n + end:,}"
+    return None
+
+
+_WHOLE = {".parquet": _whole_parquet, ".safetensors": _whole_safetensors}
+
+
+def settle(tmp: str | os.PathLike, kind: str = "", size: int | None = None) -> None:
+    """Make sure a file just written (and closed by its writer) is on the device and whole, before it is renamed in:
+    flushed to the device (``fsync``) and closed without error (close is where NFS and quotas report a failed write),
+    ``size`` bytes long where the writer knows its size, and, for ``kind`` ``.safetensors`` or ``.parquet``, whole by
+    the format's own structure: as long as its safetensors header says (8 + header + the last tensor's end), or
+    starting and ending with Parquet's magic around a footer that fits. Raises OSError (EIO, saying what is wrong)
+    for a short or damaged file; the writer's own OSError for a failed fsync or close."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    got = os.path.getsize(tmp)
+    if size is not None and got != size:
+        raise OSError(errno.EIO, f"{got:,} of {size:,} bytes reached the disk")
+    whole = _WHOLE.get(kind)
+    if whole is not None:
+        with open(tmp, "rb") as f:
+            wrong = whole(f, got)
+        if wrong is not None:
+            raise OSError(errno.EIO, f"the file written is not whole: {wrong}")
+
+
+def sync_folder(folder: str | os.PathLike) -> None:
+    """Flush a folder's entries (a rename into it) to the device; a file system that cannot (``EINVAL``) is let be."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: Path, fill: Callable[[str], None], check: Callable[[str], None] | None = None, *,
+                 size: int | None = None, fix: str | None = None) -> Path:
+    """Write the regular file ``path`` whole or not at all, the end of every atomic write: ``fill(tmp)`` writes and
+    closes a temporary file beside it (:func:`temp_beside`), :func:`settle` checks it (on the device, closed, ``size``
+    bytes, whole by the format ``path``'s suffix names), ``check(tmp)`` (e.g. a read-back of a Parquet footer's row
+    count) may raise OSError, and only then is it renamed over ``path`` (the folder synced). A signal that stopped an
+    earlier step (swallowed somewhere) stops it before it starts (:meth:`Signals.check`).
+
+    Raises InspectorError (:func:`write_error`, ``fix`` its advice) for a write the system refused or a file found
+    short; ``path`` is then unchanged and the temporary file removed. A signal removes it too and is raised."""
+    SIGNALS.check()
+    existed = path.exists()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with SIGNALS.hold():  # a signal while it is made is raised once ``tmp`` names it, for the removal below
+            tmp = temp_beside(path)
+        fill(tmp)
+        settle(tmp, path.suffix, size)
+        if check is not None:
+            check(tmp)
+        os.replace(tmp, path)
+        SIGNALS.temporaries.discard(tmp)
+    except BaseException as exc:
+        with SIGNALS.hold():
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+                SIGNALS.temporaries.discard(tmp)
+        if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
+            raise write_error(path, exc, existed, fix=fix) from None
+        raise
+    sync_folder(path.parent)
+    return path
+
+
+def write_atomic(path: str | os.PathLike, fill: Callable[[str], None], stream: Callable[[BinaryIO], None], *,
+                 size: int | None = None) -> Path:
+    """Write ``path`` safely: ``fill(tmp)`` writes a temporary file beside it that then replaces it
+    (:func:`replace_file`: checked by :func:`settle`, ``size`` its length where known); ``stream(f)`` writes straight
+    into ``f`` where the target is ``-`` (stdout) or not a regular file.
+
+    Raises InspectorError (one line) for a folder target or a write the system refuses or cuts short (a full disk, a
+    quota, a file size limit, a failed close); the old file, if any, is then unchanged and no temporary file is left
+    behind. A failed write to standard output is :class:`StdoutError` (a reader that went away stays
+    ``BrokenPipeError``).
     """
     if is_stdout(path):
-        sys.stdout.flush()
-        stream(sys.stdout.buffer)
-        sys.stdout.buffer.flush()
+        SIGNALS.check()
+        try:
+            sys.stdout.flush()
+            stream(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise stdout_error(exc) from None
         return Path(STDOUT)
     path = Path(path)
     check_target(path)
     if is_special(path):
+        SIGNALS.check()
         try:
             with open(path, "wb") as f:
                 stream(f)
         except OSError as exc:
             raise write_error(path, exc) from None
         return path
-    existed = path.exists()
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_beside(path)
-        fill(tmp)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
-            raise write_error(path, exc, existed) from None
-        raise
-    return path
+    return replace_file(path, fill, size=size)
 
 
 # what each kind of output may replace: an earlier output of the same kind, or an empty file
@@ -218,12 +430,10 @@ def write_bytes(path: str | os.PathLike, data: bytes, kind: str | None = None) -
     check_replace(path, kind or content_kind(data[:4096]))
 
     def fill(tmp: str) -> None:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f:  # closed here (a failed close raises); settle() fsyncs and checks the size
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
 
-    return write_atomic(path, fill, lambda f: f.write(data))
+    return write_atomic(path, fill, lambda f: f.write(data), size=len(data))
 
 
 def write_text(path: str | os.PathLike, text: str, kind: str | None = None) -> Path:
