@@ -58,10 +58,11 @@ COMMANDS = {
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("contrast, before, names", [
-    ("\u200b,Lessor", True, "two different words"),               # a zero-width space alone
+    ("\u200b,Lessor", True, "word 1 ('\\u200b') has no visible characters"),  # a zero-width space alone
     ("Les\u00adsee,Lessor", True, "'Les\\xadsee'"),                # a soft hyphen inside (Unicode Cf)
-    ("\u0301,Lessor", True, "'\\u0301' is only combining marks"),  # an accent alone
-    ("Lessee,\x85", True, "two different words"),                  # a C1 control: stripped as space
+    ("\u0301,Lessor", True, "word 1 ('\\u0301') has no visible characters"),  # an accent alone
+    ("Lessee,\x85", True, "word 2 ('\\x85') has no visible characters"),  # a C1 control: stripped as space
+    ("Lessee,\u00ad", True, "word 2 ('\\xad') has no visible characters"),  # a soft hyphen alone
     ("\ufffd,Lessor", False, "RIGHT word '\\ufffd' gives no token"),  # this tokenizer drops it
 ])
 def test_a_contrast_word_that_tokenizes_to_nothing_is_one_line_naming_it(command, contrast, before, names, gpt2,

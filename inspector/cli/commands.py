@@ -812,15 +812,21 @@ def cmd_corpus(args) -> int:
         status(f"wrote {len(df)} rows to {args.csv}")
     if not results:
         status("the statements ran; none of them returns rows")
+    _print_results(results, rows_shown(args), limit)
+    return 0
+
+
+def _print_results(results: list, rows: int | None, limit: int | None) -> None:
+    """``corpus``'s tables, each under its statement where there are several; a result fetched up to ``limit + 1``
+    rows says that more follow (how many there are is not known)."""
     for i, (statement, df) in enumerate(results):
         if len(results) > 1:  # each result under its statement
             print(("\n" if i else "") + f"-- {statement}")
-        if limit is not None and len(df) > limit:  # fetched up to limit + 1 rows: how many there are is not known
+        if limit is not None and len(df) > limit:
             print_table(df.head(limit), None, lead=CORPUS_LEAD)
             say(f"… the first {limit:,} rows shown, more follow; --all prints every one, --csv FILE writes them all")
         else:
-            print_table(df, rows_shown(args), lead=CORPUS_LEAD)
-    return 0
+            print_table(df, rows, lead=CORPUS_LEAD)
 
 
 def _run_corpus_page(args) -> int:

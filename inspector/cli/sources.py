@@ -11,6 +11,7 @@ from pathlib import Path
 from inspector.cli.common import (
     add_model_options,
     add_rows_options,
+    ascii_int,
     check_global_texts,
     format_table,
     generate_count,
@@ -31,10 +32,7 @@ TEXT_SHOWN = 70  # characters of a unit's text in the printed table (the CSV has
 def _whole(lo: int, hi: int, zero: bool = False):
     """An argparse type: a whole number in ``lo..hi`` (or 0 when ``zero``)."""
     def parse(value: str) -> int:
-        try:
-            n = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        n = ascii_int(value)  # ASCII digits only: int() reads '٣' as 3
         if not (lo <= n <= hi or (zero and n == 0)):
             raise argparse.ArgumentTypeError(f"must be {'0 or ' if zero else ''}from {lo} to {hi}, got {n}")
         return n
@@ -58,8 +56,8 @@ def _units(value: str | None, source: str) -> list | None:
             raise InspectorError(f"units file {value!r} is not JSON ({exc}): give a list of phrases or [start, end] "
                                  "pairs") from None
         if not isinstance(items, list) or not all(isinstance(i, str) or (isinstance(i, list) and len(i) == 2
-                                                                          and all(isinstance(x, int) for x in i))
-                                                  for i in items):
+                                                                          and all(type(x) is int for x in i))
+                                                  for i in items):  # type(): a JSON true is no character position
             raise InspectorError(f"units file {value!r} must hold a JSON list of phrases or [start, end] pairs")
         units = [i if isinstance(i, str) else (i[0], i[1]) for i in items]
     else:

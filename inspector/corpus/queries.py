@@ -48,18 +48,42 @@ def _quote_paths(paths: list[Path]) -> str:
     return "[" + ", ".join("'" + str(p).translate(_GLOB).replace("'", "''") + "'" for p in paths) + "]"
 
 
-def connect(out: str | os.PathLike):
-    """An in-memory DuckDB connection with the views ``heads`` and ``documents`` over the scan in ``out``.
-    Raises InspectorError (one line) for a folder without a scan, a damaged ``scan.json`` or a damaged part
-    (:func:`~inspector.corpus.folder.read_info`, :func:`~inspector.corpus.folder.check_parts`)."""
+def _literal(path: Path) -> str:
+    """A DuckDB string literal of ``path`` as it is (quotes doubled, no glob brackets)."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _lock(con, files: list[Path], allow_external: bool) -> None:
+    """Close DuckDB to everything but ``files`` (issue 40: a ``SELECT`` over ``read_json('https://...')`` had DuckDB
+    install httpfs under ``~/.duckdb`` and, with a network, load native code): no file, folder or URL outside
+    them (``enable_external_access = false`` with ``allowed_paths``, each path as written and as the views' glob
+    spells it), and ``lock_configuration``, so that no statement turns a setting back. ``allow_external`` leaves
+    the file system and URLs open (the extensions' automatic loading is set when the connection opens)."""
+    if not allow_external:
+        named = [_quote_paths([p])[1:-1] for p in files] + [_literal(p) for p in files]
+        con.execute(f"SET allowed_paths = [{', '.join(named)}]")
+        con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def connect(out: str | os.PathLike, *, allow_external: bool = False):
+    """An in-memory DuckDB connection with the views ``heads`` and ``documents`` over the scan in ``out``, locked
+    down: it reads the scan's committed Parquet parts and nothing else (no other file, folder or URL), installs and
+    loads no extension, and no statement can change a setting (``lock_configuration``). ``allow_external=True``
+    (``inspector corpus --allow-external``) lets queries read other files and URLs, and DuckDB install and load the
+    extensions they need (httpfs for ``https://``). Raises InspectorError (one line) for a folder without a scan, a
+    damaged ``scan.json`` or a damaged part (:func:`~inspector.corpus.folder.read_info`,
+    :func:`~inspector.corpus.folder.check_parts`)."""
     import duckdb
 
     out = Path(out).expanduser()
     read_info(out)
     check_parts(out)
-    con = duckdb.connect(":memory:")
-    heads = committed_heads(out)
-    docs = sorted(p for p in (out / "_documents").glob("part-*.parquet") if p.name.startswith("part-"))
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": allow_external,
+                                             "autoload_known_extensions": allow_external})
+    heads = [p.absolute() for p in committed_heads(out)]  # the paths the views name are the paths allowed
+    docs = sorted(p.absolute() for p in (out / "_documents").glob("part-*.parquet") if p.name.startswith("part-"))
+    _lock(con, [*heads, *docs], allow_external)
     if heads:
         con.execute(f"CREATE VIEW heads AS SELECT * FROM read_parquet({_quote_paths(heads)}, union_by_name = true)")
     else:
@@ -134,26 +158,50 @@ def query(out_or_con, sql: str) -> pd.DataFrame:
     return results[-1][1] if results else pd.DataFrame()
 
 
-def queries(out_or_con, sql: str, *, single: bool = False) -> list[tuple[str, pd.DataFrame]]:
-    """Run each statement of ``sql`` in order (a ``CREATE VIEW`` is seen by the next ones): ``(statement
-    text, result)`` for each statement that asks for rows (``SELECT``, ``DESCRIBE``, ``EXPLAIN``, ...; a lone
-    statement of another kind gives what DuckDB answers, e.g. a row count). Raises
-    ``InspectorError`` (one line) on a DuckDB error, naming the statement when there are several, before running
-    anything for a statement that could write files or change settings (COPY, EXPORT, ATTACH, SET, PRAGMA,
-    INSTALL, LOAD, DROP: only SELECT, EXPLAIN, CREATE, INSERT, UPDATE and DELETE run), and, with
-    ``single``, before running anything when more than one statement asks for rows."""
+def _failed(exc: Exception, where: str = "") -> InspectorError:
+    """A DuckDB error as one line: a file, folder or URL outside the scan (the connection's lock) says how to
+    allow it; any other names the views."""
     import duckdb
 
-    con = connect(out_or_con) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, duckdb.PermissionException) or "disabled by configuration" in first:
+        return InspectorError(f"--sql reads only the scan's own files{where} ({first[:300]}): query the views heads "
+                              "and documents, or pass --allow-external to let it read other files and URLs")
+    if "configuration has been locked" in first:
+        return InspectorError(f"--sql cannot change DuckDB's settings{where} ({first[:300]}): query the views heads "
+                              "and documents")
+    return InspectorError(f"the query failed{where} ({first[:300]}): query the views heads and documents")
 
-    def failed(exc: Exception, where: str = "") -> InspectorError:
-        first = str(exc).strip().splitlines()[0]
-        return InspectorError(f"the query failed{where} ({first[:300]}): query the views heads and documents")
 
+def _frame(result, limit: int | None) -> pd.DataFrame:
+    """The rows of a DuckDB result: all of them, or with ``limit`` the first ``limit + 1`` only, fetched as they
+    stream (the rest never computed where the plan allows: ``SELECT * FROM range(10^8)`` reads 4 rows, not 10^8),
+    so that a caller printing ``limit`` rows knows whether more follow."""
+    if limit is None:
+        return result.df()
+    rows = result.fetchmany(limit + 1)
+    return pd.DataFrame(rows, columns=[d[0] for d in result.description])
+
+
+def queries(out_or_con, sql: str, *, single: bool = False, limit: int | None = None,
+            allow_external: bool = False) -> list[tuple[str, pd.DataFrame]]:
+    """Run each statement of ``sql`` in order (a ``CREATE VIEW`` is seen by the next ones): ``(statement
+    text, result)`` for each statement that asks for rows (``SELECT``, ``DESCRIBE``, ``EXPLAIN``, ...; a lone
+    statement of another kind gives what DuckDB answers, e.g. a row count); with ``limit``, each result holds its
+    first ``limit + 1`` rows at most (:func:`_frame`: fetched as they stream, so a huge result costs what is
+    printed). A folder is opened by :func:`connect` (``allow_external`` passed on: by default nothing outside the
+    scan is read). Raises ``InspectorError`` (one line) on a DuckDB error, naming the statement when there are
+    several (a file or URL outside the scan: how to allow it), before running anything for a statement that could
+    write files or change settings (COPY, EXPORT, ATTACH, SET, PRAGMA, INSTALL, LOAD, DROP: only SELECT, EXPLAIN,
+    CREATE, INSERT, UPDATE and DELETE run), and, with ``single``, before running anything when more than one
+    statement asks for rows."""
+    import duckdb
+
+    con = connect(out_or_con, allow_external=allow_external) if isinstance(out_or_con, (str, os.PathLike)) else out_or_con
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
-        raise failed(exc) from None
+        raise _failed(exc) from None
     refused = [st for st in statements if st.type.name not in _ALLOWED]
     if refused:
         kind = refused[0].type.name
@@ -167,11 +215,11 @@ def queries(out_or_con, sql: str, *, single: bool = False) -> list[tuple[str, pd
     for i, statement in enumerate(statements):
         try:
             result = con.execute(statement)
+            # of several statements, those that ask for rows; a CREATE or INSERT answers only its row count
+            if result.description is not None and (len(statements) == 1 or statement.type.name in _ASKING):
+                out.append((statement.query.strip().rstrip(";").rstrip(), _frame(result, limit)))
         except duckdb.Error as exc:
-            raise failed(exc, f" at statement {i + 1} of {len(statements)}" if len(statements) > 1 else "") from None
-        # of several statements, those that ask for rows; a CREATE or INSERT answers only its row count
-        if result.description is not None and (len(statements) == 1 or statement.type.name in _ASKING):
-            out.append((statement.query.strip().rstrip(";").rstrip(), result.df()))
+            raise _failed(exc, f" at statement {i + 1} of {len(statements)}" if len(statements) > 1 else "") from None
     return out
 
 

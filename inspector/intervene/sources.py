@@ -49,15 +49,16 @@ log-probability of *this* output, not about whether the output is right.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspector.capture.interface import eval_mode
 from inspector.errors import InspectorError
-from inspector.store.words import word_pattern
+from inspector.store.words import first_match, iter_matches
 
 if TYPE_CHECKING:
     import numpy as np
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
 ABLATIONS = 64  # random ablation masks the surrogate is fitted on (ContextCite's paper uses 32 to 256)
 HOLDOUT = 32  # further random masks the LDS is measured on
 ABLATIONS_RANGE = (8, 1024)  # the accepted --ablations and --holdout (holdout may also be 0: no LDS)
+MAX_UNITS = 2048  # given units (phrases, spans) at most: twice the most ablations; each distinct phrase is a search
 KEEP = 0.5  # probability that a unit is kept in a random mask (ContextCite)
 ALPHA = 0.01  # LASSO's regularisation, on standardised masks and the per-token score (ContextCite's solver)
 TOP_K = (1, 3)  # the top-k log-probability drops reported
@@ -81,7 +83,7 @@ MODES = ("mask", "removal")
 METHODS = ("contextcite", "integrated_gradients", "attention")
 EMBEDDING_CHECK = 1e-3  # relative: integrated gradients' input must reproduce the model's own score
 
-__all__ = ["ABLATIONS", "ALPHA", "HOLDOUT", "METHODS", "MODES", "TOP_K", "Fit", "Sources", "Unit", "check_options",
+__all__ = ["ABLATIONS", "ALPHA", "HOLDOUT", "MAX_UNITS", "METHODS", "MODES", "TOP_K", "Fit", "Sources", "Unit", "check_options",
            "evaluate", "fit_surrogate", "lasso", "lds", "random_masks", "sentence_spans", "sources", "spearman",
            "top_k", "unit_spans"]
 
@@ -121,9 +123,11 @@ def unit_spans(text: str, units: Sequence[str | tuple[int, int]] | str | None = 
     """The character spans of the source units, in text order: the sentences (:func:`sentence_spans`) for
     ``None`` or ``"sentences"``; else each item is a ``(start, end)`` span or a phrase (its first whole-word,
     case-sensitive occurrence that no earlier unit overlaps, so a phrase given twice means its first two
-    occurrences). Checks only characters (the CLI calls it before the model loads); tokens are checked when
-    the source is encoded. Raises :class:`InspectorError` for a phrase not in the text, a span out of range or
-    empty, overlapping units, or no unit at all."""
+    occurrences). Checks only characters (the CLI calls it before the model loads), in time linear in the text
+    and the units (each phrase's occurrences read once however often it is given, an overlap found by bisection);
+    tokens are checked when the source is encoded. Raises :class:`InspectorError` for more than :data:`MAX_UNITS`
+    units (before any is looked up: each distinct phrase is one search of the text), a phrase not in the text, a
+    span out of range or empty, overlapping units, or no unit at all."""
     if units is None or (isinstance(units, str) and units == "sentences"):
         spans = sentence_spans(text)
         if not spans:
@@ -131,32 +135,70 @@ def unit_spans(text: str, units: Sequence[str | tuple[int, int]] | str | None = 
         return spans
     if isinstance(units, str):
         raise InspectorError(f"units are 'sentences' or a list of phrases / (start, end) spans, got {units!r}")
-    spans: list[tuple[int, int]] = []
+    units = list(units)
+    if len(units) > MAX_UNITS:
+        raise InspectorError(f"{len(units):,} units given; at most {MAX_UNITS:,} are ranked (one surrogate weight each, "
+                             f"from at most {ABLATIONS_RANGE[1]:,} ablations): merge some into larger units, or use "
+                             "sentences")
+    taken = _Taken()
+    found: dict[str, Iterator[tuple[int, int]]] = {}
     for item in units:
         if isinstance(item, str):
-            phrase = item.strip()
-            if not phrase:
-                raise InspectorError("a unit phrase is empty: give a word or phrase of the source")
-            hit = next((m for m in word_pattern(phrase).finditer(text)
-                        if not any(m.start() < b and m.end() > a for a, b in spans)), None)
-            if hit is None:
-                raise InspectorError(f"the unit {phrase!r} is not in the source {_excerpt(text)} (whole-word, "
-                                     "case-sensitive, not inside an earlier unit): check the spelling or give (start, end)")
-            spans.append((hit.start(), hit.end()))
-            continue
-        try:
-            a, b = (int(x) for x in item)
-        except (TypeError, ValueError):
-            raise InspectorError(f"a unit is a phrase or a (start, end) character span, got {item!r}") from None
-        if not 0 <= a < b <= len(text):
-            raise InspectorError(f"the unit span ({a}, {b}) is not within the source's {len(text)} characters "
-                                 "(0 <= start < end <= length)")
-        if any(a < e and b > s for s, e in spans):
-            raise InspectorError(f"the unit span ({a}, {b}) overlaps another unit: units must not overlap")
-        spans.append((a, b))
-    if not spans:
+            taken.add(*_phrase_unit(text, item, taken, found))
+        else:
+            taken.add(*_span_unit(text, item, taken))
+    if not taken.spans:
         raise InspectorError("no unit given: pass phrases or (start, end) spans of the source, or 'sentences'")
-    return sorted(spans)
+    return taken.spans
+
+
+def _phrase_unit(text: str, item: str, taken: _Taken, found: dict) -> tuple[int, int]:
+    """The span of a phrase unit: its first occurrence that no unit taken overlaps. An occurrence passed over
+    overlaps a unit for good (units are only added), so each phrase's occurrences are read once, in order, however
+    often it is given (``found``: phrase -> its occurrences not yet passed over; issue 40: each repeat read them all
+    again, and looked at every unit for each)."""
+    phrase = item.strip()
+    if not phrase:
+        raise InspectorError("a unit phrase is empty: give a word or phrase of the source")
+    hits = found.setdefault(phrase, iter_matches(text, phrase))
+    hit = next((h for h in hits if not taken.overlaps(*h)), None)
+    if hit is None:
+        raise InspectorError(f"the unit {phrase!r} is not in the source {_excerpt(text)} (whole-word, "
+                             "case-sensitive, not inside an earlier unit): check the spelling or give (start, end)")
+    return hit
+
+
+def _span_unit(text: str, item, taken: _Taken) -> tuple[int, int]:
+    """A ``(start, end)`` unit checked: whole numbers, within the text, overlapping no unit taken."""
+    try:
+        a, b = (int(x) for x in item)
+    except (TypeError, ValueError):
+        raise InspectorError(f"a unit is a phrase or a (start, end) character span, got {item!r}") from None
+    if not 0 <= a < b <= len(text):
+        raise InspectorError(f"the unit span ({a}, {b}) is not within the source's {len(text)} characters "
+                             "(0 <= start < end <= length)")
+    if taken.overlaps(a, b):
+        raise InspectorError(f"the unit span ({a}, {b}) overlaps another unit: units must not overlap")
+    return a, b
+
+
+class _Taken:
+    """Disjoint character spans kept in text order: whether a new one overlaps any is two bisections, not a look at
+    every span (issue 40: that look made thousands of units quadratic)."""
+
+    def __init__(self):
+        self.spans: list[tuple[int, int]] = []
+        self.starts: list[int] = []
+
+    def overlaps(self, a: int, b: int) -> bool:
+        """Whether ``[a, b)`` overlaps a span kept: the one starting last before ``b`` is the only one that can."""
+        k = bisect.bisect_left(self.starts, b)
+        return k > 0 and self.spans[k - 1][1] > a
+
+    def add(self, a: int, b: int) -> None:
+        k = bisect.bisect_left(self.starts, a)
+        self.starts.insert(k, a)
+        self.spans.insert(k, (a, b))
 
 
 @dataclass(frozen=True)
@@ -175,16 +217,16 @@ def _units(rec, spans: list[tuple[int, int]], given: bool) -> tuple[list[Unit], 
     """Units on the source record ``rec``: each token goes to the span holding its last character. A sentence
     without a token is left out (noted); a given unit without one is refused."""
     owner = {}
+    starts = [a for a, _ in spans]  # the spans are disjoint and in text order: one bisection per token
     for i, (off, special, pad) in enumerate(zip(rec.offsets, rec.special, rec.padding, strict=True)):
         if off is None or special or pad or off[1] <= off[0]:
             continue
         last = off[1] - 1
         if rec.text[last].isspace():
             continue
-        for u, (a, b) in enumerate(spans):
-            if a <= last < b:
-                owner.setdefault(u, []).append(i)
-                break
+        u = bisect.bisect_right(starts, last) - 1
+        if u >= 0 and last < spans[u][1]:
+            owner.setdefault(u, []).append(i)
     units, notes = [], []
     for u, (a, b) in enumerate(spans):
         if u not in owner:
@@ -210,11 +252,11 @@ def _output_span(rec, span: str | tuple[int, int] | None) -> tuple[int, int, lis
         return 0, len(rec.text), real
     if isinstance(span, str):
         phrase = span.strip()
-        m = word_pattern(phrase).search(rec.text) if phrase else None
+        m = first_match(rec.text, phrase) if phrase else None
         if m is None:
             raise InspectorError(f"the span {span!r} is not in the output {_excerpt(rec.text)} (whole-word, "
                                  "case-sensitive): pass a word or sentence the output says")
-        a, b = m.start(), m.end()
+        a, b = m
     else:
         try:
             a, b = (int(x) for x in span)

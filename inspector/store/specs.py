@@ -17,16 +17,37 @@ _INVISIBLE = ("Cc", "Cf", "Cs", "Co", "Cn")  # control, format, surrogate, priva
 _MARKS = ("Mn", "Me", "Mc")  # combining marks
 
 
+def has_visible(word: str) -> bool:
+    """Whether ``word`` holds a character a tokenizer gives a token for: one that is not white space, not an
+    invisible or control character (Unicode categories Cc, Cf, Cs, Co, Cn: a zero-width space, a soft hyphen, a
+    byte-order mark) and not a combining mark (Mn, Me, Mc) alone."""
+    return any(not c.isspace() and unicodedata.category(c) not in _INVISIBLE + _MARKS for c in word)
+
+
+def _no_visible(what: str, raw: str, example: str) -> InspectorError:
+    return InspectorError(f"{what} ({ascii(raw.strip() or raw)}) has no visible characters, so it tokenizes to no "
+                          f"token: give a word the text holds, e.g. {example}")
+
+
 def parse_contrast(spec: str | tuple[str, str] | None) -> tuple[str, str] | None:
     """``"RIGHT,WRONG"`` (or a pair) into its two words; None stays None. Raises :class:`InspectorError` unless
-    the two are different words that are not blank and hold a printable character (a zero-width space or a
-    control character tokenizes to nothing, so the metric would be read at another word)."""
+    there are two words, each holds a visible character (:func:`has_visible`: a zero-width space, a soft hyphen or
+    an accent alone tokenizes to nothing, so the metric would be read at another word; the message names the
+    word), the two differ, and neither holds an invisible or control character."""
     if spec is None:
         return None
-    parts = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec)]
-    visible = [re.sub(r"[\u200b-\u200f\u2060\ufeff\x00-\x1f\x7f]", "", p) for p in parts]
-    if len(parts) != 2 or not all(visible) or parts[0] == parts[1]:
+    raw = list(spec.split(",") if isinstance(spec, str) else spec)
+    if len(raw) != 2:
         raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {spec!r}")
+    for i, word in enumerate(raw, 1):
+        if not word:
+            raise InspectorError(f"--contrast word {i} is empty: give two different words RIGHT,WRONG, e.g. Lessee,Lessor")
+        if not has_visible(word):
+            raise _no_visible(f"--contrast word {i}", word, "--contrast Lessee,Lessor")
+    parts = [p.strip() for p in raw]
+    if parts[0] == parts[1]:
+        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {spec!r}")
+    visible = [re.sub(r"[\u200b-\u200f\u2060\ufeff\x00-\x1f\x7f]", "", p) for p in parts]
     if visible != parts:
         raise InspectorError(f"--contrast words must not hold invisible or control characters; got {spec!r}")
     return parts[0], parts[1]
@@ -47,10 +68,20 @@ def contrast_words(spec: str | tuple[str, str]) -> tuple[str, str]:
     return words
 
 
+MAX_REFERENTS = 256  # referents a split compares at most: each is looked up in every text, before the model loads
+
+
 def clean_referents(referents: list[str]) -> list[str]:
     """The referents stripped of surrounding spaces, blanks dropped; InspectorError unless two or more
-    different ones remain."""
+    different ones remain, each with a visible character (:func:`has_visible`; the message names the referent),
+    and no more than :data:`MAX_REFERENTS`."""
     refs = [r.strip() for r in referents if r.strip()]
+    for i, r in enumerate(refs, 1):
+        if not has_visible(r):
+            raise _no_visible(f"referent {i}", r, "--referents Lessee,Lessor")
+    if len(refs) > MAX_REFERENTS:
+        raise InspectorError(f"{len(refs):,} referents given; a split compares at most {MAX_REFERENTS}: name the "
+                             "words the head could confuse, e.g. --referents Lessee,Lessor")
     if len(refs) < 2 or len(set(refs)) != len(refs):
         raise InspectorError("give at least two different referents, e.g. --referents Lessee,Lessor")
     return refs
@@ -70,6 +101,9 @@ def parse_heads(spec: str, option: str = "--heads") -> list[tuple[str, int]]:
             raise InspectorError(f"{option} takes SITE:HEAD with the head's number at its site, from 0; head "
                                  f"{head[:20]}{'...' if len(head) > 20 else ''} of {site.strip()[:60]!r} is far too large "
                                  "(no model has a billion heads)")
+        if sep and site.strip() and head and not head.isascii() and all(c.isdigit() for c in head):
+            raise InspectorError(f"{option} takes SITE:HEAD with the head's number in ASCII digits (0-9), e.g. "
+                                 f"{site.strip()[:60]}:3; got {item!r}")
         if not sep or not site.strip() or not re.fullmatch(r"[0-9]{1,9}", head):  # not str.isdigit: '²' passes it
             raise InspectorError(f"{option} takes SITE:HEAD[,SITE:HEAD...], e.g. encoder.layer.5.attention.self:9; got {item!r}")
         out.append((site.strip(), int(head)))

@@ -134,7 +134,7 @@ def _hints(cls: type) -> dict[str, Any]:
 def check_fields(path: Path, where: str, d: Any, cls: type, required: set[str]) -> None:
     """Every field of dataclass ``cls`` present in ``d`` has its annotated type; ``required`` ones are there."""
     if not isinstance(d, dict):
-        raise refuse(path, where, f"is a {type(d).__name__}, not an object")
+        raise refuse(path, where, f"is {_json_kind(d)}, not an object")
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         if f.name not in d:
@@ -143,6 +143,13 @@ def check_fields(path: Path, where: str, d: Any, cls: type, required: set[str]) 
             continue
         if not conforms(d[f.name], hints[f.name]):
             raise refuse(path, where, f"field {f.name!r} must be {type_name(hints[f.name])}, got {_short(d[f.name])}")
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, for messages: ``a number``, ``a string``, ``a list``, ``null``, ``true``."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {int: "a number", float: "a number", str: "a string", list: "a list"}.get(type(value), "a value")
 
 
 def _short(value: Any) -> str:
@@ -209,7 +216,9 @@ def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list
     elif not bool(in_range[h, r]):
         what = f"has weights outside [0, 1] (from {float(row.min()):.4g} to {float(row.max()):.4g})"
     elif not bool(hidden[h, r]):
-        what = f"puts weight {float(torch.where(vis[h, r], 0, row).abs().max()):.4g} on a key its mask hides"
+        off = torch.where(vis[h, r], 0, row).abs()
+        what = (f"puts weight {float(off.max()):.4g} on key {int(off.argmax())}, which the site's field 'mask' hides or "
+                "its key input's field 'padding' marks as padding")
     else:
         what = (f"sums to {float(total[h, r]):.6g} over its {int(vis[h, r].sum())} visible keys, not 1 (within "
                 f"{float(tol[h, r]):.2g} for {dtype_code})")

@@ -1,0 +1,143 @@
+"""``inspector corpus --sql`` reads the scan and nothing else (issue 40): DuckDB opens with the extensions' automatic
+install and load off, the file system and URLs closed but for the scan's own parts, and its configuration locked,
+so that no statement turns a setting back; ``--allow-external`` opens it. ``--top N`` fetches the rows it prints
+(plus one), so a huge result costs what is shown.
+
+The scan folder is made once per module (ten lease clauses, the tiny seeded BERT); HOME points at a fresh folder in
+each test, where DuckDB would put ``~/.duckdb/extensions``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inspector import cli
+from inspector.capture.models import LoadedModel
+from inspector.corpus import queries as corpus
+from inspector.corpus.documents import Fields
+from inspector.corpus.leases import lease_rows, write_jsonl
+from inspector.corpus.scan import scan
+from inspector.errors import InspectorError
+
+import tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+PEAK_RSS = 600 << 20  # a --top 3 of 10^8 rows: what the interpreter, pandas and DuckDB take, far below the result
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lockdown")
+    data = write_jsonl(root / "leases.jsonl", lease_rows(10))
+    out = root / "scan [1] it's"  # glob characters and a quote: the allowed paths are the views' own
+    scan(data, out, fields=Fields(query="query", referents="referents", id="id"), batch_size=4,
+         loaded=LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert"), progress=False)
+    outside = root / "outside.csv"
+    outside.write_text("a,b\n1,2\n")
+    return out, outside
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("HOME", str(path))
+    return path
+
+
+def one_line(capsys, argv) -> str:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("inspector: error:"), (argv, code, out, err)
+    return lines[0]
+
+
+def lit(path) -> str:
+    """A SQL string literal of ``path``."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _cases(out: Path, outside: Path, tmp: Path) -> list[tuple[str, str]]:
+    """(statement, what its one line says): every way out of the scan that a --sql statement could take."""
+    return [
+        ("SELECT * FROM read_json('https://example.com/x.json')", "reads only the scan's own files"),
+        ("SELECT * FROM 'https://example.com/heads.parquet'", "reads only the scan's own files"),
+        (f"SELECT * FROM read_csv({lit(outside)})", "--allow-external"),
+        ("SELECT * FROM read_csv('/etc/passwd')", "reads only the scan's own files"),
+        (f"SELECT * FROM read_parquet({lit(out / '..' / 'outside.csv')})", "reads only the scan's own files"),
+        (f"SELECT * FROM glob({lit(tmp / '*')})", "reads only the scan's own files"),
+        (f"CREATE VIEW v AS SELECT * FROM read_csv({lit(outside)}); SELECT * FROM v", "at statement 1 of 2"),
+        ("INSTALL httpfs", "statement is refused"),  # DuckDB names its type LOAD
+        ("FORCE INSTALL httpfs FROM core", "statement is refused"),
+        ("LOAD httpfs", "LOAD statement is refused"),
+        (f"ATTACH {lit(tmp / 'x.db')}", "ATTACH statement is refused"),
+        (f"COPY (SELECT 1) TO {lit(out / 'x.csv')}", "COPY statement is refused"),
+        ("SET enable_external_access = true", "SET statement is refused"),
+        ("RESET enable_external_access", "statement is refused"),
+        ("SET autoinstall_known_extensions = true; SELECT * FROM read_json('https://example.com/x.json')",
+         "SET statement is refused"),
+        ("PRAGMA enable_profiling", "PRAGMA statement is refused"),
+    ]
+
+
+def test_a_statement_that_leaves_the_scan_is_one_line_and_installs_nothing(scanned, home, tmp_path, capsys):
+    out, outside = scanned
+    for sql, says in _cases(out, outside, tmp_path):
+        line = one_line(capsys, ["corpus", out, "--sql", sql])
+        assert list(home.iterdir()) == [], (sql, "DuckDB wrote under HOME (~/.duckdb/extensions)")
+        assert says in line, (sql, line)
+    assert not (out / "x.csv").exists() and not (tmp_path / "x.db").exists()
+    assert cli.main(["corpus", str(out), "--sql", "SELECT count(*) AS n FROM heads"]) == 0  # the scan itself reads
+
+
+def test_the_lock_holds_against_the_connection_itself(scanned, home):
+    """Past the statement filter (the API's own connection), DuckDB refuses a setting turned back: the lock is
+    DuckDB's, not only the filter's."""
+    out, outside = scanned
+    con = corpus.connect(out)
+    for setting in ("enable_external_access = true", "autoinstall_known_extensions = true",
+                    "autoload_known_extensions = true", "allowed_paths = ['/']", "lock_configuration = false"):
+        with pytest.raises(Exception, match="locked"):
+            con.execute(f"SET {setting}")
+    with pytest.raises(InspectorError, match="--allow-external"):
+        corpus.queries(con, f"SELECT * FROM read_csv({lit(outside)})")
+    assert corpus.query(con, "SELECT count(*) AS n FROM documents").iloc[0, 0] == 10
+    assert list(home.iterdir()) == []
+
+
+def test_allow_external_opens_it_and_needs_sql(scanned, home, capsys):
+    out, outside = scanned
+    assert cli.main(["corpus", str(out), "--allow-external", "--sql", f"SELECT b FROM read_csv({lit(outside)})"]) == 0
+    assert "2" in capsys.readouterr().out
+    assert "give --sql QUERY too" in one_line(capsys, ["corpus", out, "--allow-external"])
+    assert corpus.queries(out, f"SELECT a FROM read_csv({lit(outside)})", allow_external=True)[0][1].iloc[0, 0] == 1
+
+
+def test_top_fetches_the_rows_it_prints(scanned, tmp_path):
+    """``--top 3`` over ``range(10^8)`` (the whole result: 800 MB as one column, more as a frame) finishes with
+    the peak memory of the process far below it, and says that more rows follow without counting them."""
+    out, _ = scanned
+    code = ("import resource, sys; from inspector.cli import main; "
+            "rc = main(['corpus', sys.argv[1], '--sql', 'SELECT range AS i, range * 2 AS j FROM range(100000000)', "
+            "'--top', '3']); print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = int(done.stdout.rsplit("PEAK", 1)[1]) << 10  # ru_maxrss is in KiB on Linux
+    assert peak < PEAK_RSS, (peak >> 20, "MiB")
+    assert "the first 3 rows shown, more follow" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["0"], ["1"], ["2"], ["3"])]
+    assert [r[:2] for r in rows] == [["0", "0"], ["1", "2"], ["2", "4"]], done.stdout
+
+
+def test_csv_still_writes_every_row(scanned, tmp_path):
+    out, _ = scanned
+    target = tmp_path / "all.csv"
+    assert cli.main(["corpus", str(out), "--sql", "SELECT * FROM range(5000)", "--top", "2", "--csv", str(target)]) == 0
+    assert len(target.read_text().splitlines()) == 5001
+    assert corpus.queries(out, "SELECT * FROM range(10)", limit=2)[0][1]["range"].tolist() == [0, 1, 2]
