@@ -698,7 +698,9 @@ def _check_scan(args, out: Path) -> None:
     """``scan``'s arguments, before torch and pandas load: the corpus path and format, the output folder, the
     demo's size, the engine's options and the split rule's thresholds."""
     from inspector.corpus.documents import kind_of
+    from inspector.store.files import folder_target
 
+    folder_target(out)  # a dangling link or a loop of links: one line, before the demo corpus is written into it
     if out.exists() and not out.is_dir():
         raise InspectorError(f"{out} is a file, not a folder: give -o a folder for the scan")
     if args.demo is not None:
