@@ -23,6 +23,10 @@ ALLOWED = {
     "investigate/evaluation.py:evaluate": ENTRY + " (the evaluation as one Evaluation value, fields, batch size, "
                                                   "device, remote code, progress, a loaded model, status, engine, Ray's "
                                                   "address and workers), as scan's",
+    "intervene/effects.py:exact_effects": ENTRY + " (ablation method, the metric before, the rerun's reuse, memory "
+                                                  "bound, batch and a kept clean pass: issue 42's rerun options)",
+    "investigate/matter.py:does_it_matter": ENTRY + " (variants, --top, --global, --budget and --memory-budget of "
+                                                    "debug, one to one)",
     "intervene/sources.py:sources": ENTRY + " (ContextCite's ablations, alpha, seed, mode, span, batch size)",
     "intervene/attribution.py:attribute": ENTRY + " (methods and integrated gradients' steps, batch and memory budget)",
     "analysis/split.py:split_heads": ENTRY + "; investigations call it once with a Question's fields (split_for)",
@@ -51,7 +55,6 @@ ALLOWED = {
                                         "device, remote code): handed to Ray Data's map_batches",
     "cli/common.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
                                          "word list, its role, case rule, occurrence and axis are each read here",
-    "corpus/ray_engine.py:_map": "Ray Data's per-batch function: its arguments are what map_batches hands it",
 }
 
 

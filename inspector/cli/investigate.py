@@ -343,7 +343,7 @@ def add_commands(sub, commands_as: CommandFormat | None = None) -> None:
                    metavar="K",
                    help=f"with --contrast: compute the exact effect of the top K heads by attribution patching, and of "
                         f"every flagged head (default {DEBUG_TOP}), then of every other head within --budget; the verdict "
-                        "ranks those")
+                        "ranks those and prints them")
     p.add_argument("--budget", type=float, default=DEBUG_BUDGET, metavar="FORWARDS",
                    help="with --contrast: confirm every other head too, in attribution order, while the reruns stay within "
                         f"FORWARDS forward passes (estimated by counting multiply-adds; default {DEBUG_BUDGET:g}; 0: only "

@@ -5,6 +5,8 @@
 * :mod:`~inspector.intervene.contrast`: the log-probability table and the contrast metric;
 * :mod:`~inspector.intervene.effects`: :func:`ablate`, :func:`patch` and :func:`effects` (attribution
   patching and exact effects);
+* :mod:`~inspector.intervene.rerun`: exact effects that rerun only what a head changes (kept layer inputs, the
+  encoder's output, ablations batched within a memory bound);
 * :mod:`~inspector.intervene.attribution`: input-token attribution (input x gradient, integrated gradients, rollout);
 * :mod:`~inspector.intervene.routes`: information-flow routes (Ferrando & Voita 2024);
 * :mod:`~inspector.intervene.logit_parts`: one head's score difference decomposed into residual parts;
