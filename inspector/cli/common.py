@@ -51,13 +51,13 @@ def check_word_in(word: str | None, text: str, where: str, *, case_sensitive: bo
     """Refuse (before a model loads) a word that is not in ``text``, naming ``where`` the text is from, by the
     analysis's own rule (:func:`inspector.store.words.occurs_in`: whole-word, case-sensitive unless
     ``case_sensitive`` is false). A token index (``@7``) is checked once the text is tokenized."""
-    from inspector.store.words import is_token_index, occurs_in
+    from inspector.store.words import is_token_index, occurs_in, shown
 
     if word is None or not word.strip() or is_token_index(word):
         return
     if not occurs_in(text, word, case_sensitive):
         rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
-        raise InspectorError(f"the word {word.strip()!r} is not in {where} ({rule}){nearest_hint(word, [text])}: pick a "
+        raise InspectorError(f"the word {shown(word)} is not in {where} ({rule}){nearest_hint(word, [text])}: pick a "
                              "word every text holds, or fix the file")
 
 
@@ -774,7 +774,15 @@ def check_capture_words(path: str, meta: dict, words: list[str], what: str, role
     those texts (their count bounds what any site's axis holds); a token index (``@7``) past ``axis`` (its name and
     length, where the header states it). Passes where the header names no text for those roles."""
     from inspector.store import header
-    from inspector.store.words import is_token_index, iter_matches, matches, occurs_in, times, token_index
+    from inspector.store.words import (
+        is_token_index,
+        iter_matches,
+        matches,
+        occurs_in,
+        shown,
+        times,
+        token_index,
+    )
 
     for word in words:
         if is_token_index(word):
@@ -792,18 +800,18 @@ def check_capture_words(path: str, meta: dict, words: list[str], what: str, role
         if not word.strip() or is_token_index(word):
             continue
         if not any(occurs_in(t, word, case_sensitive) for t in texts.values()):
-            raise InspectorError(f"{what} {word.strip()!r} is not in the {' + '.join(texts)} text of {path} ({rule})"
+            raise InspectorError(f"{what} {shown(word)} is not in the {' + '.join(texts)} text of {path} ({rule})"
                                  f"{nearest_hint(word, texts.values())}: check the spelling or give token indices like @7")
         if records and not any(cover(a, b) for cover in covers for a, b in iter_matches(cover.text, word, case_sensitive)):
             unk = [i for rec in records for i in _unknown_tokens(rec)]
             where = f" (the tokenizer reads it as {records[0]['tokens'][unk[0]]!s}, at @{unk[0]})" \
                 if unk and len(records) == 1 else ""
-            raise InspectorError(f"{what} {word.strip()!r} has no token of its own in {path}{where}: give token indices "
+            raise InspectorError(f"{what} {shown(word)} has no token of its own in {path}{where}: give token indices "
                                  f"like @{unk[0] if unk else 7} instead")
         if occurrence is not None and what == "query":
             n = sum(len(matches(t, word, case_sensitive)) for t in texts.values())
             if occurrence > n:
-                raise InspectorError(f"{what} {word.strip()!r} occurs {times(n)} in the {' + '.join(texts)} text of "
+                raise InspectorError(f"{what} {shown(word)} occurs {times(n)} in the {' + '.join(texts)} text of "
                                      f"{path}, so --occurrence must be {'1' if n == 1 else f'1..{n}'}")
 
 
@@ -875,14 +883,14 @@ def check_in_text(word: str | None, text: str, what: str, where: str, *, case_se
     """Refuse ``word`` (``what`` names it: ``--query``, referent) when ``text`` (``where`` names it) does not hold it,
     by the analysis's rule (:func:`inspector.store.words.occurs_in`); a token index (``@7``) is checked once the text
     is tokenized."""
-    from inspector.store.words import is_token_index, occurs_in, token_index
+    from inspector.store.words import is_token_index, occurs_in, shown, token_index
 
     if word is not None and is_token_index(word):
         token_index(word, "token index")  # a number of thousands of digits is one line now
     if word is None or not word.strip() or is_token_index(word) or occurs_in(text, word, case_sensitive):
         return
     rule = "whole-word, case-sensitive" if case_sensitive else "whole-word, any case"
-    raise InspectorError(f"{what} {word.strip()!r} is not in {where} ({rule}){nearest_hint(word, [text])}: check the "
+    raise InspectorError(f"{what} {shown(word)} is not in {where} ({rule}){nearest_hint(word, [text])}: check the "
                          "spelling, or pick a word the text says")
 
 

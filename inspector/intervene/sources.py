@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.capture.interface import eval_mode
 from inspector.errors import InspectorError
-from inspector.store.words import first_match, iter_matches
+from inspector.store.words import first_match, iter_matches, shown
 
 if TYPE_CHECKING:
     import numpy as np
@@ -163,7 +163,7 @@ def _phrase_unit(text: str, item: str, taken: _Taken, found: dict) -> tuple[int,
     hits = found.setdefault(phrase, iter_matches(text, phrase))
     hit = next((h for h in hits if not taken.overlaps(*h)), None)
     if hit is None:
-        raise InspectorError(f"the unit {phrase!r} is not in the source {_excerpt(text)} (whole-word, "
+        raise InspectorError(f"the unit {shown(phrase)} is not in the source {_excerpt(text)} (whole-word, "
                              "case-sensitive, not inside an earlier unit): check the spelling or give (start, end)")
     return hit
 

@@ -184,6 +184,13 @@ def positions_in(rec: InputRecord, phrase: str, case_sensitive: bool = True) -> 
     return [overlapping(rec, a, b) for a, b in matches(rec.text, phrase, case_sensitive)]
 
 
+def shown(phrase: str, size: int = 60) -> str:
+    """``phrase`` stripped and quoted for a message, cut to about ``size`` characters (a phrase of a units file or a
+    query may be thousands long, and a message is one line)."""
+    phrase = phrase.strip()
+    return repr(phrase if len(phrase) <= size else phrase[:size - 3] + "...")
+
+
 def times(n: int) -> str:
     """``once``, ``twice``, ``3 times``: how often a word occurs, for messages."""
     return {1: "once", 2: "twice"}.get(n, f"{n} times")
