@@ -24,6 +24,7 @@ The metrics are defined in :mod:`inspector.intervene.contrast`; the seam in :mod
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,11 +234,13 @@ class Effects:
     capture: Capture
     contrast: _contrast.Contrast
     confirmed: dict = field(default_factory=dict)
+    recording: rerun.Recording | None = None  # attribute(keep_pass=True): its pass kept for reruns (effects drops it)
 
 
 def attribute(model, tokenizer, text: str, target: str | Output | None = None, *, contrast: str | tuple[str, str],
               query: str | None = None, occurrence: int | None = None, method: str = "zero", encoded=None,
-              global_tokens: list[str] | None = None) -> Effects:
+              global_tokens: list[str] | None = None, keep_pass: bool = False,
+              memory_gib: float | None = None) -> Effects:
     """Attribution patching for every head: one forward pass (graph kept from the head outputs on,
     parameters frozen) and one backward pass.
 
@@ -245,7 +248,9 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
     gradient of the contrast metric with respect to the head's output ``[batch, query, head, d_v]``,
     ``ablated`` = 0 (``zero``) or the head's mean over non-padding query positions (``mean``). Units:
     those of the metric (logits, or cosine). ``global_tokens``: as :func:`ablate` (ignored with ``encoded``,
-    which carries its own inputs).
+    which carries its own inputs). ``keep_pass``: the forward pass is also kept for reruns, within ``memory_gib``
+    (:func:`inspector.intervene.rerun.watching`), as :attr:`Effects.recording`, so that :func:`exact_effects` needs
+    no clean pass of its own.
     """
     if method not in intervene.METHODS:
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
@@ -254,7 +259,9 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
     c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong,
                           query=query, occurrence=occurrence)
     keep = _contrast.keep_kwargs(model, c)
-    g = intervene.run(model, encoded, intervene.Seam(record=True, grad=True), extra=keep)
+    watch = rerun.watching(model, encoded, extra=keep, memory_gib=memory_gib) if keep_pass else contextlib.nullcontext()
+    with watch as kept:
+        g = intervene.run(model, encoded, intervene.Seam(record=True, grad=True), extra=keep)
     cap, outs, deltas = g.capture, g.seam.outputs, g.seam.deltas
     m = c.value(g.output, kept=bool(keep))
     names = [s.name for s in cap.sites]
@@ -273,7 +280,7 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
     order = table["attribution"].abs().sort_values(ascending=False, kind="stable").index
     table = table.loc[order].reset_index(drop=True)
     return Effects(table=table, metric=float(m.detach()), definition=c.definition, disagreements=_disagreements(table),
-                   capture=cap, contrast=c)
+                   capture=cap, contrast=c, recording=rerun.finished(kept, g.output, g.seam, cap.sites) if keep_pass else None)
 
 
 def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
@@ -384,14 +391,18 @@ def effects(model, tokenizer, text: str, target: str | Output | None = None, *, 
     ``memory_gib`` not above 0, an unknown head in ``confirm``."""
     check_budget(budget, memory_gib, top)
     encoded = encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
+    # a decoder's reruns start from the attribution pass; an encoder-decoder's from a pass whose decoder is cut
+    # after the metric's row (recording_for): its decoder heads' reruns are then a fraction of the decoder
+    own = encoded.layout != "encoder-decoder"
     res = attribute(model, tokenizer, text, contrast=contrast, query=query, occurrence=occurrence, method=method,
-                    encoded=encoded)
+                    encoded=encoded, keep_pass=own, memory_gib=memory_gib)
     table = res.table
     keys = list(zip(table["site"], table["head"], strict=True))
     extra = [(str(s), int(h)) for s, h in confirm or []]
     intervene.check_heads(res.capture.sites, extra, model)
     chosen = keys[:top] + [k for k in dict.fromkeys(extra) if k not in keys[:top]]
-    rec = recording_for(model, encoded, res.capture, res.contrast, method=method, memory_gib=memory_gib)
+    rec = res.recording or recording_for(model, encoded, res.capture, res.contrast, method=method, memory_gib=memory_gib)
+    res.recording = None
     narrow = rerun.narrow_for(model, res.contrast, bool(rec.extra)) is not None
     per_site = {s.name: rec.cost([s.name], narrow) for s in res.capture.sites}
     spent = sum(per_site[name] for name, _ in chosen)

@@ -349,6 +349,28 @@ def _layer_lists(model, names) -> set[str]:
     return lists
 
 
+def _attention_lists(model) -> set[str]:
+    """The outermost ``nn.ModuleList`` paths some element of which holds a module whose class is named
+    ``...Attention`` or ``...Attn`` (before a pass has named the sites)."""
+    names = [n for n, m in model.named_modules() if type(m).__name__.endswith(("Attention", "Attn"))]
+    return _layer_lists(model, names)
+
+
+def _detached(value, known: dict | None = None):
+    """``value`` (a layer's or an encoder's output) with every tensor detached from any graph (``known``: id -> the
+    tensor already kept for it, used instead)."""
+    known = known or {}
+    if isinstance(value, torch.Tensor):
+        return known.get(id(value), value.detach())
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(_detached(v, known) for v in value)
+    if isinstance(value, list):
+        return [_detached(v, known) for v in value]
+    if _model_output(value):
+        return type(value)(**{k: _detached(v, known) for k, v in value.items()})
+    return value
+
+
 def _leaf_flops(module, args, output) -> float:
     w = getattr(module, "weight", None)
     x = next((a for a in args if isinstance(a, torch.Tensor)), None)
@@ -363,9 +385,10 @@ def _leaf_flops(module, args, output) -> float:
 class _Watch:
     """The hooks of the recording pass: layer calls, leaf calls and site modules, what to keep, the costs."""
 
-    def __init__(self, rec: Recording, layers: dict[int, str], sites: dict[int, str], lm_head):
-        self.rec, self.layers, self.sites, self.lm_head = rec, layers, sites, lm_head
-        self.stable: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, the layer call it depends on)
+    def __init__(self, rec: Recording, layers: dict[int, str], lm_head):
+        self.rec, self.layers, self.lm_head = rec, layers, lm_head
+        # id -> (the pass's tensor, the layer call it depends on, the tensor kept for it: detached from any graph)
+        self.stable: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
         self.current: int | None = None
         self.residual: set[int] = set()
         self.count: dict[int, int] = {}
@@ -375,7 +398,7 @@ class _Watch:
 
     def note_inputs(self, kwargs: dict) -> None:
         for t in _tensors(list(kwargs.values())):
-            self.stable[id(t)] = (t, -1)
+            self.stable[id(t)] = (t, -1, t)
 
     def _refuse(self, why: str) -> None:
         if self.rec.reason is None:
@@ -403,11 +426,12 @@ class _Watch:
             return
         size = sum(t.numel() * t.element_size() for t in _tensors(output))
         if self.rec.kept == i and self.rec.bytes + size <= self.rec.memory:
-            self.rec.calls[i].output = output
+            kept = _detached(output)
+            self.rec.calls[i].output = kept
             self.rec.kept = i + 1
             self.rec.bytes += size
-            for t in _tensors(output):
-                self.stable[id(t)] = (t, i)
+            for t, k in zip(_tensors(output), _tensors(kept), strict=True):
+                self.stable[id(t)] = (t, i, k)
 
     def leaf_post(self, module, args, kwargs, output):
         flops = _leaf_flops(module, args, output)
@@ -435,12 +459,13 @@ class _Watch:
         size = output.numel() * output.element_size()
         if dep >= here or dep >= self.rec.kept or self.rec.bytes + size > self.rec.memory:
             return  # no rerun could hand it the same input, or it does not fit
+        kept = output.detach()
         self.rec.memo.setdefault(id(module), []).append(
-            _Entry(inputs=tuple(ins), versions=tuple(t._version for t in ins), output=output, dep=dep, flops=flops,
-                   at=-1 if self.current is None else self.current))
+            _Entry(inputs=tuple(k[2] for k in known), versions=tuple(t._version for t in ins), output=kept, dep=dep,
+                   flops=flops, at=-1 if self.current is None else self.current))
         self.rec.modules[id(module)] = module
         self.rec.bytes += size
-        self.stable[id(output)] = (output, dep)
+        self.stable[id(output)] = (output, dep, kept)
 
     def encoder_pre(self, _module, _args):
         self.in_encoder = True
@@ -450,15 +475,17 @@ class _Watch:
         size = sum(t.numel() * t.element_size() for t in _tensors(output))
         plain = _plain(output) or (_model_output(output) and all(_plain(v) for v in output.values()))
         if plain and self.rec.encoder_at < 0 and self.rec.kept == self.done and self.rec.bytes + size <= self.rec.memory:
-            self.rec.encoder, self.rec.encoder_output, self.rec.encoder_at = module, output, self.done
+            known = [self.stable.get(id(t)) for t in _tensors(output)]
+            kept = _detached(output, {id(k[0]): k[2] for k in known if k is not None and k[0] is not None})
+            self.rec.encoder, self.rec.encoder_output, self.rec.encoder_at = module, kept, self.done
             self.rec.bytes += size
-            self.rec._encoder_versions = _versions(output)
-            for t in _tensors(output):
-                self.stable.setdefault(id(t), (t, self.done - 1))
+            self.rec._encoder_versions = _versions(kept)
+            for t, k in zip(_tensors(output), _tensors(kept), strict=True):
+                self.stable.setdefault(id(t), (t, self.done - 1, k))
 
     def install(self, model, hooks: list) -> None:
         """The recording pass's hooks on ``model``, appended to ``hooks`` as they are made (for removal): its
-        layers, its sites' modules, every leaf module with a parameter, an encoder-decoder's encoder."""
+        layers, every leaf module with a parameter, an encoder-decoder's encoder."""
         encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder") \
             else None
         if encoder is not None and encoder is not model:
@@ -468,14 +495,8 @@ class _Watch:
             if id(m) in self.layers:
                 hooks.append(m.register_forward_pre_hook(self.layer_pre, with_kwargs=True))
                 hooks.append(m.register_forward_hook(self.layer_post, with_kwargs=True))
-            if id(m) in self.sites:
-                hooks.append(m.register_forward_pre_hook(self.site_pre))
             if not any(True for _ in m.children()) and any(True for _ in m.parameters(recurse=False)):
                 hooks.append(m.register_forward_hook(self.leaf_post, with_kwargs=True))
-
-    def site_pre(self, module, _args):
-        if self.current is not None:
-            self.rec.site_call.setdefault(self.sites[id(module)], self.current)
 
 
 def record(model, encoded: Encoded, sites: list[Site], s: intervene.Seam | None = None, *, extra: dict | None = None,
@@ -487,29 +508,53 @@ def record(model, encoded: Encoded, sites: list[Site], s: intervene.Seam | None 
     No grad. Raises :class:`~inspector.errors.InspectorError` as :func:`inspector.intervene.seam.run` does for an
     edit of a site that did not run."""
     s = s or intervene.Seam()
+    with watching(model, encoded, [x.name for x in sites], extra=extra, memory_gib=memory_gib) as rec:
+        with eval_mode(model), _lazy(model, encoded, s), intervene.seam(model, s), torch.no_grad():
+            output = model(**encoded.model_kwargs, **rec.extra, use_cache=False)
+    return finished(rec, output, s, sites)
+
+
+@contextlib.contextmanager
+def watching(model, encoded: Encoded, names: list[str] | None = None, *, extra: dict | None = None,
+             memory_gib: float | None = None):
+    """Keep what :meth:`Recording.run` reuses of the one pass of ``model`` on ``encoded`` that the block runs (a
+    seam run, with grad or without: what is kept is detached), within ``memory_gib``; then :func:`finished` with
+    that pass's output, seam and sites. ``names``: the sites' module paths, whose outermost layer lists are kept
+    (None: the outermost ``nn.ModuleList`` whose elements hold a module named ``...Attention`` or ``...Attn``).
+    ``extra``: the keyword arguments the pass gives the model besides ``encoded``'s, which every rerun gives too."""
     gib = MEMORY_GIB if memory_gib is None else float(memory_gib)
-    rec = Recording(model=model, encoded=encoded, output=None, seam=s, extra=dict(extra or {}), memory=int(gib * 2 ** 30))
+    rec = Recording(model=model, encoded=encoded, output=None, seam=intervene.Seam(), extra=dict(extra or {}),
+                    memory=int(gib * 2 ** 30))
     family = getattr(model.config, "model_type", "")
     if family not in FAMILIES:
         rec.reason = f"reruns of {family!r} models are not tested equal to full passes: each edit reruns the whole model"
     modules = dict(model.named_modules())
-    lists = _layer_lists(model, [x.name for x in sites])
+    lists = _layer_lists(model, names) if names is not None else _attention_lists(model)
     layers = {id(m): f"{p}.{i}" for p in lists for i, m in enumerate(modules[p])}
-    site_modules = {id(modules[x.name.split("@")[0]]): x.name.split("@")[0] for x in sites if x.name.split("@")[0] in modules}
-    if any("@" in x.name for x in sites):
-        rec.reason = rec.reason or "a site runs more than once a pass"
     if not layers:
         rec.reason = rec.reason or "no attention site is inside a layer list"
-    watch = _Watch(rec, layers, site_modules, _lm_head(model))
+    watch = _Watch(rec, layers, _lm_head(model))
     watch.note_inputs(encoded.model_kwargs)
-    hooks = []
+    hooks: list = []
     try:
         watch.install(model, hooks)
-        with eval_mode(model), _lazy(model, encoded, s), intervene.seam(model, s), torch.no_grad():
-            rec.output = model(**encoded.model_kwargs, **rec.extra, use_cache=False)
+        yield rec
     finally:
         for h in hooks:
             h.remove()
+
+
+def finished(rec: Recording, output, s: intervene.Seam, sites: list[Site]) -> Recording:
+    """``rec`` (from :func:`watching`) completed with its pass's ``output``, seam ``s`` (its recorded site outputs
+    serve a mean ablation) and ``sites`` (the pass's capture's): each site's layer call, the costs."""
+    rec.output, rec.seam = _detached(output), s
+    if any("@" in x.name for x in sites):
+        rec.reason = rec.reason or "a site runs more than once a pass"
+    for x in sites:
+        path = x.name.split("@")[0]
+        at = next((i for i, c in enumerate(rec.calls) if path == c.name or path.startswith(c.name + ".")), None)
+        if at is not None:
+            rec.site_call[path] = at
     _settle(rec, sites)
     return rec
 
