@@ -1,8 +1,10 @@
 """A seeded fuzz of the newest commands' options and of the capture header (issue 29): ``attribute``, ``routes``,
 ``effects`` and ``ablate`` under command lines drawn from valid and hostile values of every option, and ``rank`` /
-``info`` / ``explain`` over capture headers mutated at random paths. Every case must end in exit 0, or exit 2 with
+``info`` / ``explain`` over capture headers mutated at random paths; and (issue 40) ``sources``, ``why`` and
+``corpus --sql`` (over a small scan folder made once per module). Every case must end in exit 0, or exit 2 with
 exactly one ``inspector: error:`` line: never a traceback (an exception escaping ``main`` fails the test, naming
-the case), and bounded memory (the process's resident memory and the Python heap per case).
+the case), and bounded memory (the process's resident memory and the Python heap per case). A header's error line
+names the field path it is about (one of the mutated paths' keys).
 
 The commands run as a user runs them (``inspector.cli.main``) on a tiny GPT-2 and a tiny BERT saved to folders;
 the model a command loads is taken from a cache after its first load (``load_model`` patched), so the fuzz spends
@@ -31,6 +33,7 @@ from conftest import LEGAL
 SEED = int(os.environ.get("FUZZ_SEED", "29"))
 CASES = int(os.environ.get("FUZZ_CASES", "300"))
 HEADER_CASES = int(os.environ.get("FUZZ_HEADER_CASES", "80"))
+NEWER_CASES = int(os.environ.get("FUZZ_NEWER_CASES", "150"))  # sources, why and corpus --sql command lines
 RSS_GROWTH = 1536 << 20  # resident memory any case may add
 HEAP_PEAK = 256 << 20  # Python heap (tracemalloc) one header case may take
 OUTPUT = "The Lessor shall indemnify the Lessee."
@@ -251,11 +254,15 @@ def _paths(node, prefix=()):
             yield from _paths(v, (*prefix, i))
 
 
-def _mutate(header, rng: random.Random):
+def _mutate(header, rng: random.Random, changed: list | None = None):
+    """``header`` with one to three random paths deleted, duplicated, shifted or replaced by a hostile value (each
+    path appended to ``changed`` when given)."""
     h = copy.deepcopy(header)
     for _ in range(rng.randint(1, 3)):
         paths = [p for p in _paths(h) if p]
         path = rng.choice(paths)
+        if changed is not None:
+            changed.append(path)
         parent = h
         for k in path[:-1]:
             parent = parent[k]
@@ -269,6 +276,16 @@ def _mutate(header, rng: random.Random):
         else:
             parent[path[-1]] = copy.deepcopy(rng.choice(HOSTILE))
     return h
+
+
+_NAMED = {"inputs": "input", "sites": "site", "masks": "mask"}  # how a message names an entry of these lists
+
+
+def names_a_path(line: str, paths: list[tuple]) -> bool:
+    """Whether an error line names one of the header ``paths`` it is about: a key of one of them, as a field
+    (``'num_heads'``), a word (``ids``), or the entry of its list (``site``, ``input``, ``mask``)."""
+    return any(f"'{k}'" in line or f" {k}" in line or _NAMED.get(k, "\0") in line
+               for p in paths for k in p if isinstance(k, str))
 
 
 def test_fuzz_the_capture_header(tmp_path, capsys, tokenizer):
@@ -287,7 +304,8 @@ def test_fuzz_the_capture_header(tmp_path, capsys, tokenizer):
         assert one(capsys, argv)[0] == 0
     for i in range(HEADER_CASES):
         header, tensors = bases[i % len(bases)]
-        h = _mutate(header, rng)
+        changed: list[tuple] = []
+        h = _mutate(header, rng, changed)
         save_file(tensors, str(path), metadata={"inspector": json.dumps(h)})  # NaN as Python writes it, on purpose
         site = h.get("sites", [{}])[0].get("name", "x") if isinstance(h.get("sites"), list) and h["sites"] \
             and isinstance(h["sites"][0], dict) else "x"
@@ -295,11 +313,129 @@ def test_fuzz_the_capture_header(tmp_path, capsys, tokenizer):
                      ["explain", str(path), "--site", str(site), "--head", "0", "--query-index", "1"]):
             tracemalloc.start()
             try:
-                code, _ = one(capsys, argv)
+                code, line = one(capsys, argv)
                 peak = tracemalloc.get_traced_memory()[1]
             finally:
                 tracemalloc.stop()
             assert peak < HEAP_PEAK, (argv, h, peak)
+            assert code == 0 or names_a_path(line, changed), (argv[0], changed, line)  # the field and the problem
             codes[code] += 1
     print(f"fuzzed {HEADER_CASES} headers x 3 commands: {codes[0]} ran, {codes[2]} refused in one line")
     assert codes[2] > HEADER_CASES
+
+
+# ---- sources, why and corpus --sql (issue 40) -------------------------------------------------------------------
+UNITS = {"lines.txt": "The Lessee shall indemnify the Lessor\nSuch indemnity survives termination.\n",
+         "spans.json": "[[0, 10], [11, 17]]", "phrases.json": '["The Lessee", "Such indemnity"]',
+         "repeated.txt": "the\n" * 3000, "bools.json": "[[true, 5]]", "huge.json": "[[0, 1e400]]",
+         "missing.txt": "Licensor\n", "invisible.txt": "\u200b\n", "overlap.json": "[[0, 10], [5, 12]]",
+         "object.json": '{"a": 1}', "many.json": json.dumps([[i, i + 1] for i in range(3000)])}
+SQL_VALID = ["SELECT count(*) AS n FROM heads", "SELECT site, head, avg(entropy) AS e FROM heads GROUP BY ALL",
+             "SELECT * FROM documents", "DESCRIBE heads", "SELECT * FROM heads LIMIT 5",
+             "CREATE VIEW v AS SELECT id FROM documents; SELECT count(*) FROM v", "SELECT * FROM range(100000000)"]
+SQL_HOSTILE = ["", ";", "SELEC", "SELECT * FROM nope", "SELECT * FROM read_json('https://example.com/x.json')",
+               "SELECT * FROM read_csv('/etc/passwd')", "INSTALL httpfs", "LOAD httpfs", "ATTACH ':memory:' AS m",
+               "COPY (SELECT 1) TO 'x.csv'", "SET enable_external_access = true", "PRAGMA enable_profiling",
+               "SELECT 1; SELECT 2", "SELECT '\x00\u202e</script>' AS x", "SELECT " + "(" * 3000 + "1" + ")" * 3000,
+               "SELECT * FROM glob('/*')", "SELECT repeat('x', 100000000)", "EXPORT DATABASE 'db'",
+               "SELECT 1/0 AS x, 'nan'::DOUBLE AS y, -1e308 * 10 AS z", "SELECT * FROM heads WHERE head = '\u0663'"]
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory):
+    """A scan folder (ten lease clauses, the tiny BERT) and the units files, made once for the module."""
+    from inspector.capture.models import LoadedModel
+    from inspector.corpus.documents import Fields
+    from inspector.corpus.leases import lease_rows, write_jsonl
+    from inspector.corpus.scan import scan
+
+    root = tmp_path_factory.mktemp("newer")
+    data = write_jsonl(root / "leases.jsonl", lease_rows(10))
+    scan(data, root / "scan", fields=Fields(query="query", referents="referents", id="id"), batch_size=4,
+         loaded=LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert"), progress=False)
+    for name, text in UNITS.items():
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+def _sources(d: Draw, root, scanned, models) -> list[str]:
+    argv = ["sources", "--model", models["gpt2"], *_texts(d, root, bert=False)]
+    units = [str(scanned / n) for n in UNITS]
+    if d.maybe(0.5):
+        argv += ["--units", d(["sentences", *units[:3]], units + [str(scanned / "absent.txt"), str(scanned), "Sentences"])]
+    if d.maybe(0.3):
+        argv += ["--span", d(["Lessee", "indemnify the Lessee"], WORDS)]
+    argv += ["--ablations", d(["8", "16"], INTS), "--holdout", d(["0", "8"], INTS), "--ig-steps", d(["0", "2"], INTS)]
+    for flag, valid, bad in (("--seed", ["0", "7"], INTS), ("--batch-size", ["4", "8"], INTS),
+                             ("--alpha", ["0.01", "0.1"], FLOATS), ("--mode", ["mask", "removal"], ["", "MASK", "x"])):
+        if d.maybe(0.25):
+            argv += [flag, d(valid, bad)]
+    if d.maybe(0.3):
+        argv += ["--no-baselines"]
+    out = root / "outputs"
+    for flag in ("--csv", "--json"):
+        if d.maybe(0.2):
+            argv += [flag, d([str(out / f"s{flag[2:]}.out")], [str(out), "/dev/null", str(FIXTURE), str(out / "no" / "x")])]
+    return argv
+
+
+def _why(d: Draw, root, models) -> list[str]:
+    sites = ["transformer.h.0.attn", "transformer.h.1.attn"]
+    positions = ["1", "2", "1,2", "3,4"]
+    return ["why", "--model", models["gpt2"], *_texts(d, root, bert=False),
+            "--site", d(sites, ["", " ", "transformer.h.9.attn", "x" * 3000, "\x00", "transformer.h.0.attn:0"]),
+            "--head", d(["0", "1"], INTS + ["\u0663", "\uff11"]),
+            "--query-position", d(["5", "6"], INTS),
+            "--right-positions", d(positions, [",", "1,,2", "\uff11", "-1", "9" * 40, "x", "1," * 2000]),
+            "--wrong-positions", d(positions[::-1], ["", "1.5", "\u00b2", "99999"])]
+
+
+def _corpus(d: Draw, root) -> list[str]:
+    argv = ["corpus", d([str(root / "scan")], [str(root), str(root / "lines.txt"), str(root / "none")])]
+    hostile = d.hostile and d.maybe(0.7)
+    argv += ["--sql", d.rng.choice(SQL_HOSTILE if hostile else SQL_VALID)]
+    if d.maybe(0.5):
+        argv += ["--top", d(["1", "3", "20"], INTS)]
+    elif d.maybe(0.2):
+        argv += ["--all"] if "range(" not in argv[-1] else []
+    if d.maybe(0.2) and "range(" not in argv[3]:
+        argv += ["--csv", d([str(root / "outputs" / "c.csv"), "-"], [str(root / "outputs"), str(FIXTURE)])]
+    if not hostile and d.maybe(0.1):
+        argv += ["--allow-external"]  # over the scan's own views only: nothing is fetched
+    return argv
+
+
+def test_fuzz_sources_why_and_corpus_sql(folders, scanned, capsys, monkeypatch, tmp_path):
+    """Seeded command lines of ``sources``, ``why`` and ``corpus --sql``: exit 0 or one line, bounded memory, and
+    DuckDB never writing under HOME (no ``~/.duckdb``)."""
+    import importlib
+
+    models_module = importlib.import_module("inspector.capture.models")
+    root, models = folders
+    (scanned / "outputs").mkdir(exist_ok=True)
+    monkeypatch.setattr(models_module, "load_model", Cache(models_module.load_model))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # a relative COPY target lands here, and must not
+    rng = random.Random(SEED + 40)
+    proc = psutil.Process()
+    codes = {(c, k): 0 for c in ("sources", "why", "corpus") for k in (0, 2)}
+    base = None
+    for i in range(NEWER_CASES):
+        d = Draw(rng)
+        kind = rng.choice(["sources", "why", "corpus", "corpus"])
+        if kind == "sources":
+            argv = _sources(d, root, scanned, models)
+        else:
+            argv = _why(d, root, models) if kind == "why" else _corpus(d, scanned)
+        try:
+            code, _ = one(capsys, argv)
+        except Exception as exc:  # a traceback the user would see: name the case
+            raise AssertionError(f"case {i}: {[a[:80] for a in argv]!r}") from exc
+        codes[(kind, code)] += 1
+        rss = proc.memory_info().rss
+        base = rss if base is None or i < 6 else base
+        assert rss - base < RSS_GROWTH, (argv, rss - base)
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())  # no ~/.duckdb, no x.csv, no db folder
+    print("fuzzed sources / why / corpus --sql: " + ", ".join(f"{c} {k}: {n}" for (c, k), n in codes.items()))
+    for kind in ("sources", "why", "corpus"):
+        assert codes[(kind, 0)] >= 2 and codes[(kind, 2)] >= 2, codes  # both outcomes, for each command

@@ -338,7 +338,8 @@ def _check_top(path: Path, meta: dict[str, Any], schema_max: int) -> int:
             raise refuse(path, "header", f"field {key!r} must be {tp.__name__}, got {_short(meta[key])}")
     for key in ("sites", "inputs") + (("masks",) if schema >= 2 else ()):
         if key not in meta:
-            raise refuse(path, "header", f"required field {key!r} is missing")
+            why = f" (field 'schema' is {schema}: a schema-2 capture has one)" if key == "masks" else ""
+            raise refuse(path, "header", f"required field {key!r} is missing{why}")
     if not meta["sites"]:
         raise refuse(path, "header", "field 'sites' is empty")
     return schema
