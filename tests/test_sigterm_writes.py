@@ -84,3 +84,26 @@ def test_sigterm_while_debug_builds_its_folder_leaves_the_old_one_whole(gpt2, tm
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "report.html"]
     assert (out / "report.html").read_text() == "the earlier report"
     assert [p for p in leftovers(tmp_path)] == []  # no .dbg.*.new folder, no .dbg.*.old
+
+
+def test_sigterm_while_the_writer_thread_renames_a_part_ends_the_process_cleanly_and_the_scan_resumes(gpt2, tmp_path):
+    """The real process, its exit included (issue 40): SIGTERM lands while the background writer renames a part, the
+    main thread stops, joins the writer (never exits while a part is half written) and removes every temporary
+    file; a resume then commits every document once."""
+    import pandas as pd
+
+    from inspector.corpus.leases import lease_rows, write_jsonl
+
+    data = write_jsonl(tmp_path / "docs.jsonl", lease_rows(10))
+    out = tmp_path / "out"
+    argv = ["scan", data, "-o", out, "--model", gpt2, "--batch-size", "1", "--query-field", "query",
+            "--referents-field", "referents", "--id-field", "id"]
+    proc = run(argv, at=3)  # scan.json, then the first commit's heads part; the third: its documents part
+    check_terminated(proc)
+    assert [p for p in out.rglob(".*")] == []
+    assert "query it" not in proc.stderr
+    from inspector import cli
+
+    assert cli.main([str(a) for a in argv]) == 0
+    ids = list(pd.read_parquet(out / "documents.parquet")["id"])
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 10

@@ -125,7 +125,7 @@ def write_error(path: str | os.PathLike, exc: BaseException, existed: bool | Non
     elif getattr(exc, "errno", None) == errno.EDQUOT:
         reason = "the disk quota is used up"
     reason = str(reason)[:160]
-    kept = "" if existed is None else ("; what was there is unchanged" if existed else "; nothing was written")
+    kept = "" if existed is None else ("; what was there is unchanged" if existed else "; it was not created")
     advice = fix or "free some space, fix the folder's permissions or write elsewhere"
     return InspectorError(f"could not write {path} ({reason}){kept}: {advice}")
 
