@@ -175,6 +175,17 @@ def test_a_token_index_or_head_in_other_digits_is_one_line_saying_ascii_digits(a
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("value", ["\u0663", "\uff12", "1_0", " \u0661 "])
+def test_an_occurrence_field_in_other_digits_is_the_documents_problem(value):
+    """A corpus's occurrence column read as a number: ``float()`` reads ``٣`` as 3.0 and ``1_0`` as 10.0."""
+    from inspector.corpus.documents import Fields, to_document
+
+    doc = to_document(0, {"text": "The Lessee pays the Lessee.", "query": "Lessee", "occ": value},
+                      Fields(query="query", occurrence="occ"))
+    assert doc.occurrence is None and "ASCII digits" in (doc.problem or ""), (doc.occurrence, doc.problem)
+    assert to_document(0, {"text": "x", "occ": "2"}, Fields(occurrence="occ")).occurrence == 2
+
+
 # ---- words without visible characters ---------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, names", [
     (["debug", *NO_MODEL, "--source", LEGAL, "--contrast", "Lessee,\u200b", "--referents", "Lessee,Lessor",

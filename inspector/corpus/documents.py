@@ -345,6 +345,8 @@ def _read_occurrence(doc: Document, row: dict[str, Any], fields: Fields) -> str 
     value = row.get(fields.occurrence) if fields.occurrence else None
     if value is None or str(value).strip() == "":
         return None
+    if isinstance(value, str) and not (value.strip().isascii() and "_" not in value):  # float() reads '٣', '1_0'
+        return f"occurrence {value.strip()[:20]!r} is not a whole number in ASCII digits: check --occurrence-field"
     try:
         number = float(value) if not isinstance(value, bool) else float("nan")
         if not number.is_integer():
