@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.investigate.defaults import DEBUG_TOP
+from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP
 from inspector.store.schema import HEAD_KEY
 
 QUOTE = 'the lease states : " {} "'  # the quote rule's wording: the summariser demo's (inspector.investigate.story)
@@ -274,7 +274,7 @@ def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, 
     from inspector.analysis.question import Question
     from inspector.capture.inputs import encode_with_globals
     from inspector.capture.recorder import capture
-    from inspector.intervene.effects import attribute, exact_effects
+    from inspector.intervene.effects import attribute, effects
     from inspector.investigate.verdict import verdict_of
 
     if doc.problem:
@@ -301,11 +301,10 @@ def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, 
         raise InspectorError("the verdict over a corpus reads logits: give a model with an LM head")
     metric = sign * res.metric
     errs = erring_by_reference if erring_by_reference is not None else metric < 0
-    table = res.table.copy()
     if errs and reads == "wrong" and ev.top:
-        keys = list(zip(table["site"], table["head"].astype(int), strict=True))[: ev.top]
-        exact = exact_effects(model, encoded, res.capture, res.contrast, keys, before=res.metric)
-        table.loc[: len(exact) - 1, "effect"] = exact
+        # the heads debug confirms: the top ones by attribution, then every other head within debug's budget
+        res = effects(model, tokenizer, text, output, contrast=(right, wrong), top=ev.top, budget=DEBUG_BUDGET)
+    table = res.table.copy()
     table["attribution"] *= sign
     table["effect"] *= sign
     definition = (res.contrast if sign > 0 else _flipped(res.contrast)).definition
