@@ -40,3 +40,25 @@ def commit_per_batch(monkeypatch):
 
     monkeypatch.setattr(folder, "GROUP_DOCUMENTS", 1)
     monkeypatch.setattr(folder, "GROUP_SECONDS", 0.0)
+
+
+# a tiny BERT and GPT-2 saved to folders with the shared tokenizer, and ten generated lease clauses as JSONL: what the
+# full-disk and signal tests run their commands on (a module that needs other models defines its own `models`)
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer):
+    import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    for name in ("bert", "gpt2"):
+        tiny.build(name).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from inspector.corpus.leases import lease_rows, write_jsonl
+
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    write_jsonl(path, lease_rows(10))
+    return path

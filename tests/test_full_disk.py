@@ -31,26 +31,6 @@ FIELDS = ["--query-field", "query", "--referents-field", "referents", "--id-fiel
 DONE = ("scanned", "query it", "captured", "wrote", "report")  # what a command says once its outputs are written
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, tokenizer):
-    import tiny
-
-    root = tmp_path_factory.mktemp("models")
-    for name in ("bert", "gpt2"):
-        tiny.build(name).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return root
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from inspector.corpus.leases import lease_rows, write_jsonl
-
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    write_jsonl(path, lease_rows(10))
-    return path
-
-
 def scan_argv(corpus: Path, out: Path, models: Path) -> list[str]:
     return ["scan", str(corpus), "-o", str(out), "--model", str(models / "bert"), "--batch-size", "3", *FIELDS]
 

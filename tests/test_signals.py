@@ -125,26 +125,6 @@ def driver():
     d.close()
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, tokenizer):
-    import tiny
-
-    root = tmp_path_factory.mktemp("models")
-    for name in ("bert", "gpt2"):
-        tiny.build(name).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return root
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from inspector.corpus.leases import lease_rows, write_jsonl
-
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    write_jsonl(path, lease_rows(10))
-    return path
-
-
 def hidden(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob(".*"))
 
