@@ -62,3 +62,23 @@ def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
     write_jsonl(path, lease_rows(10))
     return path
+
+
+def stop_at_commit(monkeypatch, n: int = 3):
+    """Patch ``ScanFolder.commit`` so that its ``n``-th call writes that batch's heads part, then stops
+    (KeyboardInterrupt) before the commit record: what a kill at the worst moment leaves. Returns the real
+    ``commit``, to put back with ``monkeypatch.setattr(ScanFolder, "commit", ...)``."""
+    from inspector.corpus.folder import ScanFolder, write_parquet
+
+    calls = {"n": 0}
+    original = ScanFolder.commit
+
+    def interrupted(self, documents, heads):
+        calls["n"] += 1
+        if calls["n"] == n:
+            write_parquet(self.out / "heads" / f"part-{self.next_part:05d}.parquet", heads)
+            raise KeyboardInterrupt
+        return original(self, documents, heads)
+
+    monkeypatch.setattr(ScanFolder, "commit", interrupted)
+    return original

@@ -17,6 +17,7 @@ from inspector.corpus.folder import ScanFolder, committed_documents
 from inspector.investigate.evaluation import Evaluation, evaluate
 
 import groundtruth as gt
+from conftest import stop_at_commit
 
 DECODER = gt.PARTIES / "decoder"
 FIELDS = Fields(text="prompt", target="answer", id="id")
@@ -60,20 +61,8 @@ def test_a_stopped_evaluation_resumes_without_judging_a_document_twice(loaded, t
     evaluate(data, full, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
 
     # stop between the two writes of the third batch: its heads part written, its commit record not
-    calls = {"n": 0}
-    original = ScanFolder.commit
-
-    def interrupted(self, documents, heads):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            from inspector.corpus.folder import write_parquet
-
-            write_parquet(self.out / "heads" / f"part-{self.next_part:05d}.parquet", heads)
-            raise KeyboardInterrupt
-        return original(self, documents, heads)
-
     part = tmp_path / "part"
-    monkeypatch.setattr(ScanFolder, "commit", interrupted)
+    original = stop_at_commit(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         evaluate(data, part, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
     monkeypatch.setattr(ScanFolder, "commit", original)

@@ -32,6 +32,7 @@ from inspector.corpus.scan import scan
 from inspector.errors import InspectorError
 
 import tiny
+from conftest import stop_at_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-5  # padded batches and single documents differ by float rounding of the padded matrix products
@@ -213,20 +214,8 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_pat
 
     # stop the second scan between the two writes of its third batch: its heads part is written, the
     # documents part (the commit record) is not -- what a kill at the worst moment leaves
-    calls = {"n": 0}
-    original = ScanFolder.commit
-
-    def interrupted(self, documents, heads):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            from inspector.corpus.folder import write_parquet
-
-            write_parquet(self.out / "heads" / f"part-{self.next_part:05d}.parquet", heads)
-            raise KeyboardInterrupt
-        return original(self, documents, heads)
-
     part = tmp_path / "part"
-    monkeypatch.setattr(ScanFolder, "commit", interrupted)
+    original = stop_at_commit(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
     monkeypatch.setattr(ScanFolder, "commit", original)
