@@ -156,8 +156,8 @@ def _run(spec: dict, root: str | None) -> dict:
     if root is None:
         return C.run_once(__file__, spec)
     env = dict(os.environ, INSPECTOR_BENCH_ROOT=root)
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, cwd=root, env=env)
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
+                          text=True, cwd=root, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith(C.MARK):
             return json.loads(line[len(C.MARK):])
