@@ -142,3 +142,19 @@ def test_csv_still_writes_every_row(scanned, tmp_path):
     assert cli.main(["corpus", str(out), "--sql", "SELECT * FROM range(5000)", "--top", "2", "--csv", str(target)]) == 0
     assert len(target.read_text().splitlines()) == 5001
     assert corpus.queries(out, "SELECT * FROM range(10)", limit=2)[0][1]["range"].tolist() == [0, 1, 2]
+
+
+def test_the_spill_folder_in_the_working_directory_is_not_a_way_out(scanned, home, tmp_path, monkeypatch, capsys):
+    """DuckDB's default spill folder (``./.tmp``) used to be on the allowed list: a file in it, or ``.tmp`` as a
+    link to ``/etc``, could be read by ``--sql``. The connection spills nowhere, so no folder but the scan's is open."""
+    out, _ = scanned
+    work = tmp_path / "work"
+    (work / ".tmp").mkdir(parents=True)
+    (work / ".tmp" / "x.csv").write_text("a,b\n1,2\n")
+    (work / "etc").symlink_to("/etc")
+    monkeypatch.chdir(work)
+    assert "reads only the scan's own files" in one_line(capsys, ["corpus", out, "--sql", "SELECT * FROM read_csv('.tmp/x.csv')"])
+    assert "reads only the scan's own files" in one_line(
+        capsys, ["corpus", out, "--sql", "SELECT * FROM read_csv('.tmp/../etc/passwd', header = false)"])
+    assert cli.main(["corpus", str(out), "--sql", "SELECT value FROM duckdb_settings() WHERE name = 'allowed_directories'"]) == 0
+    assert ".tmp" not in capsys.readouterr().out

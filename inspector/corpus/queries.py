@@ -79,8 +79,9 @@ def connect(out: str | os.PathLike, *, allow_external: bool = False):
     out = Path(out).expanduser()
     read_info(out)
     check_parts(out)
+    # no spilling to disk: DuckDB's spill folder (./.tmp by default) would be a folder queries may read from
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": allow_external,
-                                             "autoload_known_extensions": allow_external})
+                                             "autoload_known_extensions": allow_external, "temp_directory": ""})
     heads = [p.absolute() for p in committed_heads(out)]  # the paths the views name are the paths allowed
     docs = sorted(p.absolute() for p in (out / "_documents").glob("part-*.parquet") if p.name.startswith("part-"))
     _lock(con, [*heads, *docs], allow_external)
