@@ -73,9 +73,9 @@ def _cases(out: Path, outside: Path, tmp: Path) -> list[tuple[str, str]]:
         (f"SELECT * FROM read_parquet({lit(out / '..' / 'outside.csv')})", "reads only the scan's own files"),
         (f"SELECT * FROM glob({lit(tmp / '*')})", "reads only the scan's own files"),
         (f"CREATE VIEW v AS SELECT * FROM read_csv({lit(outside)}); SELECT * FROM v", "at statement 1 of 2"),
-        ("INSTALL httpfs", "statement is refused"),  # DuckDB names its type LOAD
+        ("INSTALL httpfs", "INSTALL or LOAD statement is refused"),  # DuckDB names its type LOAD
         ("FORCE INSTALL httpfs FROM core", "statement is refused"),
-        ("LOAD httpfs", "LOAD statement is refused"),
+        ("LOAD httpfs", "INSTALL or LOAD statement is refused"),
         (f"ATTACH {lit(tmp / 'x.db')}", "ATTACH statement is refused"),
         (f"COPY (SELECT 1) TO {lit(out / 'x.csv')}", "COPY statement is refused"),
         ("SET enable_external_access = true", "SET statement is refused"),

@@ -149,6 +149,7 @@ _ASKING = {"SELECT", "EXPLAIN", "PRAGMA", "CALL"}  # DuckDB statement types that
 # what --sql may run over the in-memory views: reading and deriving, never COPY / EXPORT (files), ATTACH (databases),
 # SET / PRAGMA (settings, e.g. a profiling output file), INSTALL / LOAD (extensions) or DROP
 _ALLOWED = {"SELECT", "EXPLAIN", "CREATE", "INSERT", "UPDATE", "DELETE"}
+_SPELT = {"LOAD": "INSTALL or LOAD"}  # DuckDB gives INSTALL the type of LOAD
 
 
 def query(out_or_con, sql: str) -> pd.DataFrame:
@@ -205,8 +206,8 @@ def queries(out_or_con, sql: str, *, single: bool = False, limit: int | None = N
         raise _failed(exc) from None
     refused = [st for st in statements if st.type.name not in _ALLOWED]
     if refused:
-        kind = refused[0].type.name
-        raise InspectorError(f"--sql reads the scan: a {kind} statement is refused (it could write or change files or "
+        kind = _SPELT.get(refused[0].type.name, refused[0].type.name)
+        raise InspectorError(f"--sql reads the scan: the {kind} statement is refused (it could write or change files or "
                              "settings); use SELECT (and CREATE VIEW), and write a result with --csv FILE")
     asking = [st for st in statements if st.type.name in _ASKING]
     if single and len(asking) > 1:
