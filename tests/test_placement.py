@@ -34,6 +34,8 @@ ALLOWED = {
                                      "word the user types for one figure, looked up where the figure is asked for",
     ("investigate/debug.py", "occurs_in"): "roles_of decides where an investigation's words are looked for (the "
                                            "output or the source) before its placement is made",
+    ("investigate/evaluation.py", "matches"): "first_word reads which contrast word a document's output text says "
+                                              "first (whether and how the metric is read), before any capture exists",
     ("intervene/contrast.py", "find"): "_resolve_logit places WRONG as the model said it on the output axis of the pass "
                                        "the contrast is read in (contrast.resolve is the entry every intervention calls "
                                        "with the contrast's words; that pass's capture is its own)",
