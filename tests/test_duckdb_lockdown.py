@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from inspector import cli
@@ -158,3 +159,16 @@ def test_the_spill_folder_in_the_working_directory_is_not_a_way_out(scanned, hom
         capsys, ["corpus", out, "--sql", "SELECT * FROM read_csv('.tmp/../etc/passwd', header = false)"])
     assert cli.main(["corpus", str(out), "--sql", "SELECT value FROM duckdb_settings() WHERE name = 'allowed_directories'"]) == 0
     assert ".tmp" not in capsys.readouterr().out
+
+
+def test_the_pushed_down_limit_keeps_the_querys_order_and_its_kinds(scanned):
+    """--top wraps a query as a subquery with LIMIT: its ORDER BY still decides the rows, and DESCRIBE, SHOW and a
+    query ending in a comment still run."""
+    out, _ = scanned
+    assert corpus.queries(out, "SELECT * FROM range(10) ORDER BY range DESC", limit=2)[0][1]["range"].tolist() == [9, 8, 7]
+    full = corpus.queries(out, "SELECT id, site, head, split_score FROM heads ORDER BY split_score DESC, id, site, head")
+    top = corpus.queries(out, "SELECT id, site, head, split_score FROM heads ORDER BY split_score DESC, id, site, head",
+                         limit=4)
+    pd.testing.assert_frame_equal(top[0][1], full[0][1].head(5))
+    assert len(corpus.queries(out, "DESCRIBE heads", limit=2)[0][1]) == 3
+    assert corpus.queries(out, "SELECT 1 AS a -- a comment", limit=2)[0][1]["a"].tolist() == [1]

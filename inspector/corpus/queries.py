@@ -185,6 +185,21 @@ def _frame(result, limit: int | None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[d[0] for d in result.description])
 
 
+def _execute(con, statement, limit: int | None):
+    """Run one statement; with ``limit``, a query is wrapped as ``SELECT * FROM (query) LIMIT limit + 1`` so that the
+    LIMIT is pushed down into DuckDB's plan (a streamed fetch alone lets its threads compute rows ahead: 1.4 GB seen
+    for ``--top 3`` over ``range(10^8)``). A query that cannot stand as a subquery runs as it is."""
+    import duckdb
+
+    if limit is not None and statement.type.name == "SELECT":
+        text = statement.query.strip().rstrip(";")
+        try:
+            return con.execute(f"SELECT * FROM (\n{text}\n) LIMIT {int(limit) + 1}")
+        except duckdb.ParserException:
+            pass
+    return con.execute(statement)
+
+
 def queries(out_or_con, sql: str, *, single: bool = False, limit: int | None = None,
             allow_external: bool = False) -> list[tuple[str, pd.DataFrame]]:
     """Run each statement of ``sql`` in order (a ``CREATE VIEW`` is seen by the next ones): ``(statement
@@ -216,7 +231,7 @@ def queries(out_or_con, sql: str, *, single: bool = False, limit: int | None = N
     out: list[tuple[str, pd.DataFrame]] = []
     for i, statement in enumerate(statements):
         try:
-            result = con.execute(statement)
+            result = _execute(con, statement, limit)
             # of several statements, those that ask for rows; a CREATE or INSERT answers only its row count
             if result.description is not None and (len(statements) == 1 or statement.type.name in _ASKING):
                 out.append((statement.query.strip().rstrip(";").rstrip(), _frame(result, limit)))
