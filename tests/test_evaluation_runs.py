@@ -188,7 +188,9 @@ def test_a_killed_evaluation_resumes_and_counts_each_document_once(loaded, tmp_p
     items = _items(4, 10)
     data = _write(tmp_path / "eval.jsonl", items)
     out = tmp_path / "killed"
-    code = ("import sys, torch; torch.set_num_threads(1); from inspector.cli import main; "
+    # a commit a document (not a second's work, which on a fast run can hold all of them), so the kill lands midway
+    code = ("import sys, torch; torch.set_num_threads(1); import inspector.corpus.folder as f; "
+            "f.GROUP_DOCUMENTS, f.GROUP_SECONDS = 1, 0.0; from inspector.cli import main; "
             f"sys.exit(main({['scan', data, '-o', str(out), *ARGS, *CONTRAST, '--batch-size', '1']!r}))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
