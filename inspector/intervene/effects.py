@@ -72,6 +72,11 @@ def _prepare(model, tokenizer, text: str, output: Output, global_tokens=None):
     return encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **output.kwargs()), output.id_lists
 
 
+def _tokens(encoded, role: str) -> int:
+    """The longest batch row of ``role`` in ``encoded``: its tokens fed to the model, padding included."""
+    return max((len(r.ids) for r in encoded.records if r.role == role), default=0)
+
+
 def _decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
@@ -391,11 +396,30 @@ def effects(model, tokenizer, text: str, target: str | Output | None = None, *, 
     ``memory_gib`` not above 0, an unknown head in ``confirm``."""
     check_budget(budget, memory_gib, top)
     encoded = encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
-    # a decoder's reruns start from the attribution pass; an encoder-decoder's from a pass whose decoder is cut
-    # after the metric's row (recording_for): its decoder heads' reruns are then a fraction of the decoder
-    own = encoded.layout != "encoder-decoder"
     res = attribute(model, tokenizer, text, contrast=contrast, query=query, occurrence=occurrence, method=method,
-                    encoded=encoded, keep_pass=own, memory_gib=memory_gib)
+                    encoded=encoded, keep_pass=keeps_pass(encoded), memory_gib=memory_gib)
+    return confirm_effects(model, encoded, res, top=top, method=method, confirm=confirm, budget=budget,
+                           memory_gib=memory_gib)
+
+
+def keeps_pass(encoded) -> bool:
+    """Whether :func:`confirm_effects` reruns from the attribution pass itself (``attribute(keep_pass=True)``):
+    yes, except for an encoder-decoder whose output is longer than its source, where a pass of its own with the
+    decoder cut after the metric's row (:func:`recording_for`) costs less than the decoder positions past the row
+    that every decoder head's rerun would compute again."""
+    return encoded.layout != "encoder-decoder" or _tokens(encoded, "target") <= _tokens(encoded, "source")
+
+
+def confirm_effects(model, encoded, res: Effects, *, top: int = 10, method: str = "zero",
+                    confirm: list[tuple[str, int]] | None = None, budget: float | None = None,
+                    memory_gib: float | None = None) -> Effects:
+    """:func:`effects` from its attribution result ``res`` (:func:`attribute` on ``encoded``, with the same
+    ``method``; its pass kept where :func:`keeps_pass` says, else one clean pass is made here): the exact effect
+    of the ``top`` heads by attribution, of every head in ``confirm``, and of every other head while ``budget``
+    lasts, written into ``res.table``'s ``effect`` column; ``res`` is returned with :attr:`Effects.confirmed` set
+    and its recording dropped. Raises :class:`InspectorError` for ``top`` or ``budget`` below 0, a ``memory_gib``
+    not above 0, an unknown head in ``confirm``."""
+    check_budget(budget, memory_gib, top)
     table = res.table
     keys = list(zip(table["site"], table["head"], strict=True))
     extra = [(str(s), int(h)) for s, h in confirm or []]

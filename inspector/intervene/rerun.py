@@ -83,6 +83,7 @@ class _Call:
     output: Any = None
     flops: float = 0.0
     width: int = 0  # bytes of the leaf outputs inside it (one batch row)
+    versions: tuple[int, ...] = ()  # the kept output's tensors' version counters when it was kept
 
 
 @dataclass
@@ -185,9 +186,8 @@ class Recording:
     def check(self) -> None:
         """Raise :class:`Stale` when a kept tensor's version counter moved since it was kept."""
         for call in self.calls[:self.kept]:
-            for t, v in _versions(call.output):
-                if t._version != v:
-                    raise Stale(f"the kept output of {call.name} was changed in place")
+            if tuple(t._version for t in _tensors(call.output)) != call.versions:
+                raise Stale(f"the kept output of {call.name} was changed in place")
         for t, v in self._encoder_versions:
             if t._version != v:
                 raise Stale("the kept encoder output was changed in place")
@@ -428,6 +428,7 @@ class _Watch:
         if self.rec.kept == i and self.rec.bytes + size <= self.rec.memory:
             kept = _detached(output)
             self.rec.calls[i].output = kept
+            self.rec.calls[i].versions = tuple(t._version for t in _tensors(kept))
             self.rec.kept = i + 1
             self.rec.bytes += size
             for t, k in zip(_tensors(output), _tensors(kept), strict=True):

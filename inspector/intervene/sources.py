@@ -50,6 +50,7 @@ log-probability of *this* output, not about whether the output is right.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -73,7 +74,7 @@ MAX_UNITS = 2048  # given units (phrases, spans) at most: twice the most ablatio
 KEEP = 0.5  # probability that a unit is kept in a random mask (ContextCite)
 ALPHA = 0.01  # LASSO's regularisation, on standardised masks and the per-token score (ContextCite's solver)
 TOP_K = (1, 3)  # the top-k log-probability drops reported
-IG_STEPS = 32  # Gauss-Legendre points of the integrated-gradients baseline (0: no gradient baseline)
+IG_STEPS = 16  # Gauss-Legendre points of the integrated-gradients baseline (0: no gradient baseline)
 IG_POINTS_PER_PASS = 16  # at most this many points a forward (and backward) pass
 STEPS_LIMIT = 1024
 BATCH_LIMIT = 1024  # the largest --batch-size accepted
@@ -575,6 +576,7 @@ class _Problem:
     batch: int
     pad_id: int
     output_text: str = ""
+    ig_batch: int = 0  # points an integrated-gradients pass may take (its passes hold every token, with grad)
 
     def rows(self, total: int) -> list[int]:
         """The logit rows that predict the span's tokens, for a pass whose output axis is ``total`` long."""
@@ -666,28 +668,106 @@ def _removal_inputs(p: _Problem, masks) -> tuple[dict, int]:
     return kw, total
 
 
+# families whose masked units are dropped from the pass, every other token keeping its position (tests/test_sources.py
+# checks the scores equal the masked pass's): decoders that take position_ids, encoder-decoders whose encoder's
+# positional embedding takes them; a sliding window counts tokens, not positions (Mistral, Gemma 2 differ)
+DROPPED = frozenset({"gpt2", "llama", "qwen2", "gpt_neox", "bart", "pegasus"})  # not sliding windows (Mistral, Gemma 2)
+
+
+def _encoder_positions(model):
+    """The encoder's positional embedding module when its forward takes ``position_ids`` (BART, Pegasus), else None."""
+    import inspect
+
+    encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
+    pos = getattr(encoder, "embed_positions", None)
+    try:
+        return pos if pos is not None and "position_ids" in inspect.signature(pos.forward).parameters else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _droppable(p: _Problem) -> bool:
+    """Whether ``mask`` mode's passes may leave the masked units' tokens out (:func:`_dropped_inputs`)."""
+    if p.mode != "mask" or getattr(p.model.config, "model_type", "") not in DROPPED or "global_attention_mask" in p.kwargs:
+        return False
+    if p.layout == "decoder":
+        return _accepts(p.model, "position_ids")
+    return p.layout == "encoder-decoder" and _encoder_positions(p.model) is not None
+
+
+def _dropped_inputs(p: _Problem, masks) -> tuple[dict, int, Any]:
+    """``mask`` mode without the masked tokens: the inputs of :func:`_removal_inputs`, every kept token at its own
+    position (a decoder's ``position_ids``; an encoder-decoder's encoder positions, returned for
+    :func:`_positioned`). A masked token is a key no query may read and a query nobody reads, so leaving it out
+    computes what the mask does, on about half the tokens."""
+    import torch
+
+    kw, total = _removal_inputs(p, masks)
+    keep = _keep_tokens(p, masks)
+    device = kw["input_ids"].device
+    src = [torch.nonzero(keep[r]).flatten().to(device) for r in range(keep.shape[0])]
+    if p.layout == "decoder":
+        pos = torch.zeros((len(src), total), dtype=torch.long, device=device)
+        for r, s in enumerate(src):
+            cols = torch.cat([s, torch.arange(p.n_src, p.n_src + p.n_tgt, device=device)])
+            pos[r, total - len(cols):] = cols
+        kw["position_ids"] = pos
+        return kw, total, None
+    pos = torch.zeros_like(kw["input_ids"], dtype=torch.long)
+    for r, s in enumerate(src):
+        pos[r, :len(s)] = s
+    return kw, total, pos
+
+
+@contextlib.contextmanager
+def _positioned(model, positions):
+    """The encoder's positional embedding gives each batch row the embeddings of ``positions [batch, tokens]`` (the
+    module's own forward with ``position_ids``, row by row) for the block; nothing with ``positions`` None."""
+    import torch
+
+    if positions is None:
+        yield
+        return
+    module = _encoder_positions(model)
+
+    def hook(mod, args, kwargs, _output):
+        rows = [mod.forward(*args, **{**kwargs, "position_ids": positions[r]}) for r in range(positions.shape[0])]
+        return torch.cat(rows, 0) if rows[0].dim() == 3 else torch.stack(rows, 0)
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def _scorer(p: _Problem) -> Callable:
     """``score(masks [m, n_units] bool) -> [m]`` float64: the span's log-probability under each ablation, ``p.batch``
-    masks a forward pass (no grad)."""
+    masks a forward pass (no grad); in ``mask`` mode without the masked tokens where :func:`_droppable`."""
     import numpy as np
     import torch
 
     ids = torch.tensor(p.span_ids, dtype=torch.long)
     keep_logits = _accepts(p.model, "logits_to_keep")
+    dropped = _droppable(p)
+
+    def inputs(chunk):
+        if dropped:
+            return _dropped_inputs(p, chunk)
+        return (*(_mask_inputs if p.mode == "mask" else _removal_inputs)(p, chunk), None)
 
     def score(masks) -> np.ndarray:
         masks = np.asarray(masks, dtype=bool)
         out = []
         for lo in range(0, len(masks), p.batch):
-            chunk = masks[lo:lo + p.batch]
-            kw, total = (_mask_inputs if p.mode == "mask" else _removal_inputs)(p, chunk)
+            kw, total, positions = inputs(masks[lo:lo + p.batch])
             rows = p.rows(total)
             extra = {}
             if keep_logits:  # the LM head on the rows the span needs only
                 keep = total - min(rows)
                 extra["logits_to_keep"] = keep
                 rows = [r - (total - keep) for r in rows]
-            with torch.no_grad():
+            with torch.no_grad(), _positioned(p.model, positions):
                 logits = p.model(**kw, **extra, use_cache=False).logits
             out.append(_span_logprob(logits, rows, ids.to(logits.device)).double().cpu().numpy())
         return np.concatenate(out) if out else np.zeros(0)
@@ -701,9 +781,10 @@ def _vocab(model) -> int:
     return int(weight.shape[0]) if weight is not None else int(getattr(model.config, "vocab_size", 32000))
 
 
-def _auto_batch(model, n_src: int, n_tgt: int, layout: str, span_rows: int) -> int:
-    """Masks a pass: as many as :data:`MEMORY_GIB` holds by a rough count (the logits the pass returns, in float32,
-    twice; every layer's widest activation at every position, four times), at most :data:`AUTO_BATCH`."""
+def _auto_batch(model, n_src: int, n_tgt: int, layout: str, span_rows: int, memory_gib: float | None = None) -> int:
+    """Masks a pass: as many as ``memory_gib`` (default :data:`MEMORY_GIB`) holds by a rough count (the logits the
+    pass returns, in float32, twice; every layer's widest activation at every position, four times), at most
+    :data:`AUTO_BATCH`."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     width = max([v for v in (getattr(config, n, 0) for n in ("d_model", "hidden_size", "n_embd", "d_ff",
                  "intermediate_size", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner")) if isinstance(v, int)] or [1024])
@@ -714,7 +795,7 @@ def _auto_batch(model, n_src: int, n_tgt: int, layout: str, span_rows: int) -> i
     logit_rows = (span_rows + 1) if layout == "decoder" and _accepts(model, "logits_to_keep") else \
         (n_tgt if layout == "encoder-decoder" else positions)
     per_row = 4 * (2 * logit_rows * _vocab(model) + 4 * positions * width * max(1, layers // 4))
-    return max(1, min(AUTO_BATCH, int(MEMORY_GIB * 2 ** 30 // per_row)))
+    return max(1, min(AUTO_BATCH, int((MEMORY_GIB if memory_gib is None else memory_gib) * 2 ** 30 // per_row)))
 
 
 def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
@@ -743,7 +824,7 @@ def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
     ids = torch.tensor(p.span_ids, dtype=torch.long, device=x.device)
     grad = torch.zeros_like(x, dtype=torch.float32)
     values: list[float] = []
-    per = max(1, min(p.batch, IG_POINTS_PER_PASS))
+    per = max(1, min(p.ig_batch or p.batch, IG_POINTS_PER_PASS))
     with frozen(p.model), torch.enable_grad():
         for lo in range(0, len(alphas), per):
             a = torch.tensor(alphas[lo:lo + per], dtype=torch.float32, device=x.device)[:, None, None]
@@ -818,6 +899,7 @@ class _Request:
     mode: str
     batch_size: int | None
     global_tokens: list[str] | None
+    memory_gib: float | None = None
 
 
 def _prepare(model, tokenizer, text: str, ask: _Request,
@@ -840,10 +922,13 @@ def _prepare(model, tokenizer, text: str, ask: _Request,
     units, notes = _units(src, ask.spans, given=ask.given)
     a, b, span_idx = _output_span(tgt, ask.span)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batch = ask.batch_size or _auto_batch(model, len(src.ids), len(tgt.ids), encoded.layout, len(span_idx))
+    batch = ask.batch_size or _auto_batch(model, len(src.ids), len(tgt.ids), encoded.layout, len(span_idx), ask.memory_gib)
     prob = _Problem(model=model, kwargs=dict(encoded.model_kwargs), layout=encoded.layout, n_src=len(src.ids),
                     n_tgt=len(tgt.ids), units=units, span_idx=span_idx, span_ids=[tgt.ids[i] for i in span_idx],
-                    mode=ask.mode, batch=batch, pad_id=int(pad), output_text=tgt.text)
+                    mode=ask.mode, batch=batch, pad_id=int(pad), output_text=tgt.text, ig_batch=batch)
+    if not ask.batch_size and _droppable(prob):  # the masked passes hold about the kept tokens only
+        kept = len(src.ids) - int(sum(len(u.positions) for u in units) * (1 - KEEP))
+        prob.batch = _auto_batch(model, kept, len(tgt.ids), encoded.layout, len(span_idx), ask.memory_gib)
     return prob, encoded, target, target_ids, (a, b), notes
 
 

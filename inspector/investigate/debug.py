@@ -21,7 +21,7 @@ from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
-from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP, MARKER, REPORT
+from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP, FULL_CAPTURE_TOKENS, MARKER, REPORT
 from inspector.investigate.reproduce import Command, CommandFormat, format_plainly
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
@@ -172,7 +172,25 @@ def _capture_one(loaded, source: str, output: Output, progress: bool, global_tok
         output = Output.of(ids=generate_target(loaded.model, loaded.tokenizer, source, output.generate,
                                                global_tokens=global_tokens))
     return capture(loaded.model, loaded.tokenizer, source, output, model_name=loaded.name, progress=progress,
-                   global_tokens=global_tokens)
+                   global_tokens=global_tokens, weights=stores_weights(loaded, source, output))
+
+
+def stores_weights(loaded, source: str, output: Output) -> bool:
+    """Whether an investigation's capture stores the attention weights (a full capture) or only Q, K, V and the
+    masks they are recomputed from exactly on demand (a lazy one): weights while the longest query axis is at
+    most :data:`~inspector.investigate.defaults.FULL_CAPTURE_TOKENS` tokens. Past that the weights (``heads x n x
+    n`` a site) outgrow the Q/K/V they come from (``3 x heads x n x d_head``), and writing and reading them back
+    costs more than recomputing the rows an analysis reads."""
+    from inspector.capture.inputs import encode
+
+    if output.generate:  # the ids are not known before generation (_capture_one generates first)
+        raise InspectorError("stores_weights needs the output's text or ids, not a generation: generate first")
+    encoded = encode(loaded.model, loaded.tokenizer, source, **output.kwargs())
+    longest: dict[str, int] = {}
+    for r in encoded.records:
+        longest[r.role] = max(longest.get(r.role, 0), len(r.ids))
+    axis = max(longest.values(), default=0) if encoded.layout == "encoder-decoder" else sum(longest.values())
+    return axis <= FULL_CAPTURE_TOKENS
 
 
 def resolve_question(loaded, cap: Capture, question: Question) -> tuple[Question, list[str]]:

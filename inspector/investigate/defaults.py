@@ -7,3 +7,6 @@ MARKER = ".inspector.json"
 REPORT = "report.html"  # the report; a folder holding one but no MARKER was written by an older version (or a user)
 DEBUG_TOP = 4  # heads whose exact effect debug always computes (the top ones by attribution patching)
 DEBUG_BUDGET = 4.0  # then every other head's, in attribution order, while the reruns stay within these forward passes
+# an investigation's capture stores the attention weights while its longest query axis has at most this many tokens;
+# past it the capture is lazy (Q/K/V and masks, the weights recomputed exactly on demand: inspector.store.capture_file)
+FULL_CAPTURE_TOKENS = 256

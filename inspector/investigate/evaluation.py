@@ -274,7 +274,7 @@ def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, 
     from inspector.analysis.question import Question
     from inspector.capture.inputs import encode_with_globals
     from inspector.capture.recorder import capture
-    from inspector.intervene.effects import attribute, effects
+    from inspector.intervene.effects import attribute, confirm_effects, keeps_pass
     from inspector.investigate.verdict import verdict_of
 
     if doc.problem:
@@ -296,14 +296,18 @@ def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, 
     sign = 1.0 if reads == "wrong" else -1.0
     model, tokenizer = loaded.model, loaded.tokenizer
     encoded = encode_with_globals(model, tokenizer, text, **output.kwargs())
-    res = attribute(model, tokenizer, text, contrast=(right, wrong) if sign > 0 else (wrong, right), encoded=encoded)
+    # one attribution pass (kept for the reruns where the document may be judged): the metric, every head's
+    # estimate and, on a judged document, the heads debug confirms (the top ones by attribution, then every other
+    # head within debug's budget), rerun from that same pass
+    res = attribute(model, tokenizer, text, contrast=(right, wrong) if sign > 0 else (wrong, right), encoded=encoded,
+                    keep_pass=sign > 0 and bool(ev.top) and keeps_pass(encoded))
     if res.contrast.kind != "logit":
         raise InspectorError("the verdict over a corpus reads logits: give a model with an LM head")
     metric = sign * res.metric
     errs = erring_by_reference if erring_by_reference is not None else metric < 0
     if errs and reads == "wrong" and ev.top:
-        # the heads debug confirms: the top ones by attribution, then every other head within debug's budget
-        res = effects(model, tokenizer, text, output, contrast=(right, wrong), top=ev.top, budget=DEBUG_BUDGET)
+        res = confirm_effects(model, encoded, res, top=ev.top, budget=DEBUG_BUDGET)
+    res.recording = None
     table = res.table.copy()
     table["attribution"] *= sign
     table["effect"] *= sign
