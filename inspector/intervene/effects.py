@@ -72,11 +72,6 @@ def _prepare(model, tokenizer, text: str, output: Output, global_tokens=None):
     return encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **output.kwargs()), output.id_lists
 
 
-def _tokens(encoded, role: str) -> int:
-    """The longest batch row of ``role`` in ``encoded``: its tokens fed to the model, padding included."""
-    return max((len(r.ids) for r in encoded.records if r.role == role), default=0)
-
-
 def _decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
@@ -403,11 +398,11 @@ def effects(model, tokenizer, text: str, target: str | Output | None = None, *, 
 
 
 def keeps_pass(encoded) -> bool:
-    """Whether :func:`confirm_effects` reruns from the attribution pass itself (``attribute(keep_pass=True)``):
-    yes, except for an encoder-decoder whose output is longer than its source, where a pass of its own with the
-    decoder cut after the metric's row (:func:`recording_for`) costs less than the decoder positions past the row
-    that every decoder head's rerun would compute again."""
-    return encoded.layout != "encoder-decoder" or _tokens(encoded, "target") <= _tokens(encoded, "source")
+    """Whether :func:`confirm_effects` reruns from the attribution pass itself (``attribute(keep_pass=True)``): a
+    decoder's and an encoder's do; an encoder-decoder's rerun from a pass of their own whose decoder is cut after
+    the metric's row (:func:`recording_for`), so that each decoder and cross-attention head's rerun computes the
+    decoder up to that row only and a budget confirms more heads."""
+    return encoded.layout != "encoder-decoder"
 
 
 def confirm_effects(model, encoded, res: Effects, *, top: int = 10, method: str = "zero",
