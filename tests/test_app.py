@@ -415,7 +415,7 @@ def test_head_page_controls_rerun_their_fragment_only(app, monkeypatch):
     assert not at.get("vega_lite_chart")
     assert "key 2 «was»" in at.caption[0].value
     cap = load(FIXTURE)
-    assert at.dataframe[0].value.equals(views.qkv_frame(cap, cap.sites[0], 0, 0, 2))
+    assert at.dataframe[0].value.equals(views.qkv_frame(cap, cap.sites[0], 0, 0, key_index=2))
 
 
 def test_head_window_follows_the_query_and_ends_there_on_a_causal_site(app, tmp_path, tokenizer):

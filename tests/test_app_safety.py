@@ -142,7 +142,7 @@ def test_causal_window_shows_the_keys_rows_could_see():
     assert views.window_to(1200, 64, 1236) == slice(1137, 1201)
     assert views.window_to(5, 64, 1236) == slice(0, 64) and views.window_to(1235, 64, 1236) == slice(1172, 1236)
     assert views.window_to(2, 8, 4) == slice(0, 4)
-    df = views.heatmap_frame(cap, site, 0, slice(0, 4), slice(0, 4))
+    df = views.heatmap_frame(cap, site, 0, slice(0, 4), keys=slice(0, 4))
     vis = views.visible_frame(cap, site, df)
     assert vis.tolist() == [k <= q for q, k in zip(df["query_index"], df["key_index"], strict=True)]
     mask = cap.mask_rows(site, 0)[0]
@@ -172,7 +172,7 @@ def test_grid_colour_scale_is_fixed(app, legal_cli):
 def test_bertviz_escapes_tokens_for_its_script(tmp_path):
     cap = load(hostile.hostile(tmp_path / "hostile.safetensors"))
     for view in ("head", "model"):
-        page = views.bertviz_html(cap, view, 0, 4, VENDOR)
+        page = views.bertviz_html(cap, view, 0, 4, vendor_dir=VENDOR)
         assert "<!--<script>" not in page and '"</script>"' not in page
         start = page.index("const params = ") + len("const params = ")
         params, _ = json.JSONDecoder().raw_decode(page, start)

@@ -78,7 +78,7 @@ def test_a_row_of_a_weights_only_site_gives_its_weights_and_no_steps(case, capsy
         assert [list(r) for r in got["rows"]] == [WEIGHT_COLUMNS] * site.key_len
         assert not any(c in r for r in got["rows"] for c in STEPS)
         assert max(abs(r["weight"] - float(w)) for r, w in zip(got["rows"], want, strict=True)) <= TOL
-        vis = visible_keys(cap, site, 0, slice(qi, qi + 1), pad_k)
+        vis = visible_keys(cap, site, 0, slice(qi, qi + 1), pad_k=pad_k)
         vis = vis[head if vis.shape[0] > 1 else 0, 0]
         assert [r["visible"] for r in got["rows"]] == vis.tolist()
         assert not vis.all() or site.band is None  # LED's window: some keys are out of the query's sight

@@ -406,7 +406,7 @@ def test_a_text_far_too_long_is_refused_after_tokenizing_a_bounded_prefix(bert, 
     monkeypatch.setattr(cls, "__call__", spy)
     huge = "indemnity " * 200_000
     with pytest.raises(InspectorError, match=f"accepts at most {limit}"):
-        check_length(bert.model, tok, huge, "text", limit)
+        check_length(bert.model, tok, huge, "text", limit=limit)
     assert max(seen) <= limit * 16
     rows = lease_rows(10)[:3]
     rows[1]["text"] = huge
@@ -417,7 +417,7 @@ def test_a_text_far_too_long_is_refused_after_tokenizing_a_bounded_prefix(bert, 
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet")
     assert "accepts at most" in docs.loc[docs["row"] == 1, "error"].item()
     # a long text that fits (few tokens: whitespace) is tokenized whole and captured
-    check_length(bert.model, tok, "a" + " " * (limit * 40) + "b", "text", limit)
+    check_length(bert.model, tok, "a" + " " * (limit * 40) + "b", "text", limit=limit)
 
 
 # ---- paths and sizes ----------------------------------------------------------------------------------

@@ -167,10 +167,10 @@ def cmd_split(args) -> int:
     longest = {k: max((d.get(k) for d in site_ds if isinstance(d.get(k), int)), default=None)
                for k in ("query_len", "key_len")}
     if args.query is not None:
-        check_capture_words(args.file, meta, [args.query], "query", [args.query_role] if args.query_role else None,
+        check_capture_words(args.file, meta, [args.query], "query", roles=[args.query_role] if args.query_role else None,
                             batch=args.batch, case_sensitive=case, occurrence=args.occurrence,
                             axis=("query axis of every site", longest["query_len"]))
-    check_capture_words(args.file, meta, refs, "referent", [args.referent_role] if args.referent_role else None,
+    check_capture_words(args.file, meta, refs, "referent", roles=[args.referent_role] if args.referent_role else None,
                         batch=args.batch, case_sensitive=case, axis=("key axis of every site", longest["key_len"]))
     check_output_arg(args.csv, "--csv")
     from inspector import analysis
@@ -226,11 +226,11 @@ def cmd_explain(args) -> int:
                              "--query WORD, or drop them with --query-index")
     case = not args.ignore_case
     if args.query is not None and isinstance(q_roles, list):
-        check_capture_words(args.file, meta, [args.query], "query", _in_role(q_roles, args.query_role), batch=args.batch,
+        check_capture_words(args.file, meta, [args.query], "query", roles=_in_role(q_roles, args.query_role), batch=args.batch,
                             case_sensitive=case, occurrence=args.occurrence,
                             axis=(f"query axis of {args.site}", site_d.get("query_len")))
     if refs and isinstance(k_roles, list):
-        check_capture_words(args.file, meta, refs, "referent", _in_role(k_roles, args.referent_role), batch=args.batch,
+        check_capture_words(args.file, meta, refs, "referent", roles=_in_role(k_roles, args.referent_role), batch=args.batch,
                             case_sensitive=case, axis=(f"key axis of {args.site}", site_d.get("key_len")))
     check_output_arg(args.json, "--json")
     from inspector.analysis import spans
@@ -399,7 +399,7 @@ def _check_plot(args, kind: str, query) -> None:
             raise InspectorError("the query is empty: pass --query WORD (or --query-index I)")
         q_roles = header.sites(meta).get(args.site, {}).get("query_input")
         if isinstance(q_roles, list):
-            check_capture_words(args.file, meta, [args.query], "query", q_roles, batch=args.batch)
+            check_capture_words(args.file, meta, [args.query], "query", roles=q_roles, batch=args.batch)
     check_output_arg(args.output, "-o")
 
 

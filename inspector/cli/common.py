@@ -765,7 +765,7 @@ def check_capture_arg(path: str, *, batch: int | None = None, site: str | None =
     return meta
 
 
-def check_capture_words(path: str, meta: dict, words: list[str], what: str, roles: list[str] | None = None, *,
+def check_capture_words(path: str, meta: dict, words: list[str], what: str, *, roles: list[str] | None = None,
                         batch: int = 0, case_sensitive: bool = True, occurrence: int | None = None,
                         axis: tuple[str, int | None] | None = None) -> None:
     """Refuse a word (``what`` names it: query, referent) that none of the capture's texts in ``roles`` (all when

@@ -237,8 +237,8 @@ def cmd_compare(args) -> int:
     check_rule_args(args)
     for file in (args.a, args.b):
         meta = check_capture_arg(file)
-        check_capture_words(file, meta, [args.query], "query", [args.query_role] if args.query_role else None)
-        check_capture_words(file, meta, refs, "referent", ["source"])
+        check_capture_words(file, meta, [args.query], "query", roles=[args.query_role] if args.query_role else None)
+        check_capture_words(file, meta, refs, "referent", roles=["source"])
     check_output_arg(args.csv, "--csv")
     from inspector.investigate.debug import compare_captures
     from inspector.store.capture_file import load

@@ -426,8 +426,20 @@ def _relative_error(made: torch.Tensor, recorded: torch.Tensor) -> float:
     return float((made - recorded).norm() / max(float(recorded.norm()), 1e-12))
 
 
-def _side(g, mt, fam, extra, site, where, *, query: bool, positions: list[int], ids, w, b):
+@dataclass(frozen=True)
+class _Pass:
+    """The recorded forward pass a decomposition reads: the graph, the model type, its family and the extra
+    tensors the hooks saw (norm inputs, token types, rotary cos/sin)."""
+
+    g: object
+    mt: str
+    fam: _Family
+    extra: _Extra
+
+
+def _side(run: _Pass, site, where, *, query: bool, positions: list[int], ids, w, b):
     """One side's parts ``(names, kinds, [part, position, d])`` at ``positions`` of the site's query or key axis."""
+    g, mt, fam, extra = run.g, run.mt, run.fam, run.extra
     stack, block, kind = where
     st_q = g.stacks[stack]
     level_in = block * len(st_q.steps) + [s.kind for s in st_q.steps].index(kind)
@@ -509,7 +521,7 @@ def decompose(model, tokenizer, text: str, target: str | Output | None = None, *
     _encode_first(model, tokenizer, text, said.text, said.id_lists)
     with extra:
         g = record(model, tokenizer, text, said)
-    return _decompose(g, mt, fam, extra, site, sites[site], head, query_position, right, wrong)
+    return _decompose(_Pass(g, mt, fam, extra), site, sites[site], head, query_position, right, wrong)
 
 
 def _encode_first(model, tokenizer, text, target, target_ids) -> None:
@@ -521,17 +533,18 @@ def _encode_first(model, tokenizer, text, target, target_ids) -> None:
     encode(model, tokenizer, text, target, target_ids=target_ids)
 
 
-def _decompose(g, mt, fam, extra, name, where, head, i, right, wrong) -> LogitParts:
+def _decompose(run: _Pass, name, where, head, i, right, wrong) -> LogitParts:
+    g, mt, extra = run.g, run.mt, run.extra
     cap = g.capture
     site = cap.site(name)
     row = _check_positions(cap, site, head, i, right, wrong)
     kvh = site.head_map[head]
-    w_q, b_q, w_k, b_k = _projections(extra.names[name], fam, site)
+    w_q, b_q, w_k, b_k = _projections(extra.names[name], run.fam, site)
     ids = _ids(g)
     keys = sorted(set(right) | set(wrong))
-    qn, qk, qp = _side(g, mt, fam, extra, site, where, query=True, positions=[i], ids=ids, w=w_q[head],
+    qn, qk, qp = _side(run, site, where, query=True, positions=[i], ids=ids, w=w_q[head],
                        b=None if b_q is None else b_q[head])
-    kn, kk, kp = _side(g, mt, fam, extra, site, where, query=False, positions=keys, ids=ids, w=w_k[kvh],
+    kn, kk, kp = _side(run, site, where, query=False, positions=keys, ids=ids, w=w_k[kvh],
                        b=None if b_k is None else b_k[kvh])
     q_rec = cap.tensor(site, "q")[0, head, i].double()
     k_rec = cap.tensor(site, "k")[0, kvh, keys].double()  # [key, d]

@@ -196,19 +196,19 @@ def _hooks(model, stacks: dict[str, _Stack]):
         for b in range(st.n_blocks):
             block = f"{st.prefix}.{b}"
 
-            def out_hook(_m, _a, out, st=st, b=b):
+            def out_hook(_m, _a, out, *, st=st, b=b):
                 st.outputs[b] = _first(out)[0].detach().float().clone()
 
             handles.append(names[block].register_forward_hook(out_hook))
             for k, step in enumerate(st.steps):
                 level = b * n_steps + k + 1
                 if step.norm is None:
-                    def delta(_m, _a, out, st=st, level=level):
+                    def delta(_m, _a, out, *, st=st, level=level):
                         st.nodes[level] = st.nodes[level - 1] + _first(out)[0].detach().float()
 
                     handles.append(names[f"{block}.{step.delta}"].register_forward_hook(delta))
                 else:
-                    def norm(_m, args, out, st=st, level=level):
+                    def norm(_m, args, out, *, st=st, level=level):
                         st.sums[level] = args[0][0].detach().float().clone()
                         st.nodes[level] = _first(out)[0].detach().float().clone()
 
@@ -302,7 +302,7 @@ def _incoming(g: Graph, stack: str, level: int, rows: list[int], keep_vectors: b
                                     "site": "", "head": -1, "vector": vec, "proximity": _proximity(y[r], vec)})
             res[r]["total"] = res[r]["total"] + vec
     if step.kind != "mlp":
-        _attention_edges(g, st, block, step, level, rows, f, y, res)
+        _attention_edges(g, st, level, rows, f, y, res)
     for r in range(len(rows)):
         if beta is not None:
             res[r]["bias"] = res[r]["bias"] + beta
@@ -311,7 +311,9 @@ def _incoming(g: Graph, stack: str, level: int, rows: list[int], keep_vectors: b
     return res
 
 
-def _attention_edges(g: Graph, st: _Stack, block: int, step: Step, level: int, rows: list[int], f, y, res) -> None:
+def _attention_edges(g: Graph, st: _Stack, level: int, rows: list[int], f, y, res) -> None:
+    """The edges into ``level`` of ``st`` from one attention block's heads (its block and step: ``st.step(level)``)."""
+    block, step = st.step(level)
     cap = g.capture
     site = cap.site(g.sites[(st.name, block, step.kind)])
     proj = dict(g.model.named_modules())[f"{st.prefix}.{block}.{step.out_proj}"]

@@ -75,7 +75,7 @@ WHY_CSV = "why.csv"
 WHY_TOP = 5  # terms shown on each side
 
 
-def why_of(loaded, cap: Capture, source: str, v: Verdict, placement: Placement):
+def why_of(loaded, cap: Capture, source: str, v: Verdict, *, placement: Placement):
     """Why the top culprit attends to WRONG: :func:`inspector.intervene.logit_parts.decompose` of its score
     difference ``s(row, WRONG) - s(row, RIGHT)`` at the row the signature was read at, WRONG's and RIGHT's keys
     being every token of the word in the source (the mean score over them), as ``placement`` (the question's,
