@@ -111,7 +111,7 @@ def test_every_view_tells_the_same_row(case, weighting, tmp_path, monkeypatch):
     # the referent bars of the report and the app: one frame, the same weights
     from inspector.ui import report_plots
 
-    label = views.head_label(top.to_dict())
+    label = views.head_label(top.to_dict(), form="short")
     bars = views.split_bars(split, len(split), REFS)
     report_bars = report_plots.referent_frame(split, REFS, len(split))
     for r in REFS:

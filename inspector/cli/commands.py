@@ -64,7 +64,7 @@ from inspector.cli.common import (
     writes_stdout,
 )
 from inspector.cli.reproduce import formatter_for
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, check_source, empty_source
 from inspector.store.files import SIGNALS, StdoutError, stdout_error
 from inspector.store.schema import STORAGE_DTYPES
 
@@ -87,7 +87,7 @@ def cmd_capture(args) -> int:
     if args.generate is not None and args.generate < 1:
         raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
     if text is not None and not (text[0] if isinstance(text, tuple) else text).strip():
-        raise InspectorError("the source text is empty: pass some text (--text or --text-file)")
+        raise empty_source("some text (--text or --text-file)")
     if isinstance(text, tuple) and not text[1].strip():
         raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
     glob = args.global_tokens.split(",") if args.global_tokens is not None else None
@@ -469,8 +469,7 @@ def cmd_ablate(args) -> int:
                              "to patch the heads from")
     if variant is not None:
         check_word_in(args.query, variant, f"the --patch-from file {args.patch_from}")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     check_global_texts(_global_arg(args), {"the source text": source, f"the --patch-from file {args.patch_from}": variant})
     check_source_words(args, source)
     if args.csv:
@@ -511,8 +510,7 @@ def cmd_effects(args) -> int:
     check_occurrence(args.occurrence)  # this and every check below run before torch loads (issue 28)
     _check_generate(args)
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     parse_contrast(args.contrast)  # before the model loads
     check_source_words(args, source)
     if args.top < 0:

@@ -36,7 +36,7 @@ from inspector.cli.common import (
     rows_shown,
     say_lines,
 )
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, check_source
 from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP
 
 STORY_VARIANTS, STORY_SOURCES = "variants.csv", "sources.csv"  # what the demo's story writes beside the investigation
@@ -181,8 +181,7 @@ def cmd_debug(args) -> int:
         raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
     source = read_text(args.source, args.source_file, "source")
     said = read_text(args.output, args.output_file, "output")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     # the query is looked up in the output first (case-sensitive, as the question reads it): only a word the output
     # cannot hold must be in the source and in each variant
     in_output = args.query is None or args.generate or (said is not None and occurs_in(said, args.query))

@@ -20,13 +20,12 @@ from inspector.cli.common import (
     say,
     status,
 )
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, check_source
 
 
 def _inputs(args) -> tuple[str, bool]:
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     if args.contrast:
         from inspector.store.specs import contrast_words
 

@@ -24,7 +24,7 @@ from inspector.cli.common import (
     say,
     status,
 )
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, check_source
 
 TEXT_SHOWN = 70  # characters of a unit's text in the printed table (the CSV has all of it)
 
@@ -95,8 +95,7 @@ def cmd_sources(args) -> int:
     from inspector.store.files import check_target, write_csv, write_json
 
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     check_options(ablations=args.ablations, holdout=args.holdout, batch_size=args.batch_size, ig_steps=args.ig_steps,
                   alpha=args.alpha, mode=args.mode, seed=args.seed)
     if args.span is not None and not args.span.strip():

@@ -20,7 +20,7 @@ from inspector.cli.common import (
     status,
     token_index_arg,
 )
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, check_source
 
 SUM_CHECK = 1e-5  # logit units: what the sum of the terms may differ from the model's own difference by
 
@@ -53,8 +53,7 @@ def cmd_why(args) -> int:
     from inspector.store.files import check_target, write_csv
 
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     output = read_text(args.output, args.output_file, "output")
     if output is not None and not output.strip():
         raise InspectorError("the output text is empty: pass what the model said with --output, or --generate N")

@@ -46,6 +46,7 @@ from inspector.capture.interface import model_alone
 from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
+from inspector.intervene.families import FAMILIES, Step
 from inspector.store.capture_file import Capture
 
 THRESHOLD = 0.04
@@ -53,42 +54,9 @@ KEY_BLOCK = 128  # key positions per block when forming head contributions (memo
 EDGE_COLUMNS = ["stack", "layer", "sublayer", "from_stack", "from_level", "from_position", "from_token", "to_level",
                 "to_position", "to_token", "kind", "site", "head", "importance"]
 
-__all__ = ["EDGE_COLUMNS", "FAMILIES", "THRESHOLD", "Graph", "Step", "check_model", "heads_on_route", "record", "routes"]
+__all__ = ["EDGE_COLUMNS", "THRESHOLD", "Graph", "check_model", "heads_on_route", "record", "routes"]
 
 
-@dataclass(frozen=True)
-class Step:
-    """One sub-layer: ``kind`` (attention, cross or mlp); ``delta``: the module (relative to the block)
-    whose output is what the sub-layer adds (pre-LN); ``site``/``out_proj``: the attention module and its
-    output projection; ``norm``: the LayerNorm applied to the sum (post-LN), else None."""
-
-    kind: str
-    delta: str
-    site: str | None = None
-    out_proj: str | None = None
-    norm: str | None = None
-
-
-_LLAMA = {"none": (("model.layers",), (Step("attention", "self_attn", "self_attn", "self_attn.o_proj"), Step("mlp", "mlp")))}
-_T5_ENC = (Step("attention", "layer.0.SelfAttention", "layer.0.SelfAttention", "layer.0.SelfAttention.o"),
-           Step("mlp", "layer.1.DenseReluDense"))
-_T5_DEC = (Step("attention", "layer.0.SelfAttention", "layer.0.SelfAttention", "layer.0.SelfAttention.o"),
-           Step("cross", "layer.1.EncDecAttention", "layer.1.EncDecAttention", "layer.1.EncDecAttention.o"),
-           Step("mlp", "layer.2.DenseReluDense"))
-_BART_SELF = Step("attention", "self_attn", "self_attn", "self_attn.out_proj", "self_attn_layer_norm")
-_BART_CROSS = Step("cross", "encoder_attn", "encoder_attn", "encoder_attn.out_proj", "encoder_attn_layer_norm")
-_BART_MLP = Step("mlp", "fc2", norm="final_layer_norm")
-# model_type -> stack -> (candidate paths of the block list, steps of each block)
-FAMILIES: dict[str, dict[str, tuple[tuple[str, ...], tuple[Step, ...]]]] = {
-    "gpt2": {"none": (("transformer.h", "h"), (Step("attention", "attn", "attn", "attn.c_proj"), Step("mlp", "mlp")))},
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
-    "bert": {"none": (("encoder.layer", "bert.encoder.layer"), (
-        Step("attention", "attention.output.dense", "attention.self", "attention.output.dense", "attention.output.LayerNorm"),
-        Step("mlp", "output.dense", norm="output.LayerNorm")))},
-    "t5": {"encoder": (("encoder.block",), _T5_ENC), "decoder": (("decoder.block",), _T5_DEC)},
-    "bart": {"encoder": (("model.encoder.layers",), (_BART_SELF, _BART_MLP)),
-             "decoder": (("model.decoder.layers",), (_BART_SELF, _BART_CROSS, _BART_MLP))},
-}
 CHECK = 1e-4  # the recorded states must equal the layout's sums to this relative tolerance
 
 
@@ -164,7 +132,7 @@ def _resolve_stacks(model) -> dict[str, _Stack]:
                              "them (its blocks' layout is not known to inspector, so its residual is not decomposed)")
     names = dict(model.named_modules())
     out = {}
-    for stack, (prefixes, steps) in fam.items():
+    for stack, (prefixes, steps) in fam.stacks.items():
         prefix = next((p for p in prefixes if p in names), None)
         if prefix is None:
             raise InspectorError(f"{type(model).__name__} ({mt}) has no block list at {' or '.join(prefixes)}: routes "

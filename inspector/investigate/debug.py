@@ -365,7 +365,7 @@ def investigate(
 def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, question: Question, verdict=None):
     """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
     model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
-    from inspector.intervene.routes import FAMILIES
+    from inspector.intervene.families import FAMILIES
     from inspector.investigate import wherefrom
     from inspector.ui.report import WhereSection
 

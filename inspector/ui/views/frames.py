@@ -10,11 +10,12 @@ import pandas as pd
 import torch
 
 from inspector.analysis.explain import Explanation
+from inspector.analysis.heads import head_label
 from inspector.analysis.keys import MASKED, head_weights
 from inspector.analysis.split import word_row
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-from inspector.ui.views.labels import group_label, head_label, token_label
+from inspector.ui.views.labels import group_label, token_label
 from inspector.ui.views.limits import check_head_dims
 
 GRID_METRICS = {
@@ -154,7 +155,7 @@ def split_bars(split: pd.DataFrame, top: int = 10, referents: list[str] | None =
         [c.split(":", 1)[1] for c in split.columns if c.startswith("weight:")]
     rows = []
     for r in split.head(top).to_dict("records"):
-        label = head_label(r)
+        label = head_label(r, form="short")
         for ref in refs:
             rows.append({"head_label": label, "site": r.get("site"), "head": r["head"], "referent": ref,
                          "weight": float(r[f"weight:{ref}"]), "flagged": bool(r.get("flagged", False)),
