@@ -117,7 +117,7 @@ def test_global_local_weights_equal_the_models_own_attention(tmp_path):
 def test_debug_end_to_end_on_a_tiny_pegasus_x(tmp_path, capsys):
     """`inspector debug` on a tiny Pegasus-X summariser: generation, the encoder's global-local sites ranked
     with their block and the global tokens as the visible keys, split, explain, report."""
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
     model = _pegasus_x()
     model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101

@@ -163,7 +163,7 @@ def test_debug_end_to_end_on_a_tiny_led(tmp_path, capsys):
     """`inspector debug` on a tiny LED summariser: generation, the encoder's banded sites ranked with
     their window as the visible keys (a near-uniform head's normalised entropy is ~1 over its window,
     not over all 28 keys), split, report."""
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
     model = _led()
     model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101
@@ -223,7 +223,7 @@ def test_global_tokens_from_words_and_indices():
 
 
 def test_capture_cli_global_flag(tmp_path, capsys):
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
     model = _led()
     model.save_pretrained(tmp_path / "model")

@@ -282,7 +282,7 @@ def test_debug_with_effects_on_a_tiny_summariser(family, tmp_path, capsys):
     import pandas as pd
 
     from inspector.capture.generation import generate_target
-    from inspector.cli.commands import main
+    from inspector.cli import main
     from inspector.store import load
 
     build, texts, _, cls, _ = FAMILIES[family]
@@ -317,7 +317,7 @@ def test_debug_with_effects_on_a_tiny_summariser(family, tmp_path, capsys):
 def test_ablate_cli_marks_global_tokens(tmp_path, capsys):
     """``inspector ablate --global @0`` on LED prints the contrast change the API gives with that global token
     (not the one without it); ``--global`` on Pegasus-X, whose global tokens are learned, is one line, exit 2."""
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
     site = "led.encoder.layers.1.self_attn.longformer_self_attn"
     model = lf._led()

@@ -52,7 +52,7 @@ ALLOWED = {
                                      "seed, LASSO alpha, baselines, top-k)",
     "corpus/ray_engine.py:ray_batches": "the Ray engine's settings as scan received them (address, actors, CPUs, "
                                         "device, remote code): handed to Ray Data's map_batches",
-    "cli/common.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
+    "cli/words.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
                                          "word list, its role, case rule, occurrence and axis are each read here",
 }
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inspector.cli.common import (
+from inspector.cli.arguments import (
     OCCURRENCE_HELP,
     QUERY_HELP,
     add_lift_option,
@@ -15,26 +15,22 @@ from inspector.cli.common import (
     add_rows_options,
     add_source_output_options,
     add_weighting_option,
-    check_before_loading,
+    positive_int,
+    rows_shown,
+)
+from inspector.cli.files import check_before_loading, check_output_arg, check_rule_args, read_text
+from inspector.cli.loading import load_from_args
+from inspector.cli.printing import format_table, print_table, say_lines
+from inspector.cli.serve import check_port, cmd_app
+from inspector.cli.words import (
     check_capture_arg,
     check_capture_words,
     check_global_texts,
     check_in_text,
     check_occurrence,
-    check_output_arg,
-    check_port,
     check_referents_arg,
-    check_rule_args,
     check_word_in,
-    cmd_app,
-    format_table,
-    load_from_args,
     parse_variants,
-    positive_int,
-    print_table,
-    read_text,
-    rows_shown,
-    say_lines,
 )
 from inspector.errors import InspectorError, check_source
 from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP

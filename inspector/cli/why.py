@@ -7,19 +7,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inspector.cli.common import (
+from inspector.cli.arguments import (
     add_model_options,
     add_rows_options,
     add_source_output_options,
-    load_from_args,
-    model_config,
-    print_table,
-    read_text,
     rows_shown,
-    say,
-    status,
     token_index_arg,
 )
+from inspector.cli.files import read_text
+from inspector.cli.loading import load_from_args, model_config
+from inspector.cli.printing import print_table, say, status
 from inspector.errors import InspectorError, check_source
 
 SUM_CHECK = 1e-5  # logit units: what the sum of the terms may differ from the model's own difference by
