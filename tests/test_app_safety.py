@@ -16,7 +16,7 @@ import pytest
 from test_browser import free_port, wait_healthy
 
 from inspector import cli
-from inspector.cli import common
+from inspector.cli import serve
 from inspector.store import load
 from inspector.ui import views
 
@@ -190,11 +190,11 @@ def test_app_refuses_a_missing_file(capsys, tmp_path):
 
 def test_app_command_binds_loopback_by_default():
     args = cli.build_parser().parse_args(["app", str(FIXTURE)])
-    cmd = common.app_command(args)
+    cmd = serve.app_command(args)
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     args = cli.build_parser().parse_args(["app", str(FIXTURE), "--host", "0.0.0.0", "--site", "example.attention",
                                           "--head", "0"])
-    cmd = common.app_command(args)
+    cmd = serve.app_command(args)
     assert cmd[cmd.index("--server.address") + 1] == "0.0.0.0"
     assert cmd[cmd.index("--") + 1:] == [str(FIXTURE.resolve()), "--site", "example.attention", "--head", "0",
                                          "--weighting", "attention"]  # the app starts on the run's weighting
