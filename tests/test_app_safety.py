@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_browser import free_port, wait_healthy
 
 from inspector import cli
 from inspector.cli import serve
@@ -21,10 +20,8 @@ from inspector.store import load
 from inspector.ui import views
 
 import hostile
-import test_app
-from test_app import FIXTURE, PAGES, errors, open_file, run, show
-
-app, legal_cli = test_app.app, test_app.legal_cli  # the fixtures of test_app.py
+from helpers.app import FIXTURE, PAGES, errors, open_file, run, show
+from helpers.browser import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = ROOT / "apps" / "vendor" / "node_modules"

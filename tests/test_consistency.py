@@ -191,7 +191,6 @@ def test_plot_takes_the_occurrence_of_a_repeated_word(minilm, tmp_path):
     assert second.attrs["query_positions"][0] > show.query_data(cap, site, 9, "Lessee", occurrence=1).attrs["query_positions"][-1]
 
 
-
 HEAD_CARD = re.compile(r'<div class="card head" data-site="([^"]+)" data-head="(\d+)">(.*?)(?=<div class="card head"|\Z)', re.S)
 BAR = re.compile(r'<tr><td class="mono">([^<]+)</td><td><span class="bar"><i style="width:[^"]+"></i></span></td>'
                  r'<td class="num">([^<]+)</td></tr>')

@@ -35,14 +35,6 @@ WRONG = ["0.5", 12345, 1.5, None, [], {}, True]  # one value of each JSON type
 
 
 @pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-bert")
-    tiny.build("bert").save_pretrained(path)
-    tiny.tokenizer().save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def bert():
     return LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert")
 
@@ -468,7 +460,7 @@ def test_corpus_app_stopped_with_sigterm_stops_its_streamlit_child(base, tmp_pat
     import subprocess
     import sys
 
-    from test_browser import free_port, wait_healthy
+    from helpers.browser import free_port, wait_healthy
 
     psutil = pytest.importorskip("psutil")
     _, out = base

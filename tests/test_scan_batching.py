@@ -10,9 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_commit_writer import META
-from test_commit_writer import _batch as _batch  # the writer tests' batch of three documents
-from test_scan import read_heads
 
 from inspector.corpus import folder as folder_mod
 from inspector.corpus import reduce
@@ -22,6 +19,9 @@ from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
 
 import tiny
+from helpers.commits import META
+from helpers.commits import batch as _batch  # the writer tests' batch of three documents
+from helpers.scan import read_heads
 
 FIELDS = Fields(query="query", referents="referents", id="id")
 

@@ -14,6 +14,7 @@ from inspector.errors import InspectorError
 from inspector.ui import views
 
 import tiny
+from helpers.browser import CHROMIUM, launch
 
 VENDOR = Path(__file__).resolve().parent.parent / "apps" / "vendor" / "node_modules"
 HTML_TEXT = 'The <b>Lessee</b> & "Lessor" agree: Lessee pays.'
@@ -123,9 +124,6 @@ def test_offline_bertviz_inlines_scripts(bert, bart, tmp_path):
         views.bertviz_html(bert, "model", 0, views.MODEL_VIEW_MAX_TOKENS + 1, vendor_dir=VENDOR)
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium: run `make chromium`")
 def test_model_view_shows_every_head_in_a_narrow_frame(tokenizer, tmp_path):
     """bertviz draws the model view 970 px wide: in the app's 700 px frame the last heads were cut off. Every
@@ -138,7 +136,7 @@ def test_model_view_shows_every_head_in_a_narrow_frame(tokenizer, tmp_path):
     page = tmp_path / "model.html"
     page.write_text(views.bertviz_html(cap, "model", 0, 16, vendor_dir=VENDOR), encoding="utf-8")
     with pw.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        browser = launch(p)
         try:
             tab = browser.new_page(viewport={"width": 700, "height": 900})
             tab.goto(page.as_uri())

@@ -1,4 +1,4 @@
-"""The "Where did the word come from?" part of `debug`: on the planted GPT-2 (tests/test_planted_routes.py), whose
+"""The "Where did the word come from?" part of `debug`: on the planted GPT-2 (tests/helpers/routes.py), whose
 layer-1 head copies "bob" into the predicting position, that head is on the route and the other is not, "on the
 route" is exactly a per-head row of the route table, "bob" is the source token that most drives bob over carol,
 and the report shades each token by its exact attribution and draws the route."""
@@ -10,7 +10,6 @@ import shlex
 
 import pandas as pd
 import pytest
-from test_planted_routes import OUT, TEXT, planted_copy_gpt2
 
 from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
@@ -23,6 +22,7 @@ from inspector.ui.report import WhereSection, render_where_section
 
 import tiny
 from conftest import LEGAL
+from helpers.routes import OUT, TEXT, planted_copy_gpt2
 
 COPY, IDLE = ("transformer.h.1.attn", 0), ("transformer.h.0.attn", 0)
 
