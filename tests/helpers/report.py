@@ -77,7 +77,7 @@ def report_of(cap, query, refs=REFS, occurrence=None, **kw):
     return {"cap": cap, "split": split, "rank": rank, "html": html, "dom": dom(html), "query": query}
 
 
-def legalreport_of(minilm) -> dict:
+def legal_report(minilm) -> dict:
     """The legal example's report, with the swapped variant and the comparison of the two."""
     cap = capture(minilm.model, minilm.tokenizer, LEGAL)
     swapped = capture(minilm.model, minilm.tokenizer, SWAPPED)
