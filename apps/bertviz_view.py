@@ -47,7 +47,7 @@ cache_key = (ss.path, ss.bv_view, start, size, layer_index, head)
 if ss.bertviz_page is None or ss.bertviz_page[0] != cache_key:
     try:
         with st.spinner("Rendering bertviz …"):
-            page = views.bertviz_html(cap, view, start, size, VENDOR, layer=layer_index, heads=[head])
+            page = views.bertviz_html(cap, view, start, size, vendor_dir=VENDOR, layer=layer_index, heads=[head])
     except InspectorError as exc:
         shared.show_error(views.app_error(exc))
         st.stop()

@@ -80,7 +80,7 @@ def heat(cap, site, qi: int, title: str) -> alt.LayerChart:
     """The head's weights over a window of at most 64 x 64 tokens around query row ``qi``, on a fixed 0..1
     scale, every row and key labelled and the query row outlined."""
     qs, ks = views.heatmap_windows(site, qi, size)
-    df = views.heatmap_frame(cap, site, c.head, qs, ks, weighting=shared.weighting_of(cap, site))
+    df = views.heatmap_frame(cap, site, c.head, qs, keys=ks, weighting=shared.weighting_of(cap, site))
     df["visible"] = views.visible_frame(cap, site, df)
     n_q, n_k = df["query_label"].nunique(), df["key_label"].nunique()
     px = max(11, min(16, 480 // max(1, n_q)))  # rows tall enough for a label each

@@ -57,7 +57,7 @@ def heat_cells(cap_key: str, _cap, site_name: str, head: int, rows: tuple[int, i
     """The heatmap's cells: ``query_index, query_label, key_index, key_label, weight, visible, shade``."""
     del cap_key  # the cache key: the capture file's identity
     site = _cap.site(site_name)
-    df = views.heatmap_frame(_cap, site, head, slice(*rows), slice(*keys), top_k=topk, weighting=weighting)
+    df = views.heatmap_frame(_cap, site, head, slice(*rows), keys=slice(*keys), top_k=topk, weighting=weighting)
     df["visible"] = views.visible_frame(_cap, site, df)
     df["shade"] = shade(df, scale)
     return df[["query_index", "query_label", "key_index", "key_label", "weight", "visible", "shade"]]
@@ -132,7 +132,7 @@ def qkv_panel(row: pd.DataFrame) -> None:
                  help="The key whose vectors are shown; the caption below names it.")
     kj = strongest if int(ss.qkv_key) < 0 else int(ss.qkv_key)
     try:
-        vec = views.qkv_frame(cap, site, head, qi, kj)
+        vec = views.qkv_frame(cap, site, head, qi, key_index=kj)
     except InspectorError as exc:  # vectors too long to list, or NaN/infinity in them: said, never drawn
         shared.show_error(views.app_error(exc))
         return

@@ -40,7 +40,7 @@ def open_pick(chart_key: str) -> None:
     if g is None or not (edge or node):
         return
     if edge:
-        got = head_at(g, edge["stack"], int(edge["to_level"]), int(edge["x2"]), int(edge["x"]))
+        got = head_at(g, edge["stack"], int(edge["to_level"]), int(edge["x2"]), from_position=int(edge["x"]))
     else:
         got = head_at(g, node["stack"], int(node["level"]), int(node["x"]))
     if got is None:

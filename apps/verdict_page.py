@@ -8,6 +8,7 @@ import streamlit as st
 from shared import ss
 
 from inspector.analysis import verdict as _v
+from inspector.analysis.heads import head_label
 from inspector.ui import views
 
 c = shared.current()
@@ -26,7 +27,7 @@ st.dataframe(table, hide_index=True, height=min(600, 38 + 35 * len(table)),
                             f"weight:{v.wrong}": st.column_config.ProgressColumn(format="%.4f", min_value=0.0, max_value=1.0)})
 culprits = v.culprits
 if len(culprits):
-    labels = [_v.head_name(r) for r in culprits.to_dict("records")]
+    labels = [head_label(r) for r in culprits.to_dict("records")]
     pick = st.selectbox("Culprit", range(len(labels)), format_func=lambda i: labels[i], key="vd_pick")
     r = culprits.iloc[int(pick)]
     row = int(r["query_row"])

@@ -82,3 +82,73 @@ def stop_at_commit(monkeypatch, n: int = 3):
 
     monkeypatch.setattr(ScanFolder, "commit", interrupted)
     return original
+
+
+# ---- the fixtures several test files share (no test file imports another: tests/test_test_imports.py) ----------
+@pytest.fixture(scope="module")
+def legal_capture(tmp_path_factory, minilm):
+    """The legal example captured with the embedded MiniLM, as the browser tests open it."""
+    from inspector.capture import capture
+
+    path = tmp_path_factory.mktemp("legal") / "legal.safetensors"
+    capture(minilm.model, minilm.tokenizer, LEGAL, model_name=minilm.name).save(path)
+    return path
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    """A fresh AppTest of apps/app.py; ``app(argv_file)`` passes a capture as `inspector app FILE` does."""
+    import tempfile
+
+    import streamlit.testing.v1.app_test as app_test_module
+    from streamlit.testing.v1 import AppTest
+
+    from helpers.app import APP, TIMEOUT, RecordingStorage
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(app_test_module, "MemoryMediaFileStorage", RecordingStorage)
+    RecordingStorage.files = {}
+
+    def make(argv_file: Path | None = None) -> AppTest:
+        monkeypatch.setattr(sys, "argv", [str(APP)] + ([str(argv_file)] if argv_file else []))
+        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+        at.run()
+        assert not at.exception, at.exception
+        return at
+
+    yield make
+    assert not any(work.iterdir()), "the app wrote into the working directory"
+
+
+@pytest.fixture(scope="module")
+def legal_cli(tmp_path_factory):
+    """The legal example captured and split by the CLI, as a user would: capture file and split CSV."""
+    from inspector import cli
+
+    d = tmp_path_factory.mktemp("cli")
+    cap, csv = d / "legal.safetensors", d / "split.csv"
+    assert cli.main(["capture", "--text", LEGAL, "-o", str(cap)]) == 0
+    assert cli.main(["split", str(cap), "--query", "indemnity", "--referents", "Lessee,Lessor", "--csv", str(csv)]) == 0
+    rank_csv = d / "rank.csv"
+    assert cli.main(["rank", str(cap), "--csv", str(rank_csv)]) == 0
+    return cap, csv, rank_csv
+
+
+@pytest.fixture(scope="module")
+def legal(minilm):
+    """The legal example's report, a swapped variant and their comparison (:func:`helpers.report.legal_report`)."""
+    from helpers.report import legal_report
+
+    return legal_report(minilm)
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """The tiny BERT saved as a model folder (the Ray actors and the CLI load it by path)."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    tiny.build("bert").save_pretrained(path)
+    tiny.tokenizer().save_pretrained(path)
+    return path

@@ -454,7 +454,7 @@ def test_a_query_that_sees_no_referent_names_the_mask_that_hides_them(tokenizer)
     with pytest.raises(InspectorError, match=r"cannot see any referent \(causal mask\)"):
         explain(cap, cap.sites[0], 0, query="indemnity", referents=["Lessee", "Lessor"])
     flags = torch.zeros(1, 8, dtype=torch.bool)
-    assert masks.describe(masks.band_spec("b", (4, 0, 0), 8, flags, flags)[0]).startswith("block-local mask (blocks of 4")
-    assert masks.describe(masks.band_spec("b", (1, 2, 0), 8, flags, flags)[0]).startswith("band mask")
+    assert masks.describe(masks.band_spec("b", (4, 0, 0), 8, flags, padding=flags)[0]).startswith("block-local mask (blocks of 4")
+    assert masks.describe(masks.band_spec("b", (1, 2, 0), 8, flags, padding=flags)[0]).startswith("band mask")
     assert masks.describe({"visible": "sliding", "window": 16}) == "sliding-window mask (the last 16 keys)"
     assert masks.describe(None) == "mask"

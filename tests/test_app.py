@@ -10,122 +10,35 @@ from __future__ import annotations
 import html
 import io
 import json
-import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import streamlit.testing.v1.app_test as app_test_module
 from streamlit import dataframe_util
-from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
-from inspector import analysis, cli
+from inspector import analysis
 from inspector.analysis.explain import explain
 from inspector.store import load
 from inspector.ui import views
 
 from conftest import LEGAL
-
-# AppTest warns "missing ScriptRunContext" whenever a test sets session state between runs; that is expected
-logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
-
-ROOT = Path(__file__).resolve().parent.parent
-APP = ROOT / "apps" / "app.py"
-FIXTURE = ROOT / "fixtures" / "worked_example.safetensors"
-TIMEOUT = 120  # the first capture in a process loads the MiniLM
-
-
-class RecordingStorage(MemoryMediaFileStorage):
-    """The media storage AppTest uses, keeping every file a download button registers."""
-
-    files: dict[str, bytes] = {}
-
-    def load_and_get_id(self, path_or_data, mimetype, kind, filename=None):
-        file_id = super().load_and_get_id(path_or_data, mimetype, kind, filename)
-        RecordingStorage.files[file_id] = self._files_by_id[file_id].content
-        return file_id
-
-
-def download(at: AppTest, key: str) -> bytes:
-    """The bytes behind the download button ``key`` of the last run."""
-    url = at.get("download_button")
-    button = next(b for b in url if b.key == key)
-    file_id = Path(button.proto.url).stem
-    return RecordingStorage.files[file_id]
-
-
-@pytest.fixture
-def app(tmp_path, monkeypatch):
-    """A fresh AppTest of apps/app.py; ``app(argv_file)`` passes a capture as `inspector app FILE` does."""
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(app_test_module, "MemoryMediaFileStorage", RecordingStorage)
-    RecordingStorage.files = {}
-
-    def make(argv_file: Path | None = None) -> AppTest:
-        monkeypatch.setattr(sys, "argv", [str(APP)] + ([str(argv_file)] if argv_file else []))
-        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-        at.run()
-        assert not at.exception, at.exception
-        return at
-
-    yield make
-    assert not any(work.iterdir()), "the app wrote into the working directory"
-
-
-def run(at: AppTest) -> AppTest:
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-PAGES = {"Overview": "overview.py", "Head": "head.py", "Step by step": "steps.py", "Split finder": "split.py",
-         "Compare": "compare.py", "bertviz": "bertviz_view.py", "Routes": "routes_page.py"}
-
-
-def show(at: AppTest, view: str) -> AppTest:
-    at.switch_page(PAGES[view])
-    return run(at)
-
-
-def open_file(at: AppTest, path: Path | str) -> AppTest:
-    at.text_input(key="open_path").set_value(str(path))
-    next(b for b in at.button if b.label == "Open").click()
-    return run(at)
-
-
-def split(at: AppTest, query: str, referents: str) -> AppTest:
-    show(at, "Split finder")
-    at.text_input(key="sp_query").set_value(query)
-    at.text_input(key="sp_refs").set_value(referents)
-    next(b for b in at.button if b.label == "Find split heads").click()
-    return run(at)
+from helpers.app import (
+    FIXTURE,
+    ROOT,
+    download,
+    errors,
+    open_file,
+    run,
+    show,
+    split,
+)
 
 
 def chart_data(chart) -> pd.DataFrame:
     """The (first) dataset an Altair chart sends to the browser."""
     return dataframe_util.convert_arrow_bytes_to_pandas_df(chart.proto.datasets[0].data.data)
-
-
-def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
-
-
-@pytest.fixture(scope="module")
-def legal_cli(tmp_path_factory):
-    """The legal example captured and split by the CLI, as a user would: capture file and split CSV."""
-    d = tmp_path_factory.mktemp("cli")
-    cap, csv = d / "legal.safetensors", d / "split.csv"
-    assert cli.main(["capture", "--text", LEGAL, "-o", str(cap)]) == 0
-    assert cli.main(["split", str(cap), "--query", "indemnity", "--referents", "Lessee,Lessor", "--csv", str(csv)]) == 0
-    rank_csv = d / "rank.csv"
-    assert cli.main(["rank", str(cap), "--csv", str(rank_csv)]) == 0
-    return cap, csv, rank_csv
 
 
 # ---- open a capture, select a head, the views ------------------------------------------------------
@@ -415,7 +328,7 @@ def test_head_page_controls_rerun_their_fragment_only(app, monkeypatch):
     assert not at.get("vega_lite_chart")
     assert "key 2 «was»" in at.caption[0].value
     cap = load(FIXTURE)
-    assert at.dataframe[0].value.equals(views.qkv_frame(cap, cap.sites[0], 0, 0, 2))
+    assert at.dataframe[0].value.equals(views.qkv_frame(cap, cap.sites[0], 0, 0, key_index=2))
 
 
 def test_head_window_follows_the_query_and_ends_there_on_a_causal_site(app, tmp_path, tokenizer):

@@ -3,13 +3,11 @@ declares billions of weights to recompute, and the sidebar after the Corpus page
 
 from __future__ import annotations
 
-import logging
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 from streamlit.testing.v1 import AppTest
 
 from inspector.capture import capture
@@ -18,17 +16,11 @@ from inspector.corpus import queries as corpus
 from inspector.corpus.documents import Fields
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
-from inspector.store.capture_file import Capture
-from inspector.store.schema import Site
 from inspector.ui import views
 
 import tiny
-
-logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
-
-ROOT = Path(__file__).resolve().parent.parent
-APP = ROOT / "apps" / "app.py"
-FIXTURE = ROOT / "fixtures" / "worked_example.safetensors"
+from helpers.app import APP, FIXTURE, errors  # the app tests' own (the logging level set there too)
+from helpers.captures import huge_lazy
 
 
 @pytest.fixture
@@ -46,29 +38,6 @@ def app(tmp_path, monkeypatch):
         return at
 
     return make
-
-
-def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
-
-
-def huge_lazy(path: Path, n: int = 20_000) -> Path:
-    """A lazy capture of 1.8 MB that declares 2 sites x 3 heads x n x n weights (2.4e9 at n = 20,000):
-    a real tiny-BERT capture whose input is repeated to n tokens and whose Q and K have one dimension."""
-    cap = capture(tiny.build("bert"), tiny.tokenizer(), "The Lessee shall pay.", weights=False)
-    k = cap.sites[0].query_len
-    rec = cap.inputs[0].to_dict()
-    for f in ("ids", "tokens", "offsets", "special", "padding", "word_ids", "type_ids"):
-        if rec.get(f) is not None:
-            rec[f] = [rec[f][i % k] for i in range(n)]
-    sites, tensors = [], {}
-    for s in cap.sites:
-        d = s.to_dict()
-        d.update(query_len=n, key_len=n, d_head=1, d_v=1, parts=["q", "k"])
-        sites.append(Site.from_dict(d))
-        tensors[f"{s.name}/q"] = torch.randn(1, s.num_heads, n, 1)
-        tensors[f"{s.name}/k"] = torch.randn(1, s.num_heads, n, 1)
-    return Capture(dict(cap.meta, inputs=[rec]), sites, tensors).save(path)
 
 
 def test_an_upload_named_past_the_file_systems_limit_opens(app):

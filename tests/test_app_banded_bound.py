@@ -11,13 +11,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import test_long_attention as lf
 from streamlit.testing.v1 import AppTest
 
 from inspector.capture import capture
 from inspector.ui import views
 
 import tiny
+from helpers import longformer as lf
 
 logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
 
@@ -27,7 +27,7 @@ SOURCE = "The Lessee shall indemnify the Lessor against every claim arising from
 
 @pytest.fixture(scope="module")
 def led(tmp_path_factory):
-    cap = capture(lf._led(), tiny.tokenizer(), SOURCE, "It pays.", global_tokens=["@0"])
+    cap = capture(lf.led(), tiny.tokenizer(), SOURCE, "It pays.", global_tokens=["@0"])
     assert any(s.band is not None for s in cap.sites)  # the encoder's sites are stored as bands
     return cap.save(tmp_path_factory.mktemp("led") / "led.safetensors"), cap
 

@@ -9,7 +9,7 @@ captures that declare 20,000 heads, 1,000 sites, 300,000-entry vectors or billio
 page: no script runs (``window.__pwned`` stays unset in every frame, bertviz's sandboxed ones included), nothing is
 fetched from elsewhere, no traceback element (``stException``) shows, and the page settles (Streamlit's script state
 back to ``notRunning``, nothing stale) within WAIT_MS: a condition waited on, never a fixed sleep. Each browser test
-starts and stops its own server (tests/test_browser.py's ``serve``)."""
+starts and stops its own server (tests/helpers/browser.py's ``serve``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import test_browser
-from test_browser import ROOT, WAIT_MS, chromium, goto, serve
 
 from inspector.cli import main
 from inspector.ui import views
@@ -28,11 +26,12 @@ from inspector.ui import views
 import hostile
 import tiny
 from conftest import LEGAL
+from helpers.browser import CHROMIUM, MARKS, ROOT, WAIT_MS, chromium, goto, serve
 
 logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
 
 APP = ROOT / "apps" / "app.py"
-BROWSER = test_browser.pytestmark  # marks for the browser tests only: the AppTest ones run without Chromium
+BROWSER = MARKS  # marks for the browser tests only: the AppTest ones run without Chromium
 OUTPUT = "The Lessor shall indemnify the Lessee."
 SOURCE = LEGAL + " " + " ".join(hostile.SCRIPTED[:3])  # the source text itself carries script too
 MODEL_DIR = 'model <img src=x onerror="window.__pwned=1">'  # the capture's model name is this folder's path
@@ -102,7 +101,7 @@ def damaged(tmp_path_factory, hostile_run):
     it), NaN values; and captures that declare more than any view can draw."""
     base = tmp_path_factory.mktemp("damaged")
     src = hostile_run / "capture.safetensors"
-    from test_app_badinput import huge_lazy
+    from helpers.captures import huge_lazy
 
     return {
         "nan-weights": hostile.non_finite(src, base / "nan-weights.safetensors", "weights", float("nan")),
@@ -199,7 +198,7 @@ def open_by_path(w: Watched, path: Path) -> None:
 
 # ---- browser tests -----------------------------------------------------------------------------------------
 @pytest.mark.browser
-@pytest.mark.skipif(not test_browser.CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium")
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium")
 def test_every_page_of_a_hostile_debug_run(hostile_run, tmp_path):
     """The run opens on its Verdict; every page, the Verdict's "Open it on Step by step", the sidebar's site, head,
     position and token search, the split finder, Sources' ranking and both bertviz views run no script."""
@@ -259,7 +258,7 @@ def test_every_page_of_a_hostile_debug_run(hostile_run, tmp_path):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not test_browser.CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium")
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium")
 def test_start_up_flags_naming_hostile_or_missing_values(hostile_run, tmp_path):
     """`inspector app FILE` with a hostile --site, a head the site lacks, a query and referents of script, and a
     missing --variant: one error box each, the page drawn on what could be applied, no script."""
@@ -282,7 +281,7 @@ def test_start_up_flags_naming_hostile_or_missing_values(hostile_run, tmp_path):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not test_browser.CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium")
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium")
 def test_damaged_and_huge_captures_say_so_and_never_hang(damaged, hostile_run, tmp_path):
     """Each capture opened through the sidebar in turn: every page either draws or says what is wrong in one box,
     within the work bound of one interaction; the open capture stays where a capture is refused."""

@@ -11,10 +11,7 @@ import sys
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
-import test_app
-from test_app import APP, TIMEOUT, errors, run, show
-
-app, legal_cli = test_app.app, test_app.legal_cli  # the app's fixtures, shared
+from helpers.app import APP, TIMEOUT, errors, run, show
 
 REFS = "Lessee,Lessor"
 

@@ -13,18 +13,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_browser import free_port, wait_healthy
 
 from inspector import cli
-from inspector.cli import common
+from inspector.cli import serve
 from inspector.store import load
 from inspector.ui import views
 
 import hostile
-import test_app
-from test_app import FIXTURE, PAGES, errors, open_file, run, show
-
-app, legal_cli = test_app.app, test_app.legal_cli  # the fixtures of test_app.py
+from helpers.app import FIXTURE, PAGES, errors, open_file, run, show
+from helpers.browser import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = ROOT / "apps" / "vendor" / "node_modules"
@@ -142,7 +139,7 @@ def test_causal_window_shows_the_keys_rows_could_see():
     assert views.window_to(1200, 64, 1236) == slice(1137, 1201)
     assert views.window_to(5, 64, 1236) == slice(0, 64) and views.window_to(1235, 64, 1236) == slice(1172, 1236)
     assert views.window_to(2, 8, 4) == slice(0, 4)
-    df = views.heatmap_frame(cap, site, 0, slice(0, 4), slice(0, 4))
+    df = views.heatmap_frame(cap, site, 0, slice(0, 4), keys=slice(0, 4))
     vis = views.visible_frame(cap, site, df)
     assert vis.tolist() == [k <= q for q, k in zip(df["query_index"], df["key_index"], strict=True)]
     mask = cap.mask_rows(site, 0)[0]
@@ -172,7 +169,7 @@ def test_grid_colour_scale_is_fixed(app, legal_cli):
 def test_bertviz_escapes_tokens_for_its_script(tmp_path):
     cap = load(hostile.hostile(tmp_path / "hostile.safetensors"))
     for view in ("head", "model"):
-        page = views.bertviz_html(cap, view, 0, 4, VENDOR)
+        page = views.bertviz_html(cap, view, 0, 4, vendor_dir=VENDOR)
         assert "<!--<script>" not in page and '"</script>"' not in page
         start = page.index("const params = ") + len("const params = ")
         params, _ = json.JSONDecoder().raw_decode(page, start)
@@ -190,11 +187,11 @@ def test_app_refuses_a_missing_file(capsys, tmp_path):
 
 def test_app_command_binds_loopback_by_default():
     args = cli.build_parser().parse_args(["app", str(FIXTURE)])
-    cmd = common.app_command(args)
+    cmd = serve.app_command(args)
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     args = cli.build_parser().parse_args(["app", str(FIXTURE), "--host", "0.0.0.0", "--site", "example.attention",
                                           "--head", "0"])
-    cmd = common.app_command(args)
+    cmd = serve.app_command(args)
     assert cmd[cmd.index("--server.address") + 1] == "0.0.0.0"
     assert cmd[cmd.index("--") + 1:] == [str(FIXTURE.resolve()), "--site", "example.attention", "--head", "0",
                                          "--weighting", "attention"]  # the app starts on the run's weighting

@@ -10,12 +10,10 @@ from __future__ import annotations
 import time
 
 import pytest
-import test_browser
-from test_browser import WAIT_MS, chromium, goto, serve
 
-legal_capture = test_browser.legal_capture  # the browser tests' capture fixture, shared
+from helpers.browser import MARKS, WAIT_MS, chromium, goto, serve
 
-pytestmark = test_browser.pytestmark
+pytestmark = MARKS
 SLOW_S = 4  # seconds each capture load takes on the slowed server
 START = ("--query", "indemnity", "--referents", "Lessee,Lessor")  # what `inspector demo` passes: L5 H9, query 25
 START_SELECTION = ("encoder.layer.5.attention.self", "9", "25")

@@ -111,9 +111,9 @@ def test_rollout_through_pegasus_x_global_tokens_equals_hand_computation():
     """Pegasus-X's encoder runs G learned global tokens before the source; the decoder's cross-attention reads the
     source positions only. Rollout traces each target row to the global tokens and the source tokens (and the
     target): by hand, the encoder's product over [global, source] and the cross-attention mixing in its source rows."""
-    from test_global_local import GLOBALS, TARGETS, TEXTS, _pegasus_x
+    from helpers.pegasus_x import GLOBALS, TARGETS, TEXTS, pegasus_x
 
-    cap = capture(_pegasus_x(), tiny.tokenizer(), TEXTS[0], TARGETS[0])
+    cap = capture(pegasus_x(), tiny.tokenizer(), TEXTS[0], TARGETS[0])
     enc = sorted((s for s in cap.sites if s.stack == "encoder"), key=lambda s: s.layer)
     dec = sorted((s for s in cap.sites if s.stack == "decoder" and s.kind != "cross"), key=lambda s: s.layer)
     cross = {s.layer: s for s in cap.sites if s.kind == "cross"}
@@ -138,7 +138,7 @@ def test_rollout_through_pegasus_x_global_tokens_equals_hand_computation():
     assert torch.allclose(r.matrix, m, atol=EXACT, rtol=0)
     assert [t[0] for t in r.tokens[:GLOBALS + 1]] == ["global"] * GLOBALS + ["source"]
     assert torch.allclose(r.matrix.sum(-1), torch.ones(n_dec, dtype=torch.float64), atol=EXACT, rtol=0)
-    df = attribute(_pegasus_x(), tiny.tokenizer(), TEXTS[0], TARGETS[0], contrast=("Lessor", "pay"), methods=["rollout"])
+    df = attribute(pegasus_x(), tiny.tokenizer(), TEXTS[0], TARGETS[0], contrast=("Lessor", "pay"), methods=["rollout"])
     assert 0 < df.attrs["rollout_global"] < 1  # the learned global tokens are no input token of the table
     assert df["rollout"].sum() + df.attrs["rollout_global"] == pytest.approx(1.0, abs=EXACT)
 

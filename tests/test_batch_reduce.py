@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from test_scan import assert_same_rows, docs_of
 
 from inspector.capture.models import LoadedModel
 from inspector.corpus import reduce
@@ -21,6 +20,7 @@ from inspector.corpus.documents import Fields
 from inspector.corpus.reduce import Options, capture_batch
 
 import tiny
+from helpers.scan import assert_same_rows, docs_of
 
 ROWS = [
     {"id": "one", "text": "The Lessee shall indemnify the Lessor. Such indemnity survives termination.",

@@ -30,23 +30,10 @@ from inspector.store import load
 
 import compact
 import tiny
+from helpers.block_local import BLOCK, GBS, LONG, RADIUS, RANDOM, TARGETS, TEXTS, bigbird, longt5
 
 TOL = 1e-5
-RADIUS, GBS = 3, 4
-TEXTS = ["The Lessee shall indemnify the Lessor against every claim. Such indemnity survives the term of this lease.",
-         "Such indemnity survives."]  # 28 and 7 tokens
-TARGETS = ["The Lessor shall pay.", "It pays."]
 KINDS = {"local": "LongT5LocalAttention", "transient-global": "LongT5TransientGlobalAttention"}
-
-
-def _longt5(kind):
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
-    config = AutoConfig.for_model("longt5", d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                                  local_radius=RADIUS, global_block_size=GBS, encoder_attention_type=kind,
-                                  vocab_size=30522, decoder_start_token_id=0)
-    torch.manual_seed(tiny.SEED)
-    return AutoModelForSeq2SeqLM.from_config(config).eval()
 
 
 def _reference(model, cls, kwargs):
@@ -95,7 +82,7 @@ def _layer_reference(m, first, hs, real):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_longt5_weights_equal_the_models_own_attention(kind, tmp_path):
-    model, cls = _longt5(kind), KINDS[kind]
+    model, cls = longt5(kind), KINDS[kind]
     enc = encode(model, tiny.tokenizer(), TEXTS, TARGETS)
     refs, plain = _reference(model, cls, enc.model_kwargs)
     real = enc.model_kwargs["attention_mask"].bool()
@@ -127,27 +114,6 @@ def test_longt5_weights_equal_the_models_own_attention(kind, tmp_path):
             compact.assert_lazy_reads(cap, site, 1, [0, 2], slice(3, 11), globals_read=False)
         assert len(rank_heads(cap)) == sum(s.num_heads for s in cap.sites)
     compact.assert_same_analyses(cap, "Lessor", ["Lessee", "claim"])
-
-
-LONG = ["The Lessee shall indemnify the Lessor against every claim. Such indemnity survives the term of this lease and "
-        "any renewal of it.", "Such indemnity survives."]  # 33 tokens: past BigBird's block-sparse minimum (28)
-BLOCK, RANDOM = 4, 1
-
-
-def _bigbird(family):
-    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-
-    common = dict(block_size=BLOCK, num_random_blocks=RANDOM, attention_type="block_sparse", max_position_embeddings=512,
-                  vocab_size=30522)
-    torch.manual_seed(tiny.SEED)
-    if family == "big_bird":  # the encoder-only BigBird: the same block-sparse attention
-        config = AutoConfig.for_model("big_bird", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      intermediate_size=64, **common)
-        return AutoModel.from_config(config).eval()
-    config = AutoConfig.for_model("bigbird_pegasus", d_model=32, encoder_layers=2, decoder_layers=2,
-                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                  decoder_ffn_dim=64, **common)
-    return AutoModelForSeq2SeqLM.from_config(config).eval()
 
 
 def _bigbird_reference(model, kwargs):
@@ -189,7 +155,7 @@ def _bigbird_reference(model, kwargs):
 
 @pytest.mark.parametrize("family", ["bigbird_pegasus", "big_bird"])
 def test_bigbird_block_sparse_weights_equal_the_models_own_attention(family, tmp_path):
-    model = _bigbird(family)
+    model = bigbird(family)
     targets = TARGETS if model.config.is_encoder_decoder else None
     enc = encode(model, tiny.tokenizer(), LONG, targets)
     refs, plain = _bigbird_reference(model, enc.model_kwargs)

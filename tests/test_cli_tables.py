@@ -9,7 +9,7 @@ import re
 import pytest
 
 from inspector.cli import main
-from inspector.cli.common import TOP_ROWS
+from inspector.cli.arguments import TOP_ROWS
 
 import tiny
 

@@ -8,20 +8,10 @@ import pandas as pd
 import pytest
 
 from inspector.corpus import folder as folder_mod
-from inspector.corpus.documents import Fields
 from inspector.corpus.folder import Committer, ScanFolder, committed_documents, committed_heads
-from inspector.corpus.reduce import Options
 from inspector.errors import InspectorError
 
-META = {"corpus": "x", "fields": Fields().to_dict(), "model": "m", "options": Options().to_dict()}
-
-
-def _batch(k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    ids = [f"d{k}-{i}" for i in range(3)]
-    docs = pd.DataFrame({"id": ids, "row": [3 * k + i for i in range(3)], "tokens": 5, "status": "ok", "error": ""})
-    heads = pd.DataFrame({"id": ids, "site": "s", "stack": "none", "kind": "self", "layer": 0, "head": 0,
-                          "entropy": [0.5 + k, 0.25, 0.125], "normalized_entropy": 0.1})
-    return docs, heads
+from helpers.commits import META, batch
 
 
 def test_the_writer_commits_every_batch_in_order_and_documents_parquet_matches(tmp_path):
@@ -29,7 +19,7 @@ def test_the_writer_commits_every_batch_in_order_and_documents_parquet_matches(t
     folder = ScanFolder(out, META).open()
     with Committer(folder, depth=1) as c:
         for k in range(5):
-            c.commit(*_batch(k))
+            c.commit(*batch(k))
     folder.flush()
     docs = committed_documents(out)
     assert list(docs["part"]) == [k for k in range(5) for _ in range(3)]
@@ -54,7 +44,7 @@ def test_a_failed_write_stops_the_writer_and_is_raised_and_a_resume_redoes_the_r
     with pytest.raises(InspectorError, match="no space left"):
         with Committer(folder, depth=2) as c:
             for k in range(6):
-                c.commit(*_batch(k))
+                c.commit(*batch(k))
     # parts 0 and 1 committed; nothing written after the failure (the batches queued behind it are dropped)
     assert sorted(p.name for p in (out / "_documents").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     assert sorted(p.name for p in (out / "heads").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
@@ -63,7 +53,7 @@ def test_a_failed_write_stops_the_writer_and_is_raised_and_a_resume_redoes_the_r
     assert again.done == {f"d{k}-{i}" for k in range(2) for i in range(3)}
     with Committer(again) as c:
         for k in range(2, 6):
-            c.commit(*_batch(k))
+            c.commit(*batch(k))
     assert list(committed_documents(out)["row"]) == list(range(18))
 
 
@@ -75,8 +65,8 @@ def test_a_commit_after_the_writer_failed_raises_at_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(folder, "commit", broken)
     c = Committer(folder)
-    c.commit(*_batch(0))
+    c.commit(*batch(0))
     with pytest.raises(InspectorError, match="could not write x"):
         c.close()
     with pytest.raises(InspectorError, match="could not write x"):
-        c.commit(*_batch(1))
+        c.commit(*batch(1))

@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pandas as pd
 import pytest
 import torch
-from test_long_attention import _longformer
 
 from inspector.capture import interface
 from inspector.capture.inputs import TOKENIZER_LOCK
@@ -22,6 +21,7 @@ from inspector.corpus.scan import scan
 from inspector.errors import InspectorError
 
 import tiny
+from helpers.longformer import longformer
 
 TEXTS = ["The Lessee shall indemnify the Lessor.", "The Lessor shall repair the roof and the walls of the premises.",
          "Notice must be given in writing.", "The term is five years from the commencement date of this lease."]
@@ -98,7 +98,7 @@ def test_a_second_eager_pass_and_value_norms_run_alone_and_give_the_same_tensors
     """Longformer's attention bypasses the interface: each capture makes a second, eager pass with hooks (it changes
     the model's attention implementation for the pass), which runs alone while the recording passes overlap;
     value norms hook every projection, so such a capture runs alone."""
-    model, tok = _longformer(), tiny.tokenizer()
+    model, tok = longformer(), tiny.tokenizer()
     one = _captures(model, tok, TEXTS, 1, value_norms=False)
     watched = _Watched(model)
     _same(one, _captures(model, tok, TEXTS, 2, value_norms=False))

@@ -111,7 +111,7 @@ def test_every_view_tells_the_same_row(case, weighting, tmp_path, monkeypatch):
     # the referent bars of the report and the app: one frame, the same weights
     from inspector.ui import report_plots
 
-    label = views.head_label(top.to_dict())
+    label = views.head_label(top.to_dict(), form="short")
     bars = views.split_bars(split, len(split), REFS)
     report_bars = report_plots.referent_frame(split, REFS, len(split))
     for r in REFS:
@@ -189,7 +189,6 @@ def test_plot_takes_the_occurrence_of_a_repeated_word(minilm, tmp_path):
                      "-o", str(tmp_path / "b.svg")]) == 0
     second = show.query_data(cap, site, 9, "Lessee", occurrence=2)
     assert second.attrs["query_positions"][0] > show.query_data(cap, site, 9, "Lessee", occurrence=1).attrs["query_positions"][-1]
-
 
 
 HEAD_CARD = re.compile(r'<div class="card head" data-site="([^"]+)" data-head="(\d+)">(.*?)(?=<div class="card head"|\Z)', re.S)

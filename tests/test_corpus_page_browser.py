@@ -7,41 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import pytest
-from test_browser import ARGS, CHROMIUM, VIEWPORT, WAIT_MS, box_of, free_port, inside, wait_healthy
+from helpers.browser import MARKS, VIEWPORT, WAIT_MS, box_of, free_port, inside, launch, wait_healthy
+from helpers.corpus import PAGE, minilm_shaped_scan
 
-from inspector.corpus.documents import Fields
-from inspector.corpus.folder import ScanFolder
-from inspector.corpus.reduce import Options
-
-PAGE = Path(__file__).resolve().parent.parent / "apps" / "corpus_page.py"
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium: run `make chromium`"),
-]
-
-
-def minilm_shaped_scan(out: Path) -> None:
-    rng = np.random.default_rng(0)
-    meta = {"corpus": "x", "fields": Fields(query="query", referents="referents", id="id").to_dict(), "model": "m",
-            "options": Options().to_dict()}
-    folder = ScanFolder(out, meta).open()
-    rows = []
-    for doc in range(8):
-        for layer in range(6):
-            for head in range(12):
-                rows.append({"id": f"d{doc}", "site": f"encoder.layer.{layer}.attention.self", "stack": "none",
-                             "kind": "self", "layer": layer, "head": head, "entropy": float(rng.random()),
-                             "normalized_entropy": float(rng.random()), "split_score": float(rng.random()),
-                             "flagged": bool(layer == 5 and head == 11), "lift": float(rng.random() * 3)})
-    docs = pd.DataFrame({"id": [f"d{i}" for i in range(8)], "row": range(8), "tokens": 20, "status": "ok", "error": ""})
-    folder.commit(docs, pd.DataFrame(rows))
-    folder.flush()
+pytestmark = MARKS
 
 
 def test_the_head_grid_fits_its_column_at_1400_px(tmp_path):
@@ -60,7 +30,7 @@ def test_the_head_grid_fits_its_column_at_1400_px(tmp_path):
         try:
             wait_healthy(url, proc)
             with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+                browser = launch(pw)
                 try:
                     page = browser.new_page(viewport=VIEWPORT)
                     page.set_default_timeout(WAIT_MS)

@@ -4,7 +4,7 @@ row there gives the row's stored weights (equal to ``Capture.weights``), which k
 a note saying why; explaining a word gives the aggregate row and the verdict that ``split`` gives (within TOL).
 The same capture's decoder sites, which have Q/K/V, keep their steps.
 
-Tiny seeded LED and Pegasus-X from the builders of tests/test_long_attention.py and tests/test_global_local.py."""
+Tiny seeded LED and Pegasus-X from the builders of tests/helpers/longformer.py and tests/helpers/pegasus_x.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import json
 import math
 
 import pytest
-import test_global_local as px
-import test_long_attention as lf
 import torch
 
 from inspector import analysis
@@ -32,7 +30,8 @@ from inspector.errors import InspectorError
 from inspector.store import load
 
 import tiny
-from test_app import app  # noqa: F401  (the AppTest fixture)
+from helpers import longformer as lf
+from helpers import pegasus_x as px
 
 TOL = 1e-6
 QUERY, REFS = "indemnify", ["Lessee", "Lessor"]
@@ -43,9 +42,9 @@ STEPS = [c for c in EXPLAIN_COLUMNS if c not in WEIGHT_COLUMNS]
 def case(request, tmp_path_factory):
     """(capture path, capture, a weights-only encoder site, the query's last position there)."""
     if request.param == "led":
-        cap = capture(lf._led(), tiny.tokenizer(), lf.TEXTS[0], lf.TARGETS[0], global_tokens=["@0", "Lessee"])
+        cap = capture(lf.led(), tiny.tokenizer(), lf.TEXTS[0], lf.TARGETS[0], global_tokens=["@0", "Lessee"])
     else:
-        cap = capture(px._pegasus_x(), tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0])
+        cap = capture(px.pegasus_x(), tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0])
     path = tmp_path_factory.mktemp(request.param) / "capture.safetensors"
     cap.save(path)
     cap = load(path)
@@ -78,7 +77,7 @@ def test_a_row_of_a_weights_only_site_gives_its_weights_and_no_steps(case, capsy
         assert [list(r) for r in got["rows"]] == [WEIGHT_COLUMNS] * site.key_len
         assert not any(c in r for r in got["rows"] for c in STEPS)
         assert max(abs(r["weight"] - float(w)) for r, w in zip(got["rows"], want, strict=True)) <= TOL
-        vis = visible_keys(cap, site, 0, slice(qi, qi + 1), pad_k)
+        vis = visible_keys(cap, site, 0, slice(qi, qi + 1), pad_k=pad_k)
         vis = vis[head if vis.shape[0] > 1 else 0, 0]
         assert [r["visible"] for r in got["rows"]] == vis.tolist()
         assert not vis.all() or site.band is None  # LED's window: some keys are out of the query's sight
@@ -150,7 +149,7 @@ def test_the_apps_step_page_shows_a_weights_only_row(case, app):  # noqa: F811  
     saying there are no steps, and the same CSV as the Python explanation's table."""
     from inspector.ui import views
 
-    from test_app import download, run, show
+    from helpers.app import download, run, show
 
     path, cap, site, qi = case
     at = app(path)

@@ -245,7 +245,7 @@ def test_closed_pipe_ends_quietly(capfile, tmp_path):
 
     script = (
         "import os, sys\n"
-        "from inspector.cli.commands import main\n"
+        "from inspector.cli import main\n"
         "r, w = os.pipe()\n"
         "os.close(r)\n"
         "os.dup2(w, 1)\n"

@@ -115,8 +115,8 @@ def _block(seed: int = 0):
 def test_the_entropy_read_from_the_logits_is_minus_sum_p_log_p():
     logits, w, vis, rows, special, pad = _block()
     by_log, by_logits = RankSums(2, 3, 7, True, (False,)), RankSums(2, 3, 7, True, (False,))
-    assert by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad))
-    assert by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad), logits=logits)
+    assert by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(5), special_k=special, pad_k=pad))
+    assert by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(5), special_k=special, pad_k=pad), logits=logits)
     assert_same_metrics(_metrics(by_logits, False), _metrics(by_log, False))
     # the same by hand, in float64
     p = w.double()
@@ -131,8 +131,8 @@ def test_a_row_the_logits_cannot_give_takes_minus_sum_p_log_p():
     w = torch.softmax(logits, -1)
     vis[1, ..., 6] = False
     by_log, by_logits = RankSums(2, 3, 7, True, (False,)), RankSums(2, 3, 7, True, (False,))
-    assert by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad))
-    assert by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(5), special, pad), logits=logits)
+    assert by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(5), special_k=special, pad_k=pad))
+    assert by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(5), special_k=special, pad_k=pad), logits=logits)
     assert_same_metrics(_metrics(by_logits, False), _metrics(by_log, False))
     assert np.isfinite(_metrics(by_logits, False)["entropy"]).all()
 
@@ -159,8 +159,8 @@ def test_sharp_heads_on_large_logits_keep_their_entropy_and_it_is_never_negative
     rows = torch.ones(1, 4, dtype=torch.bool)
     none = torch.zeros(1, 9, dtype=torch.bool)
     by_log, by_logits = RankSums(1, 2, 9, True, (False,)), RankSums(1, 2, 9, True, (False,))
-    by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(4), none, none))
-    by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(4), none, none), logits=logits.clone())
+    by_log.add(w, by_log.block_rows(w.shape[1], vis, rows, torch.arange(4), special_k=none, pad_k=none))
+    by_logits.add(w, by_logits.block_rows(w.shape[1], vis, rows, torch.arange(4), special_k=none, pad_k=none), logits=logits.clone())
     got, want = _metrics(by_logits, False)["entropy"], _metrics(by_log, False)["entropy"]
     p = torch.softmax(logits.double(), -1)
     exact = -(p * p.log()).sum(-1).mean(-1).numpy()
@@ -187,7 +187,7 @@ def test_rank_sums_side_by_side_are_each_sites_own_and_refuse_sums_that_do_not_l
         rows[0, k - padded:] = False  # padding rows in the first document
         special = torch.zeros(b, k, dtype=torch.bool)
         special[:, 0] = True
-        block = sums.block_rows(h, vis, rows, torch.arange(k), special, torch.zeros(b, k, dtype=torch.bool))
+        block = sums.block_rows(h, vis, rows, torch.arange(k), special_k=special, pad_k=torch.zeros(b, k, dtype=torch.bool))
         sums.add(logits.softmax(-1), block)
         return sums
 

@@ -26,24 +26,10 @@ from inspector.store import load
 
 import compact
 import tiny
+from helpers.pegasus_x import BLOCK, GLOBALS, TARGETS, TEXTS, pegasus_x
 
 TOL = 1e-5
-BLOCK, GLOBALS = 8, 3
-TEXTS = ["The Lessee shall indemnify the Lessor against every claim. Such indemnity survives the term of this lease.",
-         "Such indemnity survives."]  # 28 and 7 tokens: padded, and padded further to a multiple of the block
-TARGETS = ["The Lessor shall pay.", "It pays."]
 CLS = "PegasusXGlobalLocalAttention"
-
-
-def _pegasus_x():
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
-    config = AutoConfig.for_model("pegasus_x", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, block_size=BLOCK,
-                                  num_global_tokens=GLOBALS, stagger_local_blocks=True, max_position_embeddings=512,
-                                  vocab_size=30522)
-    torch.manual_seed(tiny.SEED)
-    return AutoModelForSeq2SeqLM.from_config(config).eval()
 
 
 def _reference(model, kwargs):
@@ -86,7 +72,7 @@ def _layer_reference(m, hs, real, off):
 
 
 def test_global_local_weights_equal_the_models_own_attention(tmp_path):
-    model = _pegasus_x()
+    model = pegasus_x()
     enc = encode(model, tiny.tokenizer(), TEXTS, TARGETS)
     refs, plain = _reference(model, enc.model_kwargs)
     real = torch.cat([torch.ones(2, GLOBALS, dtype=torch.bool), enc.model_kwargs["attention_mask"].bool()], dim=1)
@@ -117,9 +103,9 @@ def test_global_local_weights_equal_the_models_own_attention(tmp_path):
 def test_debug_end_to_end_on_a_tiny_pegasus_x(tmp_path, capsys):
     """`inspector debug` on a tiny Pegasus-X summariser: generation, the encoder's global-local sites ranked
     with their block and the global tokens as the visible keys, split, explain, report."""
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
-    model = _pegasus_x()
+    model = pegasus_x()
     model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101
     model.config.eos_token_id = model.generation_config.eos_token_id = 102
     model.save_pretrained(tmp_path / "model")
@@ -146,7 +132,7 @@ def test_pseudo_input_is_checked_on_load(bad, tmp_path):
     from inspector.errors import InspectorError
     from inspector.store.capture_file import Capture
 
-    cap = capture(_pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS)
+    cap = capture(pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS)
     meta = dict(cap.meta)
     meta["inputs"] = [dict(r) for r in meta["inputs"]]
     rec = next(r for r in meta["inputs"] if r["role"] == "global")
@@ -161,7 +147,7 @@ def test_global_local_is_stored_compactly(tmp_path):
     """Per query G + block_size values (its global slots and its block) and G global rows, not (G + n)^2; rank and
     split equal the dense layout's; a lazy read of some rows reads only those (and global rows only for a global
     query); the mask is a band rule of blocks, staggered by half a block on layer 1."""
-    cap = load(capture(_pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS).save(tmp_path / "px.safetensors"))
+    cap = load(capture(pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS).save(tmp_path / "px.safetensors"))
     sites = [s for s in cap.sites if s.module_class == CLS]
     n = GLOBALS + 28
     for site, offset in zip(sites, (-GLOBALS, BLOCK // 2 - GLOBALS), strict=True):
@@ -180,7 +166,7 @@ def test_global_local_is_stored_compactly(tmp_path):
 @functools.cache
 def _captured():
     """One in-memory capture of the tiny Pegasus-X for the damaged-file cases (each edits a copy)."""
-    return capture(_pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS)
+    return capture(pegasus_x(), tiny.tokenizer(), TEXTS, TARGETS)
 
 
 def _edit_spec(**fields):

@@ -82,12 +82,12 @@ def test_rounded_softmax_rows_pass_and_damaged_rows_fail(dtype, n):
     w = scores.softmax(-1).to(dtype).float()  # [head, query, key]
     site = type("S", (), {"name": "s", "extra_kwargs": {}, "key_len": n, "kind": "self", "query_len": 8})()
     vis = torch.ones(1, 8, n, dtype=torch.bool)
-    validate.check_rows("f", site, w, vis, [0, 1], range(8), code)
+    validate.check_rows("f", site, w, vis, heads=[0, 1], queries=range(8), dtype_code=code)
     for h in (0, 1):
         bad = w.clone()
         bad[h, 3] *= 1 + 3 * validate.row_tolerance(code, n)  # its sum, or its largest weight, out of bounds
         with pytest.raises(InspectorError, match=f"head {h} row 3: the attention row"):
-            validate.check_rows("f", site, bad, vis, [0, 1], range(8), code)
+            validate.check_rows("f", site, bad, vis, heads=[0, 1], queries=range(8), dtype_code=code)
 
 
 def test_damaged_half_file_refused(tmp_path):

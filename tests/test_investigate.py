@@ -172,7 +172,7 @@ def test_failed_debug_leaves_an_earlier_result_untouched(bart, tmp_path):
 
 
 def test_variant_names_stay_inside_the_output_folder(tmp_path):
-    from inspector.cli.common import parse_variants as _parse_variants
+    from inspector.cli.words import parse_variants as _parse_variants
 
     f = tmp_path / "v.txt"
     f.write_text("text")

@@ -22,36 +22,12 @@ from inspector.capture.inputs import encode
 from inspector.store import load
 
 import tiny
+from helpers.longformer import TARGETS, TEXTS, led, longformer
 
 TOL = 1e-5
-WINDOW = 8  # attention_window: each query sees 4 keys either side
-TEXTS = ["The Lessee shall indemnify the Lessor against every claim. Such indemnity survives the term of this lease.",
-         "Such indemnity survives."]  # 28 and 7 tokens: padded, and padded further to a multiple of the window
-TARGETS = ["The Lessor shall pay.", "It pays."]
-SIZES = dict(vocab_size=30522)
 
 
-def _led():
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
-    config = AutoConfig.for_model("led", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                                  attention_window=[WINDOW, WINDOW], max_encoder_position_embeddings=512,
-                                  max_decoder_position_embeddings=128, **SIZES)
-    torch.manual_seed(tiny.SEED)
-    return AutoModelForSeq2SeqLM.from_config(config).eval()
-
-
-def _longformer():
-    from transformers import AutoConfig, AutoModel
-
-    config = AutoConfig.for_model("longformer", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, attention_window=WINDOW, max_position_embeddings=512, **SIZES)
-    torch.manual_seed(tiny.SEED)
-    return AutoModel.from_config(config).eval()
-
-
-MODELS = {"led": (_led, "LEDEncoderSelfAttention"), "longformer": (_longformer, "LongformerSelfAttention")}
+MODELS = {"led": (led, "LEDEncoderSelfAttention"), "longformer": (longformer, "LongformerSelfAttention")}
 
 
 def _global_mask(model):
@@ -137,7 +113,7 @@ def test_banded_weights_equal_the_models_own_attention(name, tmp_path):
 
 
 def test_every_layer_shares_one_mask(tmp_path):
-    model = _led()
+    model = led()
     _, g = _global_mask(model)
     cap = capture(model, tiny.tokenizer(), TEXTS, TARGETS, extra_inputs={"global_attention_mask": g})
     enc_sites = [s for s in cap.sites if s.module_class == "LEDEncoderSelfAttention"]
@@ -148,7 +124,7 @@ def test_damaged_band_site_refused(tmp_path):
     from inspector.errors import InspectorError
     from inspector.store.capture_file import Capture
 
-    model = _led()
+    model = led()
     _, g = _global_mask(model)
     cap = capture(model, tiny.tokenizer(), TEXTS, TARGETS, extra_inputs={"global_attention_mask": g})
     site = next(s for s in cap.sites if s.band is not None)
@@ -163,9 +139,9 @@ def test_debug_end_to_end_on_a_tiny_led(tmp_path, capsys):
     """`inspector debug` on a tiny LED summariser: generation, the encoder's banded sites ranked with
     their window as the visible keys (a near-uniform head's normalised entropy is ~1 over its window,
     not over all 28 keys), split, report."""
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
-    model = _led()
+    model = led()
     model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 101
     model.config.eos_token_id = model.generation_config.eos_token_id = 102
     model.save_pretrained(tmp_path / "model")
@@ -195,7 +171,7 @@ def test_global_tokens_from_words_and_indices():
     from inspector.capture.inputs import global_attention_mask
     from inspector.errors import InspectorError
 
-    model = _led()
+    model = led()
     enc = encode(model, tiny.tokenizer(), TEXTS, TARGETS)
     g = global_attention_mask(model, enc, ["@0", "indemnity", "@27"])
     src = [r for r in enc.records if r.role == "source"]
@@ -223,9 +199,9 @@ def test_global_tokens_from_words_and_indices():
 
 
 def test_capture_cli_global_flag(tmp_path, capsys):
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
-    model = _led()
+    model = led()
     model.save_pretrained(tmp_path / "model")
     tiny.tokenizer().save_pretrained(tmp_path / "model")
     out = tmp_path / "led.safetensors"

@@ -18,9 +18,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import test_block_local as t5  # the tiny models' builders and texts
-import test_global_local as px
-import test_long_attention as lf
 import torch
 
 from inspector.capture.inputs import encode, encode_with_globals
@@ -28,19 +25,22 @@ from inspector.intervene import effects as E
 from inspector.intervene import seam as S
 
 import tiny
+from helpers import block_local as t5  # the tiny models' builders and texts
+from helpers import longformer as lf
+from helpers import pegasus_x as px
 
 TOL = 1e-5  # float32 sums in another order (autograd, means)
 EXACT = 1e-6  # the same float32 operations on the same numbers: the seam's edit and the changed projection
 # family -> (builder, texts, targets, the module class edited at its projection, that projection relative to the module)
 FAMILIES = {
-    "led": (lf._led, lf.TEXTS, lf.TARGETS, "LEDEncoderSelfAttention", "../output"),
-    "longformer": (lf._longformer, lf.TEXTS, None, "LongformerSelfAttention", "../output.dense"),
-    "pegasus_x": (px._pegasus_x, px.TEXTS, px.TARGETS, "PegasusXGlobalLocalAttention", "out_proj"),
-    "longt5_local": (lambda: t5._longt5("local"), t5.TEXTS, t5.TARGETS, "LongT5LocalAttention", "o"),
-    "longt5_tglobal": (lambda: t5._longt5("transient-global"), t5.TEXTS, t5.TARGETS, "LongT5TransientGlobalAttention", "o"),
-    "bigbird_pegasus": (lambda: t5._bigbird("bigbird_pegasus"), t5.LONG, t5.TARGETS, "BigBirdPegasusBlockSparseAttention",
+    "led": (lf.led, lf.TEXTS, lf.TARGETS, "LEDEncoderSelfAttention", "../output"),
+    "longformer": (lf.longformer, lf.TEXTS, None, "LongformerSelfAttention", "../output.dense"),
+    "pegasus_x": (px.pegasus_x, px.TEXTS, px.TARGETS, "PegasusXGlobalLocalAttention", "out_proj"),
+    "longt5_local": (lambda: t5.longt5("local"), t5.TEXTS, t5.TARGETS, "LongT5LocalAttention", "o"),
+    "longt5_tglobal": (lambda: t5.longt5("transient-global"), t5.TEXTS, t5.TARGETS, "LongT5TransientGlobalAttention", "o"),
+    "bigbird_pegasus": (lambda: t5.bigbird("bigbird_pegasus"), t5.LONG, t5.TARGETS, "BigBirdPegasusBlockSparseAttention",
                         "../output"),
-    "big_bird": (lambda: t5._bigbird("big_bird"), t5.LONG, None, "BigBirdBlockSparseAttention", "../output.dense"),
+    "big_bird": (lambda: t5.bigbird("big_bird"), t5.LONG, None, "BigBirdBlockSparseAttention", "../output.dense"),
 }
 GLOBAL = ("led", "longformer")
 
@@ -232,7 +232,7 @@ def test_attribution_equals_autograd_through_the_projection_inputs(family):
 def test_effects_confirms_led_encoder_heads_with_global_tokens():
     """``effects`` on LED with a global token: the encoder's banded heads are ranked and confirmed, and a
     confirmed effect is the contrast's change in a copy of the model with that head's columns zeroed."""
-    model = lf._led()
+    model = lf.led()
     site = "led.encoder.layers.0.self_attn.longformer_self_attn"
     res = E.effects(model, tiny.tokenizer(), lf.TEXTS[0], lf.TARGETS[0], contrast="Lessee,Lessor", top=2,
                     confirm=[(site, 1)], global_tokens=["@0"])
@@ -257,17 +257,17 @@ def test_ablate_edits_an_encoder_head_and_refuses_a_module_without_an_edit_point
     modules that no longer run is refused, never reported as done."""
     from inspector.errors import InspectorError
 
-    model = px._pegasus_x()
+    model = px.pegasus_x()
     out = E.ablate(model, tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0], heads=[("model.encoder.layers.0.self_attn", 1)])
     assert not torch.equal(out.output.logits, out.before.logits)
-    model = t5._bigbird("bigbird_pegasus")
+    model = t5.bigbird("bigbird_pegasus")
     long = S.run(model, encode(model, tiny.tokenizer(), t5.LONG[0], t5.TARGETS[0]))
     name = next(s.name for s in long.capture.sites if s.module_class == "BigBirdPegasusBlockSparseAttention")
     with pytest.raises(InspectorError, match=r"^model\.encoder\.layers\.0\.self_attn\.self \(BigBirdPegasusSelfAttention\) "
                                              r"computes attention outside transformers' attention interface and has no "
                                              r"per-head edit point"):
         E.ablate(model, tiny.tokenizer(), "Such indemnity survives.", "It pays.", heads=[(name, 0)])
-    model = t5._bigbird("bigbird_pegasus")
+    model = t5.bigbird("bigbird_pegasus")
     S.run(model, encode(model, tiny.tokenizer(), t5.LONG[0], t5.TARGETS[0]))
     enc = encode(model, tiny.tokenizer(), "Such indemnity survives.", "It pays.")
     with pytest.raises(InspectorError, match="did not run in this pass"):
@@ -282,7 +282,7 @@ def test_debug_with_effects_on_a_tiny_summariser(family, tmp_path, capsys):
     import pandas as pd
 
     from inspector.capture.generation import generate_target
-    from inspector.cli.commands import main
+    from inspector.cli import main
     from inspector.store import load
 
     build, texts, _, cls, _ = FAMILIES[family]
@@ -317,10 +317,10 @@ def test_debug_with_effects_on_a_tiny_summariser(family, tmp_path, capsys):
 def test_ablate_cli_marks_global_tokens(tmp_path, capsys):
     """``inspector ablate --global @0`` on LED prints the contrast change the API gives with that global token
     (not the one without it); ``--global`` on Pegasus-X, whose global tokens are learned, is one line, exit 2."""
-    from inspector.cli.commands import main
+    from inspector.cli import main
 
     site = "led.encoder.layers.1.self_attn.longformer_self_attn"
-    model = lf._led()
+    model = lf.led()
     with torch.no_grad():  # encoder heads that move the contrast in the printed digits
         for layer in model.led.encoder.layers:
             layer.self_attn.output.weight.mul_(30)
@@ -334,7 +334,7 @@ def test_ablate_cli_marks_global_tokens(tmp_path, capsys):
                                      contrast="Lessee,Lessor", global_tokens=g).contrast for g in (["@0"], None))
     shown = [f"before {c['before']:.6f}  after {c['after']:.6f}  change {c['change']:+.6f}" for c in (with_global, without)]
     assert shown[0] in printed and shown[0] != shown[1]  # the global token changes the model's computation
-    model = px._pegasus_x()
+    model = px.pegasus_x()
     model.save_pretrained(tmp_path / "px")
     tiny.tokenizer().save_pretrained(tmp_path / "px")
     code = main(["ablate", "--model", str(tmp_path / "px"), "--source", px.TEXTS[0], "--output", px.TARGETS[0],

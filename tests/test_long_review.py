@@ -1,7 +1,7 @@
 """Issue 20 as a new user meets it (review): the long-document summarisers from the command line, where a
 run's printed and reported commands must reproduce it and every mistake is one line naming the text at fault.
 
-Tiny seeded LED and Pegasus-X from the builders of tests/test_long_attention.py and tests/test_global_local.py,
+Tiny seeded LED and Pegasus-X from the builders of tests/helpers/longformer.py and tests/helpers/pegasus_x.py,
 saved to a folder so the commands a report prints can be run as a user would run them."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import re
 import shlex
 
 import pytest
-import test_global_local as px
-import test_long_attention as lf
 import torch
 
 from inspector.analysis.question import Question
@@ -22,6 +20,8 @@ from inspector.investigate.debug import investigate
 from inspector.store import load
 
 import tiny
+from helpers import longformer as lf
+from helpers import pegasus_x as px
 
 QUOTED = 'The Lessee shall "indemnify" the Lessor against every claim. Such indemnity survives the term of this lease.'
 
@@ -42,7 +42,7 @@ def test_report_commands_rerun_the_long_document_run(family, globals_, tmp_path,
     ``explain`` command of the top head is listed and runs although its site is captured through
     ``output_attentions``, without Q/K/V (its weights without steps); the report's step section shows that row's
     weights and says why there are no steps."""
-    build = lf._led if family == "led" else px._pegasus_x
+    build = lf.led if family == "led" else px.pegasus_x
     loaded = _saved(build, tmp_path / "model")
     out = tmp_path / "run"
     inv = investigate(loaded, lf.TEXTS[0], Question(query="indemnify", referents=("Lessee", "Lessor")), Output.of(lf.TARGETS[0]), variants={"quoted": QUOTED}, out_dir=out, global_tokens=globals_)
@@ -99,7 +99,7 @@ def test_global_mistakes_name_the_text_they_are_about():
     from inspector.capture.inputs import encode, global_attention_mask
     from inspector.errors import InspectorError
 
-    model = lf._led()
+    model = lf.led()
     enc = encode(model, tiny.tokenizer(), OTHER, "It pays.")
     with pytest.raises(InspectorError, match=r"'against' is not in the source text 'The Tenant shall indemnify"):
         global_attention_mask(model, enc, ["against"])
@@ -119,16 +119,16 @@ def test_a_lazy_capture_says_which_sites_store_weights(tmp_path, capsys):
     """``capture --no-weights`` of LongT5 (transient-global encoder through output_attentions, decoder through the
     interface) is mixed, and of LED (every site through output_attentions) stores weights everywhere: ``capture``'s
     last line, ``info``, the notebook view and a plain capture say what the file holds, not what was asked."""
-    import test_block_local as t5
-
     from inspector.capture import capture
     from inspector.store.display import capture_html
 
+    from helpers import block_local as t5
+
     tok = tiny.tokenizer()
-    mixed = capture(t5._longt5("transient-global"), tok, SOURCE, "It pays.", weights=False)
+    mixed = capture(t5.longt5("transient-global"), tok, SOURCE, "It pays.", weights=False)
     assert mixed.storage().startswith("mixed: 4 of 6 sites lazy (Q/K/V + mask), 2 with weights (captured lazily")
     assert mixed.storage() in capture_html(mixed)
-    led = _saved(lf._led, tmp_path / "led")
+    led = _saved(lf.led, tmp_path / "led")
     assert capture(led.model, tok, SOURCE, "It pays.", weights=False).storage().startswith("full (with weights) (captured lazily")
     assert capture(led.model, tok, SOURCE, "It pays.").storage() == "full (with weights)"
     assert capture(tiny.build("bart"), tok, SOURCE, "It pays.", weights=False).storage() == "lazy (Q/K/V + mask)"
@@ -147,7 +147,7 @@ def test_value_norm_refusal_does_not_promise_a_recapture_that_cannot_help(tmp_pa
     from inspector.capture import capture
     from inspector.errors import InspectorError
 
-    cap = capture(lf._led(), tiny.tokenizer(), SOURCE, "It pays.")
+    cap = capture(lf.led(), tiny.tokenizer(), SOURCE, "It pays.")
     with pytest.raises(InspectorError, match=r"output_attentions, without values\): use --weighting attention$"):
         rank_heads(cap, weighting="value-norm")
 
@@ -160,7 +160,7 @@ def test_every_value_norm_refusal_promises_a_recapture_only_where_it_helps(tmp_p
     from inspector.capture import capture
     from inspector.errors import InspectorError
 
-    cap = capture(lf._led(), tiny.tokenizer(), SOURCE, "It pays.", global_tokens=["@0"])
+    cap = capture(lf.led(), tiny.tokenizer(), SOURCE, "It pays.", global_tokens=["@0"])
     with pytest.raises(InspectorError, match=r"without values\): use --weighting attention$"):
         explain(cap, cap.sites[0], 0, query="Lessee", weighting="value-norm")
     for site in (cap.sites[0], next(s for s in cap.sites if s.stack == "decoder")):
@@ -180,14 +180,14 @@ def test_attribute_on_pegasus_x_runs_by_default_and_says_where_rollout_went(tmp_
     tokens (no row of the table) is printed, and it is what the table's rows leave of 1."""
     from inspector.intervene.attribution import attribute
 
-    _saved(px._pegasus_x, tmp_path / "model")
+    _saved(px.pegasus_x, tmp_path / "model")
     argv = ["attribute", "--model", str(tmp_path / "model"), "--source", px.TEXTS[0], "--output", px.TARGETS[0],
             "--position", "2", "--csv", str(tmp_path / "a.csv")]
     capsys.readouterr()
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "left out value_rollout: model.encoder.layers.0.self_attn has no value norms" in err
-    df = attribute(px._pegasus_x(), tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0], position=2)
+    df = attribute(px.pegasus_x(), tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0], position=2)
     assert "value_rollout" not in df and "value_rollout" in df.attrs["left_out"]
     share = df.attrs["rollout_global"]
     assert share > 0.01 and abs(share + df["rollout"].sum() - 1) < 1e-6

@@ -128,7 +128,7 @@ def test_cli_checks_that_need_no_model_come_first(tmp_path):
     ]
     for argv, expected in cases:
         with pytest.raises(InspectorError, match=expected):
-            from inspector.cli.commands import build_parser
+            from inspector.cli import build_parser
 
             args = build_parser().parse_args(argv)
             args.func(args)

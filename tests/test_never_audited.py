@@ -5,7 +5,7 @@ encoder, captured through output_attentions without Q/K/V), and the ``--variant 
 hostile text). Each ends in exit 0 with the right answer, checked against an independent computation, or in exit 2
 with one line, before any model loads where the arguments alone say it.
 
-Tiny seeded models built here from configs (tests/tiny.py, tests/test_long_attention.py's LED sizes)."""
+Tiny seeded models built here from configs (tests/tiny.py, tests/helpers/longformer.py's LED sizes)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
-"""Values that travel between stages have types, not long parameter lists (issue 30).
+"""Values that travel between stages have types, not long parameter lists (issues 30 and 43).
 
 Every function in ``inspector/`` with more than 8 parameters is listed here with the reason it may have them;
 a new one fails until it takes a value (``Output``, ``Question``, ``CaptureOptions``, ``WhereOptions``...) or is
 listed with a reason. Apart from the list, a function may never take more than 8 parameters of which 4 or more
 are only handed on to another call (a chain that passes the same arguments down): that is what the values are for.
+
+Issue 43: a private function (``_name``) never takes more than 8 parameters (no list: it groups them into a small
+value instead), and a public one takes at most 4 positional parameters (``self``/``cls`` not counted): the rest are
+keyword-only (``*``), so a call names what it passes.
 """
 
 from __future__ import annotations
@@ -46,15 +50,38 @@ ALLOWED = {
     "ui/show.py:head_heatmap": ENTRY + " of the plotting API (window, colours, the query to mark)",
     "intervene/sources.py:evaluate": ENTRY + " (ContextCite's protocol on any scoring function: ablations, hold-out, "
                                      "seed, LASSO alpha, baselines, top-k)",
-    "intervene/logit_parts.py:_side": "one side (query or key) of the bilinear decomposition: tensors read here",
-    "intervene/logit_parts.py:_decompose": "the decomposition's inner step: tensors and positions read here",
-    "intervene/routes.py:_attention_edges": "one attention block's edges (Ferrando & Voita 2024): tensors read here",
-    "investigate/debug.py:_commands": "the reproduce commands: each argument is a part of the command line written",
-    "corpus/batch_reduce.py:_keep_block_rows": "a hot loop over block rows: plain tensors, no value boxing",
     "corpus/ray_engine.py:ray_batches": "the Ray engine's settings as scan received them (address, actors, CPUs, "
                                         "device, remote code): handed to Ray Data's map_batches",
-    "cli/common.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
+    "cli/words.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
                                          "word list, its role, case rule, occurrence and axis are each read here",
+}
+
+
+POSITIONAL = 4
+# files another engineer is changing for issue 42: their offenders are fixed after that merge, not here
+PENDING_42 = "file under change for issue 42; fix after merge"
+PENDING = {
+    # -> patch(model, tokenizer, text, variant, *, target=None, heads, ...): target= in cli/commands.py (cmd_ablate),
+    #    tests/test_effects.py (4 calls) and tests/test_effects_cli.py
+    "intervene/effects.py:patch": PENDING_42,
+    # -> exact_effects(model, encoded, capture, c, *, heads, ...): heads= in effects.py (effects) and
+    #    benchmarks/effects.py (2 calls)
+    "intervene/effects.py:exact_effects": PENDING_42,
+    # -> describe_token(row, method=None, *, digits=5, signed=True, note=""): digits= in attribution.py's caller
+    "intervene/attribution.py:describe_token": PENDING_42,
+    # -> does_it_matter(loaded, cap, source, split, *, question, ...): investigate/debug.py passes question=
+    "investigate/matter.py:does_it_matter": PENDING_42,
+    # -> commands(model, out, m, *, query, occurrence, said): investigate/debug.py (investigate) passes them by name
+    "investigate/matter.py:commands": PENDING_42 + " (its caller is in investigate/debug.py)",
+    # -> resolve(capture, tokenizer, output, right, *, wrong, ...): its callers in effects.py and attribution.py
+    #    (and investigate/debug.py, tests/test_contrast.py) pass wrong=
+    "intervene/contrast.py:resolve": "its callers in intervene/effects.py and intervene/attribution.py are under change "
+                                     "for issue 42; fix after merge",
+}
+# signatures another library calls positionally: they must take its arguments as it passes them
+PROTOCOL = {
+    "capture/interface.py:fast_attention": "transformers' attention interface: (module, query, key, value, "
+                                           "attention_mask, **kwargs), as sdpa_attention_forward and the eager function",
 }
 
 
@@ -100,3 +127,34 @@ def test_no_long_function_only_hands_its_parameters_on():
             if len(on) >= 4 and not ALLOWED.get(key, "").startswith(ENTRY) and key not in HANDS_ON:
                 chains[key] = sorted(on)
     assert not chains, f"long functions that hand 4 or more parameters on (take a value instead): {chains}"
+
+
+def _positional(node) -> list[str]:
+    a = node.args
+    return [x.arg for x in a.posonlyargs + a.args if x.arg not in ("self", "cls")]
+
+
+def test_no_private_function_takes_more_than_8_parameters():
+    """No list: a private helper groups its parameters into a value (``logit_parts._Pass``, ``debug._RunFiles``)."""
+    long = {key: len(names) for key, node, names in _functions() if node.name.startswith("_") and len(names) > LIMIT}
+    assert not long, f"private functions with more than {LIMIT} parameters (group them into a value): {long}"
+    assert not [k for k in ALLOWED if k.rsplit(":", 1)[1].startswith("_")], "ALLOWED lists no private function"
+
+
+def test_no_public_function_takes_more_than_4_positional_parameters():
+    wide = {key: len(_positional(node)) for key, node, _ in _functions()
+            if not node.name.startswith("_") and len(_positional(node)) > POSITIONAL}
+    unlisted = sorted(k for k in wide if k not in PENDING and k not in PROTOCOL)
+    assert not unlisted, (f"public functions with more than {POSITIONAL} positional parameters (make the rest "
+                          f"keyword-only, after a `*`): {unlisted}")
+    stale = sorted(k for k in {**PENDING, **PROTOCOL} if k not in wide)
+    assert not stale, f"listed but no longer wide (remove them from PENDING / PROTOCOL): {stale}"
+    assert all(reason.strip() for reason in {**PENDING, **PROTOCOL}.values())
+
+
+def test_the_check_sees_a_wide_function(tmp_path):
+    """The counts are of the signature: a hook's default-bound closure variables are positional unless after ``*``."""
+    tree = ast.parse("def f(a, b, c, d, e): ...\ndef g(a, b, c, d, *, e): ...\n"
+                     "class K:\n    def m(self, a, b, c, d): ...\n")
+    counts = {n.name: len(_positional(n)) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert counts == {"f": 5, "g": 4, "m": 4}

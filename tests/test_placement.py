@@ -138,7 +138,7 @@ def test_a_failed_lookup_says_what_spans_says(bart):
     assert str(got.value) == str(want.value) and "occurs twice" in str(got.value)
     with pytest.raises(InspectorError) as got:
         ax.referent_positions()
-    assert str(got.value) == spans.not_found_message(cap, site, "Lessor2", "key", "referent")
+    assert str(got.value) == spans.not_found_message(cap, site, "Lessor2", "key", what="referent")
     with pytest.raises(InspectorError, match="--occurrence picks among"):
         place(cap, Lookup(None, occurrence=1, query_index=3))
 

@@ -17,7 +17,7 @@ import tiny
 def _sums(w, vis, rows, q_idx=None):
     s = RankSums(w.shape[0], w.shape[1], w.shape[-1], True, (False,))
     none = torch.zeros(w.shape[0], w.shape[-1], dtype=torch.bool)
-    s.add(w, s.block_rows(w.shape[1], vis, rows, torch.arange(w.shape[2]) if q_idx is None else q_idx, none, none))
+    s.add(w, s.block_rows(w.shape[1], vis, rows, torch.arange(w.shape[2]) if q_idx is None else q_idx, special_k=none, pad_k=none))
     return s
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import re
-from html.parser import HTMLParser
 
 import numpy as np
 import pandas as pd
@@ -19,64 +18,9 @@ from inspector.ui.report import LIMIT, Sections, render_report
 
 import tiny
 from conftest import LEGAL
+from helpers.report import COMMANDS, REFS, SWAPPED, Node, dom, report_of
 
 TARGET = "The Lessor shall indemnify the Lessee."
-REFS = ["Lessee", "Lessor"]
-COMMANDS = ["inspector capture --text-file lease.txt -o run.safetensors",
-            "inspector split run.safetensors --query indemnity --referents Lessee,Lessor"]
-SWAPPED = LEGAL.replace("Lessee", "@").replace("Lessor", "Lessee").replace("@", "Lessor")
-VOID = {"meta", "br", "hr", "img", "input", "link", "col", "wbr"}
-
-
-# ---- a small DOM, enough to read the report back --------------------------------------------------
-class Node:
-    def __init__(self, tag: str, attrs: dict, parent: Node | None):
-        self.tag, self.attrs, self.parent, self.children = tag, attrs, parent, []
-
-    @property
-    def classes(self) -> set[str]:
-        return set((self.attrs.get("class") or "").split())
-
-    def text(self) -> str:
-        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
-
-    def all(self, tag: str | None = None, cls: str | None = None) -> list[Node]:
-        out = []
-        for c in self.children:
-            if isinstance(c, Node):
-                if (tag is None or c.tag == tag) and (cls is None or cls in c.classes):
-                    out.append(c)
-                out += c.all(tag, cls)
-        return out
-
-
-class _Builder(HTMLParser):
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.root = self.cur = Node("#root", {}, None)
-
-    def handle_starttag(self, tag, attrs):
-        node = Node(tag, dict(attrs), self.cur)
-        self.cur.children.append(node)
-        if tag not in VOID:
-            self.cur = node
-
-    def handle_endtag(self, tag):
-        node = self.cur
-        while node is not None and node.tag != tag:
-            node = node.parent
-        if node is not None and node.parent is not None:
-            self.cur = node.parent
-
-    def handle_data(self, data):
-        self.cur.children.append(data)
-
-
-def dom(html: str) -> Node:
-    b = _Builder()
-    b.feed(html)
-    b.close()
-    return b.root
 
 
 def heatmaps(root: Node) -> list[dict]:
@@ -100,31 +44,9 @@ def table(root: Node, cls: str) -> tuple[list[str], list[list[str]], list[set[st
     return cols, [[td.text() for td in tr.all("td")] for tr in trs], [tr.classes for tr in trs]
 
 
-# ---- fixtures ---------------------------------------------------------------------------------------
-def _report(cap, query, refs=REFS, occurrence=None, **kw):
-    split = split_heads(cap, query, refs, occurrence=occurrence)
-    rank = rank_heads(cap)
-    html = render_report(cap, split, rank, Question(query, tuple(refs)), commands=COMMANDS, sections=Sections(**kw))
-    return {"cap": cap, "split": split, "rank": rank, "html": html, "dom": dom(html), "query": query}
-
-
-@pytest.fixture(scope="module")
-def legal(minilm):
-    cap = capture(minilm.model, minilm.tokenizer, LEGAL)
-    swapped = capture(minilm.model, minilm.tokenizer, SWAPPED)
-    a = split_heads(cap, "indemnity", REFS)[["site", "head", "split_score"]]
-    b = split_heads(swapped, "indemnity", REFS)[["site", "head", "split_score"]]
-    comp = a.merge(b, on=["site", "head"], suffixes=(":original", ":swapped"))
-    comp["change"] = comp["split_score:swapped"] - comp["split_score:original"]
-    comp = comp.sample(frac=1.0, random_state=0).reset_index(drop=True)  # the report sorts it
-    out = _report(cap, "indemnity", comparison=comp, variants={"original": cap, "swapped": swapped})
-    out["comparison"] = comp
-    return out
-
-
 @pytest.fixture(scope="module")
 def bart(tokenizer):
-    return _report(capture(tiny.build("bart"), tokenizer, LEGAL, TARGET), "indemnify")
+    return report_of(capture(tiny.build("bart"), tokenizer, LEGAL, TARGET), "indemnify")
 
 
 @pytest.fixture(params=["legal", "bart"])
@@ -183,7 +105,7 @@ def test_heatmap_windows_a_long_input(minilm):
     filler = " ".join(f"Clause {i} covers the rent, the deposit and the repairs of unit {i}." for i in range(30))
     text = f"The Lessee shall indemnify the Lessor. {filler} Such indemnity survives termination."
     cap = capture(minilm.model, minilm.tokenizer, text)
-    rep = _report(cap, "indemnity")
+    rep = report_of(cap, "indemnity")
     m = heatmaps(rep["dom"])[0]
     site = cap.site(m["site"])
     assert site.key_len > 2 * LIMIT
@@ -295,7 +217,7 @@ def test_lazy_capture_recomputes_the_same_heatmaps(tokenizer, bart):
 
 def test_decoder_query_occurrence_and_two_key_texts(tokenizer):
     cap = capture(tiny.build("gpt2"), tokenizer, LEGAL, TARGET)
-    rep = _report(cap, "indemnify", occurrence=2)  # the target's "indemnify"
+    rep = report_of(cap, "indemnify", occurrence=2)  # the target's "indemnify"
     card = rep["dom"].all("div", "head")[0]
     split = rep["split"]
     row = split[(split["site"] == card.attrs["data-site"]) & (split["head"] == int(card.attrs["data-head"]))].iloc[0]
@@ -338,7 +260,7 @@ def test_hostile_token_text_is_escaped_everywhere(tokenizer):
     text: the parsed page gives back every token, and no tag or attribute but the report's own appears."""
     text = 'The Lessee "</script><script>alert(1)</script>" shall \'${x}\' indemnify the Lessor & {{ y }}.'
     cap = capture(tiny.build("gpt2"), tokenizer, text)
-    rep = _report(cap, "indemnify", title='"</script>${title}')
+    rep = report_of(cap, "indemnify", title='"</script>${title}')
     html, root = rep["html"], rep["dom"]
     assert "<script" not in html.lower() and "</script" not in html.lower()
     assert root.all("div", "src")[0].text() == text

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
-import pytest
 
 from inspector.analysis import rank_heads, split_heads
 from inspector.analysis.question import Question
@@ -13,15 +10,9 @@ from inspector.capture import capture
 from inspector.ui.report import render_report
 
 from conftest import LEGAL
+from helpers.browser import MARKS, launch
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic"]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (make chromium)"),
-]
+pytestmark = MARKS
 
 
 def test_report_renders_offline(minilm, tmp_path):
@@ -49,7 +40,7 @@ def test_report_renders_offline(minilm, tmp_path):
             route.abort()
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(p)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.route("**/*", gate)
@@ -95,7 +86,7 @@ def test_wide_tables_scroll_inside_their_box(minilm, tmp_path):
     page_path = tmp_path / "report.html"
     page_path.write_text(html, encoding="utf-8")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(p)
         try:
             page = browser.new_page(viewport={"width": 1000, "height": 900})
             page.goto(page_path.as_uri(), wait_until="load")

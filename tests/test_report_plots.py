@@ -9,10 +9,7 @@ import pytest
 
 from inspector.ui import report_plots
 
-import test_report
-from test_report import REFS
-
-legal = test_report.legal  # the fixture of test_report.py: the legal example, a swapped variant and a comparison
+from helpers.report import REFS
 
 BAR = re.compile(r'aria-label="([^"]*)"')
 

@@ -1,7 +1,7 @@
 """Review faults where what the tool tells the user was not true: the reproduce commands of a generated run's
 variants, the refusal for a head with no edit point, and a value-norm split with no row left.
 
-Tiny seeded models (tests/tiny.py, Pegasus-X as tests/test_global_local.py builds it), saved to a folder where
+Tiny seeded models (tests/tiny.py, Pegasus-X as tests/helpers/pegasus_x.py builds it), saved to a folder where
 a command must load them as a user would."""
 
 from __future__ import annotations
@@ -97,14 +97,14 @@ def test_a_head_without_an_edit_point_is_refused_naming_sites_that_can_be_edited
     refusal names sites that can be edited on this input, each a real seam site whose heads ``ablate`` then
     edits, rather than pointing at a command that does not list what it says. An unknown name and a site that
     did not run are refused the same way."""
-    import test_block_local as t5
-
     from inspector.capture.inputs import encode
     from inspector.errors import InspectorError
     from inspector.intervene import effects as E
     from inspector.intervene import seam as S
 
-    model, tok = t5._bigbird("bigbird_pegasus"), tiny.tokenizer()
+    from helpers import block_local as t5
+
+    model, tok = t5.bigbird("bigbird_pegasus"), tiny.tokenizer()
     long = S.run(model, encode(model, tok, t5.LONG[0], t5.TARGETS[0]))
     sparse = next(s.name for s in long.capture.sites if s.module_class == "BigBirdPegasusBlockSparseAttention")
     short = S.run(model, encode(model, tok, "Such indemnity survives.", "It pays."))
@@ -129,11 +129,11 @@ def test_a_value_norm_split_on_pegasus_x_says_the_query_sites_were_left_out(tmp_
     whose query is only in the source leaves them out, and the decoder sites left do not hold the query. The
     refusal says so, with the fix, rather than "not in the target text"; ``compare`` likewise. With
     ``--weighting attention``, as it says, the split gives rows."""
-    import test_global_local as px
-
     from inspector.capture.recorder import capture
 
-    model = px._pegasus_x()
+    from helpers import pegasus_x as px
+
+    model = px.pegasus_x()
     cap_path = str(capture(model, tiny.tokenizer(), px.TEXTS[0], px.TARGETS[0]).save(tmp_path / "px.safetensors"))
     split = ["split", cap_path, "--query", "indemnify", "--referents", "Lessee,Lessor"]
     compare = ["compare", cap_path, cap_path, "--query", "indemnify", "--referents", "Lessee,Lessor", "--names", "a,b"]

@@ -35,14 +35,6 @@ WRONG = ["0.5", 12345, 1.5, None, [], {}, True]  # one value of each JSON type
 
 
 @pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-bert")
-    tiny.build("bert").save_pretrained(path)
-    tiny.tokenizer().save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def bert():
     return LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert")
 
@@ -406,7 +398,7 @@ def test_a_text_far_too_long_is_refused_after_tokenizing_a_bounded_prefix(bert, 
     monkeypatch.setattr(cls, "__call__", spy)
     huge = "indemnity " * 200_000
     with pytest.raises(InspectorError, match=f"accepts at most {limit}"):
-        check_length(bert.model, tok, huge, "text", limit)
+        check_length(bert.model, tok, huge, "text", limit=limit)
     assert max(seen) <= limit * 16
     rows = lease_rows(10)[:3]
     rows[1]["text"] = huge
@@ -417,7 +409,7 @@ def test_a_text_far_too_long_is_refused_after_tokenizing_a_bounded_prefix(bert, 
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet")
     assert "accepts at most" in docs.loc[docs["row"] == 1, "error"].item()
     # a long text that fits (few tokens: whitespace) is tokenized whole and captured
-    check_length(bert.model, tok, "a" + " " * (limit * 40) + "b", "text", limit)
+    check_length(bert.model, tok, "a" + " " * (limit * 40) + "b", "text", limit=limit)
 
 
 # ---- paths and sizes ----------------------------------------------------------------------------------
@@ -468,7 +460,7 @@ def test_corpus_app_stopped_with_sigterm_stops_its_streamlit_child(base, tmp_pat
     import subprocess
     import sys
 
-    from test_browser import free_port, wait_healthy
+    from helpers.browser import free_port, wait_healthy
 
     psutil = pytest.importorskip("psutil")
     _, out = base

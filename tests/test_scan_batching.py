@@ -10,9 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_commit_writer import META
-from test_commit_writer import _batch as _batch  # the writer tests' batch of three documents
-from test_scan import read_heads
 
 from inspector.corpus import folder as folder_mod
 from inspector.corpus import reduce
@@ -22,6 +19,9 @@ from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
 
 import tiny
+from helpers.commits import META
+from helpers.commits import batch as _batch  # the writer tests' batch of three documents
+from helpers.scan import read_heads
 
 FIELDS = Fields(query="query", referents="referents", id="id")
 
@@ -182,9 +182,9 @@ def test_a_scan_pass_ends_after_its_last_attention_call_with_the_same_rows(name,
     plan = StopPlan()
     hooks, linear = _leaf_calls(model)
     try:
-        first = reduce.capture_batch(model, tok, docs, reduce.Options(), plan)
+        first = reduce.capture_batch(model, tok, docs, reduce.Options(), plan=plan)
         full_linear, linear[0] = linear[0], 0
-        again = reduce.capture_batch(model, tok, docs, reduce.Options(), plan)
+        again = reduce.capture_batch(model, tok, docs, reduce.Options(), plan=plan)
         stopped_linear = linear[0]
     finally:
         for h in hooks:
@@ -207,10 +207,10 @@ def test_a_pass_whose_calls_go_another_way_runs_to_its_end():
     model, tok = tiny.build("bert"), tiny.tokenizer()
     docs = _lease_docs(4)
     plan = StopPlan()
-    reduce.capture_batch(model, tok, docs, reduce.Options(), plan)
+    reduce.capture_batch(model, tok, docs, reduce.Options(), plan=plan)
     (key, order), = plan.orders.items()
     plan.orders[key] = tuple(reversed(order))  # not the order this model calls its modules in
-    (cap, _), = reduce.capture_batch(model, tok, docs, reduce.Options(), plan).captures
+    (cap, _), = reduce.capture_batch(model, tok, docs, reduce.Options(), plan=plan).captures
     assert cap.output is not None and len(cap.sites) == len(order)
 
 
@@ -224,7 +224,7 @@ def test_a_model_that_calls_a_module_twice_never_stops_early():
     docs = _lease_docs(4)
     plan = StopPlan()
     for _ in range(2):
-        (cap, _), = reduce.capture_batch(model, tok, docs, reduce.Options(), plan).captures
+        (cap, _), = reduce.capture_batch(model, tok, docs, reduce.Options(), plan=plan).captures
         assert cap.output is not None and len(cap.sites) == 3
     assert list(plan.orders.values()) == [None]
 
@@ -470,7 +470,7 @@ def test_a_row_a_sum_leaves_out_adds_nothing_even_where_its_weights_are_not_fini
     rows = torch.ones(1, 1, dtype=torch.bool)
     s = RankSums(1, 1, 3, False, (False,))
     one = torch.tensor([[[[True, False, False]]]])
-    assert not s.add(torch.tensor([[[[float("nan"), 0.0, 0.0]]]]), s.block_rows(1, one, rows, torch.arange(1), none, none))
+    assert not s.add(torch.tensor([[[[float("nan"), 0.0, 0.0]]]]), s.block_rows(1, one, rows, torch.arange(1), special_k=none, pad_k=none))
     two = torch.tensor([[[[True, True, False]]]])
-    assert s.add(torch.tensor([[[[0.5, 0.5, 0.0]]]]), s.block_rows(1, two, rows, torch.arange(1), none, none))
+    assert s.add(torch.tensor([[[[0.5, 0.5, 0.0]]]]), s.block_rows(1, two, rows, torch.arange(1), special_k=none, pad_k=none))
     assert float(s.metrics(False)["normalized_entropy"][0, 0]) == pytest.approx(1.0)

@@ -1,7 +1,7 @@
 """`inspector scan --routes`: which heads lie on the route of each document's query token, and how often
 `inspector corpus` finds each head there.
 
-Planted ground truth: the 2-layer GPT-2 of tests/test_planted_routes.py whose layer-1 head copies "bob"
+Planted ground truth: the 2-layer GPT-2 of tests/helpers/routes.py whose layer-1 head copies "bob"
 into the last word's position (the query token) in every document of the same shape, while layer 0's head
 has zero values (idle). The scan's rows are checked against `inspector.routes` drawn per document by hand.
 """
@@ -13,8 +13,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from test_planted_routes import TEXT, planted_copy_gpt2
-from test_scan import FIELDS, assert_same_rows, bert_folder, read_heads  # noqa: F401 - bert_folder: a fixture
 
 from inspector import cli
 from inspector.capture.models import LoadedModel
@@ -25,6 +23,8 @@ from inspector.corpus.scan import scan
 from inspector.intervene.routes import THRESHOLD, routes
 
 import tiny
+from helpers.routes import TEXT, planted_copy_gpt2
+from helpers.scan import FIELDS, assert_same_rows, read_heads
 
 COPY, IDLE = ("transformer.h.1.attn", 0), ("transformer.h.0.attn", 0)
 # same tokens per document, bob at the same position, the query word last: the planted head copies bob into it

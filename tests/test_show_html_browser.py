@@ -17,20 +17,14 @@ from inspector.store import load
 from inspector.ui import show
 
 import hostile
+from helpers.browser import MARKS, WAIT_MS, launch
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic"]
-WAIT_MS = 60_000
 PWN = "</script><script>window.__pwned='script'</script>"
 TOKENS = [PWN, "<img src=x onerror=\"window.__pwned='img'\">", "<!--<script>", "a&amp;b%3C"]
 SITE = "s</script><script>window.__pwned='title'</script>"
 EMBED = {"renderer": "svg", "actions": False}
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (make chromium)"),
-]
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +96,7 @@ def test_every_html_of_every_chart_draws_hostile_text_as_data(cap, tmp_path, mon
         for text in [*TOKENS[:3], SITE]:
             assert text not in page, (path.name, text)  # no markup of the text, anywhere in the page
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(p)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.route("**/*", gate)

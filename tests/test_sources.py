@@ -316,9 +316,9 @@ def test_forward_passes_are_counted_and_batched(tokenizer):
 
 
 def test_a_tiny_led_keeps_its_global_tokens_in_every_pass(tokenizer):
-    import test_long_attention as lf
+    from helpers import longformer as lf
 
-    model = lf._led()
+    model = lf.led()
     seen = []
 
     def hook(_m, _args, kwargs):

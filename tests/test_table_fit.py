@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from inspector.cli.common import format_table
+from inspector.cli.printing import format_table
 from inspector.investigate.matter import Matter, summary_text
 from inspector.ui.terminal import _cut, fit_table
 

@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 from inspector import analysis
+from inspector.analysis.heads import head_label
 from inspector.analysis.question import Question, parse_contrast
-from inspector.analysis.verdict import SignatureRule, culprits, direction, head_name, sentence
+from inspector.analysis.verdict import SignatureRule, culprits, direction, sentence
 from inspector.errors import InspectorError
 
 import planted
@@ -81,7 +82,7 @@ def test_signature_rule_boundaries():
 
 def test_no_signature_means_not_read():
     v = culprits(_effects({0: 1.0}), None, right="a", wrong="b", metric=-1.0)
-    assert v.table["signature"].tolist() == ["not read"] and head_name(v.top) == "layer 0 head 0 (planted.attention)"
+    assert v.table["signature"].tolist() == ["not read"] and head_label(v.top) == "layer 0 head 0 (planted.attention)"
 
 
 @pytest.mark.parametrize("bad", ["Lessee", "a,a", "a,\u200b", "a,\x07", ",b", "a,b,c"])

@@ -14,7 +14,6 @@ from inspector.cli import main
 
 import tiny
 from conftest import LEGAL
-from test_app import app  # noqa: F401  (the AppTest fixture)
 
 OUTPUT = "The Lessor shall indemnify the Lessee."
 

@@ -5,12 +5,9 @@ shown); Compare's heatmaps labelled with the query row marked. Conditions are wa
 from __future__ import annotations
 
 import pytest
-import test_browser
-from test_browser import ROOT, WAIT_MS, box_of, chromium, goto, serve
 
 from conftest import LEGAL
-
-legal_capture = test_browser.legal_capture  # the browser tests' capture fixture, shared
+from helpers.browser import ROOT, WAIT_MS, box_of, chromium, goto, serve
 
 VENDOR = ROOT / "apps" / "vendor" / "node_modules"
 pytestmark = [
@@ -119,8 +116,8 @@ def test_corpus_summary_shows_flagged_documents_and_share_at_1400_px(tmp_path):
     import subprocess
     import sys
 
-    from test_browser import free_port, wait_healthy
-    from test_corpus_page_browser import PAGE, minilm_shaped_scan
+    from helpers.browser import free_port, wait_healthy
+    from helpers.corpus import PAGE, minilm_shaped_scan
 
     out = tmp_path / "scan"
     minilm_shaped_scan(out)

@@ -9,11 +9,8 @@ import json
 import pytest
 from streamlit import dataframe_util
 
-import test_app
 from conftest import LEGAL
-from test_app import errors, run, show, split
-
-app, legal_cli = test_app.app, test_app.legal_cli  # the app's fixtures, shared
+from helpers.app import errors, run, show, split
 
 VARIANT = "Note: " + LEGAL  # every token of the legal text two positions later
 

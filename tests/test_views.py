@@ -14,6 +14,7 @@ from inspector.errors import InspectorError
 from inspector.ui import views
 
 import tiny
+from helpers.browser import CHROMIUM, launch
 
 VENDOR = Path(__file__).resolve().parent.parent / "apps" / "vendor" / "node_modules"
 HTML_TEXT = 'The <b>Lessee</b> & "Lessor" agree: Lessee pays.'
@@ -39,7 +40,7 @@ def test_window():
 def test_heatmap_frame_reads_a_window_or_top_k(bert):
     site = bert.sites[1]
     full = bert.weights(site, heads=[2])[0]
-    df = views.heatmap_frame(bert, site, 2, slice(2, 5), slice(1, 4))
+    df = views.heatmap_frame(bert, site, 2, slice(2, 5), keys=slice(1, 4))
     assert len(df) == 3 * 3
     for r in df.to_dict("records"):
         assert r["weight"] == pytest.approx(float(full[r["query_index"], r["key_index"]]))
@@ -55,7 +56,7 @@ def test_query_row_and_qkv(bert):
     row = views.query_row(bert, site, 1, 3)
     assert row["weight"].sum() == pytest.approx(1.0, abs=1e-5)
     assert row["special"].iloc[0] and row["key_token"].iloc[0] == "[CLS]"
-    vec = views.qkv_frame(bert, site, 1, 3, 5)
+    vec = views.qkv_frame(bert, site, 1, 3, key_index=5)
     q, k = bert.tensor(site, "q")[0, 1, 3], bert.tensor(site, "k")[0, 1, 5]
     assert vec["q"].tolist() == pytest.approx(q.tolist()) and vec["k"].tolist() == pytest.approx(k.tolist())
     assert vec["q*k"].sum() == pytest.approx(float(q @ k), abs=1e-5)
@@ -110,20 +111,17 @@ def test_bertviz_kwargs_single_stack_and_encoder_decoder(bert, bart):
 
 def test_offline_bertviz_inlines_scripts(bert, bart, tmp_path):
     with pytest.raises(InspectorError, match="make assets"):
-        views.bertviz_html(bert, "head", 0, 8, tmp_path)
+        views.bertviz_html(bert, "head", 0, 8, vendor_dir=tmp_path)
     if not (VENDOR / "d3").is_dir():
         pytest.skip("bertviz's scripts are not installed: run `make assets`")
     for cap, view in ((bert, "head"), (bert, "model"), (bart, "head"), (bart, "model")):
-        page = views.bertviz_html(cap, view, 0, 16, VENDOR)
+        page = views.bertviz_html(cap, view, 0, 16, vendor_dir=VENDOR)
         assert "cdnjs" not in page and not re.search(r"""src=["']https?:""", page)
         assert page.count("</script>") == 7  # require.js, guard, d3, jQuery, names, fit to width, bertviz
         assert "define('d3'" in page and "requirejs(['jquery', 'd3']" in page
     assert views.html_size("x" * 2000) == "2 kB"
     with pytest.raises(InspectorError, match="at most 32 tokens"):  # one SVG line per weight of every head
-        views.bertviz_html(bert, "model", 0, views.MODEL_VIEW_MAX_TOKENS + 1, VENDOR)
-
-
-CHROMIUM = Path("/usr/bin/chromium")
+        views.bertviz_html(bert, "model", 0, views.MODEL_VIEW_MAX_TOKENS + 1, vendor_dir=VENDOR)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not at /usr/bin/chromium: run `make chromium`")
@@ -136,9 +134,9 @@ def test_model_view_shows_every_head_in_a_narrow_frame(tokenizer, tmp_path):
     model = tiny.build("bert")  # 2 layers x 3 heads
     cap = capture(model, tokenizer, "The Lessee shall indemnify the Lessor.")
     page = tmp_path / "model.html"
-    page.write_text(views.bertviz_html(cap, "model", 0, 16, VENDOR), encoding="utf-8")
+    page.write_text(views.bertviz_html(cap, "model", 0, 16, vendor_dir=VENDOR), encoding="utf-8")
     with pw.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        browser = launch(p)
         try:
             tab = browser.new_page(viewport={"width": 700, "height": 900})
             tab.goto(page.as_uri())

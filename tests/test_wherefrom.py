@@ -1,4 +1,4 @@
-"""The "Where did the word come from?" part of `debug`: on the planted GPT-2 (tests/test_planted_routes.py), whose
+"""The "Where did the word come from?" part of `debug`: on the planted GPT-2 (tests/helpers/routes.py), whose
 layer-1 head copies "bob" into the predicting position, that head is on the route and the other is not, "on the
 route" is exactly a per-head row of the route table, "bob" is the source token that most drives bob over carol,
 and the report shades each token by its exact attribution and draws the route."""
@@ -10,7 +10,6 @@ import shlex
 
 import pandas as pd
 import pytest
-from test_planted_routes import OUT, TEXT, planted_copy_gpt2
 
 from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
@@ -23,6 +22,7 @@ from inspector.ui.report import WhereSection, render_where_section
 
 import tiny
 from conftest import LEGAL
+from helpers.routes import OUT, TEXT, planted_copy_gpt2
 
 COPY, IDLE = ("transformer.h.1.attn", 0), ("transformer.h.0.attn", 0)
 
@@ -33,7 +33,7 @@ def planted(tokenizer):
     loaded = LoadedModel(model, tokenizer, "planted-gpt2")
     cap = capture(model, tokenizer, TEXT, OUT)
     split = pd.DataFrame({"site": [COPY[0], IDLE[0]], "layer": [1, 0], "head": [0, 0], "flagged": [True, True]})
-    w = wherefrom.where_from(loaded, cap, TEXT, split, None, Question(None, contrast=("bob", "carol")))
+    w = wherefrom.where_from(loaded, cap, TEXT, split, matter=None, question=Question(None, contrast=("bob", "carol")))
     return w, cap, bob, row
 
 
@@ -122,7 +122,7 @@ def test_a_gap_that_stays_open_is_said_and_not_headlined(tokenizer):
     cap = capture(llama.model, tokenizer, LEGAL, output)
     split = pd.DataFrame({"site": ["model.layers.1.self_attn"], "layer": [1], "head": [0], "flagged": [True]})
     question = Question(None, contrast=("Lessee", "Lessor"))
-    capped = wherefrom.where_from(llama, cap, LEGAL, split, None, question,
+    capped = wherefrom.where_from(llama, cap, LEGAL, split, matter=None, question=question,
                                   options=wherefrom.WhereOptions(steps=20, max_steps=40))
     a = capped.attribution.attrs
     assert a["ig_converged"] is False and a["ig_steps"] == 40 and a["ig_relative_gap"] >= 0.05
@@ -130,7 +130,7 @@ def test_a_gap_that_stays_open_is_said_and_not_headlined(tokenizer):
     assert "Integrated gradients did NOT converge: after 40 steps" in text and "is the one that adds up" not in text
     assert "neither method is exact here" in text
     assert "(integrated gradients did not converge: its gap is" in wherefrom.headline(capped)
-    w = wherefrom.where_from(llama, cap, LEGAL, split, None, question, options=wherefrom.WhereOptions(steps=20))
+    w = wherefrom.where_from(llama, cap, LEGAL, split, matter=None, question=question, options=wherefrom.WhereOptions(steps=20))
     assert w.attribution.attrs["ig_converged"] is True and w.attribution.attrs["ig_steps"] == 80
     assert "is the one that adds up" in wherefrom.summary_text(w) and "did not converge" not in wherefrom.headline(w)
     assert "the one that most drives Lessor over Lessee is" in wherefrom.headline(w)
@@ -187,7 +187,7 @@ def test_a_click_on_the_copying_edge_opens_the_copying_head(planted, tokenizer):
     g = record(model, tokenizer, TEXT, OUT)
     data = edge_data(w.route)
     edge = data[(data["kind"] == "attention") & (data["x"] == bob) & (data["x2"] == row)].iloc[0]
-    got = head_at(g, edge["stack"], int(edge["to_level"]), int(edge["x2"]), int(edge["x"]))
+    got = head_at(g, edge["stack"], int(edge["to_level"]), int(edge["x2"]), from_position=int(edge["x"]))
     assert (got["site"], got["head"], got["key"], got["query"]) == (COPY[0], COPY[1], bob, row)
     assert got["importance"] == pytest.approx(w.heads.set_index(["site", "head"]).loc[COPY, "best_share"], abs=1e-7)
     nodes = node_data(data)

@@ -59,7 +59,7 @@ def test_the_cli_check_and_the_analysis_agree(minilm, word, expected):
     """The check the CLI runs on the raw text (before a model loads) refuses exactly the words the analysis does
     not find among the capture's tokens."""
     from inspector.analysis import spans
-    from inspector.cli.common import check_word_in
+    from inspector.cli.words import check_word_in
 
     text = "The Lessee shall indemnify the Lessor against all claims."
     model, tok = minilm.model, minilm.tokenizer

@@ -10,7 +10,8 @@
 * :mod:`~inspector.analysis.placement`: a question's positions on a capture (:func:`~inspector.analysis.placement.place`), found once;
 * :mod:`~inspector.analysis.intervals`: the Wilson score interval of a share of documents (Wilson 1927);
 * :mod:`~inspector.analysis.rollout`: attention rollout, raw and value-weighted (Abnar & Zuidema 2020);
-* :mod:`~inspector.analysis.verdict`: the verdict: heads ranked by exact effect, with their attention signature.
+* :mod:`~inspector.analysis.verdict`: the verdict: heads ranked by exact effect, with their attention signature;
+* :mod:`~inspector.analysis.heads`: how every view names a head (:func:`~inspector.analysis.heads.head_label`).
 
 Imports :mod:`inspector.store` only.
 """

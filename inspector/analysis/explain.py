@@ -262,7 +262,7 @@ def _weights_row(capture: Capture, site: Site, head: int, query_index: int, batc
 
     qs = slice(query_index, query_index + 1)
     w = capture.weights(site, batch, heads=[head], queries=qs)[0, 0].double()
-    vis = visible_keys(capture, site, batch, qs, capture.flags(site, "key", batch)[1])
+    vis = visible_keys(capture, site, batch, qs, pad_k=capture.flags(site, "key", batch)[1])
     vis = vis[head if vis.shape[0] > 1 else 0, 0]
     table = pd.DataFrame({"key_index": range(site.key_len), "key_token": capture.tokens(site, "key", batch),
                           "weight": w.tolist(), "visible": [bool(x) for x in vis]})
@@ -287,7 +287,7 @@ def _check_steps(capture: Capture, site: Site, head: int, query_index: int, batc
     if "weights" in site.parts:
         stored = capture.weights(site, batch, heads=[head], queries=slice(query_index, query_index + 1))[0, 0]
         code = validate.precision(capture.tensors.dtype(site.tensor_name("q")), validate.model_code(capture.meta))
-    validate.check_explained(str(capture.source), site, head, query_index, weight, stored, code)
+    validate.check_explained(str(capture.source), site, head, query_index, weight=weight, stored=stored, dtype_code=code)
 
 
 def _check_output(capture: Capture, site: Site, head: int, query_index: int, output: torch.Tensor) -> None:

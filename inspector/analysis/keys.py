@@ -26,7 +26,7 @@ from inspector.store.masks import (
 WEIGHTINGS = ("attention", "value-norm")
 
 
-def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, pad_k: torch.Tensor) -> torch.Tensor:
+def visible_keys(capture: Capture, site: Site, batch: int, queries: slice, *, pad_k: torch.Tensor) -> torch.Tensor:
     """Boolean ``[1 or head, query, key]``: keys each query row ``queries`` of ``capture``'s batch row ``batch`` can
     see at ``site``: its mask (:func:`inspector.store.masks.visible_by_mask`, the one rule) less the padding keys
     ``pad_k [key]``."""
@@ -75,7 +75,7 @@ def reweight_(w: torch.Tensor, value_norm: torch.Tensor) -> torch.Tensor:
 
 
 def head_weights(capture: Capture, site: Site | str, batch: int = 0, heads: list[int] | None = None,
-                 queries: slice | None = None, weighting: str = "attention") -> torch.Tensor:
+                 *, queries: slice | None = None, weighting: str = "attention") -> torch.Tensor:
     """Weights ``[head, query, key]`` (float32) as :meth:`Capture.weights` gives them, or value-weighted
     (``weighting="value-norm"``: times ``||v_j W_O^h||``, renormalized per row)."""
     check_weighting(weighting)

@@ -154,7 +154,7 @@ def _place_axis(capture: Capture, site: Site, lk: Lookup, batch: int) -> AxisPla
         except InspectorError as exc:
             error, failed = str(exc), True
         if not failed and not occs:
-            error = spans.not_found_message(capture, site, lk.query, "query", "query", batch)
+            error = spans.not_found_message(capture, site, lk.query, "query", what="query", batch=batch)
         elif not failed:
             try:
                 query = spans.resolve_query(capture, site, lk.query, occurrence=lk.occurrence, batch=batch,
@@ -196,7 +196,7 @@ def _keys(capture: Capture, site: Site, words, what: str, case_sensitive: bool, 
         except InspectorError as exc:
             found, msg = [], str(exc)
         else:
-            msg = None if found else spans.not_found_message(capture, site, word, "key", what, batch)
+            msg = None if found else spans.not_found_message(capture, site, word, "key", what=what, batch=batch)
         out[word] = tuple(sorted({p for o in found for p in o.positions}))
         error = error or msg
     return out, error
@@ -213,7 +213,7 @@ def find_referents(capture: Capture, site: Site, referents: list[str], *, batch:
     for ref in refs:
         found = spans.find(capture, site, ref, "key", batch=batch, case_sensitive=case_sensitive, role=role)
         if not found:
-            raise InspectorError(spans.not_found_message(capture, site, ref, "key", "referent", batch))
+            raise InspectorError(spans.not_found_message(capture, site, ref, "key", what="referent", batch=batch))
         out[ref] = sorted({p for o in found for p in o.positions})
     overlap = overlap_message(out)
     if overlap:

@@ -191,7 +191,7 @@ class RankSums:
         return finite
 
     def block_rows(self, heads: int, vis: torch.Tensor, rows: torch.Tensor, q_idx: torch.Tensor,
-                   special_k: torch.Tensor, pad_k: torch.Tensor) -> BlockRows:
+                   *, special_k: torch.Tensor, pad_k: torch.Tensor) -> BlockRows:
         """What :meth:`add` needs of a block of ``heads`` heads besides its weights: from ``vis [batch, 1|head, c,
         key]`` the keys each row can see, ``rows [batch, c]`` the real (non-padding) query rows, ``q_idx [c]`` the
         block's positions on the query axis and ``special_k`` / ``pad_k [batch, key]`` the special-token and
@@ -298,8 +298,8 @@ def _site_stats_both(capture: Capture, site: Site, batch: int, chunk: int, weigh
         if not bool(rows.any()):
             continue
         w, logits = _block(capture, site, batch, heads, qs, vn, log_vn, from_logits)  # [head, c, key] each
-        vis = visible_keys(capture, site, batch, qs, pad_k)
-        block = sums.block_rows(h, vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k[None], pad_k[None])
+        vis = visible_keys(capture, site, batch, qs, pad_k=pad_k)
+        block = sums.block_rows(h, vis[None], rows[None], torch.arange(qs.start, qs.stop), special_k=special_k[None], pad_k=pad_k[None])
         sums.add(w[None], block, logits=None if logits is None else logits[None])
     key_tokens = capture.tokens(site, "key", batch)
     # a head whose value norms are all zero leaves no value-weighted row: its metrics are NaN, not a sharp head

@@ -100,7 +100,7 @@ def _token_spans(rec) -> tuple[bool, list[tuple[int, int, int]], list[int], bool
     return data
 
 
-def not_found_message(capture: Capture, site: Site, phrase: str, which: str, what: str, batch: int = 0) -> str:
+def not_found_message(capture: Capture, site: Site, phrase: str, which: str, *, what: str, batch: int = 0) -> str:
     """The one-line message for a phrase that is not on the site's ``which`` axis (``query`` or ``key``): names
     the phrase as ``what`` and suggests the closest words of that axis's text (batch row ``batch``)."""
     roles = site.query_input if which == "query" else site.key_input
@@ -137,7 +137,7 @@ def resolve_query(capture: Capture, site: Site, phrase: str | None, *, index: in
         raise InspectorError("no query given: pass --query WORD or --query-index I")
     found = find(capture, site, phrase, "query", batch=batch, case_sensitive=case_sensitive, role=role)
     if not found:
-        raise InspectorError(not_found_message(capture, site, phrase, "query", "query", batch))
+        raise InspectorError(not_found_message(capture, site, phrase, "query", what="query", batch=batch))
     if occurrence is None:
         if len(found) > 1:
             raise InspectorError(f"query {phrase!r} occurs {times(len(found))}: pick one with --occurrence 1..{len(found)}")

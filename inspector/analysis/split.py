@@ -652,7 +652,7 @@ def referent_split(capture: Capture, site: Site, query_positions: list[int], ref
     check_weighting(weighting)
     vn = value_norms_of(capture, site, batch) if weighting == "value-norm" else None
     w = query_rows(capture, site, q_pos, batch=batch, weighting=weighting, value_norm=vn)  # [head, row, key]
-    vis = visible_keys(capture, site, batch, slice(lo, hi), capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
+    vis = visible_keys(capture, site, batch, slice(lo, hi), pad_k=capture.flags(site, "key", batch)[1])[..., idx, :]  # [1|head, row, key]
     _check_visible(vis, referents)
     memo = {} if layouts is None else layouts
     at = (tuple(site.key_input), site.key_len, batch, tuple((r, tuple(p)) for r, p in referents.items()))

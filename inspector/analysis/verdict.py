@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from inspector.analysis.heads import head_label
 from inspector.errors import InspectorError
 from inspector.store.schema import HEAD_KEY
 
@@ -173,11 +174,6 @@ def culprits(effects: pd.DataFrame, signatures: pd.DataFrame | None, *, right: s
                    notes=list(notes or []))
 
 
-def head_name(row: dict) -> str:
-    """``layer L head H (site)``: how every view names a head."""
-    return f"layer {int(row['layer'])} head {int(row['head'])} ({row['site']})"
-
-
 def signature_sentence(row: dict, right: str, wrong: str) -> str:
     """One head's signature in words, with its numbers."""
     sig = row["signature"]
@@ -199,7 +195,7 @@ def sentence(v: Verdict) -> str:
         return (f"Verdict: no confirmed head pushes towards {v.wrong!r}. {prefer}; the preference comes from elsewhere "
                 "(MLPs, embeddings, or heads whose exact effect was not computed: raise --top).")
     lead = "Verdict" if v.metric < 0 else "Verdict (no error here)"
-    return (f"{lead}: {head_name(top)} pushes hardest towards {v.wrong!r}: zero-ablating it moves the metric by "
+    return (f"{lead}: {head_label(top)} pushes hardest towards {v.wrong!r}: zero-ablating it moves the metric by "
             f"{float(top['effect']):+.4f} towards {v.right!r}. {prefer}. " + signature_sentence(top, v.right, v.wrong)[0].upper()
             + signature_sentence(top, v.right, v.wrong)[1:] + ".")
 
@@ -209,11 +205,11 @@ def summary_lines(v: Verdict, k: int = 3) -> list[str]:
     lines = [sentence(v)]
     more = v.culprits.iloc[1:k]
     if len(more):
-        lines.append("Next culprits: " + "; ".join(f"{head_name(r)} effect {float(r['effect']):+.4f}, {r['signature']}"
+        lines.append("Next culprits: " + "; ".join(f"{head_label(r)} effect {float(r['effect']):+.4f}, {r['signature']}"
                                                    for r in more.to_dict("records")) + ".")
     sup = v.supporters.head(k)
     if len(sup):
         lines.append(f"Pushing towards {v.right!r} (not causes): " + "; ".join(
-            f"{head_name(r)} effect {float(r['effect']):+.4f}, {r['signature']}" for r in sup.to_dict("records")) + ".")
+            f"{head_label(r)} effect {float(r['effect']):+.4f}, {r['signature']}" for r in sup.to_dict("records")) + ".")
     lines.append(f"Sign convention: {SIGN_CONVENTION}.")
     return lines + list(v.notes)

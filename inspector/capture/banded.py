@@ -81,7 +81,7 @@ def is_banded(module) -> bool:
     return type(module).__name__ in BANDED_CLASSES
 
 
-def band_of(module, args: tuple, kwargs: dict[str, Any], output, n: int | None) -> Band | None:
+def band_of(module, args: tuple, kwargs: dict[str, Any], output, *, n: int | None) -> Band | None:
     """The :class:`Band` of one call of a banded module from its forward arguments and its output (a tuple
     ``(out, local[, global])``), cropped to the first ``n`` tokens (the input without the padding to the
     window; None keeps all), or None when the call returned no weights (``output_attentions`` off)."""
@@ -112,7 +112,7 @@ def is_global_local(module) -> bool:
     return type(module).__name__ in GLOBAL_LOCAL_CLASSES
 
 
-def global_local_of(module, args: tuple, kwargs: dict[str, Any], output, n: int | None) -> Band | None:
+def global_local_of(module, args: tuple, kwargs: dict[str, Any], output, *, n: int | None) -> Band | None:
     """The :class:`Band` of one call of ``PegasusXGlobalLocalAttention``
     (``transformers.models.pegasus_x.modeling_pegasus_x``), or None when it returned no probabilities.
 
@@ -182,7 +182,7 @@ def _local_band(weights: torch.Tensor, n: int, bl: int) -> torch.Tensor:
     return weights[:, blk, :, q, q + bl + r[None, :]].permute(2, 3, 0, 1)  # [n, 2w+1, b, h] -> [b, h, n, 2w+1]
 
 
-def longt5_of(module, args: tuple, kwargs: dict[str, Any], output, n: int | None, padding: torch.Tensor | None):
+def longt5_of(module, args: tuple, kwargs: dict[str, Any], output, *, n: int | None, padding: torch.Tensor | None):
     """The :class:`Band` (local or transient-global attention) of one call of LongT5's
     encoder attention (``transformers.models.longt5.modeling_longt5``), or None when it returned no weights.
 
@@ -285,15 +285,15 @@ def block_sparse_of(module, output, n: int | None, padding: torch.Tensor | None)
                 pad_rows=True)
 
 
-def read(module, args: tuple, kwargs: dict[str, Any], output, n: int | None, padding: torch.Tensor | None):
+def read(module, args: tuple, kwargs: dict[str, Any], output, *, n: int | None, padding: torch.Tensor | None):
     """What a module this file knows returned with ``output_attentions``, moved to tokens: a :class:`Band`, or None (a module it does not know, or a call that returned no weights). ``n`` is the
     source length, ``padding [batch, n]`` (bool) its padding tokens."""
     if is_banded(module):
-        return band_of(module, args, kwargs, output, n)
+        return band_of(module, args, kwargs, output, n=n)
     if is_global_local(module):
-        return global_local_of(module, args, kwargs, output, n)
+        return global_local_of(module, args, kwargs, output, n=n)
     if is_longt5(module):
-        return longt5_of(module, args, kwargs, output, n, padding)
+        return longt5_of(module, args, kwargs, output, n=n, padding=padding)
     if is_block_sparse(module):
         return block_sparse_of(module, output, n, padding)
     return None

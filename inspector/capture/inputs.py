@@ -77,7 +77,7 @@ def max_positions(model, tokenizer) -> int | None:
 _FREE_CHARS_PER_TOKEN = 16  # texts up to limit x this many characters are tokenized whole without a first look
 
 
-def check_length(model, tokenizer, text: str, what: str, limit: int | None) -> None:
+def check_length(model, tokenizer, text: str, what: str, *, limit: int | None) -> None:
     """Refuse a text far longer than the model accepts before tokenizing it whole, in memory and time bounded
     by the limit, not the text: growing prefixes (cut at a space) are tokenized until one has more than
     ``limit`` tokens (refused: InspectorError naming the count) or the prefix is the whole text (then the
@@ -140,7 +140,7 @@ def _check_text_lengths(model, tokenizer, limit: int | None, texts, seconds, tar
     """Refuse a far too long text before it is tokenized whole (:func:`check_length`)."""
     for what, group in (("text", texts), ("text", seconds), ("target", targets)):
         for t in group or ():
-            check_length(model, tokenizer, t, what, limit)
+            check_length(model, tokenizer, t, what, limit=limit)
 
 
 PAIR_JOIN = "\n"  # a sentence pair's record text is A + PAIR_JOIN + B; B's offsets are shifted accordingly

@@ -203,7 +203,7 @@ class Recorder:
         elif i == len(self.stop_order) - 1:
             raise StopForward
 
-    def weights_only(self, module, name: str, base: str, w: torch.Tensor, call: int) -> None:
+    def weights_only(self, module, name: str, base: str, w: torch.Tensor, *, call: int) -> None:
         """A site for a module that computes attention its own way: its probability map ``w``
         ``[batch, head, query, key]`` as returned with ``output_attentions``; Q/K/V unavailable."""
         layer = site_depth(None, base, call)
@@ -235,7 +235,7 @@ class Recorder:
         ))
         self.tensors[f"{name}/weights"] = self._keep(w)
 
-    def band_site(self, module, name: str, base: str, band: banded.Band, call: int) -> None:
+    def band_site(self, module, name: str, base: str, band: banded.Band, *, call: int) -> None:
         """A banded or block-local site (Longformer, LED's encoder, LongT5, Pegasus-X, BigBird;
         :mod:`inspector.store.band`): each query's global-key slots and window as read from the model, the global
         queries' rows, and a band mask naming the global tokens, the padding and the window (one mask for every
@@ -261,7 +261,7 @@ class Recorder:
         ident = ("band", band.geometry, band.pad_rows, band.is_global.cpu().numpy().tobytes(),
                  band.padding.cpu().numpy().tobytes(), nq, nk)
         if ident not in self._masks:
-            spec, tensors = masks.band_spec(f"{name}/mask", band.geometry, nq, band.is_global, band.padding, band.pad_rows)
+            spec, tensors = masks.band_spec(f"{name}/mask", band.geometry, nq, band.is_global, padding=band.padding, pad_rows=band.pad_rows)
             self.masks[f"{name}/mask"] = spec
             self.tensors.update(tensors)
             self._masks[ident] = f"{name}/mask"
@@ -732,7 +732,7 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
     pad = torch.tensor(recorder.padding["source"], dtype=torch.bool) if recorder.padding.get("source") else None
 
     def hook(module, args, kwargs, output):
-        found = banded.read(module, args, kwargs, output, recorder.lengths.get("source"), pad)
+        found = banded.read(module, args, kwargs, output, n=recorder.lengths.get("source"), padding=pad)
         seen.setdefault(id(module), []).append([found] if found is not None else probability_maps(output, batch)[:1])
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in missing]
@@ -755,9 +755,9 @@ def _weights_only_pass(model, model_kwargs, recorder, missing, notes) -> None:
                                         "local or pooled attention)"})
                 continue
             if isinstance(maps[0], banded.Band):
-                recorder.band_site(module, site_name, name, maps[0], call)
+                recorder.band_site(module, site_name, name, maps[0], call=call)
             else:
-                recorder.weights_only(module, site_name, name, maps[0], call)
+                recorder.weights_only(module, site_name, name, maps[0], call=call)
     for n in notes:
         warnings.warn(f"inspector: {n['class']} at {n['module']} is not captured: {n['reason']}", stacklevel=4)
 

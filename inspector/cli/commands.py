@@ -1,13 +1,12 @@
-"""The ``inspector`` command line: a thin layer over the Python API.
+"""The capture, analysis, intervention and corpus commands of the command line: a thin layer over the Python API.
 
-Every subcommand parses arguments, calls the API and formats the DataFrame it returns. A user
-mistake (``InspectorError``) prints one line on stderr and exits with status 2, no traceback.
+Every subcommand parses arguments, calls the API and formats the DataFrame it returns; each has a builder of its
+sub-parser here (:func:`add_commands`, :func:`add_effects_commands`, :func:`add_corpus_commands`), which
+:func:`inspector.cli.parser.build_parser` calls in ``inspector --help``'s order.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,55 +16,42 @@ if TYPE_CHECKING:
 
     from inspector.capture.output import Output
 
-from inspector.cli import routes as routes_cli
-from inspector.cli import sources as sources_cli
-from inspector.cli import why as why_cli
-from inspector.cli.common import (
+from inspector.cli.arguments import (
     CAPTURE_HELP,
     OCCURRENCE_HELP,
     QUERY_HELP,
     QUERY_INDEX_HELP,
-    Parser,
     add_batch_row_option,
     add_lift_option,
     add_model_options,
     add_rows_options,
     add_source_output_options,
     add_weighting_option,
+    generate_count,
+    int_list,
+    positive_int,
+    rows_shown,
+)
+from inspector.cli.files import (
     check_before_loading,
+    check_output_arg,
+    check_rule_args,
+    read_text,
+)
+from inspector.cli.loading import check_model_capture, load_from_args, model_config
+from inspector.cli.printing import format_table, print_table, say, status
+from inspector.cli.serve import check_listen, check_port, cmd_app
+from inspector.cli.words import (
     check_capture_arg,
     check_capture_words,
     check_global_texts,
-    check_listen,
-    check_model_capture,
     check_occurrence,
-    check_output_arg,
-    check_outputs,
-    check_port,
     check_referents_arg,
-    check_rule_args,
     check_source_words,
     check_word_in,
-    cmd_app,
-    format_table,
-    generate_count,
-    int_list,
-    load_from_args,
-    model_config,
     parse_variants,
-    positive_int,
-    print_table,
-    read_text,
-    rows_shown,
-    say,
-    signal_line,
-    status,
-    terminate_as_interrupt,
-    writes_stdout,
 )
-from inspector.cli.reproduce import formatter_for
-from inspector.errors import InspectorError
-from inspector.store.files import SIGNALS, StdoutError, stdout_error
+from inspector.errors import InspectorError, check_source, empty_source
 from inspector.store.schema import STORAGE_DTYPES
 
 
@@ -87,7 +73,7 @@ def cmd_capture(args) -> int:
     if args.generate is not None and args.generate < 1:
         raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
     if text is not None and not (text[0] if isinstance(text, tuple) else text).strip():
-        raise InspectorError("the source text is empty: pass some text (--text or --text-file)")
+        raise empty_source("some text (--text or --text-file)")
     if isinstance(text, tuple) and not text[1].strip():
         raise InspectorError("the second text of the pair is empty: pass some text with --text-pair")
     glob = args.global_tokens.split(",") if args.global_tokens is not None else None
@@ -167,10 +153,10 @@ def cmd_split(args) -> int:
     longest = {k: max((d.get(k) for d in site_ds if isinstance(d.get(k), int)), default=None)
                for k in ("query_len", "key_len")}
     if args.query is not None:
-        check_capture_words(args.file, meta, [args.query], "query", [args.query_role] if args.query_role else None,
+        check_capture_words(args.file, meta, [args.query], "query", roles=[args.query_role] if args.query_role else None,
                             batch=args.batch, case_sensitive=case, occurrence=args.occurrence,
                             axis=("query axis of every site", longest["query_len"]))
-    check_capture_words(args.file, meta, refs, "referent", [args.referent_role] if args.referent_role else None,
+    check_capture_words(args.file, meta, refs, "referent", roles=[args.referent_role] if args.referent_role else None,
                         batch=args.batch, case_sensitive=case, axis=("key axis of every site", longest["key_len"]))
     check_output_arg(args.csv, "--csv")
     from inspector import analysis
@@ -226,11 +212,11 @@ def cmd_explain(args) -> int:
                              "--query WORD, or drop them with --query-index")
     case = not args.ignore_case
     if args.query is not None and isinstance(q_roles, list):
-        check_capture_words(args.file, meta, [args.query], "query", _in_role(q_roles, args.query_role), batch=args.batch,
+        check_capture_words(args.file, meta, [args.query], "query", roles=_in_role(q_roles, args.query_role), batch=args.batch,
                             case_sensitive=case, occurrence=args.occurrence,
                             axis=(f"query axis of {args.site}", site_d.get("query_len")))
     if refs and isinstance(k_roles, list):
-        check_capture_words(args.file, meta, refs, "referent", _in_role(k_roles, args.referent_role), batch=args.batch,
+        check_capture_words(args.file, meta, refs, "referent", roles=_in_role(k_roles, args.referent_role), batch=args.batch,
                             case_sensitive=case, axis=(f"key axis of {args.site}", site_d.get("key_len")))
     check_output_arg(args.json, "--json")
     from inspector.analysis import spans
@@ -399,7 +385,7 @@ def _check_plot(args, kind: str, query) -> None:
             raise InspectorError("the query is empty: pass --query WORD (or --query-index I)")
         q_roles = header.sites(meta).get(args.site, {}).get("query_input")
         if isinstance(q_roles, list):
-            check_capture_words(args.file, meta, [args.query], "query", q_roles, batch=args.batch)
+            check_capture_words(args.file, meta, [args.query], "query", roles=q_roles, batch=args.batch)
     check_output_arg(args.output, "-o")
 
 
@@ -469,8 +455,7 @@ def cmd_ablate(args) -> int:
                              "to patch the heads from")
     if variant is not None:
         check_word_in(args.query, variant, f"the --patch-from file {args.patch_from}")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     check_global_texts(_global_arg(args), {"the source text": source, f"the --patch-from file {args.patch_from}": variant})
     check_source_words(args, source)
     if args.csv:
@@ -511,8 +496,7 @@ def cmd_effects(args) -> int:
     check_occurrence(args.occurrence)  # this and every check below run before torch loads (issue 28)
     _check_generate(args)
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     parse_contrast(args.contrast)  # before the model loads
     check_source_words(args, source)
     if args.top < 0:
@@ -832,7 +816,7 @@ def _print_results(results: list, rows: int | None, limit: int | None) -> None:
 
 
 def _run_corpus_page(args) -> int:
-    from inspector.cli.common import supervise
+    from inspector.cli.serve import supervise
     from inspector.corpus import queries as corpus
 
     corpus.scan_info(args.out)  # one line if OUT holds no scan
@@ -900,10 +884,8 @@ def add_corpus_commands(sub) -> None:
     p.set_defaults(func=evaluate.corpus_command(cmd_corpus))  # an evaluation scan's views, else cmd_corpus
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="inspector", description="Capture and inspect transformer attention.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_capture(sub) -> None:
+    """``inspector capture``'s parser."""
     p = sub.add_parser("capture", help="run a model on a text and save Q/K/V and weights per layer and head")
     add_model_options(p)
     g = p.add_mutually_exclusive_group(required=True)
@@ -933,6 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing .safetensors that is not a capture")
     p.set_defaults(func=cmd_capture)
 
+
+def _add_rank(sub) -> None:
+    """``inspector rank``'s parser."""
     p = sub.add_parser("rank", help="rank heads by attention entropy")
     p.add_argument("file", help=CAPTURE_HELP)
     p.add_argument("--exclude-special", action="store_true", help="drop special-token keys and renormalize before entropy")
@@ -945,6 +930,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_weighting_option(p)
     p.set_defaults(func=cmd_rank)
 
+
+def _add_split(sub) -> None:
+    """``inspector split``'s parser."""
     p = sub.add_parser("split", help="find heads whose weight is split between competing referents")
     p.add_argument("file", help=CAPTURE_HELP)
     q = p.add_mutually_exclusive_group(required=True)
@@ -970,6 +958,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the full table to this CSV file (- for standard output)")
     p.set_defaults(func=cmd_split)
 
+
+def _add_explain(sub) -> None:
+    """``inspector explain``'s parser."""
     p = sub.add_parser("explain", help="one head's weights for one query, step by step (weights only where the "
                                          "site stores no Q/K/V)")
     p.add_argument("file", help=CAPTURE_HELP)
@@ -996,11 +987,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_weighting_option(p, "the aggregate row's referent weights")
     p.set_defaults(func=cmd_explain)
 
+
+def _add_info(sub) -> None:
+    """``inspector info``'s parser."""
     p = sub.add_parser("info", help="describe a capture file")
     p.add_argument("file", help=CAPTURE_HELP)
     add_rows_options(p, "sites", full=None)
     p.set_defaults(func=cmd_info)
 
+
+def _add_plot(sub) -> None:
+    """``inspector plot``'s parser."""
     p = sub.add_parser("plot", help="save a figure of one head (heatmap or a query's weights) as PNG or SVG")
     p.add_argument("file", help=CAPTURE_HELP)
     p.add_argument("--site", help="the head's site (not with --kind grid)")
@@ -1022,6 +1019,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["png", "svg"], help="the figure's format (default: -o's suffix; png for - or a device)")
     p.set_defaults(func=cmd_plot)
 
+
+def _add_app(sub) -> None:
+    """``inspector app``'s parser."""
     p = sub.add_parser("app", help="browse captures in the Streamlit app")
     p.add_argument("file", nargs="?", help="a capture file to open (default: none; the app can make one)")
     p.add_argument("--port", type=int, default=8501, help="port to serve the app on (default 8501)")
@@ -1036,116 +1036,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_weighting_option(p, "the weights every page shows (the sidebar's switch starts here)")
     p.set_defaults(func=cmd_app)
 
-    add_corpus_commands(sub)
 
-    try:
-        from inspector.cli.investigate import add_commands
-    except ImportError:  # pragma: no cover
-        add_commands = None
-    if add_commands is not None:
-        add_commands(sub, formatter_for(parser))  # debug's reproduce commands, spelt by this very parser
-    add_effects_commands(sub)
-    routes_cli.add_commands(sub)
-    why_cli.add_commands(sub)
-    sources_cli.add_commands(sub)
-    return parser
-
-
-class _CheckedStream:
-    """Standard output as a command prints to it: a write or flush the system refuses (a full disk behind
-    ``> FILE``, ``/dev/full``) is the one line :class:`~inspector.store.files.StdoutError`; a reader that went away
-    stays ``BrokenPipeError``."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise stdout_error(exc) from None
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise stdout_error(exc) from None
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line ``argv`` (default: the process's arguments) and return its exit status: 0, 2 after the
-    one line ``inspector: error: ...``, 130 / 128 + the signal after ``inspector: interrupted`` / ``terminated``
-    (SIGINT, SIGTERM, SIGHUP: :func:`~inspector.cli.common.terminate_as_interrupt`, whose handler owns the clean-up
-    of every command, also for a signal that comes while the outcome is being reported), 141 when the reader of
-    standard output went away. Without ``argv`` (the ``inspector`` process itself) signals after the last line are
-    ignored, so the process exits with the status it reported."""
-    from inspector.ui.terminal import EscapingStream
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    stdout = sys.stdout
-    # no control character from a file reaches the terminal raw; with an output to `-`, standard output holds
-    # that data alone and everything printed besides goes to standard error
-    sys.stdout = EscapingStream(sys.stderr, data=stdout) if writes_stdout(args) else _CheckedStream(EscapingStream(stdout))
-    with terminate_as_interrupt(keep=argv is None) as owner:
-        try:
-            return _run(args, owner, stdout)
-        except KeyboardInterrupt as exc:  # the first signal, while the outcome of the command was being reported
-            return _outcome(owner, exc, stdout)
-        finally:
-            sys.stdout = stdout
-
-
-def _run(args, owner, stdout) -> int:
-    try:
-        check_outputs(args)  # two outputs on one path, before anything runs
-        code = args.func(args)
-        sys.stdout.flush()
-        SIGNALS.check()  # a signal swallowed on the way (inside a __del__, e.g. tqdm's) is how the command ended
-        owner.close()
-        return code
-    except BaseException as exc:  # noqa: BLE001 - each kind is reported by _outcome, anything else raised again
-        return _outcome(owner, exc, stdout)
-
-
-def _outcome(owner, exc: BaseException, stdout) -> int:
-    """The last line and the exit status of a command that raised ``exc``; signals are ignored from here on. A signal
-    received (even one swallowed on the way) wins over an error it caused."""
-    from inspector.ui.terminal import escape
-
-    owner.close()
-    stopped = owner.received() or (exc if isinstance(exc, KeyboardInterrupt) else None)
-    if stopped is not None:
-        line, code = signal_line(stopped)
-        print(line, file=sys.stderr)
-        return code
-    if isinstance(exc, InspectorError):
-        if isinstance(exc, StdoutError):  # what is left in its buffer cannot be written either
-            _silence_stdout(stdout)
-        print(f"inspector: error: {escape(str(exc))}", file=sys.stderr)
-        return 2
-    if isinstance(exc, BrokenPipeError):  # the reader went away (`inspector rank FILE | head -1`): stop quietly
-        _silence_stdout(stdout)
-        return 141
-    raise exc
-
-
-def _silence_stdout(stdout) -> None:
-    """Point the standard output at /dev/null so that the interpreter's last flush does not fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def add_commands(sub) -> None:
+    """The capture, analysis and app commands, in this order: ``capture``, ``rank``, ``split``, ``explain``,
+    ``info``, ``plot`` and ``app``."""
+    _add_capture(sub)
+    _add_rank(sub)
+    _add_split(sub)
+    _add_explain(sub)
+    _add_info(sub)
+    _add_plot(sub)
+    _add_app(sub)

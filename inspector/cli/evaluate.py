@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inspector.cli.common import positive_int, print_table, rows_shown, status
+from inspector.cli.arguments import positive_int, rows_shown
+from inspector.cli.printing import print_table, status
 from inspector.errors import InspectorError
 
 CULPRIT_LEAD = ("rank", "layer", "head", "site", "culprit_documents", "share", "share_low", "share_high", "mean_effect")
@@ -134,7 +135,7 @@ def corpus_command(fallback):
     """``inspector corpus``'s function: an evaluation scan's views (:func:`run_corpus`) where OUT holds one and
     neither ``--sql`` nor ``--app`` is given, else ``fallback`` (the attention scan's ``cmd_corpus``, which checks
     the folder and the options and answers ``--sql`` and ``--app`` for both kinds of scan)."""
-    from inspector.cli.common import check_output_arg
+    from inspector.cli.files import check_output_arg
 
     def run(args) -> int:
         out = Path(args.out)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inspector.cli.common import (
+from inspector.cli.arguments import (
     OCCURRENCE_HELP,
     QUERY_HELP,
     add_lift_option,
@@ -15,28 +15,24 @@ from inspector.cli.common import (
     add_rows_options,
     add_source_output_options,
     add_weighting_option,
-    check_before_loading,
+    positive_int,
+    rows_shown,
+)
+from inspector.cli.files import check_before_loading, check_output_arg, check_rule_args, read_text
+from inspector.cli.loading import load_from_args
+from inspector.cli.printing import format_table, print_table, say_lines
+from inspector.cli.serve import check_port, cmd_app
+from inspector.cli.words import (
     check_capture_arg,
     check_capture_words,
     check_global_texts,
     check_in_text,
     check_occurrence,
-    check_output_arg,
-    check_port,
     check_referents_arg,
-    check_rule_args,
     check_word_in,
-    cmd_app,
-    format_table,
-    load_from_args,
     parse_variants,
-    positive_int,
-    print_table,
-    read_text,
-    rows_shown,
-    say_lines,
 )
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, check_source
 from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP
 
 STORY_VARIANTS, STORY_SOURCES = "variants.csv", "sources.csv"  # what the demo's story writes beside the investigation
@@ -181,8 +177,7 @@ def cmd_debug(args) -> int:
         raise InspectorError(f"--generate takes a number of tokens from 1, got {args.generate}")
     source = read_text(args.source, args.source_file, "source")
     said = read_text(args.output, args.output_file, "output")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     # the query is looked up in the output first (case-sensitive, as the question reads it): only a word the output
     # cannot hold must be in the source and in each variant
     in_output = args.query is None or args.generate or (said is not None and occurs_in(said, args.query))
@@ -237,8 +232,8 @@ def cmd_compare(args) -> int:
     check_rule_args(args)
     for file in (args.a, args.b):
         meta = check_capture_arg(file)
-        check_capture_words(file, meta, [args.query], "query", [args.query_role] if args.query_role else None)
-        check_capture_words(file, meta, refs, "referent", ["source"])
+        check_capture_words(file, meta, [args.query], "query", roles=[args.query_role] if args.query_role else None)
+        check_capture_words(file, meta, refs, "referent", roles=["source"])
     check_output_arg(args.csv, "--csv")
     from inspector.investigate.debug import compare_captures
     from inspector.store.capture_file import load

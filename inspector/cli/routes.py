@@ -6,27 +6,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inspector.cli.common import (
-    add_model_options,
-    add_rows_options,
-    add_source_output_options,
-    check_output_arg,
-    check_source_words,
-    load_from_args,
-    model_config,
-    print_table,
-    read_text,
-    rows_shown,
-    say,
-    status,
-)
-from inspector.errors import InspectorError
+from inspector.cli.arguments import add_model_options, add_rows_options, add_source_output_options, rows_shown
+from inspector.cli.files import check_output_arg, read_text
+from inspector.cli.loading import load_from_args, model_config
+from inspector.cli.printing import print_table, say, status
+from inspector.cli.words import check_source_words
+from inspector.errors import InspectorError, check_source
 
 
 def _inputs(args) -> tuple[str, bool]:
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     if args.contrast:
         from inspector.store.specs import contrast_words
 

@@ -8,23 +8,12 @@ import argparse
 import json
 from pathlib import Path
 
-from inspector.cli.common import (
-    add_model_options,
-    add_rows_options,
-    ascii_int,
-    check_global_texts,
-    format_table,
-    generate_count,
-    load_from_args,
-    model_config,
-    print_table,
-    read_text,
-    read_utf8,
-    rows_shown,
-    say,
-    status,
-)
-from inspector.errors import InspectorError
+from inspector.cli.arguments import add_model_options, add_rows_options, ascii_int, generate_count, rows_shown
+from inspector.cli.files import read_text, read_utf8
+from inspector.cli.loading import load_from_args, model_config
+from inspector.cli.printing import format_table, print_table, say, status
+from inspector.cli.words import check_global_texts
+from inspector.errors import InspectorError, check_source
 
 TEXT_SHOWN = 70  # characters of a unit's text in the printed table (the CSV has all of it)
 
@@ -95,8 +84,7 @@ def cmd_sources(args) -> int:
     from inspector.store.files import check_target, write_csv, write_json
 
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     check_options(ablations=args.ablations, holdout=args.holdout, batch_size=args.batch_size, ig_steps=args.ig_steps,
                   alpha=args.alpha, mode=args.mode, seed=args.seed)
     if args.span is not None and not args.span.strip():

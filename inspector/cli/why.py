@@ -7,20 +7,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inspector.cli.common import (
+from inspector.cli.arguments import (
     add_model_options,
     add_rows_options,
     add_source_output_options,
-    load_from_args,
-    model_config,
-    print_table,
-    read_text,
     rows_shown,
-    say,
-    status,
     token_index_arg,
 )
-from inspector.errors import InspectorError
+from inspector.cli.files import read_text
+from inspector.cli.loading import load_from_args, model_config
+from inspector.cli.printing import print_table, say, status
+from inspector.errors import InspectorError, check_source
 
 SUM_CHECK = 1e-5  # logit units: what the sum of the terms may differ from the model's own difference by
 
@@ -53,8 +50,7 @@ def cmd_why(args) -> int:
     from inspector.store.files import check_target, write_csv
 
     source = read_text(args.source, args.source_file, "source")
-    if not source or not source.strip():
-        raise InspectorError("the source text is empty: pass --source TEXT or --source-file FILE")
+    check_source(source)
     output = read_text(args.output, args.output_file, "output")
     if output is not None and not output.strip():
         raise InspectorError("the output text is empty: pass what the model said with --output, or --generate N")

@@ -241,19 +241,21 @@ def _group_pass(site, inputs: tuple, members: list[int], qw: slice, kw: slice, k
                                         out_dtype=torch.float32)
         v = g_vis[:, :, a0:a1] if g_vis.shape[2] > 1 else g_vis
         # self / previous position are read on the key window, which is the query window on one axis
-        if not sums.add(w, sums.block_rows(h, v, rows, torch.arange(a0, a1) - kw.start, g_special, g_pad_k)):
+        if not sums.add(w, sums.block_rows(h, v, rows, torch.arange(a0, a1) - kw.start, special_k=g_special, pad_k=g_pad_k)):
             raise LookupError(site.name)
-        _keep_block_rows(w, v, members, keep, kept, a0, a1, kw, site.key_len)
+        _keep_block_rows(w, v, members, keep, kept, range(a0, a1), kw, site.key_len)
     found = sums.metrics(want[0])
     found["top_key_index"] = found["top_key_index"] + kw.start
     return found
 
 
-def _keep_block_rows(w: torch.Tensor, v: torch.Tensor, members: list[int], keep: dict, kept: dict, a0: int, a1: int,
+def _keep_block_rows(w: torch.Tensor, v: torch.Tensor, members: list[int], keep: dict, kept: dict, block: range,
                      kw: slice, k_len: int) -> None:
-    """The query rows the splits read from one block (``w [group, head, rows a0..a1, key window]``, ``v`` its
-    visible keys), back on the whole key axis (0 weight, unseen outside the window), into ``kept``."""
-    pairs = [(i, b, p) for i, b in enumerate(members) for p in keep.get(b, ()) if a0 <= p < a1]
+    """The query rows the splits read from one block (``w [group, head, rows of block, key window]``, ``v`` its
+    visible keys; ``block`` the rows on the whole query axis), back on the whole key axis (0 weight, unseen outside
+    the window), into ``kept``."""
+    a0 = block.start
+    pairs = [(i, b, p) for i, b in enumerate(members) for p in keep.get(b, ()) if p in block]
     if not pairs:
         return
     ii = torch.tensor([i for i, _, _ in pairs])

@@ -178,7 +178,7 @@ class ForwardSums:
         """Whether a call's tensors can be reduced here: float32 on the CPU, stored as float32."""
         return storage == torch.float32 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (query, key, value))
 
-    def attend(self, site, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: bool = True) -> torch.Tensor:
+    def attend(self, site, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, output: bool = True) -> torch.Tensor:
         """The output of one attention call, ``[batch, query, head, d_v]`` as ``eager_attention_forward``
         returns it, from weights computed once per block and added to this site's sums on the way. With ``output``
         False (the call after which a stop plan ends the pass) the sums are taken and ``weights @ v`` is skipped:
@@ -226,8 +226,8 @@ class ForwardSums:
                     # what the sums read of the block besides its weights: once for the sites that share its mask and axes
                     shape = (id(vis), id(pad_q), id(special_k), b0, b1, r0, r1, h, sums.same_axis)
                     if shape not in self._blocks:
-                        self._blocks[shape] = sums.block_rows(h, vv, rows, torch.arange(r0, r1), special_k[b0:b1],
-                                                              pad_k[b0:b1])
+                        self._blocks[shape] = sums.block_rows(h, vv, rows, torch.arange(r0, r1), special_k=special_k[b0:b1],
+                                                              pad_k=pad_k[b0:b1])
                     finite &= sums.add(w, self._blocks[shape], at=slice(b0, b1), logits=logits)
         self.sums[site.name] = sums
         self.finite[site.name] = finite

@@ -97,7 +97,7 @@ class Reducer:
         from inspector.corpus.reduce import reduce_batch
 
         docs = [_document(r) for r in batch.to_dict("records")]
-        result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options, self.plan)
+        result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options, plan=self.plan)
         return pd.DataFrame({"documents": [to_ipc(result.documents_table)],
                              "heads": [to_ipc(result.heads_table) if len(result.heads_table) else b""]})
 

@@ -213,7 +213,7 @@ def _capture(model, tokenizer, docs: list[Document], options: Options, plan: Sto
 
 
 def reduce_batch(model, tokenizer, docs: list[Document], options: Options = Options(),
-                 plan: StopPlan | None = None) -> BatchResult:
+                 *, plan: StopPlan | None = None) -> BatchResult:
     """Capture ``docs`` together (padded) and reduce each to its ``heads`` rows; never raises for a bad
     document: its ``documents`` row carries the error instead. ``plan`` (a
     :class:`~inspector.corpus.forward_sums.StopPlan` kept across the batches of one model) ends each forward
@@ -229,7 +229,7 @@ def _captured(model, tokenizer, docs: list[Document], options: Options, plan: St
     """:func:`capture_batch` in inference mode: nothing of a scan's passes is differentiated, so no autograd
     bookkeeping per operation (the prefetching thread calls it too)."""
     with torch.inference_mode():
-        return capture_batch(model, tokenizer, docs, options, plan)
+        return capture_batch(model, tokenizer, docs, options, plan=plan)
 
 
 def _analysed(captured: Captured) -> BatchResult:
@@ -251,7 +251,7 @@ class Captured:
 
 
 def capture_batch(model, tokenizer, docs: list[Document], options: Options = Options(),
-                  plan: StopPlan | None = None) -> Captured:
+                  *, plan: StopPlan | None = None) -> Captured:
     """Capture ``docs`` (lazily, in memory): together, or one at a time where they cannot be together; ``plan``
     as :func:`reduce_batch` takes it."""
     doc_rows: dict[int, dict] = {}
@@ -538,7 +538,7 @@ def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int
         return
     if not prefetch:
         for batch in length_batches(docs, batch_size, tokenizer=tokenizer):
-            yield reduce_batch(model, tokenizer, batch, options, plan)
+            yield reduce_batch(model, tokenizer, batch, options, plan=plan)
         return
     from concurrent.futures import ThreadPoolExecutor
 
@@ -581,7 +581,7 @@ def _threaded(model, tokenizer, batches: Iterable[list[Document]], options: Opti
         pool = ThreadPoolExecutor(workers, thread_name_prefix="inspector-scan")
         try:
             for batch in batches:
-                pending.append(pool.submit(reduce_batch, model, tokenizer, batch, options, plan))
+                pending.append(pool.submit(reduce_batch, model, tokenizer, batch, options, plan=plan))
                 if len(pending) >= workers:
                     yield pending.popleft().result()
             while pending:

@@ -27,7 +27,8 @@ import pandas as pd
 from inspector.analysis import placement
 from inspector.corpus.documents import Document
 from inspector.errors import InspectorError
-from inspector.intervene.routes import FAMILIES, THRESHOLD, check_model, heads_on_route, record, routes
+from inspector.intervene.families import FAMILIES
+from inspector.intervene.routes import THRESHOLD, check_model, heads_on_route, record, routes
 
 ROUTE_COLUMNS = ["on_route", "route_share"]
 

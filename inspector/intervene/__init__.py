@@ -8,6 +8,7 @@
 * :mod:`~inspector.intervene.rerun`: exact effects that rerun only what a head changes (kept layer inputs, the
   encoder's output, ablations batched within a memory bound);
 * :mod:`~inspector.intervene.attribution`: input-token attribution (input x gradient, integrated gradients, rollout);
+* :mod:`~inspector.intervene.families`: the one table of the model families routes and logit_parts decompose;
 * :mod:`~inspector.intervene.routes`: information-flow routes (Ferrando & Voita 2024);
 * :mod:`~inspector.intervene.logit_parts`: one head's score difference decomposed into residual parts;
 * :mod:`~inspector.intervene.sources`: ContextCite (random unit ablations, a sparse linear surrogate);

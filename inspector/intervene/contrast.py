@@ -242,7 +242,7 @@ def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occur
         if role == "target" and spans.find(capture, site, wrong, "query", batch=batch, role="source"):
             raise InspectorError(f"{wrong!r} is in the prompt but not in the output: --contrast RIGHT,WRONG is measured "
                                  "where the output says WRONG; give an output that says it (--output TEXT)")
-        raise InspectorError(spans.not_found_message(capture, site, wrong, "query", f"WRONG word (in the {what})", batch))
+        raise InspectorError(spans.not_found_message(capture, site, wrong, "query", what=f"WRONG word (in the {what})", batch=batch))
     k = occurrence or 1
     if not 1 <= k <= len(found):
         raise InspectorError(f"{wrong!r} occurs {times(len(found))} in the {what}, so --occurrence must be "
@@ -254,7 +254,7 @@ def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occur
     if not getattr(tokenizer, "is_fast", False):
         raise InspectorError("the contrast needs a fast tokenizer (character offsets) to place RIGHT where WRONG stands")
     rec = capture.records(role, batch)
-    index, right_id, wrong_id = first_difference(tokenizer, rec, occ.start, occ.end, right)
+    index, right_id, wrong_id = first_difference(tokenizer, rec, occ.start, occ.end, right=right)
     if index is None:
         raise InspectorError(f"{right!r} and {wrong!r} start with the same tokens here, so no one position tells them apart: "
                              "pick words that differ in a token")
@@ -270,7 +270,7 @@ def _resolve_logit(capture: Capture, tokenizer, right: str, wrong: str, *, occur
                     wrong_id=int(wrong_id), token=f"{names[0]} / {names[1]}")
 
 
-def first_difference(tokenizer, rec: InputRecord, start: int, end: int, right: str) -> tuple[int | None, int, int]:
+def first_difference(tokenizer, rec: InputRecord, start: int, end: int, *, right: str) -> tuple[int | None, int, int]:
     """Where the output with RIGHT and the output with WRONG first tokenize differently.
 
     ``rec`` is the output as captured (WRONG at characters ``start:end`` of ``rec.text``); the output with

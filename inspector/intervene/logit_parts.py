@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -62,7 +62,8 @@ import torch
 from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
-from inspector.intervene.routes import CHECK, FAMILIES, record
+from inspector.intervene.families import FAMILIES, Family
+from inspector.intervene.routes import CHECK, record
 from inspector.store.masks import MASKED
 
 TERM_COLUMNS = ["q_component", "q_kind", "k_component", "k_kind", "term"]
@@ -72,28 +73,6 @@ POSITION_BIAS = "position bias"
 __all__ = ["MARGIN_COLUMNS", "POSITION_BIAS", "TERM_COLUMNS", "LogitParts", "decompose", "site_names"]
 
 
-@dataclass(frozen=True)
-class _Family:
-    """How a family computes q and k: the projections in the site module (``fused``: GPT-2's ``c_attn``, q then
-    k then v), the norm before the attention per step kind (relative to the block; None: post-LN), whether q/k
-    are rotated, and how the embeddings are summed (``positions``: learned position embeddings)."""
-
-    q: str
-    k: str
-    norms: dict[str, str] = field(default_factory=dict)
-    fused: bool = False
-    rotary: bool = False
-    positions: bool = False
-
-
-_LLAMA = _Family("q_proj", "k_proj", {"attention": "input_layernorm"}, rotary=True)
-_FAMILIES = {
-    "gpt2": _Family("c_attn", "c_attn", {"attention": "ln_1"}, fused=True, positions=True),
-    "bert": _Family("query", "key", positions=True),
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
-    "bart": _Family("q_proj", "k_proj", positions=True),
-    "t5": _Family("q", "k", {"attention": "layer.0.layer_norm", "cross": "layer.1.layer_norm"}),
-}
 _MLP_OUT = ("c_proj", "down_proj", "wo", "fc2")  # the MLP's last projection, when the step's module is the whole MLP
 
 
@@ -154,12 +133,12 @@ class LogitParts:
 
 def _prefixes(model) -> dict[str, str]:
     mt = getattr(model.config, "model_type", "")
-    if mt not in _FAMILIES:
-        raise InspectorError(f"why decomposes the attention scores of {', '.join(sorted(_FAMILIES))} models; {mt!r} is not "
+    if mt not in FAMILIES:
+        raise InspectorError(f"why decomposes the attention scores of {', '.join(sorted(FAMILIES))} models; {mt!r} is not "
                              "among them (its blocks' layout is not known to inspector)")
     names = dict(model.named_modules())
     out = {}
-    for stack, (prefixes, _) in FAMILIES[mt].items():
+    for stack, (prefixes, _) in FAMILIES[mt].stacks.items():
         prefix = next((p for p in prefixes if p in names), None)
         if prefix is None:
             raise InspectorError(f"{type(model).__name__} ({mt}) has no block list at {' or '.join(prefixes)}")
@@ -175,7 +154,7 @@ def site_names(model) -> dict[str, tuple[str, int, str]]:
     out = {}
     for stack, prefix in _prefixes(model).items():
         for b in range(len(names[prefix])):
-            for step in FAMILIES[model.config.model_type][stack][1]:
+            for step in FAMILIES[model.config.model_type].stacks[stack][1]:
                 if step.site:
                     out[f"{prefix}.{b}.{step.site}"] = (stack, b, step.kind)
     return out
@@ -216,7 +195,7 @@ class _Extra:
         if mt == "bert":
             self.targets[_bert_base(next(iter(prefixes.values()))) + "embeddings.token_type_embeddings"] = "token_type"
         self.site = site
-        self.rotary = _FAMILIES[mt].rotary
+        self.rotary = FAMILIES[mt].rotary
 
     def __enter__(self):
         self.handles = []
@@ -288,7 +267,7 @@ def _affine(module) -> tuple[torch.Tensor, torch.Tensor | None]:
     return w, (_f64(b) if isinstance(b, torch.Tensor) else None)
 
 
-def _projections(site_module, fam: _Family, site):
+def _projections(site_module, fam: Family, site):
     """``(W_q [head, d, hidden], b_q [head, d] | None, W_k [kv_head, d, hidden], b_k)`` of the site."""
     out = []
     for which, name, heads in (("q", fam.q, site.num_heads), ("k", fam.k, site.num_kv_heads)):
@@ -314,7 +293,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 # ---- the residual's components ---------------------------------------------------------------
-def _level0(g, mt: str, fam: _Family, stack: str, positions: list[int], ids: torch.Tensor, extra: _Extra
+def _level0(g, mt: str, fam: Family, stack: str, positions: list[int], ids: torch.Tensor, extra: _Extra
             ) -> dict[str, tuple[str, torch.Tensor]]:
     model = g.model
     label = "" if stack == "none" else f"{stack} "
@@ -371,7 +350,7 @@ def _mlp_parts(g, stack: str, level: int, block: int, step, positions: list[int]
     return {f"{st.prefix}.{block}:mlp": ("mlp", delta - b), f"{last}.bias": ("mlp bias", b)}
 
 
-def _components(g, mt: str, fam: _Family, stack: str, level: int, positions: list[int], ids: torch.Tensor,
+def _components(g, mt: str, fam: Family, stack: str, level: int, positions: list[int], ids: torch.Tensor,
                 extra: _Extra) -> dict[str, tuple[str, torch.Tensor]]:
     """The components (name -> (kind, ``[position, hidden]`` float64)) of ``stack``'s residual state at
     ``level`` and ``positions``; they sum to the recorded state (checked, relative :data:`CHECK`)."""
@@ -426,8 +405,20 @@ def _relative_error(made: torch.Tensor, recorded: torch.Tensor) -> float:
     return float((made - recorded).norm() / max(float(recorded.norm()), 1e-12))
 
 
-def _side(g, mt, fam, extra, site, where, *, query: bool, positions: list[int], ids, w, b):
+@dataclass(frozen=True)
+class _Pass:
+    """The recorded forward pass a decomposition reads: the graph, the model type, its family and the extra
+    tensors the hooks saw (norm inputs, token types, rotary cos/sin)."""
+
+    g: object
+    mt: str
+    fam: Family
+    extra: _Extra
+
+
+def _side(run: _Pass, site, where, *, query: bool, positions: list[int], ids, w, b):
     """One side's parts ``(names, kinds, [part, position, d])`` at ``positions`` of the site's query or key axis."""
+    g, mt, fam, extra = run.g, run.mt, run.fam, run.extra
     stack, block, kind = where
     st_q = g.stacks[stack]
     level_in = block * len(st_q.steps) + [s.kind for s in st_q.steps].index(kind)
@@ -502,14 +493,14 @@ def decompose(model, tokenizer, text: str, target: str | Output | None = None, *
         near = ", ".join(list(sites)[:6])
         raise InspectorError(f"no attention site {site!r} in this model; sites are: {near}{' ...' if len(sites) > 6 else ''}")
     mt = model.config.model_type
-    fam = _FAMILIES[mt]
+    fam = FAMILIES[mt]
     prefixes = _prefixes(model)
     extra = _Extra(model, mt, site, prefixes)
     said = Output.coerce(target)
     _encode_first(model, tokenizer, text, said.text, said.id_lists)
     with extra:
         g = record(model, tokenizer, text, said)
-    return _decompose(g, mt, fam, extra, site, sites[site], head, query_position, right, wrong)
+    return _decompose(_Pass(g, mt, fam, extra), site, sites[site], head, query_position, right, wrong)
 
 
 def _encode_first(model, tokenizer, text, target, target_ids) -> None:
@@ -521,17 +512,18 @@ def _encode_first(model, tokenizer, text, target, target_ids) -> None:
     encode(model, tokenizer, text, target, target_ids=target_ids)
 
 
-def _decompose(g, mt, fam, extra, name, where, head, i, right, wrong) -> LogitParts:
+def _decompose(run: _Pass, name, where, head, i, right, wrong) -> LogitParts:
+    g, mt, extra = run.g, run.mt, run.extra
     cap = g.capture
     site = cap.site(name)
     row = _check_positions(cap, site, head, i, right, wrong)
     kvh = site.head_map[head]
-    w_q, b_q, w_k, b_k = _projections(extra.names[name], fam, site)
+    w_q, b_q, w_k, b_k = _projections(extra.names[name], run.fam, site)
     ids = _ids(g)
     keys = sorted(set(right) | set(wrong))
-    qn, qk, qp = _side(g, mt, fam, extra, site, where, query=True, positions=[i], ids=ids, w=w_q[head],
+    qn, qk, qp = _side(run, site, where, query=True, positions=[i], ids=ids, w=w_q[head],
                        b=None if b_q is None else b_q[head])
-    kn, kk, kp = _side(g, mt, fam, extra, site, where, query=False, positions=keys, ids=ids, w=w_k[kvh],
+    kn, kk, kp = _side(run, site, where, query=False, positions=keys, ids=ids, w=w_k[kvh],
                        b=None if b_k is None else b_k[kvh])
     q_rec = cap.tensor(site, "q")[0, head, i].double()
     k_rec = cap.tensor(site, "k")[0, kvh, keys].double()  # [key, d]

@@ -109,7 +109,7 @@ def edit_points(model) -> list[EditPoint]:
     return out
 
 
-def layout(module, args: tuple, kwargs: dict, n: int | None, start: int = 0) -> Layout:
+def layout(module, args: tuple, kwargs: dict, n: int | None, *, start: int = 0) -> Layout:
     """Where the projection's input rows of one call of ``module`` (forward arguments ``args``, ``kwargs``) lie
     on the site's query axis, for a source of ``n`` tokens (see the module docstring); ``start``: a decoder
     call's running position (the query positions its module has seen before in this pass)."""
@@ -137,7 +137,7 @@ def layout(module, args: tuple, kwargs: dict, n: int | None, start: int = 0) -> 
     return Layout(["source"], ["source"], n, n, [(0, tokens)])
 
 
-def site_record(point: EditPoint, name: str, layer: int, encoder_decoder: bool, lay: Layout) -> Site:
+def site_record(point: EditPoint, name: str, layer: int, encoder_decoder: bool, *, lay: Layout) -> Site:
     """The :class:`~inspector.store.schema.Site` of one call (no tensors: the seam's capture of these modules
     holds their axes, heads and projection, what ablation, patching and effects read)."""
     h = point.heads

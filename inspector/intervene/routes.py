@@ -46,6 +46,7 @@ from inspector.capture.interface import model_alone
 from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
+from inspector.intervene.families import FAMILIES, Step
 from inspector.store.capture_file import Capture
 
 THRESHOLD = 0.04
@@ -53,42 +54,9 @@ KEY_BLOCK = 128  # key positions per block when forming head contributions (memo
 EDGE_COLUMNS = ["stack", "layer", "sublayer", "from_stack", "from_level", "from_position", "from_token", "to_level",
                 "to_position", "to_token", "kind", "site", "head", "importance"]
 
-__all__ = ["EDGE_COLUMNS", "FAMILIES", "THRESHOLD", "Graph", "Step", "check_model", "heads_on_route", "record", "routes"]
+__all__ = ["EDGE_COLUMNS", "THRESHOLD", "Graph", "check_model", "heads_on_route", "record", "routes"]
 
 
-@dataclass(frozen=True)
-class Step:
-    """One sub-layer: ``kind`` (attention, cross or mlp); ``delta``: the module (relative to the block)
-    whose output is what the sub-layer adds (pre-LN); ``site``/``out_proj``: the attention module and its
-    output projection; ``norm``: the LayerNorm applied to the sum (post-LN), else None."""
-
-    kind: str
-    delta: str
-    site: str | None = None
-    out_proj: str | None = None
-    norm: str | None = None
-
-
-_LLAMA = {"none": (("model.layers",), (Step("attention", "self_attn", "self_attn", "self_attn.o_proj"), Step("mlp", "mlp")))}
-_T5_ENC = (Step("attention", "layer.0.SelfAttention", "layer.0.SelfAttention", "layer.0.SelfAttention.o"),
-           Step("mlp", "layer.1.DenseReluDense"))
-_T5_DEC = (Step("attention", "layer.0.SelfAttention", "layer.0.SelfAttention", "layer.0.SelfAttention.o"),
-           Step("cross", "layer.1.EncDecAttention", "layer.1.EncDecAttention", "layer.1.EncDecAttention.o"),
-           Step("mlp", "layer.2.DenseReluDense"))
-_BART_SELF = Step("attention", "self_attn", "self_attn", "self_attn.out_proj", "self_attn_layer_norm")
-_BART_CROSS = Step("cross", "encoder_attn", "encoder_attn", "encoder_attn.out_proj", "encoder_attn_layer_norm")
-_BART_MLP = Step("mlp", "fc2", norm="final_layer_norm")
-# model_type -> stack -> (candidate paths of the block list, steps of each block)
-FAMILIES: dict[str, dict[str, tuple[tuple[str, ...], tuple[Step, ...]]]] = {
-    "gpt2": {"none": (("transformer.h", "h"), (Step("attention", "attn", "attn", "attn.c_proj"), Step("mlp", "mlp")))},
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
-    "bert": {"none": (("encoder.layer", "bert.encoder.layer"), (
-        Step("attention", "attention.output.dense", "attention.self", "attention.output.dense", "attention.output.LayerNorm"),
-        Step("mlp", "output.dense", norm="output.LayerNorm")))},
-    "t5": {"encoder": (("encoder.block",), _T5_ENC), "decoder": (("decoder.block",), _T5_DEC)},
-    "bart": {"encoder": (("model.encoder.layers",), (_BART_SELF, _BART_MLP)),
-             "decoder": (("model.decoder.layers",), (_BART_SELF, _BART_CROSS, _BART_MLP))},
-}
 CHECK = 1e-4  # the recorded states must equal the layout's sums to this relative tolerance
 
 
@@ -164,7 +132,7 @@ def _resolve_stacks(model) -> dict[str, _Stack]:
                              "them (its blocks' layout is not known to inspector, so its residual is not decomposed)")
     names = dict(model.named_modules())
     out = {}
-    for stack, (prefixes, steps) in fam.items():
+    for stack, (prefixes, steps) in fam.stacks.items():
         prefix = next((p for p in prefixes if p in names), None)
         if prefix is None:
             raise InspectorError(f"{type(model).__name__} ({mt}) has no block list at {' or '.join(prefixes)}: routes "
@@ -196,19 +164,19 @@ def _hooks(model, stacks: dict[str, _Stack]):
         for b in range(st.n_blocks):
             block = f"{st.prefix}.{b}"
 
-            def out_hook(_m, _a, out, st=st, b=b):
+            def out_hook(_m, _a, out, *, st=st, b=b):
                 st.outputs[b] = _first(out)[0].detach().float().clone()
 
             handles.append(names[block].register_forward_hook(out_hook))
             for k, step in enumerate(st.steps):
                 level = b * n_steps + k + 1
                 if step.norm is None:
-                    def delta(_m, _a, out, st=st, level=level):
+                    def delta(_m, _a, out, *, st=st, level=level):
                         st.nodes[level] = st.nodes[level - 1] + _first(out)[0].detach().float()
 
                     handles.append(names[f"{block}.{step.delta}"].register_forward_hook(delta))
                 else:
-                    def norm(_m, args, out, st=st, level=level):
+                    def norm(_m, args, out, *, st=st, level=level):
                         st.sums[level] = args[0][0].detach().float().clone()
                         st.nodes[level] = _first(out)[0].detach().float().clone()
 
@@ -302,7 +270,7 @@ def _incoming(g: Graph, stack: str, level: int, rows: list[int], keep_vectors: b
                                     "site": "", "head": -1, "vector": vec, "proximity": _proximity(y[r], vec)})
             res[r]["total"] = res[r]["total"] + vec
     if step.kind != "mlp":
-        _attention_edges(g, st, block, step, level, rows, f, y, res)
+        _attention_edges(g, st, level, rows, f, y, res)
     for r in range(len(rows)):
         if beta is not None:
             res[r]["bias"] = res[r]["bias"] + beta
@@ -311,7 +279,9 @@ def _incoming(g: Graph, stack: str, level: int, rows: list[int], keep_vectors: b
     return res
 
 
-def _attention_edges(g: Graph, st: _Stack, block: int, step: Step, level: int, rows: list[int], f, y, res) -> None:
+def _attention_edges(g: Graph, st: _Stack, level: int, rows: list[int], f, y, res) -> None:
+    """The edges into ``level`` of ``st`` from one attention block's heads (its block and step: ``st.step(level)``)."""
+    block, step = st.step(level)
     cap = g.capture
     site = cap.site(g.sites[(st.name, block, step.kind)])
     proj = dict(g.model.named_modules())[f"{st.prefix}.{block}.{step.out_proj}"]

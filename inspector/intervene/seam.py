@@ -160,14 +160,14 @@ class Seam:
         if self.source_len is None and type(module).__name__ not in long_sites.DECODER_CLASSES:
             raise InspectorError(f"{type(module).__name__} at {name} ran before its encoder's input was seen: run the "
                                  "model through its encoder (or the whole model) under the seam")
-        lay = long_sites.layout(module, args, kwargs, self.source_len, self._position.get(name, 0))
+        lay = long_sites.layout(module, args, kwargs, self.source_len, start=self._position.get(name, 0))
         if lay.decoder:
             self._position[name] = lay.start + lay.query_len
         self.seen[name] = point.heads
         self._pending[id(point.proj)] = _LongCall(point=point, name=name, layout=lay)
         if self.recorder is not None:
             self.recorder.sites.append(long_sites.site_record(point, name, site_depth(None, point.name, call),
-                                                              self.recorder.encoder_decoder, lay))
+                                                              self.recorder.encoder_decoder, lay=lay))
             for role, count in lay.pseudo.items():
                 self.pseudo[role] = count
 

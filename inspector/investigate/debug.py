@@ -312,8 +312,8 @@ def investigate(
                  for name, c, text, file in [("", cap, source, "output.txt")]
                  + [(n, variant_caps[n], (variants or {})[n], f"output-{n}.txt" if generate else "output.txt")
                     for n in variant_caps]}
-    commands = _commands(loaded.name, out, question, split, said_args, list(variants or {}), roles_of(cap, question),
-                         rank_weighting=rank.attrs.get("weighting", "attention"), global_tokens=global_tokens,
+    commands = _commands(_RunFiles(loaded.name, out, said_args, tuple(variants or {}), global_tokens), question, split,
+                         roles_of(cap, question), rank_weighting=rank.attrs.get("weighting", "attention"),
                          explainable=_explainable(cap, split))
     matter = where = where_section = where_note = verdict = why = why_note = None
     contrast = question.contrast_spec
@@ -326,7 +326,7 @@ def investigate(
         verdict = verdict_of(cap, matter, question)
         from inspector.investigate.verdict import why_of
 
-        why, why_note = why_of(loaded, cap, source, verdict, placement)
+        why, why_note = why_of(loaded, cap, source, verdict, placement=placement)
         commands += _matter.commands(loaded.name, out, matter, question.query, question.occurrence,
                                      _said_options(out, said_args[""]))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
@@ -383,7 +383,7 @@ def investigate(
 def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, question: Question, verdict=None):
     """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
     model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
-    from inspector.intervene.routes import FAMILIES
+    from inspector.intervene.families import FAMILIES
     from inspector.investigate import wherefrom
     from inspector.ui.report import WhereSection
 
@@ -392,7 +392,7 @@ def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, quest
         return None, None, (f"routes decompose the residual of {', '.join(sorted(FAMILIES))} models; {mt!r} is not "
                             "among them")
     try:
-        w = wherefrom.where_from(loaded, cap, source, split, matter, question, verdict=verdict)
+        w = wherefrom.where_from(loaded, cap, source, split, matter=matter, question=question, verdict=verdict)
     except InspectorError as exc:  # e.g. blocks that do not add up as the family's layout says
         return None, None, str(exc)
     return w, WhereSection(attribution=w.attribution, route=w.route, heads=w.heads, sentence=wherefrom.headline(w),
@@ -455,9 +455,21 @@ def _explainable(cap: Capture, split: pd.DataFrame) -> bool:
     return True
 
 
-def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, said_args: dict, variants: list[str],
-              roles: tuple[str | None, str], *, rank_weighting: str = "attention", global_tokens: list[str] | None = None,
-              explainable: bool = True) -> list[Command]:
+@dataclass(frozen=True)
+class _RunFiles:
+    """What a run wrote that its reproduce commands name: the model, the folder, each capture's output as
+    :func:`_said_arg` says (keyed ``""`` for the original and by variant name), the variants' names and the
+    run's ``global_tokens`` (``--global``)."""
+
+    model: str
+    out: Path
+    said_args: dict
+    variants: tuple[str, ...] = ()
+    global_tokens: list[str] | None = None
+
+
+def _commands(run: _RunFiles, question: Question, split: pd.DataFrame, roles: tuple[str | None, str], *,
+              rank_weighting: str = "attention", explainable: bool = True) -> list[Command]:
     """The commands that rewrite the run's files (the CSVs byte for byte; a capture's tensors and metadata equal
     but for its ``created`` time and, for an output the run generated, the output's ``word_ids``, which a capture
     of the saved text records and one of generated ids cannot): the capture(s) (marking the run's
@@ -466,6 +478,7 @@ def _commands(model: str, out: Path, question: Question, split: pd.DataFrame, sa
     weighting and column labels), and explain of the top head when explain works there (``explainable``: its
     site has weights; without Q/K/V explain gives the weights without steps). Options at their defaults are
     left out."""
+    model, out, said_args, variants, global_tokens = run.model, run.out, run.said_args, run.variants, run.global_tokens
     rule, default = question.rule, analysis.SplitRule()
     wt: Options = tuple((f, getattr(rule, f)) for f in ("min_split", "min_mass", "min_lift")
                         if getattr(rule, f) != getattr(default, f))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from inspector import analysis
+from inspector.analysis.heads import head_label
 from inspector.analysis.placement import Placement
 from inspector.analysis.question import Question
 from inspector.analysis.verdict import SignatureRule, Verdict, culprits
@@ -75,15 +76,15 @@ WHY_CSV = "why.csv"
 WHY_TOP = 5  # terms shown on each side
 
 
-def why_of(loaded, cap: Capture, source: str, v: Verdict, placement: Placement):
+def why_of(loaded, cap: Capture, source: str, v: Verdict, *, placement: Placement):
     """Why the top culprit attends to WRONG: :func:`inspector.intervene.logit_parts.decompose` of its score
     difference ``s(row, WRONG) - s(row, RIGHT)`` at the row the signature was read at, WRONG's and RIGHT's keys
     being every token of the word in the source (the mean score over them), as ``placement`` (the question's,
     :func:`inspector.analysis.placement.place`, with its contrast) found them. Returns ``(LogitParts, None)``, or
     ``(None, why not)`` where there is no culprit read at a row, the family is not decomposed, or the words have
     no key on that site."""
+    from inspector.intervene.families import FAMILIES
     from inspector.intervene.logit_parts import decompose
-    from inspector.intervene.routes import FAMILIES
     from inspector.investigate.matter import said_output
 
     top = v.top
@@ -113,18 +114,13 @@ def why_lines(parts, v: Verdict, k: int = WHY_TOP) -> list[str]:
         return f"query {r['q_component']} x key {r['k_component']} {float(r['term']):+.4f}"
 
     top = v.top
-    lines = [f"Why {head_label(top)} attends to {v.wrong!r}: its score s(row {parts.query_position}, {v.wrong!r}) - "
+    lines = [f"Why {head_label(top, form='plain')} attends to {v.wrong!r}: its score s(row {parts.query_position}, {v.wrong!r}) - "
              f"s(row, {v.right!r}) = {parts.difference:+.4f} (the terms sum to {parts.total:+.4f}, gap {parts.gap:.1e}; "
              "LayerNorms linearised at the actual input). Largest parts towards " + f"{v.wrong!r}: "
              + ("; ".join(name(r) for r in parts.top(k, "wrong").to_dict("records")) or "none") + "."]
     lines.append(f"Towards {v.right!r}: " + ("; ".join(name(r) for r in parts.top(k, "right").to_dict("records"))
                                             or "none") + ".")
     return lines
-
-
-def head_label(row: dict) -> str:
-    """``layer L head H`` of a verdict row."""
-    return f"layer {int(row['layer'])} head {int(row['head'])}"
 
 
 def write(out_dir, v: Verdict, why=None) -> list:

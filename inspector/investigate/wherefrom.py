@@ -115,7 +115,7 @@ def _words(cap: Capture, attr: pd.DataFrame) -> list[str]:
     return out
 
 
-def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, question: Question, *, verdict=None,
+def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, *, matter, question: Question, verdict=None,
                options: WhereOptions = WhereOptions()) -> WhereFrom:
     """Attribution, route and the flagged / top-effect heads on it (module docstring). ``matter`` is the
     investigation's :class:`~inspector.investigate.matter.Matter` (its effects table gives the top-effect

@@ -58,15 +58,17 @@ def window_keys(q_idx: torch.Tensor, block: int, window: int, offset: int) -> to
     return window_start(q_idx, block, window, offset)[:, None] + torch.arange(span(block, window))[None, :]
 
 
-def in_window(q_idx: torch.Tensor, key_len: int, block: int, window: int, offset: int) -> torch.Tensor:
-    """Boolean ``[query, key]``: key ``k`` lies in query ``q``'s window."""
+def in_window(q_idx: torch.Tensor, key_len: int, geom: tuple[int, int, int]) -> torch.Tensor:
+    """Boolean ``[query, key]``: key ``k`` lies in query ``q``'s window (``geom``: ``(block, window, offset)``,
+    :func:`geometry`)."""
+    block, window, offset = geom
     start = window_start(q_idx, block, window, offset)[:, None]
     k = torch.arange(key_len)[None, :]
     return (k >= start) & (k < start + span(block, window))
 
 
 def expand(compact: torch.Tensor, read_global_rows: Callable[[slice], torch.Tensor], is_global: torch.Tensor,
-           geom: tuple[int, int, int], queries: range, query_len: int, global_rows: int) -> torch.Tensor:
+           geom: tuple[int, int, int], *, queries: range, query_len: int, global_rows: int) -> torch.Tensor:
     """Per-token weights ``[head, query, key]`` for the query rows ``queries`` of one batch row, from ``compact
     [head, query, S + span]`` (those rows), ``is_global [key]`` (bool) and ``geom = (block, window, offset)``.
 

@@ -264,8 +264,8 @@ class Capture:
             spec = self.masks[site.mask]
             w = band.expand(self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads),
                             lambda slots: self._rows(rows_name, batch, heads, slots, site.num_heads),
-                            self._globals(site, batch), band.geometry(spec), range(*qs.indices(site.query_len)),
-                            site.query_len, self.tensors.shape(rows_name)[2])
+                            self._globals(site, batch), band.geometry(spec), queries=range(*qs.indices(site.query_len)),
+                            query_len=site.query_len, global_rows=self.tensors.shape(rows_name)[2])
             code = validate.precision(self.tensors.dtype(site.tensor_name("weights")), validate.model_code(self.meta))
         elif "weights" in site.parts:
             w = self._rows(site.tensor_name("weights"), batch, heads, qs, site.num_heads)
@@ -282,7 +282,7 @@ class Capture:
         rows = range(*qs.indices(site.query_len))
         vis = validate.visible_rows(site, mask if mask is None or mask.shape[0] == 1 else mask[heads], rows)
         pad_q, pad_k = self._padding(site, "query", batch)[qs], self._padding(site, "key", batch)
-        validate.check_rows(str(self.source), site, w, vis & ~pad_k, heads, rows, code, skip=pad_q)
+        validate.check_rows(str(self.source), site, w, vis & ~pad_k, heads=heads, queries=rows, dtype_code=code, skip=pad_q)
         return w
 
     def _globals(self, site: Site, batch: int) -> torch.Tensor:
@@ -421,7 +421,7 @@ def load(path: str | os.PathLike) -> Capture:
     shapes = {name: tensors.shape(name) for name in tensors.keys()}
     dtypes = {name: tensors.dtype(name) for name in shapes}
     meta = validate.parse_inspector(path, metadata["inspector"], shapes)
-    validate.check_capture(path, meta, dtypes, shapes, SCHEMA, read=lambda name: tensors[name])
+    validate.check_capture(path, meta, dtypes, shapes, schema_max=SCHEMA, read=lambda name: tensors[name])
     sites = [Site.from_dict(d) for d in meta["sites"]]
     for s in sites:  # value norms (issue 10) are [batch, head, key]: small enough to check whole
         if "value_norm" in s.parts:

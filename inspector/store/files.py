@@ -170,7 +170,7 @@ class _Hold:
 class Signals:
     """The signal that stops a command, as its writes see it (one per process: :data:`SIGNALS`).
 
-    The command line's handler (:func:`inspector.cli.common.terminate_as_interrupt`) hands every SIGINT, SIGTERM
+    The command line's handler (:func:`inspector.cli.signals.terminate_as_interrupt`) hands every SIGINT, SIGTERM
     and SIGHUP to :meth:`arrive`. The first is the command's interruption: raised at once (as KeyboardInterrupt),
     or, while the main thread is in a :meth:`hold` block (a temporary file being made or removed, a clean-up
     closing progress bars, joining the writer thread, rewriting ``documents.parquet``), when the outermost block

@@ -192,7 +192,7 @@ def _band(spec: dict[str, Any], tensors, batch: int, q_idx: torch.Tensor, key_le
     (:func:`inspector.store.band.in_window`), or a global key, or a global query; none for a padding query
     when ``pad_rows``."""
     glob = _per_row(tensors, spec["globals"], batch)
-    vis = band.in_window(q_idx, key_len, *band.geometry(spec)) | glob[None, :] | glob[q_idx][:, None]
+    vis = band.in_window(q_idx, key_len, band.geometry(spec)) | glob[None, :] | glob[q_idx][:, None]
     if spec.get("pad_rows") and spec.get("key_padding"):
         vis &= ~_per_row(tensors, spec["key_padding"], batch)[q_idx][:, None]
     return vis
@@ -204,7 +204,7 @@ def _one_row(flags: torch.Tensor) -> torch.Tensor:
     return flags[:1] if bool((flags == flags[:1]).all()) else flags
 
 
-def band_spec(prefix: str, geom: tuple[int, int, int], query_len: int, is_global: torch.Tensor, padding: torch.Tensor,
+def band_spec(prefix: str, geom: tuple[int, int, int], query_len: int, is_global: torch.Tensor, *, padding: torch.Tensor,
               pad_rows: bool = False) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The spec and tensors of a band mask: ``geom = (block, window, offset)`` (:mod:`inspector.store.band`),
     ``query_len`` queries (the key axis's first), ``is_global`` and ``padding`` ``[batch, key]`` bool (padding:

@@ -165,7 +165,7 @@ def visible_rows(site, mask: torch.Tensor | None, queries: range) -> torch.Tenso
     return visible_by_mask(site, seen, mask, torch.tensor(list(queries), dtype=torch.long))
 
 
-def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, heads: list[int], queries: range, dtype_code: str,
+def check_rows(where: str, site, w: torch.Tensor, vis: torch.Tensor, *, heads: list[int], queries: range, dtype_code: str,
                skip: torch.Tensor | None = None) -> None:
     """Refuse attention rows ``w [head, query, key]`` that are not weights: non-finite, outside [0, 1],
     not summing to 1 over the visible keys ``vis [1|head, query, key]`` (the mask's, less padding keys),
@@ -266,7 +266,7 @@ def row_tolerance(dtype_code: str, n: torch.Tensor | int) -> torch.Tensor | floa
     return max(ROW_FLOOR, (2 + math.sqrt(n)) * u + n * s / 2)
 
 
-def check_explained(where: str, site, head: int, query_index: int, weight: torch.Tensor, stored: torch.Tensor | None,
+def check_explained(where: str, site, head: int, query_index: int, *, weight: torch.Tensor, stored: torch.Tensor | None,
                     dtype_code: str) -> None:
     """Refuse an explained row (float64 ``[key]``) that is not finite, or that differs from the stored
     weights of the same row by more than the storage precision allows."""
@@ -298,7 +298,7 @@ MASK_FIELDS = {"dtype": str, "shape": list[int], "fill": str | None, "visible": 
                "window": int | None, "key_padding": str | None, "packed": str | None, "bias": str | None}
 
 
-def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shapes: dict[str, list[int]], schema_max: int,
+def check_capture(path: Path, meta: dict[str, Any], dtypes: dict[str, str], shapes: dict[str, list[int]], *, schema_max: int,
                   read: Callable[[str], torch.Tensor] | None = None) -> None:
     """Check a parsed header and the tensors' dtypes and shapes against each other; raise one line naming
     the site (or input, or mask) and the field on the first problem. In order: the top-level fields

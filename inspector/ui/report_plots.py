@@ -34,9 +34,9 @@ def _svg(chart) -> str | None:
 
 
 def _label(r: dict) -> str:
-    from inspector.ui.views import head_label
+    from inspector.analysis.heads import head_label
 
-    return head_label(r)
+    return head_label(r, form="short")
 
 
 def _name(column: str) -> str:

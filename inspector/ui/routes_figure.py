@@ -70,7 +70,7 @@ def node_data(data: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([starts, ends]).drop_duplicates(["x", "y"]).reset_index(drop=True)
 
 
-def head_at(graph, stack: str, level: int, position: int, from_position: int | None = None) -> dict | None:
+def head_at(graph, stack: str, level: int, position: int, *, from_position: int | None = None) -> dict | None:
     """The head a click stands for: at node ``(stack, level, position)`` of a recorded
     :class:`~inspector.intervene.routes.Graph`, the head whose own contribution (``A[h, i, j] v_j W_O^h``) has the
     largest importance, from key ``from_position`` (an edge) or from any key (a node). Returns ``site``, ``head``,

@@ -71,7 +71,7 @@ def heatmap_data(capture: Capture, site: Site | str, head: int, *, query: int | 
     if qi is not None and site.query_input != site.key_input:
         centre = int(views.query_weights(capture, site, head, pos, batch=batch, weighting=weighting).argmax())
     qs, ks = views.heatmap_windows(site, qi, window, centre_key=centre)
-    df = views.heatmap_frame(capture, site, head, qs, ks, batch=batch, weighting=weighting)
+    df = views.heatmap_frame(capture, site, head, qs, keys=ks, batch=batch, weighting=weighting)
     df["visible"] = views.visible_frame(capture, site, df, batch=batch)
     return df
 

@@ -189,7 +189,7 @@ class _Fit:
 
 
 def fit_table(header: list[str], rows: list[list[str]], numeric: list[bool], width: int,
-              lead: int = 0, keep: tuple[int, ...] = ()) -> tuple[list[str], list[str]]:
+              *, lead: int = 0, keep: tuple[int, ...] = ()) -> tuple[list[str], list[str]]:
     """A table of string cells as lines of at most ``width`` characters, and the names of the columns left out.
 
     Numbers are right-aligned, text left-aligned, one space between columns. The first ``lead`` columns are the

@@ -15,6 +15,7 @@ matrix of a long input. Every public name of the submodules is re-exported here 
 * :mod:`~inspector.ui.views.limits`: the app's bound on recomputed weights and its one-line error messages.
 """
 
+from inspector.analysis.heads import head_label  # the one head name (analysis: the verdict names heads too)
 from inspector.ui.views.bertviz import (
     BERTVIZ_MAX_HEADS,
     BERTVIZ_MAX_TOKENS,
@@ -49,7 +50,6 @@ from inspector.ui.views.frames import (
 from inspector.ui.views.labels import (
     group_label,
     groups,
-    head_label,
     md_text,
     search_labels,
     site_label,

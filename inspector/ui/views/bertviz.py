@@ -199,7 +199,7 @@ def offline_bertviz(page: str, scripts: dict[str, str]) -> str:
     return page
 
 
-def bertviz_html(capture: Capture, view: str, start: int, size: int, vendor_dir: str | Path, *, batch: int = 0,
+def bertviz_html(capture: Capture, view: str, start: int, size: int, *, vendor_dir: str | Path, batch: int = 0,
                  layer: int | None = None, heads: list[int] | None = None) -> str:
     """bertviz's head or model view of a token window, as self-contained HTML. For the head view,
     ``layer`` (an index into the captured layers) and ``heads`` pick what is shown first. The model view

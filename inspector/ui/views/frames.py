@@ -10,11 +10,12 @@ import pandas as pd
 import torch
 
 from inspector.analysis.explain import Explanation
+from inspector.analysis.heads import head_label
 from inspector.analysis.keys import MASKED, head_weights
 from inspector.analysis.split import word_row
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
-from inspector.ui.views.labels import group_label, head_label, token_label
+from inspector.ui.views.labels import group_label, token_label
 from inspector.ui.views.limits import check_head_dims
 
 GRID_METRICS = {
@@ -48,7 +49,7 @@ def grid_frame(rank: pd.DataFrame, split: pd.DataFrame | None = None) -> pd.Data
 
 
 def heatmap_frame(
-    capture: Capture, site: Site, head: int, queries: slice, keys: slice | None = None, top_k: int | None = None,
+    capture: Capture, site: Site, head: int, queries: slice, *, keys: slice | None = None, top_k: int | None = None,
     batch: int = 0, weighting: str = "attention",
 ) -> pd.DataFrame:
     """Long-form weights of one head for a window of query rows: every key of the ``keys`` window,
@@ -86,7 +87,7 @@ def heatmap_frame(
     })
 
 
-def query_row(capture: Capture, site: Site, head: int, query_index: int, batch: int = 0,
+def query_row(capture: Capture, site: Site, head: int, query_index: int, *, batch: int = 0,
               weighting: str = "attention") -> pd.DataFrame:
     """One query's weights over every key: ``key_index, key_token, weight, special, padding``."""
     w = head_weights(capture, site, batch, heads=[head], queries=slice(query_index, query_index + 1), weighting=weighting)[0, 0]
@@ -102,7 +103,7 @@ def query_row(capture: Capture, site: Site, head: int, query_index: int, batch: 
     })
 
 
-def qkv_frame(capture: Capture, site: Site, head: int, query_index: int, key_index: int, batch: int = 0) -> pd.DataFrame:
+def qkv_frame(capture: Capture, site: Site, head: int, query_index: int, *, key_index: int, batch: int = 0) -> pd.DataFrame:
     """The query vector of ``query_index`` and the key and value vectors of ``key_index`` for one head
     (K/V of the head's K/V group under grouped-query attention): ``dim, q, k, q*k, v``. Raises
     :class:`InspectorError` for a site without Q/K/V, vectors longer than the app lists
@@ -154,7 +155,7 @@ def split_bars(split: pd.DataFrame, top: int = 10, referents: list[str] | None =
         [c.split(":", 1)[1] for c in split.columns if c.startswith("weight:")]
     rows = []
     for r in split.head(top).to_dict("records"):
-        label = head_label(r)
+        label = head_label(r, form="short")
         for ref in refs:
             rows.append({"head_label": label, "site": r.get("site"), "head": r["head"], "referent": ref,
                          "weight": float(r[f"weight:{ref}"]), "flagged": bool(r.get("flagged", False)),
@@ -162,7 +163,7 @@ def split_bars(split: pd.DataFrame, top: int = 10, referents: list[str] | None =
     return pd.DataFrame(rows, columns=["head_label", "site", "head", "referent", "weight", "flagged", "split_score"])
 
 
-def query_weights(capture: Capture, site: Site, head: int, positions: list[int], batch: int = 0,
+def query_weights(capture: Capture, site: Site, head: int, positions: list[int], *, batch: int = 0,
                   weighting: str = "attention") -> torch.Tensor:
     """A query word's aggregate row over the key axis, float64 ``[key]``: the mean of its rows, the row
     :func:`~inspector.analysis.split_heads` judges (:func:`inspector.analysis.split.word_row`)."""
@@ -178,7 +179,7 @@ def visible_frame(capture: Capture, site: Site, frame: pd.DataFrame, batch: int 
         return pd.Series([], dtype=bool)
     q0, q1 = int(frame["query_index"].min()), int(frame["query_index"].max()) + 1
     _, pad_k = capture.flags(site, "key", batch)
-    vis = visible_keys(capture, site, batch, slice(q0, q1), pad_k)[0]  # [query, key] (head 0 of a per-head mask)
+    vis = visible_keys(capture, site, batch, slice(q0, q1), pad_k=pad_k)[0]  # [query, key] (head 0 of a per-head mask)
     qi = torch.as_tensor(frame["query_index"].to_numpy() - q0)
     ki = torch.as_tensor(frame["key_index"].to_numpy().copy())
     return pd.Series(vis[qi, ki].numpy(), index=frame.index, name="visible")

@@ -82,13 +82,6 @@ def groups(capture: Capture) -> list[tuple[str, str, list[Site]]]:
     return [(stack, kind, sorted(sites, key=lambda s: (s.layer, s.name))) for (stack, kind), sites in out.items()]
 
 
-def head_label(row: dict) -> str:
-    """A head's short name in bar charts: ``L5 H9`` (``L5 H9 cross`` for cross-attention; the site name
-    when the row has no layer)."""
-    where = f"L{row['layer']}" if "layer" in row else str(row.get("site", ""))
-    return f"{where} H{row['head']}" + (f" {row['kind']}" if row.get("kind") == "cross" else "")
-
-
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>#!|~:$^&])")
 _MD_LINE_START = re.compile(r"^(\s*)([-+=]|\d+(?=[.)]))")
 
