@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     def ablate_one():
         s, h = heads[k[0] % n_heads]
         k[0] += 1
-        effects.exact_effects(model, enc, res.capture, res.contrast, [(s, h)], before=res.metric)
+        effects.exact_effects(model, enc, res.capture, res.contrast, heads=[(s, h)], before=res.metric)
         sync()
 
     for p in model.parameters():  # activation gradients only, as attribution patching takes them
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     measured_all = None
     if args.all:
         t0 = time.perf_counter()
-        effects.exact_effects(model, enc, res.capture, res.contrast, heads, before=None)
+        effects.exact_effects(model, enc, res.capture, res.contrast, heads=heads, before=None)
         sync()
         measured_all = time.perf_counter() - t0
 

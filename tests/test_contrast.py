@@ -76,7 +76,7 @@ def _by_hand(model, tok, output: str, right: str, wrong: str):
 
 def _resolved(model, tok, output, right, wrong):
     enc = encode(model, tok, PROMPT, output)
-    c = C.resolve(C.output_capture(enc), tok, True, right, wrong)
+    c = C.resolve(C.output_capture(enc), tok, True, right, wrong=wrong)
     return c, float(c.value(seam.run(model, enc).output))
 
 
@@ -136,7 +136,7 @@ def test_generated_ids_that_are_not_the_tokenizers_own_are_placed_by_offset(mode
     odd = ids[:k] + tok.convert_tokens_to_ids(list(names[k])) + ids[k + 1:]
     assert tok.decode(odd) == OUTPUT and odd != ids
     enc = encode(model, tok, PROMPT, target_ids=[odd])
-    c = C.resolve(C.output_capture(enc), tok, True, "2025", "March")
+    c = C.resolve(C.output_capture(enc), tok, True, "2025", wrong="March")
     prompt = len(tok(PROMPT)["input_ids"])
     shift = len(odd) - len(ids)
     assert c.token == "Ġ / ĠMarch" and c.row == prompt + i + shift - 1

@@ -165,7 +165,7 @@ def test_patching_every_head_gives_the_variants_output(tokenizer, arch):
     sites = intervene.run(model, enc).capture.sites
     decoder_sites = [s for s in sites if not (arch == "bart" and "source" in s.query_input)]
     heads = [(s.name, h) for s in decoder_sites for h in range(s.num_heads)]
-    res = E.patch(model, tokenizer, SOURCE, VARIANT, OUTPUT, heads=heads)
+    res = E.patch(model, tokenizer, SOURCE, VARIANT, target=OUTPUT, heads=heads)
     venc = encode(model, tokenizer, VARIANT, OUTPUT)
     with torch.no_grad():
         vlog = model(**venc.model_kwargs).logits
@@ -177,7 +177,7 @@ def test_patching_every_head_gives_the_variants_output(tokenizer, arch):
 
 def test_patching_from_the_same_text_changes_nothing_and_regenerates_the_same(tokenizer):
     model = tiny.build("gpt2")
-    res = E.patch(model, tokenizer, SOURCE, SOURCE, Output(generate=6),
+    res = E.patch(model, tokenizer, SOURCE, SOURCE, target=Output(generate=6),
                   heads=[("transformer.h.1.attn", 1), ("transformer.h.0.attn", 3)])
     assert torch.allclose(res.output.logits, res.before.logits, atol=TOL, rtol=0)
     assert res.generated["after"] == res.generated["before"]
@@ -187,7 +187,7 @@ def test_patching_one_head_matches_manual_replacement(tokenizer):
     """The patched run equals a run whose seam is given the variant's head output by hand at the output rows."""
     model = tiny.build("llama")
     site, head = "model.layers.0.self_attn", 2
-    res = E.patch(model, tokenizer, SOURCE, VARIANT, OUTPUT, heads=[(site, head)])
+    res = E.patch(model, tokenizer, SOURCE, VARIANT, target=OUTPUT, heads=[(site, head)])
     enc, venc = encode(model, tokenizer, SOURCE, OUTPUT), encode(model, tokenizer, VARIANT, OUTPUT)
     vo = intervene.run(model, venc, intervene.Seam(record={site})).seam.outputs[site]
     n = len(res.capture.records("target").ids)
@@ -204,7 +204,7 @@ def test_patching_one_head_matches_manual_replacement(tokenizer):
 def test_patching_refuses_what_does_not_align(tokenizer):
     bart = tiny.build("bart")
     with pytest.raises(InspectorError, match="source positions"):
-        E.patch(bart, tokenizer, SOURCE, VARIANT, OUTPUT, heads=[("model.encoder.layers.0.self_attn", 0)])
+        E.patch(bart, tokenizer, SOURCE, VARIANT, target=OUTPUT, heads=[("model.encoder.layers.0.self_attn", 0)])
     gpt2 = tiny.build("gpt2")
     with pytest.raises(InspectorError, match="needs an output"):
         E.patch(gpt2, tokenizer, SOURCE, VARIANT, heads=[("transformer.h.0.attn", 0)])

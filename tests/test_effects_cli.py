@@ -100,7 +100,7 @@ def test_debug_does_it_matter(tokenizer, tmp_path):
     patchable = m.heads[m.heads["site"].str.contains("decoder")]
     assert patchable["patch_effect[quoted]"].notna().all()
     r = m.heads.iloc[0]
-    one = E.patch(bart.model, tokenizer, LEGAL, QUOTED, OUTPUT, heads=[(r["site"], int(r["head"]))], contrast="Lessee,Lessor")
+    one = E.patch(bart.model, tokenizer, LEGAL, QUOTED, target=OUTPUT, heads=[(r["site"], int(r["head"]))], contrast="Lessee,Lessor")
     if r["site"].startswith("model.decoder"):
         assert r["patch_effect[quoted]"] == pytest.approx(one.contrast["change"], abs=1e-6)
     for name in ("effects.csv", "matter.csv", "patch.csv"):

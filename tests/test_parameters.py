@@ -59,25 +59,7 @@ ALLOWED = {
 
 POSITIONAL = 4
 # files another engineer is changing for issue 42: their offenders are fixed after that merge, not here
-PENDING_42 = "file under change for issue 42; fix after merge"
-PENDING = {
-    # -> patch(model, tokenizer, text, variant, *, target=None, heads, ...): target= in cli/commands.py (cmd_ablate),
-    #    tests/test_effects.py (4 calls) and tests/test_effects_cli.py
-    "intervene/effects.py:patch": PENDING_42,
-    # -> exact_effects(model, encoded, capture, c, *, heads, ...): heads= in effects.py (effects) and
-    #    benchmarks/effects.py (2 calls)
-    "intervene/effects.py:exact_effects": PENDING_42,
-    # -> describe_token(row, method=None, *, digits=5, signed=True, note=""): digits= in attribution.py's caller
-    "intervene/attribution.py:describe_token": PENDING_42,
-    # -> does_it_matter(loaded, cap, source, split, *, question, ...): investigate/debug.py passes question=
-    "investigate/matter.py:does_it_matter": PENDING_42,
-    # -> commands(model, out, m, *, query, occurrence, said): investigate/debug.py (investigate) passes them by name
-    "investigate/matter.py:commands": PENDING_42 + " (its caller is in investigate/debug.py)",
-    # -> resolve(capture, tokenizer, output, right, *, wrong, ...): its callers in effects.py and attribution.py
-    #    (and investigate/debug.py, tests/test_contrast.py) pass wrong=
-    "intervene/contrast.py:resolve": "its callers in intervene/effects.py and intervene/attribution.py are under change "
-                                     "for issue 42; fix after merge",
-}
+PENDING: dict[str, str] = {}  # none left: issue 42's files took their keyword-only parameters after the merge
 # signatures another library calls positionally: they must take its arguments as it passes them
 PROTOCOL = {
     "capture/interface.py:fast_attention": "transformers' attention interface: (module, query, key, value, "

@@ -12,9 +12,6 @@ mean ablation. A test that finds the rerun fell back to full passes fails: it wo
 from __future__ import annotations
 
 import pytest
-import test_block_local as t5
-import test_global_local as px
-import test_long_attention as lf
 import torch
 
 from inspector.capture.inputs import encode
@@ -22,6 +19,9 @@ from inspector.intervene import effects as E
 from inspector.intervene import rerun
 
 import tiny
+from helpers import block_local as t5  # the tiny long-document models' builders and texts
+from helpers import longformer as lf
+from helpers import pegasus_x as px
 
 TOL = 1e-5
 SOURCE = "the tenant shall pay the landlord for the use of the house"
@@ -29,12 +29,12 @@ OUTPUT = "the landlord pays the tenant"
 CONTRAST = ("tenant", "landlord")  # RIGHT, WRONG: WRONG is what the output says
 LONG_CONTRAST = ("Lessee", "Lessor")
 LONG = {  # family -> (builder, source, output or None)
-    "led": (lf._led, lf.TEXTS[0], lf.TARGETS[0]),
-    "longformer": (lf._longformer, lf.TEXTS[0], None),
-    "pegasus_x": (px._pegasus_x, px.TEXTS[0], px.TARGETS[0]),
-    "longt5": (lambda: t5._longt5("transient-global"), t5.TEXTS[0], t5.TARGETS[0]),
-    "bigbird_pegasus": (lambda: t5._bigbird("bigbird_pegasus"), t5.LONG[0], t5.TARGETS[0]),
-    "big_bird": (lambda: t5._bigbird("big_bird"), t5.LONG[0], None),
+    "led": (lf.led, lf.TEXTS[0], lf.TARGETS[0]),
+    "longformer": (lf.longformer, lf.TEXTS[0], None),
+    "pegasus_x": (px.pegasus_x, px.TEXTS[0], px.TARGETS[0]),
+    "longt5": (lambda: t5.longt5("transient-global"), t5.TEXTS[0], t5.TARGETS[0]),
+    "bigbird_pegasus": (lambda: t5.bigbird("bigbird_pegasus"), t5.LONG[0], t5.TARGETS[0]),
+    "big_bird": (lambda: t5.bigbird("big_bird"), t5.LONG[0], None),
 }
 CASES = [*tiny.ARCHITECTURES, *LONG]
 
@@ -64,14 +64,14 @@ def test_every_rerun_effect_equals_a_full_pass(family):
     kept = E.attribute(model, tok, source, contrast=contrast, query=query, encoded=enc, keep_pass=True)
     cap, c = kept.capture, kept.contrast
     heads = _heads(cap)
-    full = E.exact_effects(model, enc, cap, c, heads, reuse=False)
+    full = E.exact_effects(model, enc, cap, c, heads=heads, reuse=False)
     assert max(abs(f) for f in full) > 0, "no head changes the metric: the comparison would prove nothing"
     cut = E.recording_for(model, enc, cap, c)
     for rec, what in ((kept.recording, "the attribution pass kept"), (cut, "a separate clean pass")):
         assert rec.reusable, f"{family}: reruns fell back to full passes ({rec.reason}) with {what}"
         assert rec.kept > 0, f"{family}: nothing of {what} was kept, so every rerun starts at the input"
         for batch in (None, 1):
-            got = E.exact_effects(model, enc, cap, c, heads, recording=rec, batch=batch, before=kept.metric)
+            got = E.exact_effects(model, enc, cap, c, heads=heads, recording=rec, batch=batch, before=kept.metric)
             gaps = [abs(a - b) for a, b in zip(got, full, strict=True)]
             worst = max(range(len(heads)), key=gaps.__getitem__)
             assert gaps[worst] <= TOL, (f"{family}, {what}, batch {batch}: {heads[worst]} rerun "
@@ -84,10 +84,10 @@ def test_mean_ablation_reruns_equal_full_passes(family):
     enc = encode(model, tok, source, output)
     res = E.attribute(model, tok, source, contrast=contrast, query=query, encoded=enc, method="mean")
     heads = _heads(res.capture)
-    full = E.exact_effects(model, enc, res.capture, res.contrast, heads, method="mean", reuse=False)
+    full = E.exact_effects(model, enc, res.capture, res.contrast, heads=heads, method="mean", reuse=False)
     rec = E.recording_for(model, enc, res.capture, res.contrast, method="mean")
     assert rec.reusable
-    got = E.exact_effects(model, enc, res.capture, res.contrast, heads, method="mean", recording=rec)
+    got = E.exact_effects(model, enc, res.capture, res.contrast, heads=heads, method="mean", recording=rec)
     assert max(abs(a - b) for a, b in zip(got, full, strict=True)) <= TOL
 
 
@@ -100,7 +100,7 @@ def test_effects_confirm_with_the_same_numbers_either_way(family):
     assert len(done) > 3 and res.confirmed["reused"]
     enc = encode(model, tok, source, output)
     keys = list(zip(done["site"], done["head"].astype(int), strict=True))
-    full = E.exact_effects(model, enc, res.capture, res.contrast, keys, reuse=False)
+    full = E.exact_effects(model, enc, res.capture, res.contrast, heads=keys, reuse=False)
     assert max(abs(a - b) for a, b in zip(done["effect"], full, strict=True)) <= TOL
 
 

@@ -470,7 +470,7 @@ def cmd_ablate(args) -> int:
     common = dict(heads=heads, contrast=args.contrast, query=args.query, occurrence=args.occurrence,
                   global_tokens=_global_tokens(args))
     if variant is not None:
-        res = effects.patch(loaded.model, loaded.tokenizer, source, variant, output, **common)
+        res = effects.patch(loaded.model, loaded.tokenizer, source, variant, target=output, **common)
         what = f"patched {len(heads)} head(s) from {args.patch_from}"
     else:
         res = effects.ablate(loaded.model, loaded.tokenizer, source, output, method=args.method, **common)

@@ -101,7 +101,7 @@ def metric_for(model, tokenizer, encoded: Encoded, *, position: int | None = Non
     cap = _contrast.output_capture(encoded)
     if contrast is not None:
         right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
-        c = _contrast.resolve(cap, tokenizer, lm, right, wrong, query=query, occurrence=occurrence)
+        c = _contrast.resolve(cap, tokenizer, lm, right, wrong=wrong, query=query, occurrence=occurrence)
         keep = _contrast.keep_kwargs(model, c)
         if c.kind == "logit":
             return Metric(lambda out, b: c.value(out, b, kept=bool(keep)), [c.row], c.definition, keep, c.row + 1)
@@ -506,7 +506,7 @@ def with_occurrences(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def describe_token(row, method: str | None = None, digits: int = 5, signed: bool = True, note: str = "") -> str:
+def describe_token(row, method: str | None = None, *, digits: int = 5, signed: bool = True, note: str = "") -> str:
     """``'less' (in 'Lessor', source token 7)``, followed by ``method``'s value (``+0.20063``; without its sign
     when not ``signed``) when given: a token told apart from its repeats by its role and index, and the word it
     lies in when the table has ``word`` -- ``in the 2nd 'Lessor' of 3`` when the row says which occurrence
@@ -523,7 +523,7 @@ def describe_token(row, method: str | None = None, digits: int = 5, signed: bool
 def side_text(table: pd.DataFrame, method: str, k: int = TOP_SIDES, digits: int = 5) -> tuple[str, str]:
     """``sides`` in words: the positive side's tokens, the negative side's (``(none)`` where a side is empty)."""
     pos, neg = sides(with_occurrences(table), method, k)
-    return tuple(", ".join(describe_token(r, method, digits) for r in side.to_dict("records")) or "(none)"
+    return tuple(", ".join(describe_token(r, method, digits=digits) for r in side.to_dict("records")) or "(none)"
                  for side in (pos, neg))
 
 

@@ -199,7 +199,7 @@ def check_tokens(tokenizer, word: str, what: str) -> None:
                              "drops every character of it), so no position could read it: pick a word the tokenizer keeps")
 
 
-def resolve(capture: Capture, tokenizer, output, right: str, wrong: str, *, query: str | None = None,
+def resolve(capture: Capture, tokenizer, output, right: str, *, wrong: str, query: str | None = None,
             occurrence: int | None = None, batch: int = 0) -> Contrast:
     """Locate the contrast in the pass ``capture`` describes (or :func:`output_capture`'s); ``output`` is
     that pass's model output, or a bool: whether the model has an LM head.

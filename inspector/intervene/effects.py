@@ -80,7 +80,7 @@ def _measure(capture, tokenizer, before, after, contrast, query, occurrence) -> 
     if contrast is None:
         return None
     right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
-    c = _contrast.resolve(capture, tokenizer, before, right, wrong, query=query, occurrence=occurrence)
+    c = _contrast.resolve(capture, tokenizer, before, right, wrong=wrong, query=query, occurrence=occurrence)
     return _contrast.summary(c, float(c.value(before)), float(c.value(after)))
 
 
@@ -180,7 +180,7 @@ def patch_seam(original: Capture, variant: Capture, variant_outputs: dict[str, t
     return intervene.Seam(replace=replace)
 
 
-def patch(model, tokenizer, text: str, variant: str, target: str | Output | None = None, *,
+def patch(model, tokenizer, text: str, variant: str, *, target: str | Output | None = None,
           heads: list[tuple[str, int]], contrast: str | tuple[str, str] | None = None, query: str | None = None,
           occurrence: int | None = None, global_tokens: list[str] | None = None) -> Outcome:
     """Run the original with ``heads``' outputs taken from a run on ``variant`` with the same output.
@@ -256,7 +256,7 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
     right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
     encoded = encoded or encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
-    c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong,
+    c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong=wrong,
                           query=query, occurrence=occurrence)
     keep = _contrast.keep_kwargs(model, c)
     watch = rerun.watching(model, encoded, extra=keep, memory_gib=memory_gib) if keep_pass else contextlib.nullcontext()
@@ -283,7 +283,7 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
                    capture=cap, contrast=c, recording=rerun.finished(kept, g.output, g.seam, cap.sites) if keep_pass else None)
 
 
-def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, heads: list[tuple[str, int]], *,
+def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, *, heads: list[tuple[str, int]],
                   method: str = "zero", before: float | None = None, reuse: bool = True,
                   memory_gib: float | None = None, batch: int | None = None,
                   recording: rerun.Recording | None = None) -> list[float]:
@@ -432,7 +432,7 @@ def confirm_effects(model, encoded, res: Effects, *, top: int = 10, method: str 
                 chosen.append(k)
                 taken.add(k)
                 spent += per_site[k[0]]
-    exact = exact_effects(model, encoded, res.capture, res.contrast, chosen, method=method,
+    exact = exact_effects(model, encoded, res.capture, res.contrast, heads=chosen, method=method,
                           before=res.metric if method == "zero" else None, recording=rec)
     index = {k: i for i, k in enumerate(keys)}
     for k, e in zip(chosen, exact, strict=True):

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspector.capture.interface import eval_mode
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, empty_source
 from inspector.store.words import first_match, iter_matches, shown
 
 if TYPE_CHECKING:
@@ -999,7 +999,7 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
     check_options(ablations=ablations, holdout=holdout, batch_size=batch_size, ig_steps=ig_steps, alpha=alpha,
                   mode=mode, seed=seed)
     if not isinstance(text, str) or not text.strip():
-        raise InspectorError("the source text is empty: pass some text (--source or --source-file)")
+        raise empty_source("some text (--source or --source-file)")
     out = _as_output(output)
     if model_layout(model) == "encoder":
         raise InspectorError(f"{type(model).__name__} is an encoder: it has no output whose log-probability could be "

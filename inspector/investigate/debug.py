@@ -207,7 +207,7 @@ def resolve_question(loaded, cap: Capture, question: Question) -> tuple[Question
         if question.contrast is None or not lm:
             raise InspectorError("no query given: pass --query WORD" + ("" if question.contrast is None or lm else
                                  " (this model has no LM head, so the contrast is read on the query word)"))
-        c = _contrast.resolve(cap, loaded.tokenizer, True, question.right, question.wrong)
+        c = _contrast.resolve(cap, loaded.tokenizer, True, question.right, wrong=question.wrong)
         enc_dec = cap.meta.get("layout") == "encoder-decoder"
         site = next(s for s in cap.sites if ("target" if enc_dec else "source") in s.query_input)
         tok = cap.tokens(site, "query")[c.row]
@@ -321,14 +321,14 @@ def investigate(
         from inspector.investigate import matter as _matter
         from inspector.investigate.verdict import verdict_of
 
-        matter = _matter.does_it_matter(loaded, cap, source, split, question, variants=variants, top=top,
+        matter = _matter.does_it_matter(loaded, cap, source, split, question=question, variants=variants, top=top,
                                         global_tokens=global_tokens, budget=budget, memory_gib=memory_gib)
         verdict = verdict_of(cap, matter, question)
         from inspector.investigate.verdict import why_of
 
         why, why_note = why_of(loaded, cap, source, verdict, placement=placement)
-        commands += _matter.commands(loaded.name, out, matter, question.query, question.occurrence,
-                                     _said_options(out, said_args[""]))
+        commands += _matter.commands(loaded.name, out, matter, query=question.query, occurrence=question.occurrence,
+                                     said=_said_options(out, said_args[""]))
         where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
                                             "passes do not take") if global_tokens else \
             _where(loaded, cap, source, split, matter, question, verdict)

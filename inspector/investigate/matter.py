@@ -76,7 +76,7 @@ def said_output(model, tokenizer, cap: Capture, source: str) -> Output:
     return Output.of(ids=[ids])
 
 
-def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, question: Question, *,
+def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, question: Question,
                    variants: dict[str, str] | None = None, top: int = 10, global_tokens: list[str] | None = None,
                    budget: float | None = DEBUG_BUDGET, memory_gib: float | None = None) -> Matter:
     """Effects of the flagged and top heads on the question's contrast (and of every head while ``budget``
@@ -285,7 +285,7 @@ def render_section(m: Matter) -> str:
     return render_matter_section(section(m))
 
 
-def commands(model: str, out, m: Matter, query: str | None, occurrence: int | None,
+def commands(model: str, out, m: Matter, *, query: str | None, occurrence: int | None,
              said: tuple[tuple[str, object], ...]) -> list[Command]:
     """The ``inspector effects`` command that rewrites ``effects.csv``, ``matter.csv`` and (with variants)
     ``patch.csv`` from the saved texts, as :class:`~inspector.investigate.reproduce.Command` data: the output as the
