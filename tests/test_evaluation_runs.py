@@ -70,13 +70,13 @@ def test_a_stopped_evaluation_resumes_without_judging_a_document_twice(loaded, t
     judged = []
     import inspector.investigate.evaluation as ev_mod
 
-    real = ev_mod.judge
+    real = ev_mod.judge_batch
 
-    def counting(loaded_, doc, ev):
-        judged.append(doc.id)
-        return real(loaded_, doc, ev)
+    def counting(loaded_, docs, ev):
+        judged.extend(doc.id for doc in docs)
+        return real(loaded_, docs, ev)
 
-    monkeypatch.setattr(ev_mod, "judge", counting)
+    monkeypatch.setattr(ev_mod, "judge_batch", counting)
     result = evaluate(data, part, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
     assert (result.skipped, result.scanned) == (4, 4)
     assert sorted(judged) == sorted(str(x["id"]) for x in _items(4, 4)[4:])  # only the four not committed

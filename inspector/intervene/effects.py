@@ -283,6 +283,79 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
                    capture=cap, contrast=c, recording=rerun.finished(kept, g.output, g.seam, cap.sites) if keep_pass else None)
 
 
+def _padded(model, tokenizer, documents: list[tuple[Any, _contrast.Contrast]]) -> tuple[Any, list[int]]:
+    """:func:`attribute_batch`'s documents as one padded encoding, and each one's metric row in it. Raises
+    :class:`InspectorError` when padding changed a document's ids."""
+    from inspector.capture.inputs import encode
+
+    layout = documents[0][0].layout
+    texts = [next(r.text for r in e.records if r.role == "source") for e, _ in documents]
+    if layout == "encoder-decoder":  # the decoder's inputs as fed (its start token first)
+        targets = [e.model_kwargs["decoder_input_ids"][0].tolist() for e, _ in documents]
+    else:
+        targets = [[i for r in e.records if r.role == "target" for i, pad in zip(r.ids, r.padding, strict=True) if not pad]
+                   for e, _ in documents]
+    batch = encode(model, tokenizer, texts, target_ids=targets if any(targets) else None)
+    rows = []
+    for b, (e, c) in enumerate(documents):
+        shift = 0
+        for key, mask_key in (("input_ids", "attention_mask"), ("decoder_input_ids", "decoder_attention_mask")):
+            if key not in e.model_kwargs:
+                continue
+            together, mask = batch.model_kwargs[key][b], batch.model_kwargs.get(mask_key)
+            keep = mask[b].bool() if mask is not None else torch.ones_like(together, dtype=torch.bool)
+            if key == "input_ids" and layout == "decoder":  # left padding: the row moves by the pads before it
+                shift = int(keep.nonzero()[0])
+            if together[keep].tolist() != e.model_kwargs[key][0].tolist():
+                raise InspectorError("a document's ids changed when padded into a batch: attribute it alone")
+        rows.append(c.row + shift)
+    return batch, rows
+
+
+def attribute_batch(model, tokenizer, documents: list[tuple[Any, _contrast.Contrast]]) -> list[Effects]:
+    """:func:`attribute` (zero ablation) of several documents in one forward and one backward pass: ``documents``
+    are ``(encoded, contrast)`` pairs, each one document's single-row encoding
+    (:func:`~inspector.capture.inputs.encode_with_globals`) and its logit contrast resolved on it
+    (:func:`inspector.intervene.contrast.resolve`). They are padded into one batch (a decoder's on the left, with
+    the positions each row has alone; an encoder-decoder's on the right), and the sum of their metrics is
+    differentiated once: rows do not attend to each other, so each row's gradient is its own document's. Returns
+    one :class:`Effects` per document, as :func:`attribute` gives it (its ``contrast`` the document's own; its
+    ``capture`` the batch pass's, whose sites are the document's and whose records are the batch's), equal to one
+    :func:`attribute` call per document up to float rounding (tested within 1e-4); :func:`confirm_effects` takes it
+    with the document's own encoding. Raises :class:`InspectorError` for a contrast without an LM head, or when the
+    padded batch does not feed a document the ids it had alone."""
+    if not documents:
+        return []
+    if any(c.kind != "logit" for _, c in documents):
+        raise InspectorError("attribution over a batch of documents reads logits: give a model with an LM head")
+    batch, rows = _padded(model, tokenizer, documents)
+    s = intervene.Seam(record=True, grad=True)
+    g = intervene.run(model, batch, s)
+    logits = g.output.logits
+    metrics = [logits[b, r].float()[c.right_id] - logits[b, r].float()[c.wrong_id]
+               for b, ((_, c), r) in enumerate(zip(documents, rows, strict=True))]
+    names = [x.name for x in g.capture.sites]
+    grads = torch.autograd.grad(torch.stack(metrics).sum(), [s.deltas[n] for n in names], allow_unused=True)
+    per_doc: list[list[dict]] = [[] for _ in documents]
+    for site, grad in zip(g.capture.sites, grads, strict=True):
+        actual = s.outputs[site.name].double()
+        attr = torch.zeros(len(documents), site.num_heads, dtype=torch.float64) if grad is None else \
+            (grad.double() * (0.0 - actual)).sum(dim=(1, 3)).cpu()
+        for b in range(len(documents)):
+            for h in range(site.num_heads):
+                per_doc[b].append({"site": site.name, "stack": site.stack, "kind": site.kind, "layer": site.layer,
+                                   "head": h, "attribution": float(attr[b, h]), "effect": float("nan")})
+    out = []
+    for b, m in enumerate(metrics):
+        table = pd.DataFrame(per_doc[b], columns=EFFECT_COLUMNS)
+        order = table["attribution"].abs().sort_values(ascending=False, kind="stable").index
+        table = table.loc[order].reset_index(drop=True)
+        c = documents[b][1]
+        out.append(Effects(table=table, metric=float(m.detach()), definition=c.definition,
+                           disagreements=_disagreements(table), capture=g.capture, contrast=c))
+    return out
+
+
 def exact_effects(model, encoded, capture: Capture, c: _contrast.Contrast, *, heads: list[tuple[str, int]],
                   method: str = "zero", before: float | None = None, reuse: bool = True,
                   memory_gib: float | None = None, batch: int | None = None,

@@ -11,8 +11,8 @@ For every document of a corpus (:mod:`inspector.corpus.documents`) that names it
   row ``debug --contrast RIGHT,WRONG`` reads; where it says RIGHT first (``reads`` ``right``: a correct
   document's usual case), the same row read the other way round (the metric of ``WRONG,RIGHT`` negated, so that a
   positive ``m`` always means the model prefers RIGHT there); an output that says neither has no metric;
-* every head's attribution patching estimate (:func:`inspector.intervene.effects.attribute`: one forward and one
-  backward pass) and, on the erring documents whose output says WRONG (the *judged* ones), the exact effect of
+* every head's attribution patching estimate (:func:`inspector.intervene.effects.attribute_batch`: one forward and
+  one backward pass for a whole batch of documents, each row's gradient its own document's) and, on the erring documents whose output says WRONG (the *judged* ones), the exact effect of
   the top ``top`` heads by attribution (:func:`inspector.intervene.effects.exact_effects`, as ``debug --top``);
 * each head's attention signature at that row, and the verdict's ranking (:func:`inspector.investigate.verdict.
   verdict_of`, the function ``debug`` calls): the document's top culprit is the head ``debug`` names first;
@@ -258,24 +258,79 @@ def _said(loaded, doc, ev: Evaluation, text: str):
 def judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One document's row (the columns of :data:`inspector.corpus.verdicts.DOC_TYPES`, with ``id, row, tokens,
     status, error`` first) and its heads' rows (:data:`inspector.corpus.verdicts.HEAD_TYPES`), as the module
-    docstring defines them. A document the model cannot read (no text, no contrast, a word the output or tokenizer
-    cannot place, too long for the model) gets ``status`` ``error`` and the reason in ``error``, and no heads rows."""
+    docstring defines them: :func:`judge_batch` of the one document."""
+    rows, heads = judge_batch(loaded, [doc], ev)
+    return rows[0], heads
+
+
+def judge_batch(loaded, docs: list, ev: Evaluation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Several documents' rows (:func:`judge`'s, in their order) and their heads' rows: every document's
+    attribution in one forward and one backward pass (:func:`inspector.intervene.effects.attribute_batch`; one
+    pass per document where the batch cannot be formed), the rest per document. A document the model cannot read
+    (no text, no contrast, a word the output or tokenizer cannot place, too long for the model) gets ``status``
+    ``error`` and the reason in ``error``, and no heads rows; the others are judged as if alone."""
     from inspector.corpus.documents import error_line
+    from inspector.intervene.effects import attribute, attribute_batch
 
-    row: dict[str, Any] = {"id": doc.id, "row": doc.row, "tokens": 0, "status": "ok", "error": None}
+    base = [{"id": d.id, "row": d.row, "tokens": 0, "status": "ok", "error": None} for d in docs]
+    states: list[Any] = []
+    for i, doc in enumerate(docs):
+        try:
+            states.append(_prepare(loaded, doc, ev))
+        except Exception as exc:  # noqa: BLE001 - a document the model cannot read is recorded, and the scan goes on
+            base[i] = {**base[i], "status": "error", "error": error_line(exc)}
+            states.append(None)
+    read = [i for i, st in enumerate(states) if st is not None and st.contrast is not None]
+    attributions: dict[int, Any] = {}
     try:
-        found, heads = _judge(loaded, doc, ev)
-    except Exception as exc:  # noqa: BLE001 - a document the model cannot read is recorded, and the scan goes on
-        return {**row, "status": "error", "error": error_line(exc)}, []
-    return {**row, **found}, heads
+        batch = attribute_batch(loaded.model, loaded.tokenizer, [(states[i].encoded, states[i].contrast) for i in read])
+        attributions = dict(zip(read, batch, strict=True))
+    except Exception:  # noqa: BLE001 - one pass per document instead; each document's own error is recorded then
+        for i in read:
+            try:
+                st = states[i]
+                attributions[i] = attribute(loaded.model, loaded.tokenizer, st.text, contrast=st.read_as,
+                                            encoded=st.encoded)
+            except Exception as exc:  # noqa: BLE001
+                base[i] = {**base[i], "status": "error", "error": error_line(exc)}
+                states[i] = None
+    rows, heads = [], []
+    for i, doc in enumerate(docs):
+        if states[i] is None:
+            rows.append(base[i])
+            continue
+        try:
+            found, got = _finish(loaded, doc, ev, states[i], attributions.get(i))
+        except Exception as exc:  # noqa: BLE001 - as above
+            rows.append({**base[i], "status": "error", "error": error_line(exc)})
+            continue
+        rows.append({**base[i], **found})
+        heads += got
+    return rows, heads
 
 
-def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from inspector.analysis.question import Question
+@dataclass
+class _Prepared:
+    """One document before its attribution: its text, contrast words, what the model said (``output``, the Output
+    fed), the reference, which word it says first (``reads``), the contrast as read (``read_as``: RIGHT,WRONG, or
+    swapped with ``sign`` -1), its encoding and the contrast resolved on it (None where the output says neither)."""
+
+    text: str
+    right: str
+    wrong: str
+    said: str
+    output: Any
+    found: dict
+    erring_by_reference: bool | None
+    sign: float
+    read_as: tuple[str, str]
+    encoded: Any = None
+    contrast: Any = None
+
+
+def _prepare(loaded, doc, ev: Evaluation) -> _Prepared:
     from inspector.capture.inputs import encode_with_globals
-    from inspector.capture.recorder import capture
-    from inspector.intervene.effects import attribute, confirm_effects, keeps_pass
-    from inspector.investigate.verdict import verdict_of
+    from inspector.intervene import contrast as _contrast
 
     if doc.problem:
         raise InspectorError(doc.problem)
@@ -288,35 +343,48 @@ def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, 
     reads = first_word(said, right, wrong)
     found: dict[str, Any] = {"output": said, "reference": reference, "right": right, "wrong": wrong, "reads": reads}
     erring_by_reference = None if reference is None else normalised(said) != normalised(reference)
+    sign = 1.0 if reads == "wrong" else -1.0
+    read_as = (right, wrong) if sign > 0 else (wrong, right)
+    st = _Prepared(text, right, wrong, said, output, found, erring_by_reference, sign, read_as)
     if reads == "neither":
         if erring_by_reference is None:
             raise InspectorError(f"the output says neither {right!r} nor {wrong!r}, so the metric cannot be read and, "
                                  "without --reference-field, whether it errs cannot be told")
-        return {**found, "errs": erring_by_reference, "metric": math.nan}, []
-    sign = 1.0 if reads == "wrong" else -1.0
+        return st
     model, tokenizer = loaded.model, loaded.tokenizer
-    encoded = encode_with_globals(model, tokenizer, text, **output.kwargs())
-    # one attribution pass (kept for the reruns where the document may be judged): the metric, every head's
-    # estimate and, on a judged document, the heads debug confirms (the top ones by attribution, then every other
-    # head within debug's budget), rerun from that same pass
-    res = attribute(model, tokenizer, text, contrast=(right, wrong) if sign > 0 else (wrong, right), encoded=encoded,
-                    keep_pass=sign > 0 and bool(ev.top) and keeps_pass(encoded))
-    if res.contrast.kind != "logit":
+    if not _contrast.model_has_lm_head(model):
         raise InspectorError("the verdict over a corpus reads logits: give a model with an LM head")
+    st.encoded = encode_with_globals(model, tokenizer, text, **output.kwargs())
+    st.contrast = _contrast.resolve(_contrast.output_capture(st.encoded), tokenizer, True, read_as[0], wrong=read_as[1])
+    return st
+
+
+def _finish(loaded, doc, ev: Evaluation, st: _Prepared, res) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A prepared document's row and heads rows from its attribution ``res`` (None where it says neither word)."""
+    from inspector.analysis.question import Question
+    from inspector.capture.recorder import capture
+    from inspector.intervene.effects import confirm_effects
+    from inspector.investigate.verdict import verdict_of
+
+    found, right, wrong, sign = st.found, st.right, st.wrong, st.sign
+    if res is None:
+        return {**found, "errs": st.erring_by_reference, "metric": math.nan}, []
+    model, tokenizer = loaded.model, loaded.tokenizer
     metric = sign * res.metric
-    errs = erring_by_reference if erring_by_reference is not None else metric < 0
-    if errs and reads == "wrong" and ev.top:
-        res = confirm_effects(model, encoded, res, top=ev.top, budget=DEBUG_BUDGET)
-    res.recording = None
+    errs = st.erring_by_reference if st.erring_by_reference is not None else metric < 0
+    if errs and found["reads"] == "wrong" and ev.top:
+        # the heads debug confirms: the top ones by attribution, then every other head within debug's budget,
+        # each rerun from one clean pass of this document (inspector.intervene.rerun)
+        res = confirm_effects(model, st.encoded, res, top=ev.top, budget=DEBUG_BUDGET)
     table = res.table.copy()
     table["attribution"] *= sign
     table["effect"] *= sign
     definition = (res.contrast if sign > 0 else _flipped(res.contrast)).definition
-    cap = capture(model, tokenizer, text, output, model_name=loaded.name)
+    cap = capture(model, tokenizer, st.text, st.output, model_name=loaded.name)
     v = verdict_of(cap, _Measured(table, metric, definition, res.contrast.row), Question(None, contrast=(right, wrong)))
-    found.update(errs=bool(errs), metric=metric, definition=definition,
-                 tokens=len(cap.records("source").ids))
-    top = v.top if errs and reads == "wrong" else None
+    found = {**found, "errs": bool(errs), "metric": metric, "definition": definition,
+             "tokens": len(cap.records("source").ids)}
+    top = v.top if errs and found["reads"] == "wrong" else None
     if top is not None:
         found.update(culprit_site=top["site"], culprit_stack=top["stack"], culprit_kind=top["kind"],
                      culprit_layer=int(top["layer"]), culprit_head=int(top["head"]), culprit_effect=float(top["effect"]),
@@ -325,7 +393,7 @@ def _judge(loaded, doc, ev: Evaluation) -> tuple[dict[str, Any], list[dict[str, 
               r["rank"] != r["rank"] else int(r["rank"])} for r in v.table.astype(object).where(v.table.notna(), None)
              .to_dict("records")]
     for variant in ev.variants:
-        found.update(_variant(loaded, doc, ev, variant, output, (right, wrong) if sign > 0 else (wrong, right), sign, top))
+        found.update(_variant(loaded, doc, ev, variant, st.output, st.read_as, sign, top))
     return found, heads
 
 
@@ -409,18 +477,16 @@ def _typed(df, kinds: dict[str, str]):
 
 
 def judged_batches(loaded, documents: Iterator, ev: Evaluation, batch_size: int) -> Iterator[Batch]:
-    """The documents judged one by one (:func:`judge`), their rows in batches of ``batch_size`` documents."""
-    docs: list[dict[str, Any]] = []
-    heads: list[dict[str, Any]] = []
+    """The documents judged ``batch_size`` at a time (:func:`judge_batch`: one attribution pass a batch), their
+    rows in batches of ``batch_size`` documents."""
+    docs: list = []
     for doc in documents:
-        row, rows = judge(loaded, doc, ev)
-        docs.append(row)
-        heads += rows
+        docs.append(doc)
         if len(docs) >= batch_size:
-            yield rows_tables(docs, heads, ev)
-            docs, heads = [], []
+            yield rows_tables(*judge_batch(loaded, docs, ev), ev)
+            docs = []
     if docs:
-        yield rows_tables(docs, heads, ev)
+        yield rows_tables(*judge_batch(loaded, docs, ev), ev)
 
 
 def _json_value(value: Any) -> Any:
@@ -445,7 +511,7 @@ def from_ray_item(r: dict[str, Any]):
 
 class Judge:
     """A Ray actor holding one model (the evaluation scan's form of :class:`inspector.corpus.ray_engine.Reducer`):
-    called with a batch of :func:`ray_item` rows, it judges each document (:func:`judge`, as the local engine does)
+    called with a batch of :func:`ray_item` rows, it judges them (:func:`judge_batch`, as the local engine does)
     and returns one row: the batch's ``documents`` and ``heads`` tables as Arrow IPC bytes."""
 
     def __init__(self, model: str | None, evaluation: dict, device: str | None, trust_remote_code: bool,
@@ -464,11 +530,7 @@ class Judge:
 
         from inspector.corpus.ray_engine import to_ipc
 
-        docs, heads = [], []
-        for r in batch.to_dict("records"):
-            row, rows = judge(self.loaded, from_ray_item(r), self.evaluation)
-            docs.append(row)
-            heads += rows
+        docs, heads = judge_batch(self.loaded, [from_ray_item(r) for r in batch.to_dict("records")], self.evaluation)
         b = rows_tables(docs, heads, self.evaluation)
         return pd.DataFrame({"documents": [to_ipc(b.documents_table)],
                              "heads": [to_ipc(b.heads_table) if b.heads_table.num_rows else b""]})
