@@ -196,8 +196,14 @@ def main(argv=None) -> int:
         for model in args.only or sorted(MODELS):
             for command in commands:
                 spec = {"model": model, "command": command, "quick": args.quick, "threads": args.threads}
-                now = _run(spec, None)
+                try:
+                    now = _run(spec, None)
+                except RuntimeError as exc:  # e.g. killed for memory (exit -9): said, and the other cases still run
+                    lines.append(f"  FAIL  {model} {command}: {str(exc).splitlines()[0]}")
+                    print(f"  ... {model} {command} failed ({C.elapsed(t0)})", file=sys.stderr)
+                    continue
                 rows.append(_row(model, now))
+                print("  " + " | ".join(str(x) for x in rows[-1]), file=sys.stderr)
                 if other is not None:
                     rows.append(_row(f"{model} @ {args.versus}", _run(spec, other)))
                 ok = C.verdict(f"{model} {command}: CPU time over one forward", now["ratio"], TARGETS[command], fmt="{:.1f}")

@@ -925,11 +925,23 @@ def _prepare(model, tokenizer, text: str, ask: _Request,
     batch = ask.batch_size or _auto_batch(model, len(src.ids), len(tgt.ids), encoded.layout, len(span_idx), ask.memory_gib)
     prob = _Problem(model=model, kwargs=dict(encoded.model_kwargs), layout=encoded.layout, n_src=len(src.ids),
                     n_tgt=len(tgt.ids), units=units, span_idx=span_idx, span_ids=[tgt.ids[i] for i in span_idx],
-                    mode=ask.mode, batch=batch, pad_id=int(pad), output_text=tgt.text, ig_batch=batch)
+                    mode=ask.mode, batch=batch, pad_id=int(pad), output_text=tgt.text,
+                    ig_batch=_ig_points(model, encoded, batch, ask.memory_gib))
     if not ask.batch_size and _droppable(prob):  # the masked passes hold about the kept tokens only
         kept = len(src.ids) - int(sum(len(u.positions) for u in units) * (1 - KEEP))
         prob.batch = _auto_batch(model, kept, len(tgt.ids), encoded.layout, len(span_idx), ask.memory_gib)
     return prob, encoded, target, target_ids, (a, b), notes
+
+
+def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
+    """Integrated-gradients points a pass: at most ``batch`` and :data:`IG_POINTS_PER_PASS`, and as many as
+    ``memory_gib`` (default :data:`inspector.intervene.attribution.IG_MEMORY_GIB`) holds of what one point keeps
+    for its backward pass (:func:`inspector.intervene.attribution.ig_memory`, every logit row counted), at least 1."""
+    from inspector.intervene.attribution import IG_MEMORY_GIB, Metric, ig_memory
+
+    per_point = ig_memory(model, encoded, Metric(lambda *_: None, [], "", {}, None))
+    budget = (IG_MEMORY_GIB if memory_gib is None else memory_gib) * 2 ** 30
+    return max(1, min(batch, IG_POINTS_PER_PASS, int(budget // max(per_point, 1))))
 
 
 def _drop_ig_if_off(fit: Fit, base_scores: dict, ig_info: dict | None, notes: list[str]) -> dict | None:
