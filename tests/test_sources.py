@@ -308,9 +308,10 @@ def test_forward_passes_are_counted_and_batched(tokenizer):
     model = tiny.build("bart")
     r = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=64, holdout=32, batch_size=16, ig_steps=30)
     fp = r.forward_passes
-    # 64 / 16 + 32 / 16; one pass for the full source and the distinct top-k masks; (30 + 2) / 16 points; one capture
-    assert (fp["ablations"], fp["held_out"], fp["top_k"], fp["integrated_gradients"], fp["attention"]) == (4, 2, 1, 2, 1)
-    assert fp["total"] == 10 <= 64
+    # 64 / 16 + 32 / 16; one pass for the full source and the distinct top-k masks; 30 / 16 points and one pass for
+    # the path's two ends; one capture
+    assert (fp["ablations"], fp["held_out"], fp["top_k"], fp["integrated_gradients"], fp["attention"]) == (4, 2, 1, 3, 1)
+    assert fp["total"] == 11 <= 64
     r = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=64, holdout=32, baselines=False)
     assert r.batch_size == 64 and r.forward_passes["total"] == 3  # 64 ablations in one batched pass
 

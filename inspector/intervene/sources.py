@@ -37,9 +37,10 @@ Generation to Context"), for encoder-decoder, decoder-only and long-document (LE
 
 Forward passes (``Sources.forward_passes``, counted by a hook on the model): ``ceil(ablations / batch)`` for
 the random ablations, ``ceil(holdout / batch)`` for the held-out ones, one or more for the full source and the
-top-k ablations of every method, ``ceil((ig_steps + 2) / min(batch, 16))`` for integrated gradients and the
+top-k ablations of every method, ``ceil(ig_steps / points)`` with a backward pass each and one without (the path's
+two ends) for integrated gradients (``points``: at most ``batch`` and 16, and what ``--memory-budget`` holds), and the
 attention capture's (1; 2 on LED) (plus a generation's own passes with ``Output(generate=N)``). 64 ablations of a small
-model with the defaults: 3 passes for the surrogate and its evaluation, 7 with the baselines.
+model with the defaults: 3 passes for the surrogate and its evaluation, 6 with the baselines.
 
 What it cannot tell: the surrogate is linear in the units (two sentences that only matter together, or that
 stand in for each other, share or lose their weight: the LDS says how far linearity holds); a masked unit is
@@ -801,7 +802,8 @@ def _auto_batch(model, n_src: int, n_tgt: int, layout: str, span_rows: int, memo
 def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
     """Integrated gradients of the span's log-probability with respect to the source's token embeddings, from a
     baseline with every unit token's embedding zeroed (the rest, and an encoder-decoder's decoder side, as they
-    are), ``steps`` Gauss-Legendre points plus the two ends, :data:`IG_POINTS_PER_PASS` a pass. Returns the per-unit
+    are), ``steps`` Gauss-Legendre points (``p.ig_batch`` a pass, at most :data:`IG_POINTS_PER_PASS`), then the two ends
+    without a backward pass. Returns the per-unit
     sums and the completeness record (``score``: the span's log-probability from the embeddings themselves)."""
     import numpy as np
     import torch
@@ -817,28 +819,31 @@ def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
     unit_tok = unit_tok.to(x.device)
     base = torch.where(unit_tok[None, :, None], torch.zeros_like(x), x)
     nodes, weights = np.polynomial.legendre.leggauss(steps)
-    alphas = [*((nodes + 1) / 2).tolist(), 0.0, 1.0]
-    coef = [*(weights / 2).tolist(), 0.0, 0.0]
+    alphas = ((nodes + 1) / 2).tolist()
+    coef = (weights / 2).tolist()
     total = p.n_tgt if p.layout == "encoder-decoder" else p.n_src + p.n_tgt
     rows = p.rows(total)
     ids = torch.tensor(p.span_ids, dtype=torch.long, device=x.device)
     grad = torch.zeros_like(x, dtype=torch.float32)
-    values: list[float] = []
     per = max(1, min(p.ig_batch or p.batch, IG_POINTS_PER_PASS))
+
+    def run(a: list[float]):
+        point = (base.float() + torch.tensor(a, dtype=torch.float32, device=x.device)[:, None, None]
+                 * (x.float() - base.float())).detach().requires_grad_(torch.is_grad_enabled())
+        n = point.shape[0]
+        kw = {k: _expand(v, n) for k, v in rest.items()}
+        others = {nm: _expand(e, n) for nm, e in zip(names[1:], embeds[1:], strict=True)}
+        out = p.model(**kw, **{names[0]: point.to(x.dtype)}, **others, use_cache=False)
+        return point, _span_logprob(out.logits, rows, ids)
+
     with frozen(p.model), torch.enable_grad():
         for lo in range(0, len(alphas), per):
-            a = torch.tensor(alphas[lo:lo + per], dtype=torch.float32, device=x.device)[:, None, None]
-            point = (base.float() + a * (x.float() - base.float())).detach().requires_grad_(True)
-            n = point.shape[0]
-            kw = {k: _expand(v, n) for k, v in rest.items()}
-            others = {nm: _expand(e, n) for nm, e in zip(names[1:], embeds[1:], strict=True)}
-            out = p.model(**kw, **{names[0]: point.to(x.dtype)}, **others, use_cache=False)
-            vals = _span_logprob(out.logits, rows, ids)
+            point, vals = run(alphas[lo:lo + per])
             w = torch.tensor(coef[lo:lo + per], dtype=torch.float32, device=x.device)
             (g,) = torch.autograd.grad((vals * w).sum(), point)
             grad += g.sum(0, keepdim=True)
-            values += vals.detach().double().cpu().tolist()
-    m_base, m_x = values[-2], values[-1]
+    with torch.no_grad():  # the two ends, for completeness: their values only (no backward)
+        m_base, m_x = run([0.0, 1.0])[1].double().cpu().tolist()
     tok = ((x.float() - base.float()) * grad).sum(-1)[0].double().cpu()
     per_unit = np.array([float(tok[list(u.positions)].sum()) for u in p.units])
     diff = m_x - m_base
@@ -857,7 +862,8 @@ def _attention(model, tokenizer, text, target, target_ids, global_tokens, p: _Pr
     from inspector.capture.output import Output
     from inspector.capture.recorder import capture
 
-    cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=True, value_norms=False,
+    # a lazy capture: the weights recomputed exactly at the span's rows only (cap.weights), not stored for every site
+    cap = capture(model, tokenizer, text, Output.of(target, ids=target_ids), weights=False, value_norms=False,
                   global_tokens=global_tokens)
     if p.layout == "encoder-decoder":
         sites = [s for s in cap.sites if s.kind == "cross" and s.key_input == ["source"]]
