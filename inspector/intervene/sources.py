@@ -75,7 +75,8 @@ MAX_UNITS = 2048  # given units (phrases, spans) at most: twice the most ablatio
 KEEP = 0.5  # probability that a unit is kept in a random mask (ContextCite)
 ALPHA = 0.01  # LASSO's regularisation, on standardised masks and the per-token score (ContextCite's solver)
 TOP_K = (1, 3)  # the top-k log-probability drops reported
-IG_STEPS = 16  # Gauss-Legendre points of the integrated-gradients baseline (0: no gradient baseline)
+IG_STEPS = 16  # the integrated-gradients baseline's first try, in Gauss-Legendre points, doubled while it does not
+# add up (_converged_ig, attribution's rule; 0: no gradient baseline)
 IG_POINTS_PER_PASS = 16  # at most this many points a forward (and backward) pass
 STEPS_LIMIT = 1024
 BATCH_LIMIT = 1024  # the largest --batch-size accepted
@@ -854,6 +855,24 @@ def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
     return per_unit, info
 
 
+def _converged_ig(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
+    """:func:`_integrated_gradients` by the rule ``attribute`` follows (:mod:`inspector.intervene.attribution`): the
+    first try with ``steps`` points, doubled while the completeness gap is
+    :data:`~inspector.intervene.attribution.IG_TOLERANCE` of the difference or more (and above float32 rounding,
+    :data:`~inspector.intervene.attribution.IG_FLOAT_GAP`), up to
+    :data:`~inspector.intervene.attribution.IG_MAX_STEPS` points (or ``steps`` when that is larger). ``info`` says
+    how many points the last try took (``steps``) and whether it converged."""
+    from inspector.intervene.attribution import IG_FLOAT_GAP, IG_MAX_STEPS, IG_TOLERANCE
+
+    cap = max(IG_MAX_STEPS, steps)
+    while True:
+        per_unit, info = _integrated_gradients(p, encoded, steps)
+        info["converged"] = info["relative_gap"] < IG_TOLERANCE or abs(info["gap"]) <= IG_FLOAT_GAP
+        if info["converged"] or steps * 2 > cap:
+            return per_unit, info
+        steps *= 2
+
+
 def _attention(model, tokenizer, text, target, target_ids, global_tokens, p: _Problem) -> Any:
     """Per unit: the attention weight of the span's predicting rows on its tokens, averaged over heads, sites
     (cross-attention of an encoder-decoder; self-attention over the prompt of a decoder-only model) and rows."""
@@ -973,10 +992,10 @@ def _fit_notes(fit: Fit, ig_info: dict | None, alpha: float) -> list[str]:
         notes.append(f"every weight is 0: no unit moves the span's log-probability by more than LASSO's alpha ({alpha:g}, "
                      f"per token and standardised mask) allows (the ablations' scores span {spread:.3g} nats); the ranking "
                      "is then by text order: lower --alpha to see the small effects")
-    if ig_info is not None and ig_info["relative_gap"] > IG_TOLERANCE:
+    if ig_info is not None and not ig_info.get("converged", ig_info["relative_gap"] < IG_TOLERANCE):
         notes.append(f"integrated gradients does not add up: its completeness gap is {ig_info['relative_gap']:.0%} of "
-                     f"f(x) - f(baseline) = {ig_info['difference']:.4g} after {ig_info['steps']} steps (tolerance "
-                     f"{IG_TOLERANCE:.0%}): raise --ig-steps, or read its ranking as rough")
+                     f"f(x) - f(baseline) = {ig_info['difference']:.4g} after {ig_info['steps']} points, doubled from "
+                     f"--ig-steps while it stayed {IG_TOLERANCE:.0%} or more: read its ranking as rough")
     return notes
 
 
@@ -1041,7 +1060,7 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
         base_scores, ig_info = {}, None
         if baselines and ig_steps:
             counter.phase = "integrated_gradients"
-            base_scores["integrated_gradients"], ig_info = _integrated_gradients(prob, encoded, ig_steps)
+            base_scores["integrated_gradients"], ig_info = _converged_ig(prob, encoded, ig_steps)
             counter.phase = None
         if baselines:
             counter.phase = "attention"
