@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from helpers.browser import MARKS, VIEWPORT, WAIT_MS, box_of, free_port, inside, launch, wait_healthy
+from helpers.browser import MARKS, VIEWPORT, WAIT_MS, box_of, free_port, inside, launch, stop, wait_healthy
 from helpers.corpus import PAGE, minilm_shaped_scan
 
 pytestmark = MARKS
@@ -45,8 +45,4 @@ def test_the_head_grid_fits_its_column_at_1400_px(tmp_path):
                 finally:
                     browser.close()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)

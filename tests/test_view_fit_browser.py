@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import LEGAL
-from helpers.browser import ROOT, WAIT_MS, box_of, chromium, goto, serve
+from helpers.browser import ROOT, WAIT_MS, box_of, chromium, goto, serve, stop
 
 VENDOR = ROOT / "apps" / "vendor" / "node_modules"
 pytestmark = [
@@ -143,12 +143,7 @@ def test_corpus_summary_shows_flagged_documents_and_share_at_1400_px(tmp_path):
                 for name in ("flagged_documents", "share_flagged"):
                     assert name in shown[:-1], (name, shown, table)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop(proc)
 
 
 def test_compare_heatmaps_show_their_labels_and_query_row(legal_capture, minilm, tmp_path):

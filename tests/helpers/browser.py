@@ -77,14 +77,20 @@ def serve(tmp_path: Path, *app_args: str, env: dict[str, str] | None = None):
         wait_healthy(url, proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc)
         log.close()
     assert not any(work.iterdir()), "the app wrote into its working directory"
+
+
+
+def stop(proc) -> None:
+    """Stop a server process this test started: SIGTERM, then SIGKILL after 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def launch(pw):
