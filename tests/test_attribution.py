@@ -242,3 +242,17 @@ def test_both_sides_by_magnitude_with_positions():
     _, wrong = side_text(three, "ig", 3)
     assert wrong == ("'less' (in the 1st 'Lessor' of 3, source token 0) -0.3, 'less' (in the 2nd 'Lessor' of 3, "
                      "source token 3) -0.25, '##or' (in the 1st 'Lessor' of 3, source token 1) -0.2")
+
+
+def test_a_default_batch_of_points_on_a_cpu_holds_at_most_cpu_ig_gib():
+    """Without --batch-size: as many points as the budget holds, on a CPU at most what CPU_IG_GIB holds (bigger
+    batches of points cost more a point there, benchmarks/debug.py), on an accelerator the whole budget."""
+    from inspector.intervene.attribution import CPU_IG_GIB, ig_batch
+
+    mib = 2 ** 20
+    assert CPU_IG_GIB == 2.0
+    assert ig_batch(643 * mib, 256, None, 8.0, device="cpu") == 3  # the BART-large shape at 500 tokens
+    assert ig_batch(643 * mib, 256, None, 8.0, device="cuda") == 12
+    assert ig_batch(5000 * mib, 256, None, 8.0, device="cpu") == 1  # one point over CPU_IG_GIB still runs
+    assert ig_batch(mib, 20, None, 8.0, device="cpu") == 20  # a small model: capped by the points
+    assert ig_batch(643 * mib, 256, 8, 8.0, device="cpu") == 8  # a given batch within the budget is kept

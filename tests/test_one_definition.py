@@ -1,5 +1,5 @@
 """One definition of what several stages share (issue 43's second copies): the model-family table, a head's name and
-the refusal of an empty source text. Each test fails on a second copy anywhere in ``inspector/``."""
+the refusal of an empty source text, the integrated-gradients routine. Each test fails on a second copy anywhere in ``inspector/``."""
 
 from __future__ import annotations
 
@@ -78,3 +78,26 @@ def test_one_empty_source_message():
             assert str(e) == str(empty_source())
         else:
             raise AssertionError(blank)
+
+
+def _ig_routines(tree: ast.Module) -> list[int]:
+    """Lines that build an integrated-gradients path of their own: Captum's ``IntegratedGradients`` or numpy's
+    Gauss-Legendre nodes (``leggauss``), named anywhere in the module."""
+    return sorted({n.lineno for n in ast.walk(tree)
+                   if (isinstance(n, ast.Name) and n.id in ("IntegratedGradients", "leggauss"))
+                   or (isinstance(n, ast.Attribute) and n.attr in ("IntegratedGradients", "leggauss"))
+                   or (isinstance(n, ast.alias) and n.name in ("IntegratedGradients", "leggauss"))})
+
+
+def test_one_integrated_gradients_routine():
+    """``attribute`` and ``sources`` share :func:`inspector.intervene.attribution.integrated_gradients` and its one
+    completeness record; no other module builds a path of its own."""
+    found = {name: lines for name, tree in _trees() if (lines := _ig_routines(tree))}
+    assert set(found) == {"intervene/attribution.py"}, f"integrated gradients written outside attribution: {found}"
+    src = (ROOT / "intervene" / "sources.py").read_text(encoding="utf-8")
+    assert ".integrated_gradients(f, " in src and "Completeness" in src
+
+
+def test_the_routine_check_sees_a_second_one():
+    assert _ig_routines(ast.parse("import numpy as np\nnodes, w = np.polynomial.legendre.leggauss(8)\n")) == [2]
+    assert _ig_routines(ast.parse("from captum.attr import IntegratedGradients\n")) == [1]

@@ -20,6 +20,7 @@ value norms) waits for the others and runs alone (:meth:`SharedModel.writing`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 import threading
@@ -68,9 +69,11 @@ _INTERFACE_DEFAULT = re.compile(
     r"(?:get_interface\(\s*[^,()]+,|getattr\(\s*ALL_ATTENTION_FUNCTIONS\s*,\s*[^,()]+,)\s*([A-Za-z_][\w.]*)\s*\)")
 
 
+@functools.lru_cache(maxsize=256)
 def _named_eager(cls):
     """The eager function ``cls.forward`` falls back to in ``ALL_ATTENTION_FUNCTIONS.get_interface(impl, fn)``
-    (read from its source and resolved in its module), or None."""
+    (read from its source and resolved in its module), or None. Read once per class: a capture calls it for every
+    attention module, and reading the source took a second per 200 calls."""
     import inspect
 
     forward = getattr(cls, "forward", None)

@@ -167,6 +167,7 @@ def add_commands(sub) -> None:
     """Register ``attribute`` and ``routes`` on the top-level sub-parsers."""
     # integrated gradients' defaults and bounds, defined once there (the module loads torch only when it runs)
     from inspector.intervene.attribution import (
+        CPU_IG_GIB,
         IG_MAX_STEPS,
         IG_MEMORY_GIB,
         IG_STEPS,
@@ -191,7 +192,7 @@ def add_commands(sub) -> None:
                         f"{IG_MAX_STEPS}, or --steps if larger)")
     p.add_argument("--batch-size", type=int, metavar="N",
                    help=f"integrated gradients: points per forward pass (1..{STEPS_LIMIT}; default: as many as "
-                        "--memory-budget holds)")
+                        f"--memory-budget holds, on a CPU at most what {CPU_IG_GIB:g} GiB holds)")
     p.add_argument("--memory-budget", type=float, default=IG_MEMORY_GIB, metavar="GIB",
                    help=f"integrated gradients: GiB of activations one batch of points may hold, estimated before it "
                         f"runs (default {IG_MEMORY_GIB:g}); a larger batch is refused")

@@ -116,8 +116,8 @@ def cmd_sources(args) -> int:
     for line in r.trust().splitlines():
         say(line, indent="  ")
     if r.ig is not None:
-        say(f"integrated gradients ({r.ig['steps']} steps, from the units' embeddings zeroed): f(x) - f(baseline) = "
-            f"{r.ig['difference']:.4f}, completeness gap {r.ig['gap']:+.3g} ({r.ig['relative_gap']:.1%})", indent="  ")
+        say(f"integrated gradients ({r.ig.steps} steps, from the units' embeddings zeroed): f(x) - f(baseline) = "
+            f"{r.ig.difference:.4f}, completeness gap {r.ig.gap:+.3g} ({r.ig.relative_gap:.1%})", indent="  ")
     fp = r.forward_passes
     say("forward passes: " + ", ".join(f"{k} {v}" for k, v in fp.items() if k != "total" and v) +
         f"; total {fp['total']} ({r.batch_size} masks a pass)", indent="  ")

@@ -60,6 +60,10 @@ IG_STEPS = 20  # the first try's Gauss-Legendre points (``--steps``)
 IG_MAX_STEPS = 256  # the doubling stops here (``--max-steps``; the default when ``steps`` is below it)
 STEPS_LIMIT = 1024  # the most points --steps / --max-steps accept (the rule's nodes alone take seconds beyond)
 IG_MEMORY_GIB = 8.0  # activations one batch of points may hold (``--memory-budget``, GiB)
+# on a CPU a default batch of points holds at most this much: past it, more points a pass cost more a point (caches),
+# not less (BART-large shape at 500 tokens, 643 MiB a point: 2 to 4 points a pass 1.6 forward-equivalents a point
+# with its backward, 8 points 1.8 to 2.4); an accelerator takes what the budget holds
+CPU_IG_GIB = 2.0
 MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted
 # a rough count of the floats one point keeps for the backward pass (checked against the peak resident memory of
 # tiny models and MiniLM on CPU: within a factor of about 2, mostly above): every linear layer's output, twice (the
@@ -68,7 +72,8 @@ MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted
 # the metric reads five times (float32 copy, log-softmax, their gradients)
 LINEAR_COPIES, EAGER_ATTENTION_COPIES, FUSED_ATTENTION_COPIES, LOGIT_COPIES = 2, 3, 1, 5
 
-__all__ = ["IG_MAX_STEPS", "IG_MEMORY_GIB", "IG_STEPS", "IG_TOLERANCE", "METHODS", "Metric", "STEPS_LIMIT", "attribute",
+__all__ = ["CPU_IG_GIB", "IG_MAX_STEPS", "IG_MEMORY_GIB", "IG_STEPS", "IG_TOLERANCE", "METHODS", "Completeness", "IGSchedule",
+           "Metric", "STEPS_LIMIT", "attribute", "ig_batch", "integrated_gradients",
            "check_ig_options", "describe_token", "embedding_inputs", "ig_adds_up", "ig_memory", "ig_summary", "methods_verdict",
            "metric_for", "percent", "side_text", "sides"]
 
@@ -224,9 +229,11 @@ def ig_memory(model, encoded: Encoded, metric: Metric) -> int:
     return int(floats * size)
 
 
-def _ig_batch(per_point: int, max_steps: int, batch_size: int | None, memory_gib: float) -> int:
+def ig_batch(per_point: int, max_steps: int, batch_size: int | None, memory_gib: float, *, device: str = "cpu") -> int:
     """Points per forward pass: ``batch_size`` (checked against the budget), else as many as the budget holds (at
-    most ``max_steps``). Raises :class:`InspectorError`, one line naming the limit and the flags that change it."""
+    most ``max_steps``; on a ``"cpu"`` ``device`` at most what :data:`CPU_IG_GIB` holds, at least one). ``per_point``:
+    bytes one point keeps for its backward pass (:func:`ig_memory`). Raises :class:`InspectorError`, one line naming
+    the limit and the flags that change it."""
     budget = memory_gib * 2 ** 30
     fits = int(budget // max(per_point, 1))
     each = f"about {per_point / 2 ** 20:.3g} MiB of activations a point"
@@ -234,6 +241,8 @@ def _ig_batch(per_point: int, max_steps: int, batch_size: int | None, memory_gib
         if fits < 1:
             raise InspectorError(f"integrated gradients needs {each}, over the --memory-budget of {memory_gib:g} GiB: "
                                  f"raise --memory-budget to at least {per_point / 2 ** 30:.3g}")
+        if device == "cpu":
+            fits = min(fits, max(1, int(CPU_IG_GIB * 2 ** 30 // max(per_point, 1))))
         return min(fits, max_steps)
     used = min(batch_size, max_steps)
     if used * per_point > budget:
@@ -243,6 +252,11 @@ def _ig_batch(per_point: int, max_steps: int, batch_size: int | None, memory_gib
                              f"{used * per_point / 2 ** 30:.3g} GiB of activations ({each}), over the --memory-budget of "
                              f"{memory_gib:g} GiB: {fix}")
     return used
+
+
+def _device(model) -> str:
+    """The device type of the model's first parameter (``"cpu"``, ``"cuda"``, ...)."""
+    return next((p.device.type for p in model.parameters()), "cpu")
 
 
 def _relative(delta: float, diff: float) -> float:
@@ -262,37 +276,96 @@ class IGSchedule:
     batch: int
 
 
-def _gradient_columns(f, embeds, methods, schedule: IGSchedule) -> tuple[dict, dict]:
-    """Input x gradient and integrated gradients (Captum, Gauss-Legendre points) of the metric ``f`` (a function of
-    the embedding inputs) per input token, and integrated gradients' convergence record."""
-    import torch
-    from captum.attr import InputXGradient, IntegratedGradients
+@dataclass(frozen=True)
+class Completeness:
+    """Integrated gradients' completeness record (Sundararajan et al. 2017, Proposition 1: the attributions add up to
+    ``f(x) - f(baseline)``): the last try's points (``steps``), the first try's, the cap, the points a pass
+    (``batch``); ``value`` ``f(x)`` and ``baseline_value`` ``f(baseline)`` (the two ends, in the metric's units);
+    ``gap``: the attributions' sum minus ``difference``; ``history``: ``(steps, relative gap)`` of every try."""
 
-    steps, max_steps, batch = schedule.steps, schedule.max_steps, schedule.batch
+    steps: int
+    start_steps: int
+    max_steps: int
+    batch: int
+    value: float
+    baseline_value: float
+    gap: float
+    history: tuple[tuple[int, float], ...]
+    tolerance: float = IG_TOLERANCE
+
+    @property
+    def difference(self) -> float:
+        return self.value - self.baseline_value
+
+    @property
+    def relative_gap(self) -> float:
+        """``|gap| / |difference|`` (0 when both are 0, infinite when only the difference is)."""
+        return _relative(self.gap, self.difference)
+
+    @property
+    def converged(self) -> bool:
+        """The gap is below :attr:`tolerance` of the difference, or within float32 rounding (:data:`IG_FLOAT_GAP`)."""
+        return self.relative_gap < self.tolerance or abs(self.gap) <= IG_FLOAT_GAP
+
+    def to_json(self) -> dict:
+        """Plain data: every field, with ``difference``, ``relative_gap`` and ``converged``."""
+        return {"steps": self.steps, "start_steps": self.start_steps, "max_steps": self.max_steps, "batch": self.batch,
+                "value": self.value, "baseline_value": self.baseline_value, "difference": self.difference,
+                "gap": self.gap, "relative_gap": self.relative_gap, "converged": self.converged,
+                "tolerance": self.tolerance, "history": [list(h) for h in self.history]}
+
+    def attrs(self) -> dict:
+        """The record as ``attribute``'s table attributes (``ig_delta``, ``ig_difference``, ...)."""
+        return dict(ig_delta=self.gap, ig_difference=self.difference, ig_relative_gap=self.relative_gap,
+                    ig_converged=self.converged, ig_steps=self.steps, ig_start_steps=self.start_steps,
+                    ig_max_steps=self.max_steps, ig_tolerance=self.tolerance, ig_history=list(self.history),
+                    ig_batch_size=self.batch)
+
+
+def integrated_gradients(f, inputs: tuple, baselines: tuple, schedule: IGSchedule) -> tuple[tuple, Completeness]:
+    """Integrated gradients (Sundararajan et al. 2017) of a scalar function of the inputs, by Captum's
+    ``IntegratedGradients`` on the Gauss-Legendre rule: ``schedule.steps`` points first, doubled up to
+    ``schedule.max_steps`` while the completeness gap is :data:`IG_TOLERANCE` of ``f(x) - f(baseline)`` or more,
+    ``schedule.batch`` points a forward pass. ``f(*points) -> [n]`` takes each input with ``n`` points stacked on its
+    first axis; ``inputs`` and ``baselines``: tensors ``[1, ...]`` (float32), one per argument of ``f``. The two ends
+    are evaluated in one pass without a backward pass. Returns the attributions (one per input, its shape, in
+    ``f``'s units) and the :class:`Completeness` record. The one routine ``attribute`` and ``sources`` use."""
+    import torch
+    from captum.attr import IntegratedGradients
+
+    inputs = tuple(x.float().detach().requires_grad_(True) for x in inputs)
+    baselines = tuple(b.float().detach() for b in baselines)
+    with torch.no_grad():
+        ends = f(*(torch.cat([x, b]) for x, b in zip(inputs, baselines, strict=True))).double()
+    value, base_value = float(ends[0]), float(ends[1])
+    ig, history, n = IntegratedGradients(f), [], schedule.steps
+    while True:
+        got = ig.attribute(inputs, baselines=baselines, n_steps=n, method="gausslegendre",
+                           internal_batch_size=schedule.batch)
+        gap = float(sum(a.detach().double().sum() for a in got)) - (value - base_value)
+        history.append((n, _relative(gap, value - base_value)))
+        record = Completeness(steps=n, start_steps=schedule.steps, max_steps=schedule.max_steps, batch=schedule.batch,
+                              value=value, baseline_value=base_value, gap=gap, history=tuple(history))
+        if record.converged or n >= schedule.max_steps:
+            return tuple(a.detach() for a in got), record
+        n = min(2 * n, schedule.max_steps)
+
+
+def _gradient_columns(f, embeds, methods, schedule: IGSchedule) -> tuple[dict, dict]:
+    """Input x gradient and integrated gradients (:func:`integrated_gradients`, from an all-zero baseline) of the
+    metric ``f`` (a function of the embedding inputs) per input token, and integrated gradients' convergence record."""
+    import torch
+    from captum.attr import InputXGradient
+
     cols, attrs = {}, {}
     inputs = tuple(e.float().requires_grad_(True) for e in embeds)
     if "input_x_gradient" in methods:
         got = InputXGradient(f).attribute(inputs)
         cols["input_x_gradient"] = torch.cat([a[0].sum(-1) for a in got]).double()
     if "integrated_gradients" in methods:
-        base = tuple(torch.zeros_like(e) for e in inputs)
-        with torch.no_grad():
-            diff = float(f(*inputs)[0].double() - f(*base)[0].double())
-        ig, history, n = IntegratedGradients(f), [], steps
-        while True:
-            got = ig.attribute(inputs, baselines=base, n_steps=n, method="gausslegendre", internal_batch_size=batch)
-            total = float(sum(a.detach().double().sum() for a in got))
-            delta = total - diff
-            rel = _relative(delta, diff)
-            history.append((n, rel))
-            converged = rel < IG_TOLERANCE or abs(delta) <= IG_FLOAT_GAP
-            if converged or n >= max_steps:
-                break
-            n = min(2 * n, max_steps)
+        got, record = integrated_gradients(f, inputs, tuple(torch.zeros_like(e) for e in inputs), schedule)
         cols["integrated_gradients"] = torch.cat([a[0].sum(-1) for a in got]).double()
-        attrs.update(ig_delta=delta, ig_difference=diff, ig_relative_gap=rel, ig_converged=converged, ig_steps=n,
-                     ig_start_steps=steps, ig_max_steps=max_steps, ig_tolerance=IG_TOLERANCE, ig_history=history,
-                     ig_batch_size=batch)
+        attrs.update(record.attrs())
     return cols, attrs
 
 
@@ -386,7 +459,8 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
     metric = metric_for(model, tokenizer, encoded, position=position, contrast=contrast, query=query, occurrence=occurrence)
     labels, tokens = _labels(encoded, metric)
     # the batch of points is sized (or refused) within the memory budget before anything runs
-    batch = _ig_batch(ig_memory(model, encoded, metric), max_steps, internal_batch_size, memory_gib) if ig else None
+    batch = ig_batch(ig_memory(model, encoded, metric), max_steps, internal_batch_size, memory_gib,
+                     device=_device(model)) if ig else None
     counter = [0]
     cols: dict[str, torch.Tensor] = {}
     attrs: dict = {}

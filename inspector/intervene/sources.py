@@ -36,11 +36,14 @@ Generation to Context"), for encoder-decoder, decoder-only and long-document (LE
   top-k drop, so that a user sees which ranking to trust.
 
 Forward passes (``Sources.forward_passes``, counted by a hook on the model): ``ceil(ablations / batch)`` for
-the random ablations, ``ceil(holdout / batch)`` for the held-out ones, one or more for the full source and the
-top-k ablations of every method, ``ceil(ig_steps / points)`` with a backward pass each and one without (the path's
-two ends) for integrated gradients (``points``: at most ``batch`` and 16, and what ``--memory-budget`` holds), and the
-attention capture's (1; 2 on LED) (plus a generation's own passes with ``Output(generate=N)``). 64 ablations of a small
-model with the defaults: 3 passes for the surrogate and its evaluation, 6 with the baselines.
+the random ablations, ``ceil(holdout / batch)`` for the held-out ones (the masks shared evenly among the passes, the
+longest rows together where the masked tokens are left out), one or more for the full source and the top-k ablations of
+every method, ``ceil(ig_steps / points)`` with a backward pass each and one without (the path's two ends) for
+integrated gradients (the one routine :func:`inspector.intervene.attribution.integrated_gradients`; ``points``: at most
+``batch``, what ``--memory-budget`` holds and, on a CPU, what
+:data:`~inspector.intervene.attribution.CPU_IG_GIB` holds: bigger batches of points cost more a point there), and
+the attention capture's (1; 2 on LED) (plus a generation's own passes with ``Output(generate=N)``). 64 ablations of
+a small model with the defaults: 3 passes for the surrogate and its evaluation, 6 with the baselines.
 
 What it cannot tell: the surrogate is linear in the units (two sentences that only matter together, or that
 stand in for each other, share or lose their weight: the LDS says how far linearity holds); a masked unit is
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from inspector.capture.output import Output
+    from inspector.intervene.attribution import Completeness
 
 ABLATIONS = 64  # random ablation masks the surrogate is fitted on (ContextCite's paper uses 32 to 256)
 HOLDOUT = 32  # further random masks the LDS is measured on
@@ -76,14 +80,14 @@ KEEP = 0.5  # probability that a unit is kept in a random mask (ContextCite)
 ALPHA = 0.01  # LASSO's regularisation, on standardised masks and the per-token score (ContextCite's solver)
 TOP_K = (1, 3)  # the top-k log-probability drops reported
 IG_STEPS = 16  # the integrated-gradients baseline's first try, in Gauss-Legendre points, doubled while it does not
-# add up (_converged_ig, attribution's rule; 0: no gradient baseline)
-IG_POINTS_PER_PASS = 16  # at most this many points a forward (and backward) pass
+# add up (attribution's one routine and rule; 0: no gradient baseline)
 STEPS_LIMIT = 1024
 BATCH_LIMIT = 1024  # the largest --batch-size accepted
 AUTO_BATCH = 64  # the most masks a pass by default (fewer when the memory estimate says so)
 MEMORY_GIB = 2.0  # what one pass's logits and activations may take when the batch is chosen automatically
 MODES = ("mask", "removal")
 METHODS = ("contextcite", "integrated_gradients", "attention")
+IG_BASELINE = "the units' token embeddings zeroed"  # integrated gradients' baseline, in words
 EMBEDDING_CHECK = 1e-3  # relative: integrated gradients' input must reproduce the model's own score
 
 __all__ = ["ABLATIONS", "ALPHA", "HOLDOUT", "MAX_UNITS", "METHODS", "MODES", "TOP_K", "Fit", "Sources", "Unit", "check_options",
@@ -478,7 +482,9 @@ class Sources:
     ``tokens``, ``score`` = its log-probability given the whole source). ``forward_passes``: per phase
     (``ablations``, ``held_out``, ``top_k``, ``integrated_gradients``, ``attention``, ``generate``) and
     ``total``. ``fit``: the masks, scores and surrogate (:class:`Fit`). ``ig``: integrated gradients'
-    completeness (``difference`` = f(x) - f(baseline), ``gap``, ``relative_gap``, ``steps``), when run."""
+    completeness record (:class:`inspector.intervene.attribution.Completeness`: ``difference`` = f(x) - f(baseline),
+    ``gap``, ``relative_gap``, ``steps``, ``converged``; the baseline is the units' token embeddings zeroed), when
+    run."""
 
     table: pd.DataFrame
     methods: pd.DataFrame
@@ -495,7 +501,7 @@ class Sources:
     alpha: float
     batch_size: int
     layout: str
-    ig: dict | None = None
+    ig: Completeness | None = None
     notes: list[str] = field(default_factory=list)
 
     def trust(self) -> str:
@@ -530,7 +536,8 @@ class Sources:
                       "alpha": self.alpha, "batch_size": self.batch_size, "intercept": self.fit.intercept,
                       "full_score": self.fit.full, "units": self.table.to_dict("records"),
                       "methods": self.methods.to_dict("records"), "forward_passes": self.forward_passes,
-                      "integrated_gradients": self.ig, "notes": list(self.notes)})
+                      "integrated_gradients": None if self.ig is None else
+                      {**self.ig.to_json(), "baseline": IG_BASELINE}, "notes": list(self.notes)})
 
 
 # ---- the model side ------------------------------------------------------------------------------------------
@@ -744,8 +751,9 @@ def _positioned(model, positions):
 
 
 def _scorer(p: _Problem) -> Callable:
-    """``score(masks [m, n_units] bool) -> [m]`` float64: the span's log-probability under each ablation, ``p.batch``
-    masks a forward pass (no grad); in ``mask`` mode without the masked tokens where :func:`_droppable`."""
+    """``score(masks [m, n_units] bool) -> [m]`` float64: the span's log-probability under each ablation, at most
+    ``p.batch`` masks a forward pass, no grad (as many passes as that takes, the masks shared evenly among them, the
+    longest rows together: :func:`_by_length`); in ``mask`` mode without the masked tokens where :func:`_droppable`."""
     import numpy as np
     import torch
 
@@ -760,9 +768,11 @@ def _scorer(p: _Problem) -> Callable:
 
     def score(masks) -> np.ndarray:
         masks = np.asarray(masks, dtype=bool)
+        order = _by_length(p, masks) if dropped or p.mode == "removal" else np.arange(len(masks))
         out = []
-        for lo in range(0, len(masks), p.batch):
-            kw, total, positions = inputs(masks[lo:lo + p.batch])
+        each = -(-len(masks) // max(1, -(-len(masks) // p.batch))) if len(masks) else 1  # even passes: 64 at 19 -> 4 x 16
+        for lo in range(0, len(masks), each):
+            kw, total, positions = inputs(masks[order[lo:lo + each]])
             rows = p.rows(total)
             extra = {}
             if keep_logits:  # the LM head on the rows the span needs only
@@ -772,9 +782,21 @@ def _scorer(p: _Problem) -> Callable:
             with torch.no_grad(), _positioned(p.model, positions):
                 logits = p.model(**kw, **extra, use_cache=False).logits
             out.append(_span_logprob(logits, rows, ids.to(logits.device)).double().cpu().numpy())
-        return np.concatenate(out) if out else np.zeros(0)
+        got = np.zeros(len(masks))
+        got[order] = np.concatenate(out) if out else np.zeros(0)
+        return got
 
     return score
+
+
+def _by_length(p: _Problem, masks) -> Any:
+    """The masks' order for passes whose rows are as long as the tokens they keep (dropped or removed units): longest
+    first, so that each pass pads its rows to about their own length, not to the longest of a random draw (with
+    units kept at random, a pass of 20 masks padded to its longest row computes about a third more positions)."""
+    import numpy as np
+
+    kept = _keep_tokens(p, masks).sum(-1).numpy()
+    return np.argsort(-kept, kind="stable")
 
 
 def _vocab(model) -> int:
@@ -800,77 +822,42 @@ def _auto_batch(model, n_src: int, n_tgt: int, layout: str, span_rows: int, memo
     return max(1, min(AUTO_BATCH, int((MEMORY_GIB if memory_gib is None else memory_gib) * 2 ** 30 // per_row)))
 
 
-def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
+def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, Completeness]:
     """Integrated gradients of the span's log-probability with respect to the source's token embeddings, from a
     baseline with every unit token's embedding zeroed (the rest, and an encoder-decoder's decoder side, as they
-    are), ``steps`` Gauss-Legendre points (``p.ig_batch`` a pass, at most :data:`IG_POINTS_PER_PASS`), then the two ends
-    without a backward pass. Returns the per-unit
-    sums and the completeness record (``score``: the span's log-probability from the embeddings themselves)."""
+    are), by the one routine :func:`inspector.intervene.attribution.integrated_gradients` and its rule: ``steps``
+    Gauss-Legendre points first, doubled while the completeness gap is 5% of the difference or more, ``p.ig_batch``
+    points a pass. Returns the per-unit sums (nats) and the completeness record (its ``value``: the span's
+    log-probability from the embeddings themselves)."""
     import numpy as np
     import torch
 
-    from inspector.intervene.attribution import embedding_inputs
+    from inspector.intervene import attribution as ig
     from inspector.intervene.seam import frozen
 
-    names, embeds, rest = embedding_inputs(p.model, encoded)
+    names, embeds, rest = ig.embedding_inputs(p.model, encoded)
     x = embeds[0]
     unit_tok = torch.zeros(x.shape[1], dtype=torch.bool)
     for u in p.units:
         unit_tok[list(u.positions)] = True
     unit_tok = unit_tok.to(x.device)
     base = torch.where(unit_tok[None, :, None], torch.zeros_like(x), x)
-    nodes, weights = np.polynomial.legendre.leggauss(steps)
-    alphas = ((nodes + 1) / 2).tolist()
-    coef = (weights / 2).tolist()
     total = p.n_tgt if p.layout == "encoder-decoder" else p.n_src + p.n_tgt
     rows = p.rows(total)
     ids = torch.tensor(p.span_ids, dtype=torch.long, device=x.device)
-    grad = torch.zeros_like(x, dtype=torch.float32)
-    per = max(1, min(p.ig_batch or p.batch, IG_POINTS_PER_PASS))
 
-    def run(a: list[float]):
-        point = (base.float() + torch.tensor(a, dtype=torch.float32, device=x.device)[:, None, None]
-                 * (x.float() - base.float())).detach().requires_grad_(torch.is_grad_enabled())
+    def f(point):
         n = point.shape[0]
         kw = {k: _expand(v, n) for k, v in rest.items()}
         others = {nm: _expand(e, n) for nm, e in zip(names[1:], embeds[1:], strict=True)}
         out = p.model(**kw, **{names[0]: point.to(x.dtype)}, **others, use_cache=False)
-        return point, _span_logprob(out.logits, rows, ids)
+        return _span_logprob(out.logits, rows, ids)
 
+    schedule = ig.IGSchedule(steps=steps, max_steps=max(ig.IG_MAX_STEPS, steps), batch=max(1, p.ig_batch or p.batch))
     with frozen(p.model), torch.enable_grad():
-        for lo in range(0, len(alphas), per):
-            point, vals = run(alphas[lo:lo + per])
-            w = torch.tensor(coef[lo:lo + per], dtype=torch.float32, device=x.device)
-            (g,) = torch.autograd.grad((vals * w).sum(), point)
-            grad += g.sum(0, keepdim=True)
-    with torch.no_grad():  # the two ends, for completeness: their values only (no backward)
-        m_base, m_x = run([0.0, 1.0])[1].double().cpu().tolist()
-    tok = ((x.float() - base.float()) * grad).sum(-1)[0].double().cpu()
-    per_unit = np.array([float(tok[list(u.positions)].sum()) for u in p.units])
-    diff = m_x - m_base
-    gap = float(tok.sum()) - diff
-    info = {"steps": steps, "difference": diff, "gap": gap,
-            "relative_gap": abs(gap) / abs(diff) if diff else (0.0 if gap == 0 else float("inf")),
-            "score": m_x, "baseline": "the units' token embeddings zeroed"}
-    return per_unit, info
-
-
-def _converged_ig(p: _Problem, encoded, steps: int) -> tuple[Any, dict]:
-    """:func:`_integrated_gradients` by the rule ``attribute`` follows (:mod:`inspector.intervene.attribution`): the
-    first try with ``steps`` points, doubled while the completeness gap is
-    :data:`~inspector.intervene.attribution.IG_TOLERANCE` of the difference or more (and above float32 rounding,
-    :data:`~inspector.intervene.attribution.IG_FLOAT_GAP`), up to
-    :data:`~inspector.intervene.attribution.IG_MAX_STEPS` points (or ``steps`` when that is larger). ``info`` says
-    how many points the last try took (``steps``) and whether it converged."""
-    from inspector.intervene.attribution import IG_FLOAT_GAP, IG_MAX_STEPS, IG_TOLERANCE
-
-    cap = max(IG_MAX_STEPS, steps)
-    while True:
-        per_unit, info = _integrated_gradients(p, encoded, steps)
-        info["converged"] = info["relative_gap"] < IG_TOLERANCE or abs(info["gap"]) <= IG_FLOAT_GAP
-        if info["converged"] or steps * 2 > cap:
-            return per_unit, info
-        steps *= 2
+        (attr,), record = ig.integrated_gradients(f, (x,), (base,), schedule)
+    tok = attr.sum(-1)[0].double().cpu()
+    return np.array([float(tok[list(u.positions)].sum()) for u in p.units]), record
 
 
 def _attention(model, tokenizer, text, target, target_ids, global_tokens, p: _Problem) -> Any:
@@ -959,30 +946,33 @@ def _prepare(model, tokenizer, text: str, ask: _Request,
 
 
 def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
-    """Integrated-gradients points a pass: at most ``batch`` and :data:`IG_POINTS_PER_PASS`, and as many as
-    ``memory_gib`` (default :data:`inspector.intervene.attribution.IG_MEMORY_GIB`) holds of what one point keeps
-    for its backward pass (:func:`inspector.intervene.attribution.ig_memory`, every logit row counted), at least 1."""
-    from inspector.intervene.attribution import IG_MEMORY_GIB, Metric, ig_memory
+    """Integrated-gradients points a pass: :func:`inspector.intervene.attribution.ig_batch` of what one point keeps for
+    its backward pass (:func:`inspector.intervene.attribution.ig_memory`, every logit row counted) within
+    ``memory_gib`` (default :data:`inspector.intervene.attribution.IG_MEMORY_GIB`; on a CPU at most what
+    :data:`~inspector.intervene.attribution.CPU_IG_GIB` holds), at most ``batch``, at least 1."""
+    from inspector.intervene.attribution import IG_MAX_STEPS, IG_MEMORY_GIB, Metric, ig_batch, ig_memory
 
     per_point = ig_memory(model, encoded, Metric(lambda *_: None, [], "", {}, None))
-    budget = (IG_MEMORY_GIB if memory_gib is None else memory_gib) * 2 ** 30
-    return max(1, min(batch, IG_POINTS_PER_PASS, int(budget // max(per_point, 1))))
+    budget = IG_MEMORY_GIB if memory_gib is None else memory_gib
+    device = next((q.device.type for q in model.parameters()), "cpu")
+    fits = ig_batch(per_point, IG_MAX_STEPS, None, max(budget, per_point / 2 ** 30), device=device)
+    return max(1, min(batch, fits))
 
 
-def _drop_ig_if_off(fit: Fit, base_scores: dict, ig_info: dict | None, notes: list[str]) -> dict | None:
+def _drop_ig_if_off(fit: Fit, base_scores: dict, ig: Completeness | None, notes: list[str]) -> Completeness | None:
     """Integrated gradients is kept only when its embedding inputs reproduce the model's own score (else its
     gradients are of another function: e.g. an embedding scale the model applies to ids only)."""
-    if ig_info is None or abs(ig_info["score"] - fit.full) <= EMBEDDING_CHECK * (1 + abs(fit.full)):
-        return ig_info
+    if ig is None or abs(ig.value - fit.full) <= EMBEDDING_CHECK * (1 + abs(fit.full)):
+        return ig
     notes.append(f"integrated gradients left out: the model's embedding inputs give a span log-probability of "
-                 f"{ig_info['score']:.4f}, not its own {fit.full:.4f} (an embedding scale applied to ids only?)")
+                 f"{ig.value:.4f}, not its own {fit.full:.4f} (an embedding scale applied to ids only?)")
     del base_scores["integrated_gradients"]
     for d in (fit.lds, fit.drops, fit.ablated):
         d.pop("integrated_gradients", None)
     return None
 
 
-def _fit_notes(fit: Fit, ig_info: dict | None, alpha: float) -> list[str]:
+def _fit_notes(fit: Fit, ig: Completeness | None, alpha: float) -> list[str]:
     """Warnings a reader needs beside the numbers: an empty surrogate, integrated gradients that do not add up."""
     from inspector.intervene.attribution import IG_TOLERANCE
 
@@ -992,9 +982,9 @@ def _fit_notes(fit: Fit, ig_info: dict | None, alpha: float) -> list[str]:
         notes.append(f"every weight is 0: no unit moves the span's log-probability by more than LASSO's alpha ({alpha:g}, "
                      f"per token and standardised mask) allows (the ablations' scores span {spread:.3g} nats); the ranking "
                      "is then by text order: lower --alpha to see the small effects")
-    if ig_info is not None and not ig_info.get("converged", ig_info["relative_gap"] < IG_TOLERANCE):
-        notes.append(f"integrated gradients does not add up: its completeness gap is {ig_info['relative_gap']:.0%} of "
-                     f"f(x) - f(baseline) = {ig_info['difference']:.4g} after {ig_info['steps']} points, doubled from "
+    if ig is not None and not ig.converged:
+        notes.append(f"integrated gradients does not add up: its completeness gap is {ig.relative_gap:.0%} of "
+                     f"f(x) - f(baseline) = {ig.difference:.4g} after {ig.steps} points, doubled from "
                      f"--ig-steps while it stayed {IG_TOLERANCE:.0%} or more: read its ranking as rough")
     return notes
 
@@ -1060,7 +1050,7 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
         base_scores, ig_info = {}, None
         if baselines and ig_steps:
             counter.phase = "integrated_gradients"
-            base_scores["integrated_gradients"], ig_info = _converged_ig(prob, encoded, ig_steps)
+            base_scores["integrated_gradients"], ig_info = _integrated_gradients(prob, encoded, ig_steps)
             counter.phase = None
         if baselines:
             counter.phase = "attention"

@@ -105,8 +105,8 @@ def sources_data(result: Sources, method: str = "contextcite") -> dict:
         "seed": result.seed, "alpha": f"{result.alpha:g}", "n_units": len(result.units),
         "passes": ", ".join(f"{k} {v}" for k, v in fp.items() if k != "total" and v), "total": fp.get("total", 0),
         "batch": result.batch_size, "ks": ", ".join(str(k) for k in TOP_K),
-        "ig": (f"integrated gradients: {result.ig['steps']} steps from the units' embeddings zeroed, f(x) - f(baseline) "
-               f"= {result.ig['difference']:.4g}, completeness gap {result.ig['relative_gap']:.1%}") if result.ig else "",
+        "ig": (f"integrated gradients: {result.ig.steps} steps from the units' embeddings zeroed, f(x) - f(baseline) "
+               f"= {result.ig.difference:.4g}, completeness gap {result.ig.relative_gap:.1%}") if result.ig else "",
         "notes": list(result.notes),
     }
 
