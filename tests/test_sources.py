@@ -441,3 +441,26 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("name", ["bart", "gpt2"])
+def test_the_full_sources_score_read_from_the_attention_pass_is_the_models_own(name, tokenizer):
+    """With the baselines on, the span's score given the whole source comes from the attention baseline's pass (no
+    extra row in the top-k phase): it equals the model run by hand and the run without baselines."""
+    from inspector.capture.inputs import encode
+
+    model = tiny.build(name)
+    r = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=8, holdout=0, ig_steps=0)
+    plain = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=8, holdout=0, baselines=False)
+    enc = encode(model, tokenizer, LEGAL, "the lessee pays")
+    n_src = len(next(rec for rec in enc.records if rec.role == "source").ids)
+    tgt = next(rec for rec in enc.records if rec.role == "target")
+    span = [i for i, s in enumerate(tgt.special) if not s]
+    rows = [t - 1 if model.config.is_encoder_decoder else n_src + t - 1 for t in span]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(**enc.model_kwargs, use_cache=False).logits[0].float(), -1)
+    want = sum(float(lp[row, tgt.ids[t]]) for row, t in zip(rows, span, strict=True))
+    assert r.fit.full == pytest.approx(want, abs=1e-4) and r.fit.full == pytest.approx(plain.fit.full, abs=1e-4)
+    assert r.span["score"] == r.fit.full
+    drops = r.methods.set_index("method")["top1_drop"]
+    assert drops["contextcite"] == pytest.approx(plain.methods.set_index("method")["top1_drop"]["contextcite"], abs=1e-4)

@@ -399,7 +399,8 @@ class Fit:
 
 def evaluate(score: Callable[[np.ndarray], np.ndarray], n_units: int, *, ablations: int = ABLATIONS,
              holdout: int = HOLDOUT, seed: int = 0, n_tokens: int = 1, alpha: float = ALPHA,
-             baselines: dict[str, Sequence[float]] | None = None, ks: Sequence[int] = TOP_K) -> Fit:
+             baselines: dict[str, Sequence[float]] | None = None, ks: Sequence[int] = TOP_K,
+             full: float | None = None) -> Fit:
     """The ContextCite protocol on any scoring function: ``score(masks [m, n_units] bool) -> [m]`` scores.
 
     Draws ``ablations`` random masks (:func:`random_masks`, numpy's Generator seeded ``seed``) and ``holdout``
@@ -408,7 +409,8 @@ def evaluate(score: Callable[[np.ndarray], np.ndarray], n_units: int, *, ablatio
     unit``): the LDS on the held-out masks (predictions ``intercept + mask @ weights``, or ``mask @ scores`` for
     a baseline) and the top-k drops ``f(all kept) - f(the top k by that method ablated)``. ``score`` is called
     three times: the training masks, the held-out masks (if any), then the full mask followed by the distinct
-    top-k masks."""
+    top-k masks (the full mask left out when ``full``, its score, is given: ``sources`` reads it from the attention
+    baseline's pass over the whole source)."""
     import numpy as np
 
     train = random_masks(ablations, n_units, np.random.default_rng(seed))
@@ -429,7 +431,11 @@ def evaluate(score: Callable[[np.ndarray], np.ndarray], n_units: int, *, ablatio
                 mask = np.ones(n_units, dtype=bool)
                 mask[list(key)] = False
                 rows.append(mask)
-    got = np.asarray(score(np.stack(rows)), dtype=np.float64)
+    if full is None:
+        got = np.asarray(score(np.stack(rows)), dtype=np.float64)
+    else:
+        got = np.concatenate([[full], np.asarray(score(np.stack(rows[1:])), dtype=np.float64)
+                              if len(rows) > 1 else np.zeros(0)])
     full = float(got[0])
     drops = {m: {k: full - float(got[where[tuple(sorted(chosen[m][k]))]]) for k in ks} for m in methods}
     return Fit(weights=w, intercept=b, masks=train, scores=y, holdout_masks=held, holdout_scores=y_held, full=full,
@@ -860,10 +866,13 @@ def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, Comple
     return np.array([float(tok[list(u.positions)].sum()) for u in p.units]), record
 
 
-def _attention(model, tokenizer, text, target, target_ids, global_tokens, p: _Problem) -> Any:
+def _attention(model, tokenizer, text, target, target_ids, global_tokens, p: _Problem) -> tuple[Any, float | None]:
     """Per unit: the attention weight of the span's predicting rows on its tokens, averaged over heads, sites
-    (cross-attention of an encoder-decoder; self-attention over the prompt of a decoder-only model) and rows."""
+    (cross-attention of an encoder-decoder; self-attention over the prompt of a decoder-only model) and rows; and the
+    span's log-probability given the whole source from the same pass (the model's own logits, kept on the capture),
+    so that the top-k phase need not run the full source again (None where the capture kept no logits)."""
     import numpy as np
+    import torch
 
     from inspector.capture.output import Output
     from inspector.capture.recorder import capture
@@ -886,7 +895,12 @@ def _attention(model, tokenizer, text, target, target_ids, global_tokens, p: _Pr
         row = w[:, [r - lo for r in rows]].mean((0, 1)).double().numpy()
         acc += row[:p.n_src]
     acc /= len(sites)
-    return np.array([float(acc[list(u.positions)].sum()) for u in p.units])
+    logits = getattr(getattr(cap, "output", None), "logits", None)
+    full = None
+    if logits is not None and logits.shape[1] > max(rows):
+        ids = torch.tensor(p.span_ids, dtype=torch.long, device=logits.device)
+        full = float(_span_logprob(logits.detach(), rows, ids)[0])
+    return np.array([float(acc[list(u.positions)].sum()) for u in p.units]), full
 
 
 def _as_output(output) -> Output:
@@ -1047,17 +1061,17 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
             finally:
                 counter.phase = None
 
-        base_scores, ig_info = {}, None
+        base_scores, ig_info, full = {}, None, None
         if baselines and ig_steps:
             counter.phase = "integrated_gradients"
             base_scores["integrated_gradients"], ig_info = _integrated_gradients(prob, encoded, ig_steps)
             counter.phase = None
         if baselines:
             counter.phase = "attention"
-            base_scores["attention"] = _attention(model, tokenizer, text, target, target_ids, global_tokens, prob)
+            base_scores["attention"], full = _attention(model, tokenizer, text, target, target_ids, global_tokens, prob)
             counter.phase = None
         fit = evaluate(score, len(prob.units), ablations=ablations, holdout=holdout, seed=seed,
-                       n_tokens=len(prob.span_idx), alpha=alpha, baselines=base_scores)
+                       n_tokens=len(prob.span_idx), alpha=alpha, baselines=base_scores, full=full)
         passes = dict(counter.counts)
     ig_info = _drop_ig_if_off(fit, base_scores, ig_info, notes)
     notes += _fit_notes(fit, ig_info, alpha)
