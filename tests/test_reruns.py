@@ -11,6 +11,8 @@ mean ablation. A test that finds the rerun fell back to full passes fails: it wo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -115,3 +117,30 @@ def test_a_rerun_never_touches_the_kept_pass():
         rerun._tensors(first.output)[0].add_(1.0)
     with pytest.raises(rerun.Stale):
         rec.check()
+
+
+PARTIES = Path(__file__).resolve().parent.parent / "fixtures" / "parties"
+
+
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_every_rerun_effect_equals_a_full_pass_on_the_trained_fixtures(kind):
+    """The two trained models (a GPT-2, a BART summariser), on their first erring held-out document: every head's
+    rerun effect equals one full forward pass of the whole model, for the attribution pass kept and a cut pass."""
+    import json
+
+    from inspector.capture.models import load_model
+
+    loaded = load_model(str(PARTIES / kind))
+    model, tok = loaded.model, loaded.tokenizer
+    item = next(x for x in json.loads((PARTIES / kind / "heldout.json").read_text())["items"] if not x["right"])
+    source, output = (item["prompt"], item["answer"]) if kind == "decoder" else (item["source"], item["output"])
+    contrast = (item["gold"], item["wrong"]) if kind == "decoder" else (item["right_party"], item["wrong_party"])
+    enc = encode(model, tok, source, output)
+    kept = E.attribute(model, tok, source, contrast=contrast, encoded=enc, keep_pass=True)
+    heads = _heads(kept.capture)
+    full = E.exact_effects(model, enc, kept.capture, kept.contrast, heads=heads, reuse=False)
+    assert max(abs(f) for f in full) > 1.0, "no head moves the trained model's metric"
+    for rec in (kept.recording, E.recording_for(model, enc, kept.capture, kept.contrast)):
+        assert rec.reusable and rec.kept > 0, rec.reason
+        got = E.exact_effects(model, enc, kept.capture, kept.contrast, heads=heads, recording=rec, before=kept.metric)
+        assert max(abs(a - b) for a, b in zip(got, full, strict=True)) <= TOL
