@@ -496,13 +496,13 @@ def welcome() -> None:
 
 def ranking(exclude_special: bool):
     """``rank_heads`` of the open capture with special-token keys kept and excluded, both from one pass
-    (:func:`inspector.analysis.rank_heads_both`) the first time either is asked for, so toggling
+    (:func:`inspector.analysis.rank_heads` with ``exclude_special=(False, True)``) the first time either is asked for, so toggling
     "Ignore special-token keys" reads a ranking already made."""
     w = weighting_of(ss.capture)
     key = (w, bool(exclude_special))
     if key not in ss.rank:
         with st.spinner("Ranking every head (once per capture and weighting) …"):
-            ss.rank.update({(w, ex): df for ex, df in analysis.rank_heads_both(ss.capture, weighting=w).items()})
+            ss.rank.update({(w, ex): df for ex, df in analysis.rank_heads(ss.capture, exclude_special=(False, True), weighting=w).items()})
     return ss.rank[key]
 
 

@@ -281,10 +281,10 @@ def test_exclude_special_skips_rows_that_only_see_special_keys(tokenizer):
 
 
 def test_both_rankings_in_one_pass_equal_renormalizing_by_hand(minilm):
-    """rank_heads_both (the app's toggle) on MiniLM, whose sink heads put most weight on [CLS] and [SEP]:
+    """rank_heads with both special-token choices (the app's toggle) on MiniLM, whose sink heads put most weight on [CLS] and [SEP]:
     the excluded entropies equal rows renormalized by hand in float64; the kept ones equal rank_heads."""
     cap = capture(minilm.model, minilm.tokenizer, LEGAL)
-    both = analysis.rank_heads_both(cap)
+    both = analysis.rank_heads(cap, exclude_special=(False, True))
     pd_kept = analysis.rank_heads(cap)
     assert both[False].equals(pd_kept)
     for site in cap.sites:

@@ -42,8 +42,6 @@ ALLOWED = {
     "intervene/effects.py:attribute": ENTRY + "; the output is one Output value",
     "intervene/logit_parts.py:decompose": ENTRY + " (site, head, query and the two key sets being compared)",
     "analysis/rank.py:rank_heads": ENTRY + " (sites, sort, rule, weighting, chunk, batch row)",
-    "analysis/rank.py:rank_heads_both": ENTRY + " (rank_heads' options; both special-token choices in one pass, "
-                                               "for the app's toggle)",
     "investigate/debug.py:investigate": ENTRY + "; the question and the output are one value each",
     "investigate/matter.py:matter_of": ENTRY + " behind `effects --confirm/--variant/--matter-csv`; the output and "
                                        "the question are one value each",

@@ -25,7 +25,7 @@ from inspector.analysis.keys import (
     visible_keys,
     weighted_sites,
 )
-from inspector.analysis.rank import RANK_COLUMNS, LabelRule, RankSums, rank_heads, rank_heads_both
+from inspector.analysis.rank import RANK_COLUMNS, LabelRule, RankSums, rank_heads
 from inspector.analysis.split import (
     SPLIT_COLUMNS,
     SPLIT_VERDICT_COLUMNS,
@@ -48,6 +48,6 @@ from inspector.analysis.split import (
 __all__ = [
     "MASKED", "NoReferentVisible", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
     "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "nothing_visible_message", "piece", "query_rows", "rank_heads",
-    "rank_heads_both", "referent_rows", "referent_split", "reweight_", "split_heads", "split_notes",
+    "referent_rows", "referent_split", "reweight_", "split_heads", "split_notes",
     "value_norms_of", "visible_keys", "weighted_sites", "word_row",
 ]

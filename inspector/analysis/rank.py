@@ -344,7 +344,7 @@ def _block(capture: Capture, site: Site, batch: int, heads: list[int], qs: slice
 def rank_heads(
     capture: Capture,
     *,
-    exclude_special: bool = False,
+    exclude_special: bool | tuple[bool, ...] = False,
     batch: int = 0,
     sites: list[Site] | None = None,
     rule: LabelRule = LabelRule(),
@@ -352,8 +352,12 @@ def rank_heads(
     ascending: bool = True,
     chunk: int = 256,
     weighting: str = "attention",
-) -> pd.DataFrame:
+) -> pd.DataFrame | dict[bool, pd.DataFrame]:
     """One row per site and head with the entropy metrics and a label, sorted (focused heads first).
+
+    ``exclude_special``: leave special-token keys out of every metric (``True``) or keep them (``False``); a tuple
+    of both (``(False, True)``) returns ``{choice: table}`` for each, from one pass over the weights (the app shows
+    either at the flip of a toggle).
 
     Weights are read (or recomputed) ``chunk`` query rows at a time at most, fewer where the key axis is
     long (a block of all heads x rows x keys stays within 8 MB), so memory stays bounded at any length.
@@ -361,32 +365,16 @@ def rank_heads(
     norms are left out and named in ``df.attrs["left_out"]`` (site -> reason), as are query rows that see no
     key (left out of every metric) and heads whose value norms are all zero (NaN metrics).
     """
-    return rank_heads_both(capture, batch=batch, sites=sites, rule=rule, sort_by=sort_by, ascending=ascending,
-                           chunk=chunk, weighting=weighting, want=(bool(exclude_special),))[bool(exclude_special)]
-
-
-def rank_heads_both(
-    capture: Capture,
-    *,
-    batch: int = 0,
-    sites: list[Site] | None = None,
-    rule: LabelRule = LabelRule(),
-    sort_by: str = "normalized_entropy",
-    ascending: bool = True,
-    chunk: int = 256,
-    weighting: str = "attention",
-    want: tuple[bool, ...] = (False, True),
-) -> dict[bool, pd.DataFrame]:
-    """:func:`rank_heads` with special-token keys kept (key ``False``) and excluded (``True``), both
-    from one pass over the weights (the app shows either at the flip of a toggle)."""
+    want = tuple(bool(x) for x in exclude_special) if isinstance(exclude_special, tuple) else (bool(exclude_special),)
     check_batch(capture, batch)
     chosen, left_out = weighted_sites(capture, list(sites if sites is not None else capture.sites), weighting)
     rows: dict[bool, list[dict]] = {excluded: [] for excluded in want}
     for site in chosen:
         for excluded, site_rows in _site_stats_both(capture, site, batch, chunk, weighting, want, left_out).items():
             rows[excluded] += site_rows
-    return {excluded: _rank_frame(rows[excluded], rule, sort_by, ascending, weighting, dict(left_out))
-            for excluded in want}
+    tables = {excluded: _rank_frame(rows[excluded], rule, sort_by, ascending, weighting, dict(left_out))
+              for excluded in want}
+    return tables if isinstance(exclude_special, tuple) else tables[want[0]]
 
 
 def _rank_frame(rows: list[dict], rule: LabelRule, sort_by: str, ascending: bool, weighting: str,
