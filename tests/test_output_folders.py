@@ -359,6 +359,36 @@ def test_the_swap_takes_a_place_freed_by_another_run(tmp_path):
         files.add_to_marker(tmp_path, MARKER, ["x"])
 
 
+
+def test_a_file_edited_since_the_run_wrote_it_is_refused_and_kept(tmp_path, capsys):
+    """The marker records each written file's sha256: a rerun refuses (one line naming the file and the fix, nothing
+    touched) where a listed file's content changed; an older marker without hashes is replaced as before."""
+    from inspector.store import files
+
+    out = tmp_path / "out"
+    with files.swap_folder(out, MARKER, {"command": "debug"}) as work:
+        (work / "report.html").write_text("first")
+        (work / "notes.csv").write_text("a,b\n")
+    marker = json.loads((out / MARKER).read_text())
+    assert set(marker["sha256"]) == {"report.html", "notes.csv"} and len(marker["sha256"]["notes.csv"]) == 64
+    (out / "notes.csv").write_text("a,b\nmy own note\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(InspectorError, match=r"notes\.csv changed since inspector wrote it") as info:
+        with files.swap_folder(out, MARKER, {"command": "debug"}) as work:
+            raise AssertionError("refused before any work")
+    assert "another folder" in str(info.value) and "delete it" in str(info.value) and "\n" not in str(info.value)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # the command line says it in one line, exit 2, before the model loads
+    assert main(["debug", "--source", "a pays b", "--query", "pays", "--referents", "a,b", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "notes.csv changed since inspector wrote it" in err[0]
+    # an older marker (file names only) keeps working: the folder is replaced whole
+    del marker["sha256"]
+    (out / MARKER).write_text(json.dumps(marker))
+    with files.swap_folder(out, MARKER, {"command": "debug"}) as work:
+        (work / "report.html").write_text("second")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "report.html"]
+
 # ---- demo --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_demo_lists_its_storys_tables_so_the_next_demo_replaces_them(tmp_path, capsys, monkeypatch):

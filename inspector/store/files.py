@@ -588,6 +588,7 @@ def _marked_entries(target: Path, shown: str, marker: str, names: list[str]) -> 
         raise InspectorError(f"{shown}/{marker} is not a marker inspector wrote ({why}), so {shown} is not inspector's to "
                              "replace: move it away, or choose a new folder")
     listed = set(info["files"])
+    hashes = info.get("sha256") if isinstance(info.get("sha256"), dict) else {}  # an older marker has none
     for name in names:
         p = target / name
         if name != marker and name not in listed:
@@ -596,6 +597,24 @@ def _marked_entries(target: Path, shown: str, marker: str, names: list[str]) -> 
         if name != marker and (p.is_symlink() or not p.is_file()):
             raise InspectorError(f"{shown}/{name} is {_not_a_file(p)}, not the file inspector wrote there: move it away, "
                                  "or choose a new folder")
+        if name != marker and isinstance(hashes.get(name), str) and file_sha256(p) != hashes[name]:
+            raise InspectorError(f"{shown}/{name} changed since inspector wrote it (its content no longer matches the "
+                                 f"sha256 {marker} records), and the results replace the whole folder: give -o another "
+                                 f"folder, or move {name!r} away or delete it to let the run replace the folder")
+
+
+def file_sha256(path: Path) -> str | None:
+    """The SHA-256 of a file's bytes (hex), read in blocks; None where it cannot be read."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
 
 
 def _folder_state(target: Path, shown: str, marker: str, legacy: str | None) -> str:
@@ -642,17 +661,20 @@ def check_folder_target(path: str | os.PathLike, marker: str, *, legacy: str | N
 
 
 def write_marker(folder: Path, marker: str, stamp: dict[str, Any], names: list[str] | None = None) -> Path:
-    """Write ``folder/marker`` atomically: ``{"written_by": "inspector", **stamp, "files": [...]}`` (``stamp``: e.g.
-    the command and the version), the files being ``names`` or, by default, every regular file now in ``folder``
-    but the marker. Returns its path; raises InspectorError for a write the system refuses."""
+    """Write ``folder/marker`` atomically: ``{"written_by": "inspector", **stamp, "files": [...], "sha256": {...}}``
+    (``stamp``: e.g. the command and the version), the files being ``names`` or, by default, every regular file now
+    in ``folder`` but the marker, each with the SHA-256 of its bytes (a later run refuses to replace a file whose
+    content no longer matches: someone edited it). Returns its path; raises InspectorError for a write the system refuses."""
     folder = Path(folder)
     if names is None:
         names = [p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink() and p.name != marker]
     about = ("this folder was written by inspector; a later run into it replaces it whole, but only while every "
-             "file in it is listed here")
-    own = ("written_by", "about", "files")
+             "file in it is listed here with the content it was written with (sha256)")
+    own = ("written_by", "about", "files", "sha256")
+    names = sorted(set(names))
+    hashes = {n: h for n in names if (h := file_sha256(folder / n)) is not None}
     return write_json(folder / marker, {"written_by": WRITTEN_BY, **{k: v for k, v in stamp.items() if k not in own},
-                                        "about": about, "files": sorted(set(names))})
+                                        "about": about, "files": names, "sha256": hashes})
 
 
 def add_to_marker(folder: str | os.PathLike, marker: str, names: list[str], stamp: dict[str, Any] | None = None) -> Path:
