@@ -168,6 +168,11 @@ def cmd_debug(args) -> int:
     if args.query is None and not args.contrast:
         raise InspectorError("debug needs --query WORD, or --contrast RIGHT,WRONG (the query then defaults to the row "
                              "the contrast is read at)")
+    if args.referents is None:  # the contrast's two words are the competing referents, unless others are named
+        if not args.contrast:
+            raise InspectorError("debug needs --referents A,B (the competing referents in the source), or --contrast "
+                                 "RIGHT,WRONG, whose two words are the referents then")
+        args.referents = args.contrast
     check_before_loading(query=args.query, referents=args.referents)
     refs = check_referents_arg(args.referents)
     contrast = contrast_words(args.contrast) if args.contrast else None
@@ -321,7 +326,8 @@ def add_commands(sub, commands_as: CommandFormat | None = None) -> None:
     p.add_argument("--query", help="the word whose attention to inspect (looked up in the output first), or @I for token "
                                     "index I; with --contrast and an LM head, default: the row that predicts WRONG")
     p.add_argument("--occurrence", type=int, metavar="K", help=OCCURRENCE_HELP)
-    p.add_argument("--referents", required=True, help="competing referents in the source, e.g. Lessee,Lessor")
+    p.add_argument("--referents", help="competing referents in the source, e.g. Lessee,Lessor (default with "
+                                        "--contrast: its two words)")
     p.add_argument("--variant", action="append", metavar="NAME=FILE", help="another version of the source to compare")
     p.add_argument("--min-split", type=float, default=0.2, help="flag threshold on split_score (default 0.2)")
     p.add_argument("--min-mass", type=float, default=0.25, help="flag threshold on referent_mass (default 0.25)")
