@@ -192,6 +192,9 @@ def _evaluation_view(out: Path) -> None:
     info = corpus.scan_info(out)
     st.caption(f"**Model** {md_text(info.get('model'))} · **corpus** {md_text(info.get('corpus'))} · the verdict over "
                "an evaluation set (a contrast per document)")
+    note = verdicts.unfinished(v["summary"], verdicts.corpus_documents(out))
+    if note:
+        st.warning(md_text(note))
     st.markdown(md_text(verdicts.headline(v["summary"])))
     st.subheader("Heads by how often they are the top culprit")
     for note in EVALUATION_NOTES:

@@ -154,7 +154,7 @@ def test_bad_options_are_one_line_before_the_model_loads(tmp_path, capsys, monke
     assert "drop --routes" in _one_line(capsys, base + CONTRAST + ["--routes"])
     assert "one way" in _one_line(capsys, base + CONTRAST + ["--generate", "3"])
     assert "no field 'nope'" in _one_line(capsys, base + ["--right-field", "nope", "--wrong-field", "wrong"])
-    assert "--confirm-top must be 0 or more" in _one_line(capsys, base + CONTRAST + ["--confirm-top", "-1"])
+    assert "--budget must be a number" in _one_line(capsys, base + CONTRAST + ["--budget", "-1"])  # --confirm-top 0: test_evaluation_defects
     assert "add --engine ray" in _one_line(capsys, base + CONTRAST + ["--workers", "2"])
     assert not (tmp_path / "out").exists()  # nothing written
 

@@ -21,7 +21,7 @@ _SCAN_ONLY = (("query_field", "--query-field"), ("referents_field", "--referents
 
 def add_scan_options(p: argparse.ArgumentParser) -> None:
     """``scan``'s options for a contrast per document (the verdict over an evaluation set)."""
-    from inspector.investigate.defaults import DEBUG_TOP
+    from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP
 
     g = p.add_argument_group("the verdict over an evaluation set (a contrast per document; docs/evaluation.md)")
     g.add_argument("--right-field", metavar="COLUMN", help="column with each document's RIGHT word (what the model "
@@ -34,9 +34,13 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
                         "without it, where the metric logit(RIGHT) - logit(WRONG) is negative")
     g.add_argument("--generate", type=positive_int, metavar="N",
                    help="generate each document's output (up to N tokens, greedy) instead of reading --output-field")
-    g.add_argument("--confirm-top", type=int, default=DEBUG_TOP, metavar="K",
+    g.add_argument("--confirm-top", type=positive_int, default=DEBUG_TOP, metavar="K",
                    help=f"exact effects of the top K heads by attribution on each erring document (default {DEBUG_TOP}, "
-                        "as debug's --top)")
+                        "as debug's --top), then of every other head within --budget")
+    g.add_argument("--budget", type=float, default=DEBUG_BUDGET, metavar="FORWARDS",
+                   help="then confirm every other head too, in attribution order, while each erring document's reruns "
+                        f"stay within FORWARDS forward passes (as debug's --budget; default {DEBUG_BUDGET:g}; 0: only "
+                        "--confirm-top)")
     g.add_argument("--clause-field", metavar="COLUMN", help="column with each document's key clause (for the quote, "
                                                               "first and restate variant rules)")
     g.add_argument("--variant", dest="eval_variants", action="append", metavar="NAME=RULE",
@@ -54,8 +58,10 @@ def asked(args) -> bool:
 def evaluation_of(args):
     """The :class:`~inspector.investigate.evaluation.Evaluation` the arguments ask for, checked before torch loads.
     Raises :class:`InspectorError` (one line) for options that do not go together."""
+    from inspector.cli.investigate import check_budget_args
     from inspector.investigate.evaluation import Evaluation, Variant
 
+    check_budget_args(args)  # debug's check of --budget, before torch loads
     for dest, flag in _SCAN_ONLY:
         if getattr(args, dest, None):
             raise InspectorError(f"{flag} belongs to the attention scan; a scan with a contrast per document writes the "
@@ -70,7 +76,7 @@ def evaluation_of(args):
         raise InspectorError("give the output one way: --output-field COLUMN (what the model said) or --generate N")
     return Evaluation(right_field=args.right_field, wrong_field=args.wrong_field, contrast_field=args.contrast_field,
                       reference_field=args.reference_field, generate=args.generate, top=args.confirm_top,
-                      clause_field=args.clause_field,
+                      budget=args.budget, clause_field=args.clause_field,
                       variants=tuple(Variant.parse(v) for v in args.eval_variants or ()))
 
 
@@ -102,6 +108,9 @@ def show(out, rows: int | None) -> None:
     from inspector.corpus import verdicts
 
     v = verdicts.views(out)
+    note = verdicts.unfinished(v["summary"], verdicts.corpus_documents(out))
+    if note:
+        print(note)
     print(verdicts.headline(v["summary"]))
     culprits = v["culprits"]
     shown = culprits.drop(columns=["stack"] if (culprits["stack"] == "none").all() else [])
@@ -153,10 +162,13 @@ def corpus_asked(args, out: Path) -> bool:
     folder's own checks)."""
     if args.sql is None and is_evaluation_folder(out):
         return True
+    if args.view is not None and args.sql is not None:
+        raise InspectorError("--view prints one of the evaluation's tables and --sql runs a query: give one of them "
+                             "(the SQL view documents holds --view documents' columns, e.g. --sql \"SELECT id, errs FROM "
+                             "documents\")")
     if args.view is not None and (out / "scan.json").is_file():
-        raise InspectorError(f"--view reads a scan with a contrast per document; {out} holds "
-                             f"{'an attention scan' if not is_evaluation_folder(out) else 'one, but --sql asks the views'}: "
-                             "drop --view (or scan the evaluation set with --right-field and --wrong-field)")
+        raise InspectorError(f"--view reads a scan with a contrast per document; {out} holds an attention scan: drop "
+                             "--view (or scan the evaluation set with --right-field and --wrong-field)")
     return False
 
 
@@ -169,10 +181,12 @@ def run_corpus(args) -> int:
         show(args.out, rows_shown(args))
         return 0
     view = args.view or "culprits"
-    if view == "documents":
-        df = verdicts.read_evaluation(args.out)[0].drop(columns=["part"]).sort_values("row", kind="stable")
-    else:
-        df = verdicts.views(args.out)[view]
+    docs, heads = verdicts.read_evaluation(args.out)
+    v = verdicts.views_of(docs, heads)
+    note = verdicts.unfinished(v["summary"], verdicts.corpus_documents(args.out))
+    if note:  # on standard error: a CSV written to standard output stays a CSV
+        status(note)
+    df = verdicts.documents_view(docs) if view == "documents" else v[view]
     if args.csv:
         write_csv(args.csv, df)
         status(f"wrote {len(df)} rows to {args.csv}")

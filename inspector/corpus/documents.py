@@ -190,11 +190,46 @@ class Corpus:
         return len(self._dataset())
 
     # ---- rows ----------------------------------------------------------------------------------
+    def _sep(self) -> str:
+        return "\t" if self.path.suffix.lower() == ".tsv" else ","
+
     def _read_csv(self, **kwargs):
         import pandas as pd
 
-        return pd.read_csv(self.path, dtype=str, keep_default_na=False, encoding="utf-8",
-                           sep="\t" if self.path.suffix.lower() == ".tsv" else ",", **kwargs)
+        # index_col=False: a first row longer than the header never becomes an index (the row widths are checked
+        # by _csv_widths before pandas reads them)
+        return pd.read_csv(self.path, dtype=str, keep_default_na=False, encoding="utf-8", sep=self._sep(),
+                           index_col=False, **kwargs)
+
+    def _csv_widths(self) -> Iterator[tuple[int, int]]:
+        """Each CSV record's number of fields and the file line it ends on, the header first, blank lines skipped
+        as pandas skips them; it stops quietly where the file cannot be read (pandas names that problem)."""
+        import csv
+
+        try:
+            with open(self.path, encoding="utf-8", newline="") as f:
+                reader = csv.reader(f, delimiter=self._sep())
+                for record in reader:
+                    if record and not (len(record) == 1 and not record[0].strip()):
+                        yield len(record), reader.line_num
+        except (OSError, UnicodeDecodeError, csv.Error):
+            return
+
+    def _check_widths(self, widths: Iterator[tuple[int, int]], header: int, first: int, n: int) -> None:
+        """Refuse (one line naming the row, its line and the fix) a record among the next ``n`` of ``widths``
+        (data rows ``first``.., 1-based) with more or fewer fields than the ``header``'s: pandas would move its values
+        into other columns (a longer first row becomes the index) or fill the missing ones with empty texts."""
+        for i in range(n):
+            got = next(widths, None)
+            if got is None:
+                return
+            width, line = got
+            if width != header:
+                raise InspectorError(
+                    f"{self.path.name} row {first + i} (line {line}) has {width} field{'s' if width != 1 else ''} where "
+                    f"the header has {header}, so its values cannot be matched to the columns: fix that row (quote a field that holds a "
+                    f"{'tab' if self._sep() == chr(9) else 'comma'}), or convert the file to JSONL, where a bad line is "
+                    "recorded and skipped")
 
     @contextlib.contextmanager
     def _reading_csv(self, row: int):
@@ -209,16 +244,27 @@ class Corpus:
                                  "or convert the file to JSONL, where a bad line is recorded and skipped") from None
 
     def _csv_chunks(self) -> Iterator[Any]:
+        """The rows in chunks of :data:`CHUNK`, each chunk's records checked for the header's width first
+        (:meth:`_check_widths`)."""
         rows = 0
-        with self._reading_csv(rows):
-            chunks = self._read_csv(chunksize=CHUNK)
-        while True:
+        widths = self._csv_widths()
+        chunks = None
+        try:
+            header = next(widths, (0, 0))[0]
             with self._reading_csv(rows):
-                chunk = next(chunks, None)
-            if chunk is None:
-                return
-            rows += len(chunk)
-            yield chunk
+                chunks = self._read_csv(chunksize=CHUNK)
+            while True:
+                self._check_widths(widths, header, rows + 1, CHUNK)
+                with self._reading_csv(rows):
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    return
+                rows += len(chunk)
+                yield chunk
+        finally:  # a refused row, or a reader that stops early, leaves no file open
+            widths.close()
+            if chunks is not None:
+                chunks.close()
 
     def _rows(self) -> Iterator[dict[str, Any] | str]:
         """Row dicts in file order (a string instead of a dict: the row's problem)."""
@@ -379,15 +425,23 @@ def parse_referents(value: Any) -> list[str] | None:
     raise ValueError(f"referents must be a list of strings or a comma-separated text, not {type(value).__name__}")
 
 
+# the flags a message names put as a scan's document fields: a scan reads them per document, not from a flag
 _SCAN_WORDING = (("pick one with --occurrence", "give the document an occurrence (--occurrence-field)"),
-                 ("so --occurrence must be", "so the document's occurrence must be"))
+                 ("so --occurrence must be", "so the document's occurrence must be"),
+                 ("--contrast's ", "the contrast's "), ("--contrast ", "the contrast "))
 
 
 def error_line(exc: BaseException) -> str:
-    """One line for a document's ``error`` column (split's flag names put as a scan's document fields)."""
+    """One line for a document's ``error`` column: split's and the contrast's flag names put as a scan's document
+    fields, and never starting with a character the CSV rule quotes (``-``, ``=``, ``+``, ``@``, ``'``: a flag name
+    or a quoted word first gets ``the document: `` in front), so the text reads the same in every view and CSV."""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, InspectorError):
-        for flag, field in _SCAN_WORDING:
-            msg = msg.replace(flag, field)
-        return msg
-    return f"{type(exc).__name__}: {msg}"[:500]
+    if not isinstance(exc, InspectorError):
+        return f"{type(exc).__name__}: {msg}"[:500]
+    from inspector.store.files import CSV_QUOTE, FORMULA_START  # the CSV rule's own characters (csv_cell)
+
+    for flag, wording in _SCAN_WORDING:
+        msg = msg.replace(flag, wording)
+    if msg.startswith((*FORMULA_START, CSV_QUOTE)):
+        msg = f"the document: {msg}"
+    return msg

@@ -76,8 +76,10 @@ def connect(out: str | os.PathLike, *, allow_external: bool = False):
     :func:`~inspector.corpus.folder.check_parts`)."""
     import duckdb
 
+    from inspector.corpus.verdicts import is_evaluation
+
     out = Path(out).expanduser()
-    read_info(out)
+    info = read_info(out)
     check_parts(out)
     # no spilling to disk: DuckDB's spill folder (./.tmp by default) would be a folder queries may read from
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": allow_external,
@@ -91,12 +93,27 @@ def connect(out: str | os.PathLike, *, allow_external: bool = False):
         con.execute("CREATE VIEW heads AS SELECT * FROM (SELECT ''::VARCHAR AS id, ''::VARCHAR AS site, ''::VARCHAR AS stack, "
                     "''::VARCHAR AS kind, 0::BIGINT AS layer, 0::BIGINT AS head, 0::DOUBLE AS entropy, "
                     "0::DOUBLE AS normalized_entropy) WHERE false")
-    if docs:
-        con.execute(f"CREATE VIEW documents AS SELECT id, \"row\", tokens, status, error FROM read_parquet({_quote_paths(docs)})")
-    else:
-        con.execute("CREATE VIEW documents AS SELECT * FROM (SELECT ''::VARCHAR AS id, 0::BIGINT AS \"row\", 0::BIGINT AS tokens, "
-                    "''::VARCHAR AS status, ''::VARCHAR AS error) WHERE false")
+    con.execute(f"CREATE VIEW documents AS {_documents_sql(con, docs, is_evaluation(info))}")
     return con
+
+
+_SQL_TYPES = {"string": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN"}
+
+
+def _documents_sql(con, docs: list[Path], evaluation: bool) -> str:
+    """The ``documents`` view's query: ``id, row, tokens, status, error``; for an evaluation scan the columns of
+    ``--view documents`` (:func:`inspector.corpus.verdict_columns.document_columns`), NULL where no part holds one."""
+    from inspector.corpus.verdict_columns import SCAN_DOC_TYPES, document_columns
+
+    source = f"read_parquet({_quote_paths(docs)}, union_by_name = true)" if docs else None
+    present = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()] if source else []
+    wanted = document_columns(present) if evaluation else list(SCAN_DOC_TYPES.items())
+
+    def quoted(name: str) -> str:
+        return '"' + name.replace('"', '""') + '"'
+
+    cols = ", ".join(quoted(c) if c in present else f"NULL::{_SQL_TYPES[k]} AS {quoted(c)}" for c, k in wanted)
+    return f"SELECT {cols} FROM {source}" if source else f"SELECT * FROM (SELECT {cols}) WHERE false"
 
 
 def columns(con, view: str = "heads") -> list[str]:

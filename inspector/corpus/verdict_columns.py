@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-# the documents part of an evaluation scan: the scan's own columns, then the evaluation's
+# the documents part of an evaluation scan: the scan's own columns (SCAN_DOC_TYPES), then the evaluation's (DOC_TYPES)
+SCAN_DOC_TYPES = {"id": "string", "row": "int", "tokens": "int", "status": "string", "error": "string"}
 DOC_TYPES = {"output": "string", "reference": "string", "right": "string", "wrong": "string", "reads": "string",
              "errs": "bool", "metric": "float", "definition": "string", "culprit_site": "string",
              "culprit_stack": "string", "culprit_kind": "string", "culprit_layer": "int", "culprit_head": "int",
@@ -29,3 +30,14 @@ def doc_column_kind(name: str) -> str | None:
     if name.startswith("variant:"):
         return VARIANT_TYPES.get(name.rpartition(":")[2])
     return None
+
+
+def document_columns(present) -> list[tuple[str, str]]:
+    """The columns of an evaluation scan's ``documents`` view, in order, with their kinds: the scan's own
+    (:data:`SCAN_DOC_TYPES`), the evaluation's (:data:`DOC_TYPES`), then each variant's columns among ``present``
+    (the columns the folder's parts hold) in their order. The one definition that ``inspector corpus --view
+    documents`` (:func:`inspector.corpus.verdicts.documents_view`) and the SQL ``documents`` view
+    (:func:`inspector.corpus.queries.connect`) both read."""
+    cols = [*SCAN_DOC_TYPES.items(), *DOC_TYPES.items()]
+    cols += [(c, doc_column_kind(c)) for c in present if c.startswith("variant:") and doc_column_kind(c)]
+    return cols

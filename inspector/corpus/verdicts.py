@@ -40,6 +40,7 @@ from inspector.corpus.verdict_columns import (  # noqa: F401 - the rows' columns
     HEAD_TYPES,
     VARIANT_TYPES,
     doc_column_kind,
+    document_columns,
     variant_column,
 )
 from inspector.errors import InspectorError
@@ -87,6 +88,14 @@ def read_evaluation(out: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]
         if c not in docs.columns:
             docs[c] = pd.NA
     return docs, heads
+
+
+def documents_view(docs: pd.DataFrame) -> pd.DataFrame:
+    """The ``documents`` view of an evaluation scan (``inspector corpus OUT --view documents``; the SQL view
+    ``documents`` holds the same columns): :func:`read_evaluation`'s documents in corpus order, with the columns of
+    :func:`inspector.corpus.verdict_columns.document_columns`."""
+    cols = [c for c, _ in document_columns(list(docs.columns))]
+    return docs.reindex(columns=cols).sort_values("row", kind="stable").reset_index(drop=True)
 
 
 def _flag(series: pd.Series) -> pd.Series:
@@ -227,9 +236,45 @@ def headline(summary) -> str:
     return text + "."
 
 
+def corpus_documents(out: str | os.PathLike) -> int | None:
+    """How many documents the evaluation scan in ``out`` judges when it is finished: ``scan.json``'s
+    ``corpus_documents`` (written when the scan began), or for a folder written before it was recorded, the corpus's
+    rows counted again where the corpus is still there unchanged (its content hash); else None (not known)."""
+    from inspector.corpus.folder import corpus_sha256, read_info
+
+    info = read_info(Path(out).expanduser())
+    n = info.get("corpus_documents")
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return n
+    try:
+        from inspector.corpus.documents import Corpus, Fields
+
+        path = Path(str(info["corpus"]))
+        if not path.exists() or corpus_sha256(path) != info.get("corpus_sha256"):
+            return None
+        return len(Corpus(path, Fields(**{k: v for k, v in info["fields"].items() if v is not None})))
+    except (InspectorError, OSError, TypeError, ValueError):
+        return None
+
+
+def unfinished(summary: pd.DataFrame, total: int | None) -> str | None:
+    """One line where the scan is unfinished (fewer documents committed, :func:`error_summary`'s ``documents``,
+    than the corpus holds, ``total``: :func:`corpus_documents`), else None: the command line prints it before
+    the views, the report and the app's Corpus page show it above the headline."""
+    done = int(summary.iloc[0]["documents"])
+    if total is None or done >= total:
+        return None
+    return (f"The scan is unfinished: {done} of {total} documents judged; rerun the same `inspector scan` command to "
+            f"resume (the numbers below are over the {done} judged so far).")
+
+
 def views(out: str | os.PathLike) -> dict[str, pd.DataFrame]:
     """``{"summary", "culprits", "variants"}``: :func:`error_summary`, :func:`culprit_table` and :func:`variant_table`
     of the evaluation scan in ``out`` (:func:`read_evaluation`), the one source of these numbers for the command
     line, the app's Corpus page and the report."""
-    docs, heads = read_evaluation(out)
+    return views_of(*read_evaluation(out))
+
+
+def views_of(docs: pd.DataFrame, heads: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """:func:`views` of rows read already (:func:`read_evaluation`'s ``documents, heads``)."""
     return {"summary": error_summary(docs), "culprits": culprit_table(docs, heads), "variants": variant_table(docs)}

@@ -189,14 +189,22 @@ def _shown(word: str) -> str:
 def check_tokens(tokenizer, word: str, what: str) -> None:
     """Refuse a contrast word that this tokenizer turns into no token of its own (it drops or normalises away
     every character: an accent alone for an uncased WordPiece, say): the metric would be read at the next
-    word. ``what`` names the word's part (RIGHT or WRONG)."""
+    word; and one it does not know (a token of it, alone or after a space, is the tokenizer's unknown token):
+    the metric would read the unknown token's logit, whatever the word. ``what`` names the word's part (RIGHT or
+    WRONG). The one rule for ``debug``, ``effects`` and the evaluation scan (:func:`resolve` calls it)."""
     try:
         ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        spaced = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
     except Exception:  # a tokenizer that cannot encode it gives no token either
-        ids = []
+        ids, spaced = [], []
     if not ids:
         raise InspectorError(f"--contrast {what} word {_shown(word)} gives no token with this model's tokenizer (it "
                              "drops every character of it), so no position could read it: pick a word the tokenizer keeps")
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk in (*ids, *spaced):
+        raise InspectorError(f"--contrast's {what} word {_shown(word)} is not in the model's vocabulary: it tokenizes to "
+                             f"the unknown token {tokenizer.unk_token!r}, so the metric would read that token's logit "
+                             "whatever the word: pick a word the tokenizer knows")
 
 
 def resolve(capture: Capture, tokenizer, output, right: str, *, wrong: str, query: str | None = None,

@@ -114,8 +114,8 @@ class Evaluation:
     (``reference_field``, or None: the metric's sign says whether the model errs), the output (``generate`` N
     tokens, greedy, or None: the corpus's output field), the exact effects of the ``top`` heads by attribution on
     the judged documents, the key clause's column (``clause_field``, for the ``quote`` and ``first`` rules) and the
-    ``variants``. Raises :class:`InspectorError` (one line naming the fix) for a contrast given both ways or not at
-    all, a negative ``top``, a repeated variant name, a rule without its column, or variants without a reference
+    ``variants``; then every other head's while the reruns stay within ``budget`` forward passes (as ``debug --budget``). Raises :class:`InspectorError` (one line naming the fix) for a contrast given both ways or not at
+    all, a ``top`` below 1 or a ``budget`` (forward passes) below 0, a repeated variant name, a rule without its column, or variants without a reference
     and ``generate`` (a variant's output is generated again and judged against the reference)."""
 
     right_field: str | None = None
@@ -126,6 +126,7 @@ class Evaluation:
     top: int = DEBUG_TOP
     clause_field: str | None = None
     variants: tuple[Variant, ...] = ()
+    budget: float = DEBUG_BUDGET
 
     def __post_init__(self) -> None:
         pair = self.right_field is not None or self.wrong_field is not None
@@ -134,8 +135,11 @@ class Evaluation:
         if not self.contrast_field and not (self.right_field and self.wrong_field):
             raise InspectorError("the verdict over a corpus needs each document's contrast: --right-field COLUMN and "
                                  "--wrong-field COLUMN, or --contrast-field COLUMN (RIGHT,WRONG)")
-        if self.top < 0:
-            raise InspectorError(f"--confirm-top must be 0 or more, got {self.top}")
+        if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 1:
+            raise InspectorError(f"--confirm-top must be 1 or more, got {self.top!r}")
+        from inspector.intervene.effects import check_budget  # debug's rule for --budget, in one place
+
+        check_budget(self.budget)
         names = [v.name for v in self.variants]
         if len(set(names)) < len(names):
             raise InspectorError("each --variant needs its own NAME: e.g. --variant quoted=quote --variant first=first")
@@ -156,9 +160,12 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         """What ``scan.json`` records under ``evaluation`` (a resume must give the same)."""
-        return {"right_field": self.right_field, "wrong_field": self.wrong_field, "contrast_field": self.contrast_field,
-                "reference_field": self.reference_field, "generate": self.generate, "top": self.top,
-                "clause_field": self.clause_field, "variants": [v.spec for v in self.variants]}
+        d = {"right_field": self.right_field, "wrong_field": self.wrong_field, "contrast_field": self.contrast_field,
+             "reference_field": self.reference_field, "generate": self.generate, "top": self.top,
+             "clause_field": self.clause_field, "variants": [v.spec for v in self.variants]}
+        if self.budget != DEBUG_BUDGET:  # recorded only where not debug's default, so older folders still resume
+            d["budget"] = self.budget
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Evaluation:
@@ -354,6 +361,8 @@ def _prepare(loaded, doc, ev: Evaluation) -> _Prepared:
     model, tokenizer = loaded.model, loaded.tokenizer
     if not _contrast.model_has_lm_head(model):
         raise InspectorError("the verdict over a corpus reads logits: give a model with an LM head")
+    for word, what in ((right, "RIGHT"), (wrong, "WRONG")):  # named as the document gives them (read_as may swap)
+        _contrast.check_tokens(tokenizer, word, what)
     st.encoded = encode_with_globals(model, tokenizer, text, **output.kwargs())
     st.contrast = _contrast.resolve(_contrast.output_capture(st.encoded), tokenizer, True, read_as[0], wrong=read_as[1])
     return st
@@ -372,10 +381,10 @@ def _finish(loaded, doc, ev: Evaluation, st: _Prepared, res) -> tuple[dict[str, 
     model, tokenizer = loaded.model, loaded.tokenizer
     metric = sign * res.metric
     errs = st.erring_by_reference if st.erring_by_reference is not None else metric < 0
-    if errs and found["reads"] == "wrong" and ev.top:
+    if errs and found["reads"] == "wrong":
         # the heads debug confirms: the top ones by attribution, then every other head within debug's budget,
         # each rerun from one clean pass of this document (inspector.intervene.rerun)
-        res = confirm_effects(model, st.encoded, res, top=ev.top, budget=DEBUG_BUDGET)
+        res = confirm_effects(model, st.encoded, res, top=ev.top, budget=ev.budget)
     table = res.table.copy()
     table["attribution"] *= sign
     table["effect"] *= sign
@@ -596,7 +605,9 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
     if model is not None and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
     name = loaded.name if loaded is not None else (model or DEFAULT_MODEL)
-    folder = ScanFolder(out, {**scan_meta(corpus, name, Options()), "evaluation": evaluation.to_dict()})
+    # corpus_documents: how many documents a finished scan holds (the views say when a stopped one has fewer)
+    folder = ScanFolder(out, {**scan_meta(corpus, name, Options()), "evaluation": evaluation.to_dict(),
+                              "corpus_documents": total})
     done = set(committed_documents(folder.out)["id"].astype(str)) if (folder.out / "scan.json").is_file() else set()
     first = next(pending_documents(corpus, done), None)
     if loaded is None and first is not None and engine == "local":
@@ -646,10 +657,13 @@ def write_report(out: str | os.PathLike) -> Path:
     out = Path(out)
     info = read_info(out)
     v = verdicts.views(out)
+    note = verdicts.unfinished(v["summary"], verdicts.corpus_documents(out))
     ev = info["evaluation"]
     contrast = ev.get("contrast_field") or f"{ev.get('right_field')},{ev.get('wrong_field')}"
     meta = [("model", str(info["model"])), ("corpus", str(info["corpus"])), ("contrast columns", contrast),
             ("reference column", str(ev.get("reference_field"))),
             ("output", f"generated, up to {ev['generate']} tokens" if ev.get("generate") else "the corpus's output column"),
-            ("exact effects", f"top {ev.get('top')} heads by attribution on each erring document")]
-    return write_text(out / REPORT, render_evaluation_report(v, verdicts.headline(v["summary"]), meta))
+            ("exact effects", f"top {ev.get('top')} heads by attribution on each erring document, then every other "
+                              f"head within {ev.get('budget', DEBUG_BUDGET):g} forward passes")]
+    headline = verdicts.headline(v["summary"])
+    return write_text(out / REPORT, render_evaluation_report(v, f"{note} {headline}" if note else headline, meta))

@@ -37,8 +37,9 @@ def parse_contrast(spec: str | tuple[str, str] | None) -> tuple[str, str] | None
     if spec is None:
         return None
     raw = list(spec.split(",") if isinstance(spec, str) else spec)
+    given = spec if isinstance(spec, str) else ",".join(map(str, spec))  # a pair shown as the command line writes it
     if len(raw) != 2:
-        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {spec!r}")
+        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {given!r}")
     for i, word in enumerate(raw, 1):
         if not word:
             raise InspectorError(f"--contrast word {i} is empty: give two different words RIGHT,WRONG, e.g. Lessee,Lessor")
@@ -46,7 +47,7 @@ def parse_contrast(spec: str | tuple[str, str] | None) -> tuple[str, str] | None
             raise _no_visible(f"--contrast word {i}", word, "--contrast Lessee,Lessor")
     parts = [p.strip() for p in raw]
     if parts[0] == parts[1]:
-        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {spec!r}")
+        raise InspectorError(f"--contrast takes two different words RIGHT,WRONG, e.g. Lessee,Lessor; got {given!r}")
     visible = [re.sub(r"[\u200b-\u200f\u2060\ufeff\x00-\x1f\x7f]", "", p) for p in parts]
     if visible != parts:
         raise InspectorError(f"--contrast words must not hold invisible or control characters; got {spec!r}")
