@@ -148,6 +148,14 @@ def test_csv_still_writes_every_row(scanned, tmp_path):
     assert corpus.queries(out, "SELECT * FROM range(10)", limit=2)[0][1]["range"].tolist() == [0, 1, 2]
 
 
+def test_csv_to_standard_output_is_the_csv_alone(scanned, capsys):
+    """``--csv -``: standard output holds the CSV and nothing after it (no table printed below)."""
+    out, _ = scanned
+    capsys.readouterr()
+    assert cli.main(["corpus", str(out), "--sql", "SELECT * FROM range(4) AS t(n)", "--csv", "-"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["n", "0", "1", "2", "3"]
+
+
 def test_the_spill_folder_in_the_working_directory_is_not_a_way_out(scanned, home, tmp_path, monkeypatch, capsys):
     """DuckDB's default spill folder (``./.tmp``) used to be on the allowed list: a file in it, or ``.tmp`` as a
     link to ``/etc``, could be read by ``--sql``. The connection spills nowhere, so no folder but the scan's is open."""

@@ -796,6 +796,8 @@ def cmd_corpus(args) -> int:
         df = results[0][1] if results else pd.DataFrame()
         write_csv(args.csv, df)
         status(f"wrote {len(df)} rows to {args.csv}")
+        if args.csv == "-":  # the CSV is the output: no table after it
+            return 0
     if not results:
         status("the statements ran; none of them returns rows")
     _print_results(results, rows_shown(args), limit)
