@@ -209,3 +209,25 @@ def test_debug_on_a_family_routes_do_not_decompose_says_so(tokenizer, tmp_path, 
     assert not (tmp_path / "route.csv").exists() and "Where did the word come from?" not in (tmp_path / "report.html").read_text()
     _print_findings(inv)
     assert "Where did the word come from? not shown: routes decompose the residual of" in capsys.readouterr().out
+
+
+def test_past_where_tokens_the_part_is_left_out_unless_asked(tokenizer, tmp_path, monkeypatch):
+    """By default the part runs while the input has at most WHERE_TOKENS tokens; past it the note says how many
+    tokens and names --where; where=True runs it on any length (the batch of points chosen within the memory budget),
+    where=False never."""
+    from inspector.investigate import debug
+    from inspector.investigate.debug import investigate
+
+    gpt2 = LoadedModel(tiny.build("gpt2"), tokenizer, "tiny-gpt2")
+    output = "The Lessor shall indemnify the Lessee."
+    q = Question(query="indemnify", referents=("Lessee", "Lessor"), contrast="Lessee,Lessor")
+    tokens = len(tokenizer(LEGAL)["input_ids"])
+    monkeypatch.setattr(debug, "WHERE_TOKENS", tokens // 2)  # the input is past the limit
+    inv = investigate(gpt2, LEGAL, q, Output.of(output), out_dir=tmp_path / "auto", top=2)
+    assert inv.where is None and "--where runs it" in inv.where_note and f"past {tokens // 2}" in inv.where_note
+    assert not (tmp_path / "auto" / "attribution.csv").exists()
+    inv = investigate(gpt2, LEGAL, q, Output.of(output), out_dir=tmp_path / "asked", top=2, where=True, memory_gib=0.5)
+    assert inv.where is not None and (tmp_path / "asked" / "attribution.csv").is_file(), inv.where_note
+    monkeypatch.setattr(debug, "WHERE_TOKENS", 10 ** 6)
+    inv = investigate(gpt2, LEGAL, q, Output.of(output), out_dir=tmp_path / "never", top=2, where=False)
+    assert inv.where is None and inv.where_note == "left out (where=False)"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,7 +34,7 @@ from inspector.cli.words import (
     parse_variants,
 )
 from inspector.errors import InspectorError, check_source
-from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP
+from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP, WHERE_TOKENS
 
 STORY_VARIANTS, STORY_SOURCES = "variants.csv", "sources.csv"  # what the demo's story writes beside the investigation
 
@@ -211,7 +212,7 @@ def cmd_debug(args) -> int:
     output = Output(text=said, generate=args.generate)
     loaded = load_from_args(args)
     inv = investigate(loaded, source, question, output, out_dir=args.out, variants=variants, progress=True, top=args.top,
-                      budget=args.budget, memory_gib=args.memory_budget,
+                      budget=args.budget, memory_gib=args.memory_budget, where=args.where,
                       global_tokens=args.global_tokens.split(",") if args.global_tokens is not None else None,
                       commands_as=args.commands_as, command="debug")
     _print_findings(inv)
@@ -351,7 +352,11 @@ def add_commands(sub, commands_as: CommandFormat | None = None) -> None:
                         "--top and the flagged)")
     p.add_argument("--memory-budget", type=float, metavar="GIB",
                    help="with --contrast: GiB the clean pass kept for the reruns and one batch of reruns may take "
-                        "(default 2); what does not fit is rerun")
+                        "(default 2; what does not fit is rerun), and one batch of integrated gradients' points (default 8)")
+    p.add_argument("--where", action=argparse.BooleanOptionalAction, default=None,
+                   help=f'with --contrast: run "Where did the word come from?" on any length (--no-where: never); by '
+                        f"default while the input has at most {WHERE_TOKENS} tokens (its integrated gradients cost tens "
+                        "of forward and backward passes on a long input)")
     p.add_argument("--global", dest="global_tokens", metavar="SPANS",
                    help="LED/Longformer: global tokens of the source (and variants), comma-separated words or token "
                         "indices, e.g. @0 (as in `inspector capture`)")

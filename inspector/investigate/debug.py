@@ -21,7 +21,14 @@ from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
-from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP, FULL_CAPTURE_TOKENS, MARKER, REPORT
+from inspector.investigate.defaults import (
+    DEBUG_BUDGET,
+    DEBUG_TOP,
+    FULL_CAPTURE_TOKENS,
+    MARKER,
+    REPORT,
+    WHERE_TOKENS,
+)
 from inspector.investigate.reproduce import Command, CommandFormat, format_plainly
 from inspector.store.capture_file import Capture
 from inspector.store.files import check_folder_target, swap_folder, write_csv, write_text
@@ -246,6 +253,7 @@ def investigate(
     budget: float | None = DEBUG_BUDGET,
     memory_gib: float | None = None,
     global_tokens: list[str] | None = None,
+    where: bool | None = None,
     commands_as: CommandFormat | None = None,
     command: str = "investigate",
 ) -> Investigation:
@@ -264,7 +272,10 @@ def investigate(
     tokens of the source and of every variant (words or ``@i`` token indices,
     :func:`inspector.capture.inputs.global_attention_mask`), in the capture and in every effects and patching
     pass; "Where did the word come from?" is left out with them (its attribution and route passes take no
-    global tokens; the printout says why). The commands that reproduce the run (:attr:`Investigation.commands`,
+    global tokens; the printout says why). ``where``: run that part (``True``), leave it out (``False``), or by
+    default run it while the input has at most :data:`~inspector.investigate.defaults.WHERE_TOKENS` tokens (its
+    integrated gradients cost tens of forward and backward passes on a long input; the note says so and names
+    ``--where``); its batch of points is chosen within ``memory_gib``. The commands that reproduce the run (:attr:`Investigation.commands`,
     :class:`~inspector.investigate.reproduce.Command` data) are written into the report by ``commands_as``: the
     command line passes its parser's format (:func:`inspector.cli.reproduce.formatter_for`); the default is
     :func:`~inspector.investigate.reproduce.format_plainly`. Raises :class:`InspectorError` (nothing written) for a
@@ -315,6 +326,7 @@ def investigate(
     commands = _commands(_RunFiles(loaded.name, out, said_args, tuple(variants or {}), global_tokens), question, split,
                          roles_of(cap, question), rank_weighting=rank.attrs.get("weighting", "attention"),
                          explainable=_explainable(cap, split))
+    asked_where = where  # the option; ``where`` below is the part computed
     matter = where = where_section = where_note = verdict = why = why_note = None
     contrast = question.contrast_spec
     if contrast:
@@ -329,9 +341,17 @@ def investigate(
         why, why_note = why_of(loaded, cap, source, verdict, placement=placement)
         commands += _matter.commands(loaded.name, out, matter, query=question.query, occurrence=question.occurrence,
                                      said=_said_options(out, said_args[""]))
-        where, where_section, where_note = (None, None, "--global marks global tokens, which the attribution and route "
-                                            "passes do not take") if global_tokens else \
-            _where(loaded, cap, source, split, matter, question, verdict)
+        tokens = _input_tokens(cap)
+        if global_tokens:
+            where, where_section, where_note = None, None, ("--global marks global tokens, which the attribution and "
+                                                            "route passes do not take")
+        elif asked_where is False or (asked_where is None and tokens > WHERE_TOKENS):
+            where, where_section, where_note = None, None, (
+                f"left out: the input has {tokens} tokens, past {WHERE_TOKENS}, where its integrated gradients "
+                "(32 points or more, each a forward and a backward pass over the whole input) would cost several times "
+                "the rest of debug; --where runs it" if asked_where is None else "left out (where=False)")
+        else:
+            where, where_section, where_note = _where(loaded, cap, source, split, matter, question, verdict, memory_gib)
         if where is not None:
             commands += _where_commands(loaded.name, out, contrast, question.query, question.occurrence,
                                         _said_options(out, said_args[""]), model_has_lm_head(loaded.model))
@@ -380,7 +400,13 @@ def investigate(
                          notes=question_notes, why=why, why_note=why_note)
 
 
-def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, question: Question, verdict=None):
+def _input_tokens(cap: Capture) -> int:
+    """The input's tokens: the source's and the output's of the first batch row (padding included)."""
+    return sum(len(r.ids) for r in cap.inputs if r.batch == 0)
+
+
+def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, question: Question, verdict=None,
+           memory_gib: float | None = None):
     """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
     model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
     from inspector.intervene.families import FAMILIES
@@ -392,7 +418,9 @@ def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, quest
         return None, None, (f"routes decompose the residual of {', '.join(sorted(FAMILIES))} models; {mt!r} is not "
                             "among them")
     try:
-        w = wherefrom.where_from(loaded, cap, source, split, matter=matter, question=question, verdict=verdict)
+        options = wherefrom.WhereOptions() if memory_gib is None else wherefrom.WhereOptions(memory_gib=memory_gib)
+        w = wherefrom.where_from(loaded, cap, source, split, matter=matter, question=question, verdict=verdict,
+                                 options=options)
     except InspectorError as exc:  # e.g. blocks that do not add up as the family's layout says
         return None, None, str(exc)
     return w, WhereSection(attribution=w.attribution, route=w.route, heads=w.heads, sentence=wherefrom.headline(w),
@@ -433,10 +461,10 @@ def _where_commands(model: str, out: Path, contrast: str, query: str, occurrence
     texts = (*_model_options(model), ("source_file", str(out / "source.txt")), *said)
     tail: Options = (("contrast", contrast),) + (() if lm else (("query", query),) + ((("occurrence", occurrence),)
                                                                                         if occurrence else ()))
-    from inspector.investigate.wherefrom import IG_BATCH, STEPS
+    from inspector.investigate.wherefrom import STEPS
 
     return [Command("attribute", (), texts + tail + (("methods", ("input_x_gradient", "integrated_gradients")),
-                                                      ("steps", STEPS), ("batch_size", IG_BATCH),
+                                                      ("steps", STEPS),
                                                       ("csv", str(out / "attribution.csv")))),
             Command("routes", (), texts + tail + (("csv", str(out / "route.csv")),))]
 

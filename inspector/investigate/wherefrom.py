@@ -35,6 +35,7 @@ import pandas as pd
 from inspector.analysis.question import Question
 from inspector.errors import InspectorError
 from inspector.intervene.attribution import (
+    IG_MEMORY_GIB,
     IG_TOLERANCE,
     attribute,
     describe_token,
@@ -52,9 +53,9 @@ from inspector.store.capture_file import Capture
 
 # integrated gradients' first try, in Gauss-Legendre points (the demo's completeness gap: 10 -> 100%, 20 -> 15%,
 # 32 -> 1.2%); doubled up to attribution.IG_MAX_STEPS while the gap is IG_TOLERANCE (5%) of M(x) - M(0) or more, as
-# the `inspector attribute --steps STEPS --batch-size IG_BATCH` the report writes does
+# the `inspector attribute --steps STEPS` the report writes does; the points a pass chosen within the memory budget
+# (attribution.ig_batch)
 STEPS = 32
-IG_BATCH = 16  # points per forward pass: two passes a try, memory bounded on long inputs
 TOP_TOKENS = 5  # source tokens the printout names on each side (towards RIGHT, towards WRONG)
 TOP_EFFECT = 5  # heads of largest |effect| checked against the route, besides every flagged head
 METHODS = ("input_x_gradient", "integrated_gradients")
@@ -69,12 +70,14 @@ __all__ = ["HEAD_COLUMNS", "STEPS", "TOP_EFFECT", "WhereFrom", "WhereOptions", "
 class WhereOptions:
     """How far the part looks: integrated gradients from ``steps`` points (doubled up to ``max_steps``, default
     :data:`~inspector.intervene.attribution.IG_MAX_STEPS`, while the gap is 5% or more), the route's importance
-    ``threshold`` (Ferrando & Voita 2024) and the ``top_effect`` heads of largest exact effect checked against it."""
+    ``threshold`` (Ferrando & Voita 2024), the ``top_effect`` heads of largest exact effect checked against it, and
+    the GiB integrated gradients' batch of points may hold (``memory_gib``: the batch is chosen within it)."""
 
     steps: int = STEPS
     max_steps: int | None = None
     threshold: float = THRESHOLD
     top_effect: int = TOP_EFFECT
+    memory_gib: float = IG_MEMORY_GIB
 
 
 @dataclass
@@ -121,7 +124,7 @@ def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, *, matter
     investigation's :class:`~inspector.investigate.matter.Matter` (its effects table gives the top-effect
     heads and their exact effects), or None. ``question`` gives the contrast (required), the query and its
     occurrence (:class:`~inspector.analysis.question.Question`; its referents are not read here). Two forward passes for the route and attribution's
-    baseline, plus integrated gradients' (``options.steps`` points, :data:`IG_BATCH` a pass, more tries with doubled
+    baseline, plus integrated gradients' (``options.steps`` points, as many a pass as ``options.memory_gib`` holds, more tries with doubled
     points until the gap is below 5% or ``options.max_steps``, :class:`WhereOptions`) and one for input x gradient.
     Raises :class:`~inspector.errors.InspectorError` where the contrast cannot be placed or the model's
     residual cannot be decomposed (:func:`~inspector.intervene.routes.record`, by name)."""
@@ -135,7 +138,7 @@ def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, *, matter
     occ = None if lm else occurrence  # as "Does it matter?": with an LM head, WRONG's first occurrence
     attr = attribute(model, tokenizer, source, said,
                      contrast=(right, wrong), query=query, occurrence=occ, methods=METHODS, steps=steps,
-                     internal_batch_size=IG_BATCH, max_steps=max_steps)
+                     max_steps=max_steps, memory_gib=options.memory_gib)
     attr.insert(4, "word", _words(cap, attr))
     graph = record(model, tokenizer, source, said)
     route = routes(model, tokenizer, source, said,
