@@ -253,6 +253,7 @@ def test_a_default_batch_of_points_on_a_cpu_holds_at_most_cpu_ig_gib():
     assert CPU_IG_GIB == 2.0
     assert ig_batch(643 * mib, 256, None, 8.0, device="cpu") == 3  # the BART-large shape at 500 tokens
     assert ig_batch(643 * mib, 256, None, 8.0, device="cuda") == 12
-    assert ig_batch(5000 * mib, 256, None, 8.0, device="cpu") == 1  # one point over CPU_IG_GIB still runs
+    assert ig_batch(3210 * mib, 256, None, 8.0, device="cpu") == 2  # the GPT-2-medium shape at 1,000 tokens
+    assert ig_batch(5000 * mib, 256, None, 8.0, device="cpu") == 1  # the budget holds one
     assert ig_batch(mib, 20, None, 8.0, device="cpu") == 20  # a small model: capped by the points
     assert ig_batch(643 * mib, 256, 8, 8.0, device="cpu") == 8  # a given batch within the budget is kept
