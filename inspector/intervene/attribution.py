@@ -296,6 +296,7 @@ class Completeness:
 
     @property
     def difference(self) -> float:
+        """``f(x) - f(baseline)``: what the attributions should add up to (the metric's units)."""
         return self.value - self.baseline_value
 
     @property
