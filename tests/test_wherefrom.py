@@ -230,4 +230,4 @@ def test_past_where_tokens_the_part_is_left_out_unless_asked(tokenizer, tmp_path
     assert inv.where is not None and (tmp_path / "asked" / "attribution.csv").is_file(), inv.where_note
     monkeypatch.setattr(debug, "WHERE_TOKENS", 10 ** 6)
     inv = investigate(gpt2, LEGAL, q, Output.of(output), out_dir=tmp_path / "never", top=2, where=False)
-    assert inv.where is None and inv.where_note == "left out (where=False)"
+    assert inv.where is None and inv.where_note == "left out: not asked for (--no-where)"

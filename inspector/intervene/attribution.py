@@ -73,7 +73,7 @@ MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted
 LINEAR_COPIES, EAGER_ATTENTION_COPIES, FUSED_ATTENTION_COPIES, LOGIT_COPIES = 2, 3, 1, 5
 
 __all__ = ["CPU_IG_GIB", "IG_MAX_STEPS", "IG_MEMORY_GIB", "IG_STEPS", "IG_TOLERANCE", "METHODS", "Completeness", "IGSchedule",
-           "Metric", "STEPS_LIMIT", "attribute", "ig_batch", "integrated_gradients",
+           "Metric", "STEPS_LIMIT", "attribute", "ig_batch", "integrated_gradients", "model_device",
            "check_ig_options", "describe_token", "embedding_inputs", "ig_adds_up", "ig_memory", "ig_summary", "methods_verdict",
            "metric_for", "percent", "side_text", "sides"]
 
@@ -255,7 +255,7 @@ def ig_batch(per_point: int, max_steps: int, batch_size: int | None, memory_gib:
     return used
 
 
-def _device(model) -> str:
+def model_device(model) -> str:
     """The device type of the model's first parameter (``"cpu"``, ``"cuda"``, ...)."""
     return next((p.device.type for p in model.parameters()), "cpu")
 
@@ -462,7 +462,7 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
     labels, tokens = _labels(encoded, metric)
     # the batch of points is sized (or refused) within the memory budget before anything runs
     batch = ig_batch(ig_memory(model, encoded, metric), max_steps, internal_batch_size, memory_gib,
-                     device=_device(model)) if ig else None
+                     device=model_device(model)) if ig else None
     counter = [0]
     cols: dict[str, torch.Tensor] = {}
     attrs: dict = {}

@@ -964,12 +964,18 @@ def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
     its backward pass (:func:`inspector.intervene.attribution.ig_memory`, every logit row counted) within
     ``memory_gib`` (default :data:`inspector.intervene.attribution.IG_MEMORY_GIB`; on a CPU at most what
     :data:`~inspector.intervene.attribution.CPU_IG_GIB` holds), at most ``batch``, at least 1."""
-    from inspector.intervene.attribution import IG_MAX_STEPS, IG_MEMORY_GIB, Metric, ig_batch, ig_memory
+    from inspector.intervene.attribution import (
+        IG_MAX_STEPS,
+        IG_MEMORY_GIB,
+        Metric,
+        ig_batch,
+        ig_memory,
+        model_device,
+    )
 
     per_point = ig_memory(model, encoded, Metric(lambda *_: None, [], "", {}, None))
     budget = IG_MEMORY_GIB if memory_gib is None else memory_gib
-    device = next((q.device.type for q in model.parameters()), "cpu")
-    fits = ig_batch(per_point, IG_MAX_STEPS, None, max(budget, per_point / 2 ** 30), device=device)
+    fits = ig_batch(per_point, IG_MAX_STEPS, None, max(budget, per_point / 2 ** 30), device=model_device(model))
     return max(1, min(batch, fits))
 
 

@@ -349,7 +349,7 @@ def investigate(
             where, where_section, where_note = None, None, (
                 f"left out: the input has {tokens} tokens, past {WHERE_TOKENS}, where its integrated gradients "
                 "(32 points or more, each a forward and a backward pass over the whole input) would cost several times "
-                "the rest of debug; --where runs it" if asked_where is None else "left out (where=False)")
+                "the rest of debug; --where runs it" if asked_where is None else "left out: not asked for (--no-where)")
         else:
             where, where_section, where_note = _where(loaded, cap, source, split, matter, question, verdict, memory_gib)
         if where is not None:
