@@ -77,10 +77,13 @@ def fields():
     return Fields(query="query", referents="referents", id="id")
 
 
-def _scan(data: Path, out: Path, loaded=None, **kw):
+def _scan(data: Path, out: Path, loaded=None, **engine):
+    """The scan of ``data`` into ``out``, ``BATCH`` documents a batch; ``engine``: the rest of the
+    :class:`~inspector.corpus.engine.Engine` (kind, workers, CPUs, prefetch)."""
+    from inspector.corpus.engine import Engine
     from inspector.corpus.scan import scan
 
-    return scan(data, out, fields=fields(), batch_size=BATCH, loaded=loaded, progress=False, **kw)
+    return scan(data, out, engine=Engine(batch_size=BATCH, **engine), fields=fields(), loaded=loaded, progress=False)
 
 
 # ---- workers -------------------------------------------------------------------------------------
@@ -253,7 +256,7 @@ def worker_engine(spec: dict) -> dict:
         import torch
 
         workers = spec.get("workers", 1)  # each actor gets num_cpus / workers torch threads
-        _scan(data, tmp / "out", engine="ray", workers=workers, num_cpus=spec.get("cpus") or torch.get_num_threads())
+        _scan(data, tmp / "out", kind="ray", workers=workers, num_cpus=spec.get("cpus") or torch.get_num_threads())
     total = time.perf_counter() - t0
     # the steady rate: documents committed after the first commit over the time from it to the last one
     after = sum(n for _, n in stamps[1:])

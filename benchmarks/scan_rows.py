@@ -28,6 +28,7 @@ def scan_tables(kind: str, n: int, out: Path):
 
     from inspector.capture.models import load_model
     from inspector.corpus.documents import Fields
+    from inspector.corpus.engine import Engine
     from inspector.corpus.leases import lease_rows, write_jsonl
     from inspector.corpus.scan import scan
 
@@ -38,7 +39,7 @@ def scan_tables(kind: str, n: int, out: Path):
 
         rows = corpus_rows("contracts", n)
     data = write_jsonl(out / f"{kind}.jsonl", rows)
-    scan(data, out / kind, fields=Fields(query="query", referents="referents", id="id"), batch_size=8,
+    scan(data, out / kind, fields=Fields(query="query", referents="referents", id="id"), engine=Engine(batch_size=8),
          loaded=load_model(None), progress=False)
     heads = pd.read_parquet(out / kind / "heads")
     documents = pd.read_parquet(out / kind / "documents.parquet")

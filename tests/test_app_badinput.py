@@ -14,6 +14,7 @@ from inspector.capture import capture
 from inspector.capture.models import load_model
 from inspector.corpus import queries as corpus
 from inspector.corpus.documents import Fields
+from inspector.corpus.engine import Engine
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
 from inspector.ui import views
@@ -89,7 +90,7 @@ def scanned(tmp_path_factory):
     tiny.tokenizer().save_pretrained(model)
     data = write_jsonl(base / "leases.jsonl", lease_rows(10))
     out = base / "out"
-    scan(data, out, fields=Fields(query="query", referents="referents", id="id"), batch_size=4,
+    scan(data, out, fields=Fields(query="query", referents="referents", id="id"), engine=Engine(batch_size=4),
          loaded=load_model(str(model)), progress=False)
     return out
 

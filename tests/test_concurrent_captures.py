@@ -16,6 +16,7 @@ from inspector.capture.inputs import TOKENIZER_LOCK
 from inspector.capture.recorder import capture
 from inspector.corpus import reduce
 from inspector.corpus.documents import Document
+from inspector.corpus.engine import Engine
 from inspector.corpus.leases import lease_rows
 from inspector.corpus.scan import scan
 from inspector.errors import InspectorError
@@ -246,7 +247,7 @@ def test_a_bad_workers_count_is_refused_before_any_model_loads(bad, tmp_path):
     data = tmp_path / "c.jsonl"
     data.write_text('{"id": "a", "text": "x"}\n')
     with pytest.raises(InspectorError, match="--workers must be a whole number"):
-        scan(data, tmp_path / "out", workers=bad, progress=False)
+        scan(data, tmp_path / "out", engine=Engine(workers=bad), progress=False)
     assert not (tmp_path / "out").exists()
 
 

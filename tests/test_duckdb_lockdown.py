@@ -20,6 +20,7 @@ from inspector import cli
 from inspector.capture.models import LoadedModel
 from inspector.corpus import queries as corpus
 from inspector.corpus.documents import Fields
+from inspector.corpus.engine import Engine
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
 from inspector.errors import InspectorError
@@ -36,7 +37,7 @@ def scanned(tmp_path_factory):
     root = tmp_path_factory.mktemp("lockdown")
     data = write_jsonl(root / "leases.jsonl", lease_rows(10))
     out = root / "scan [1] it's"  # glob characters and a quote: the allowed paths are the views' own
-    scan(data, out, fields=Fields(query="query", referents="referents", id="id"), batch_size=4,
+    scan(data, out, fields=Fields(query="query", referents="referents", id="id"), engine=Engine(batch_size=4),
          loaded=LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert"), progress=False)
     outside = root / "outside.csv"
     outside.write_text("a,b\n1,2\n")

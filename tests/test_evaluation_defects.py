@@ -16,6 +16,7 @@ import torch
 from inspector.cli import main
 from inspector.corpus import queries, verdicts
 from inspector.corpus.documents import Corpus, Document, Fields, error_line
+from inspector.corpus.engine import Engine
 from inspector.corpus.folder import ScanFolder, committed_documents
 from inspector.errors import InspectorError
 from inspector.investigate.evaluation import Evaluation, evaluate, judge
@@ -156,7 +157,7 @@ def test_the_views_of_a_stopped_scan_say_it_is_unfinished(loaded, tmp_path, monk
     out = tmp_path / "part"
     original = stop_at_commit(monkeypatch)  # stops the third commit: 4 of 6 documents committed
     with pytest.raises(KeyboardInterrupt):
-        evaluate(data, out, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
+        evaluate(data, out, EVAL, fields=FIELDS, engine=Engine(batch_size=2), loaded=loaded, progress=False)
     monkeypatch.setattr(ScanFolder, "commit", original)
     done = len(committed_documents(out))
     assert 0 < done < 6
@@ -170,7 +171,7 @@ def test_the_views_of_a_stopped_scan_say_it_is_unfinished(loaded, tmp_path, monk
     del info["corpus_documents"]
     (out / "scan.json").write_text(json.dumps(info))
     assert verdicts.unfinished(verdicts.views(out)["summary"], verdicts.corpus_documents(out)).startswith(note)
-    evaluate(data, out, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)  # resumed to the end
+    evaluate(data, out, EVAL, fields=FIELDS, engine=Engine(batch_size=2), loaded=loaded, progress=False)  # resumed to the end
     assert verdicts.unfinished(verdicts.views(out)["summary"], verdicts.corpus_documents(out)) is None
     assert "unfinished" not in (out / "report.html").read_text()
 

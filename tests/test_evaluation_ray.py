@@ -11,6 +11,7 @@ import torch
 
 from inspector.corpus import verdicts
 from inspector.corpus.documents import Fields
+from inspector.corpus.engine import Engine, ModelSpec
 from inspector.investigate.evaluation import Evaluation, evaluate
 
 import groundtruth as gt
@@ -42,14 +43,14 @@ def test_ray_rows_equal_local_rows(tmp_path):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        evaluate(data, tmp_path / "local", ev, fields=fields, batch_size=3, loaded=load_model(str(DECODER)),
+        evaluate(data, tmp_path / "local", ev, fields=fields, engine=Engine(batch_size=3), loaded=load_model(str(DECODER)),
                  progress=False)
     finally:
         torch.set_num_threads(before)
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
     try:
-        result = evaluate(data, tmp_path / "ray", ev, model=str(DECODER), fields=fields, batch_size=3, engine="ray",
-                          workers=1, progress=False)
+        result = evaluate(data, tmp_path / "ray", ev, model=ModelSpec(str(DECODER)),
+                          engine=Engine("ray", batch_size=3, workers=1), fields=fields, progress=False)
     finally:
         ray.shutdown()
     assert (result.scanned, result.errors) == (8, 1)

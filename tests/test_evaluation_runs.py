@@ -13,6 +13,7 @@ import torch
 from inspector.cli import main
 from inspector.corpus import verdicts
 from inspector.corpus.documents import Fields
+from inspector.corpus.engine import Engine
 from inspector.corpus.folder import ScanFolder, committed_documents
 from inspector.investigate.evaluation import Evaluation, evaluate
 
@@ -58,13 +59,13 @@ def _read(out):
 def test_a_stopped_evaluation_resumes_without_judging_a_document_twice(loaded, tmp_path, monkeypatch, commit_per_batch):
     data = _write(tmp_path / "eval.jsonl", _items(4, 4))
     full = tmp_path / "full"
-    evaluate(data, full, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
+    evaluate(data, full, EVAL, fields=FIELDS, engine=Engine(batch_size=2), loaded=loaded, progress=False)
 
     # stop between the two writes of the third batch: its heads part written, its commit record not
     part = tmp_path / "part"
     original = stop_at_commit(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        evaluate(data, part, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
+        evaluate(data, part, EVAL, fields=FIELDS, engine=Engine(batch_size=2), loaded=loaded, progress=False)
     monkeypatch.setattr(ScanFolder, "commit", original)
     assert len(committed_documents(part)) == 4 and len(list((part / "heads").glob("part-*.parquet"))) == 3
     judged = []
@@ -77,7 +78,7 @@ def test_a_stopped_evaluation_resumes_without_judging_a_document_twice(loaded, t
         return real(loaded_, docs, ev)
 
     monkeypatch.setattr(ev_mod, "judge_batch", counting)
-    result = evaluate(data, part, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
+    result = evaluate(data, part, EVAL, fields=FIELDS, engine=Engine(batch_size=2), loaded=loaded, progress=False)
     assert (result.skipped, result.scanned) == (4, 4)
     assert sorted(judged) == sorted(str(x["id"]) for x in _items(4, 4)[4:])  # only the four not committed
     (a, ha), (b, hb) = _read(full), _read(part)
@@ -86,7 +87,7 @@ def test_a_stopped_evaluation_resumes_without_judging_a_document_twice(loaded, t
     assert b["id"].is_unique and len(b) == 8
     s = verdicts.error_summary(b).iloc[0]
     assert (int(s["read"]), int(s["erring"])) == (8, 4)  # nothing counted twice
-    again = evaluate(data, part, EVAL, fields=FIELDS, batch_size=2, loaded=loaded, progress=False)
+    again = evaluate(data, part, EVAL, fields=FIELDS, engine=Engine(batch_size=2), loaded=loaded, progress=False)
     assert (again.skipped, again.scanned) == (8, 0)
 
 
@@ -204,10 +205,10 @@ def test_a_killed_evaluation_resumes_and_counts_each_document_once(loaded, tmp_p
         proc.wait()
     committed = len(committed_documents(out))
     assert 0 < committed < len(items) or proc.returncode == 0
-    result = evaluate(data, out, EVAL, fields=FIELDS, batch_size=1, loaded=loaded, progress=False)
+    result = evaluate(data, out, EVAL, fields=FIELDS, engine=Engine(batch_size=1), loaded=loaded, progress=False)
     assert (result.skipped, result.skipped + result.scanned) == (committed, len(items))
     full = tmp_path / "full"
-    evaluate(data, full, EVAL, fields=FIELDS, batch_size=1, loaded=loaded, progress=False)
+    evaluate(data, full, EVAL, fields=FIELDS, engine=Engine(batch_size=1), loaded=loaded, progress=False)
     (a, ha), (b, hb) = _read(full), _read(out)
     assert b["id"].is_unique and len(b) == len(items)
     pd.testing.assert_frame_equal(a, b, check_exact=False, atol=1e-6, rtol=1e-6)

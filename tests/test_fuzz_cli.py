@@ -346,12 +346,13 @@ def scanned(tmp_path_factory):
     """A scan folder (ten lease clauses, the tiny BERT) and the units files, made once for the module."""
     from inspector.capture.models import LoadedModel
     from inspector.corpus.documents import Fields
+    from inspector.corpus.engine import Engine
     from inspector.corpus.leases import lease_rows, write_jsonl
     from inspector.corpus.scan import scan
 
     root = tmp_path_factory.mktemp("newer")
     data = write_jsonl(root / "leases.jsonl", lease_rows(10))
-    scan(data, root / "scan", fields=Fields(query="query", referents="referents", id="id"), batch_size=4,
+    scan(data, root / "scan", fields=Fields(query="query", referents="referents", id="id"), engine=Engine(batch_size=4),
          loaded=LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert"), progress=False)
     for name, text in UNITS.items():
         (root / name).write_text(text, encoding="utf-8")

@@ -18,15 +18,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "inspector"
 LIMIT = 8
 
-# may hand their parameters on: they are the settings of a library call (Ray Data) made in one place
-HANDS_ON = {"corpus/ray_engine.py:ray_batches"}
+# may hand their parameters on (none left: the Ray engine's settings travel as one Engine value, issue 43)
+HANDS_ON: set[str] = set()
 ENTRY = "public entry point: each keyword is a documented option of its own (a CLI flag maps to it one to one)"
 ALLOWED = {
-    "corpus/scan.py:scan": ENTRY + " (fields, reduction options as one Options value, engine, Ray's address, "
-                                   "workers and CPUs, device, progress)",
-    "investigate/evaluation.py:evaluate": ENTRY + " (the evaluation as one Evaluation value, fields, batch size, "
-                                                  "device, remote code, progress, a loaded model, status, engine, Ray's "
-                                                  "address and workers), as scan's",
+    "corpus/scan.py:scan": ENTRY + " (the model and the engine as one ModelSpec and one Engine value, fields, "
+                                   "reduction options as one Options value, progress, a loaded model, allowed "
+                                   "files, status)",
+    "investigate/evaluation.py:evaluate": ENTRY + " (the evaluation as one Evaluation value, the model and the "
+                                                  "engine as scan's ModelSpec and Engine, fields, progress, a loaded "
+                                                  "model, status), as scan's",
     "intervene/effects.py:exact_effects": ENTRY + " (ablation method, the metric before, the rerun's reuse, memory "
                                                   "bound, batch and a kept clean pass: issue 42's rerun options)",
     "investigate/matter.py:does_it_matter": ENTRY + " (variants, --top, --global, --budget and --memory-budget of "
@@ -48,8 +49,6 @@ ALLOWED = {
     "ui/show.py:head_heatmap": ENTRY + " of the plotting API (window, colours, the query to mark)",
     "intervene/sources.py:evaluate": ENTRY + " (ContextCite's protocol on any scoring function: ablations, hold-out, "
                                      "seed, LASSO alpha, baselines, top-k)",
-    "corpus/ray_engine.py:ray_batches": "the Ray engine's settings as scan received them (address, actors, CPUs, "
-                                        "device, remote code): handed to Ray Data's map_batches",
     "cli/words.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
                                          "word list, its role, case rule, occurrence and axis are each read here",
 }

@@ -25,6 +25,7 @@ from inspector.capture import capture
 from inspector.capture.models import LoadedModel
 from inspector.corpus import queries as corpus
 from inspector.corpus.documents import Corpus, Fields
+from inspector.corpus.engine import Engine, ModelSpec
 from inspector.corpus.folder import ScanFolder, committed_documents
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.reduce import Options, reduce_batch
@@ -119,7 +120,7 @@ def test_bad_documents_are_recorded_and_never_stop_the_scan(bert, tmp_path):
              json.dumps(DOCS[1]),
              json.dumps(DOCS[1] | {"text": "A different text under a repeated id."})]
     data.write_text("\n".join(lines) + "\n")
-    result = scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    result = scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     assert (result.total, result.scanned, result.errors) == (9, 9, 7)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
     assert docs.loc["a", "status"] == "ok" and docs.loc["b", "status"] == "ok"
@@ -140,14 +141,14 @@ def test_bad_documents_are_recorded_and_never_stop_the_scan(bert, tmp_path):
 def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_path, monkeypatch, commit_per_batch):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(12))
     full = tmp_path / "full"
-    scan(data, full, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    scan(data, full, fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
 
     # stop the second scan between the two writes of its third batch: its heads part is written, the
     # documents part (the commit record) is not -- what a kill at the worst moment leaves
     part = tmp_path / "part"
     original = stop_at_commit(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+        scan(data, part, fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     monkeypatch.setattr(ScanFolder, "commit", original)
     assert len(list((part / "heads").glob("part-*.parquet"))) == 3  # two committed, one in flight
     assert len(committed_documents(part)) == 6
@@ -156,7 +157,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_pat
     stopped = pd.read_parquet(part / "documents.parquet")
     assert len(stopped) == 6  # documents.parquet was written when the scan stopped
 
-    result = scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    result = scan(data, part, fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     assert (result.skipped, result.scanned) == (6, 6)
     a, b = pd.read_parquet(full / "documents.parquet"), pd.read_parquet(part / "documents.parquet")
     assert a.equals(b)
@@ -166,14 +167,14 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_scan(bert, tmp_pat
     from inspector.corpus.folder import write_parquet
 
     write_parquet(part / "documents.parquet", a.iloc[:3])
-    again = scan(data, part, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    again = scan(data, part, fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     assert (again.skipped, again.scanned) == (12, 0)
     assert pd.read_parquet(part / "documents.parquet").equals(a)
 
 
 def test_a_scan_folder_refuses_other_options_and_foreign_folders(bert, tmp_path, capsys):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
-    scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     with pytest.raises(Exception, match="other options"):
         scan(data, tmp_path / "out", fields=FIELDS, options=Options(min_split=0.5), loaded=bert, progress=False)
     (tmp_path / "other").mkdir()
@@ -194,7 +195,7 @@ def test_a_scan_folder_refuses_other_options_and_foreign_folders(bert, tmp_path,
     rows = lease_rows(10)[:4]
     rows[0] = {k: v for k, v in rows[0].items() if k not in ("query", "referents")}
     some = write_jsonl(tmp_path / "some.jsonl", rows[1:] + rows[:1])
-    scan(some, tmp_path / "y", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(some, tmp_path / "y", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     docs = pd.read_parquet(tmp_path / "y" / "documents.parquet")
     assert (docs["status"] == "ok").all() and len(docs) == 4
     assert cli.main(["corpus", str(tmp_path)]) == 2
@@ -241,7 +242,7 @@ def _pandas_summary(heads: pd.DataFrame) -> pd.DataFrame:
 def test_duckdb_summary_equals_pandas_aggregates_of_the_same_rows(bert, tmp_path, capsys):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(16) + [{"id": "plain", "text": "No query here."}])
     out = tmp_path / "out"
-    scan(data, out, fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(data, out, fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     heads = pd.concat([pd.read_parquet(p) for p in sorted((out / "heads").glob("part-*.parquet"))], ignore_index=True)
     got = corpus.summary(out)
     assert ("lift_mean" in got) == ("lift" in heads)  # mean lift only where the split columns carry lift
@@ -347,13 +348,13 @@ def test_ray_engine_gives_the_rows_of_the_local_engine(bert_folder, tmp_path, mo
 
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20))
     local = tmp_path / "local"
-    scan(data, local, fields=FIELDS, batch_size=4, loaded=load_model(str(bert_folder)), progress=False)
+    scan(data, local, fields=FIELDS, engine=Engine(batch_size=4), loaded=load_model(str(bert_folder)), progress=False)
     capfd.readouterr()
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
     try:
         on_ray = tmp_path / "ray"
-        result = scan(data, on_ray, model=str(bert_folder), fields=FIELDS, batch_size=4, engine="ray", workers=1,
-                      progress=False)
+        result = scan(data, on_ray, model=ModelSpec(str(bert_folder)), engine=Engine("ray", batch_size=4, workers=1),
+                      fields=FIELDS, progress=False)
         assert ray.is_initialized()  # a Ray instance the caller started is left running
     finally:
         ray.shutdown()
@@ -387,7 +388,7 @@ def test_the_split_verdict_columns_are_stored_and_lift_is_summarised(bert, tmp_p
     """The scan stores split_heads' verdict columns (lift, chance_mass, the per-row rule, shared pieces) as
     the analysis defines them, and `inspector corpus` reports the mean lift."""
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
-    scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     heads = read_heads(tmp_path / "out")
     assert {"lift", "chance_mass", "driving_row", "rows_flagged", "shared_pieces", "mostly_shared",
             "referent_pieces"} <= set(heads.columns)
@@ -438,7 +439,7 @@ def test_ray_address_joins_a_running_cluster_through_the_cli(bert_folder, tmp_pa
         subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
     from inspector.capture.models import load_model
 
-    scan(data, tmp_path / "local", fields=FIELDS, batch_size=4, loaded=load_model(str(bert_folder)), progress=False)
+    scan(data, tmp_path / "local", fields=FIELDS, engine=Engine(batch_size=4), loaded=load_model(str(bert_folder)), progress=False)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "local" / "documents.parquet"),
                                   pd.read_parquet(tmp_path / "ray" / "documents.parquet"))
     assert_same_rows(read_heads(tmp_path / "local"), read_heads(tmp_path / "ray"))
@@ -499,7 +500,7 @@ def test_list_referents_are_stripped_and_an_occurrence_must_be_whole(bert, tmp_p
             dict(DOCS[0], id="half", occurrence=1.5), dict(DOCS[0], id="plain-list")]
     data = write_jsonl(tmp_path / "c.jsonl", rows)
     fields = Fields(query="query", referents="referents", id="id", occurrence="occurrence")
-    scan(data, tmp_path / "out", fields=fields, batch_size=4, loaded=bert, progress=False)
+    scan(data, tmp_path / "out", fields=fields, engine=Engine(batch_size=4), loaded=bert, progress=False)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
     assert docs.loc["half", "status"] == "error" and "not a whole number" in docs.loc["half", "error"]
     heads = read_heads(tmp_path / "out")
@@ -520,7 +521,7 @@ def test_a_scan_folder_copied_with_its_corpus_resumes(bert, tmp_path, monkeypatc
     here.mkdir()
     data = write_jsonl(here / "leases.jsonl", lease_rows(10))
     full = tmp_path / "full"
-    scan(data, full, fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    scan(data, full, fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
 
     original = ScanFolder.commit
 
@@ -531,12 +532,12 @@ def test_a_scan_folder_copied_with_its_corpus_resumes(bert, tmp_path, monkeypatc
 
     monkeypatch.setattr(ScanFolder, "commit", stop_after_one)
     with pytest.raises(KeyboardInterrupt):
-        scan(data, here / "out", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+        scan(data, here / "out", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     monkeypatch.setattr(ScanFolder, "commit", original)
     there = tmp_path / "there"
     shutil.copytree(here, there)
     shutil.rmtree(here)
-    result = scan(there / "leases.jsonl", there / "out", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    result = scan(there / "leases.jsonl", there / "out", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     assert (result.skipped, result.scanned) == (3, 7)
     assert_same_rows(read_heads(full), read_heads(there / "out"), tol=0.0)
     assert json.loads((there / "out" / "scan.json").read_text())["corpus"] == str((there / "leases.jsonl").resolve())
@@ -544,7 +545,7 @@ def test_a_scan_folder_copied_with_its_corpus_resumes(bert, tmp_path, monkeypatc
     # the same path holding other documents is another corpus
     write_jsonl(there / "leases.jsonl", lease_rows(11))
     with pytest.raises(InspectorError, match="changed since this scan"):
-        scan(there / "leases.jsonl", there / "out", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+        scan(there / "leases.jsonl", there / "out", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
 
 
 def test_a_broken_line_does_not_take_a_documents_id(bert, tmp_path):
@@ -554,7 +555,7 @@ def test_a_broken_line_does_not_take_a_documents_id(bert, tmp_path):
     rows = [json.dumps(DOCS[0] | {"id": str(i)}) for i in range(3)]
     rows[1] = "{broken"
     data.write_text("\n".join(rows + [json.dumps(DOCS[0] | {"id": "1"})]) + "\n")
-    scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
     assert docs["status"].to_dict() == {"0": "ok", "#row1": "error", "2": "ok", "1": "ok"}
     assert sorted(read_heads(tmp_path / "out")["id"].unique()) == ["0", "1", "2"]
@@ -572,7 +573,7 @@ def test_a_document_whose_referents_no_site_can_see_keeps_its_rank_rows(tmp_path
              "referents": ["Lessee", "Lessor"]}]
     for batch_size in (1, 3):  # one by one, and the batched path
         out = tmp_path / f"out{batch_size}"
-        scan(write_jsonl(tmp_path / "docs.jsonl", rows), out, fields=FIELDS, batch_size=batch_size, loaded=lm, progress=False)
+        scan(write_jsonl(tmp_path / "docs.jsonl", rows), out, fields=FIELDS, engine=Engine(batch_size=batch_size), loaded=lm, progress=False)
         docs = pd.read_parquet(out / "documents.parquet").set_index("id")
         assert (docs["status"] == "ok").all()
         assert docs.loc["before", "error"].startswith("no split: at ") and "(causal mask)" in docs.loc["before", "error"]
@@ -594,7 +595,7 @@ def test_a_resumed_scan_gives_an_older_parts_null_lists_their_type(bert, tmp_pat
 
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10))
     out = tmp_path / "out"
-    scan(data, out, fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(data, out, fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     first, *rest = sorted((out / "heads").glob("part-*.parquet"))
     assert rest  # two parts at least: the first one is made old below
     table = pq.read_table(first)
@@ -604,7 +605,7 @@ def test_a_resumed_scan_gives_an_older_parts_null_lists_their_type(bert, tmp_pat
     with pytest.raises(Exception, match="cast"):
         pd.read_parquet(out / "heads")
     untouched = {p: p.stat().st_mtime_ns for p in rest}
-    summary = scan(data, out, fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    summary = scan(data, out, fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     assert summary.scanned == 0 and summary.skipped == 10
     assert pq.read_schema(first).field("rows_flagged").type == pa.list_(pa.int64())
     assert pq.read_table(first).drop_columns("rows_flagged").equals(table.drop_columns("rows_flagged"))

@@ -23,6 +23,7 @@ import pytest
 from inspector import cli
 from inspector.capture.models import LoadedModel
 from inspector.corpus.documents import Corpus, Fields
+from inspector.corpus.engine import Engine, ModelSpec
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
 from inspector.errors import InspectorError
@@ -108,7 +109,7 @@ def test_bad_jsonl_lines_are_bad_documents_not_tracebacks(bert, tmp_path):
              b'{"id": "cut", "text": ']  # cut short: the reader names where
     data = tmp_path / "bad.jsonl"
     data.write_bytes(b"\n".join(lines) + b"\n")
-    result = scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    result = scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     assert (result.total, result.scanned) == (9, 9)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet")
     errors = dict(zip(docs["row"], docs["error"], strict=True))
@@ -373,7 +374,8 @@ def test_resuming_on_a_changed_corpus_is_refused(base, tmp_path, capsys, bert_fo
     import importlib
 
     monkeypatch.setattr(importlib.import_module("inspector.capture.models"), "load_model", no_model)
-    result = scan(corpus, folder, model=str(bert_folder), fields=FIELDS, batch_size=4, progress=False)
+    result = scan(corpus, folder, model=ModelSpec(str(bert_folder)), engine=Engine(batch_size=4), fields=FIELDS,
+                  progress=False)
     assert (result.skipped, result.scanned) == (10, 0)
 
 
@@ -404,7 +406,7 @@ def test_a_text_far_too_long_is_refused_after_tokenizing_a_bounded_prefix(bert, 
     rows[1]["text"] = huge
     data = write_jsonl(tmp_path / "long.jsonl", rows)
     seen.clear()
-    result = scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    result = scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     assert result.errors == 1 and max(seen) <= limit * 16
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet")
     assert "accepts at most" in docs.loc[docs["row"] == 1, "error"].item()

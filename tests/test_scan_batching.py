@@ -14,6 +14,7 @@ import torch
 from inspector.corpus import folder as folder_mod
 from inspector.corpus import reduce
 from inspector.corpus.documents import Document, Fields
+from inspector.corpus.engine import Engine
 from inspector.corpus.folder import Committer, ScanFolder, committed_documents
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.scan import scan
@@ -100,9 +101,9 @@ def test_token_lengths_count_text_and_target_and_give_way_to_characters(tokenize
 
 def test_a_scans_rows_do_not_depend_on_how_its_documents_were_batched(bert, tmp_path, monkeypatch):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20, seed=5))
-    scan(data, tmp_path / "by_length", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(data, tmp_path / "by_length", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     monkeypatch.setattr(reduce, "LENGTH_WINDOW", 1)  # corpus order
-    scan(data, tmp_path / "in_order", fields=FIELDS, batch_size=4, loaded=bert, progress=False)
+    scan(data, tmp_path / "in_order", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
     a, b = (read_heads(tmp_path / x).sort_values(["id", "site", "head"]).reset_index(drop=True)
             for x in ("by_length", "in_order"))
     assert len(a) == len(b) > 0 and a["split_score"].notna().any()
@@ -146,11 +147,11 @@ def test_the_writer_commits_a_group_once_its_time_is_up(tmp_path):
 
 def test_a_scan_groups_its_batches_and_reads_as_when_each_batch_was_a_part(bert, tmp_path, monkeypatch):
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(12, seed=2))
-    grouped = scan(data, tmp_path / "grouped", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    grouped = scan(data, tmp_path / "grouped", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     assert len(list((tmp_path / "grouped" / "heads").glob("part-*.parquet"))) == 1  # 12 documents < GROUP_DOCUMENTS
     monkeypatch.setattr(folder_mod, "GROUP_DOCUMENTS", 1)
     monkeypatch.setattr(folder_mod, "GROUP_SECONDS", 0.0)
-    scan(data, tmp_path / "each", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    scan(data, tmp_path / "each", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     assert len(list((tmp_path / "each" / "heads").glob("part-*.parquet"))) == 4
     a, b = (read_heads(tmp_path / x).sort_values(["id", "site", "head"]).reset_index(drop=True) for x in ("grouped", "each"))
     pd.testing.assert_frame_equal(a, b)
@@ -338,7 +339,7 @@ def test_a_scan_stopped_inside_a_group_resumes_to_the_uninterrupted_rows(bert, t
     """With the default grouping (64 documents a commit), Ctrl-C in the fourth batch commits the three batches
     gathered so far; a resume scans the rest, and the folder equals an uninterrupted scan's."""
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(20, seed=6))
-    scan(data, tmp_path / "full", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    scan(data, tmp_path / "full", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     real, calls = reduce.reduce_batch, [0]
 
     def interrupted(*a, **k):
@@ -349,11 +350,11 @@ def test_a_scan_stopped_inside_a_group_resumes_to_the_uninterrupted_rows(bert, t
 
     monkeypatch.setattr(reduce, "reduce_batch", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        scan(data, tmp_path / "part", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+        scan(data, tmp_path / "part", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     monkeypatch.setattr(reduce, "reduce_batch", real)
     assert len(committed_documents(tmp_path / "part")) == 9
     assert len(list((tmp_path / "part" / "heads").glob("part-*.parquet"))) == 1  # one group
-    again = scan(data, tmp_path / "part", fields=FIELDS, batch_size=3, loaded=bert, progress=False)
+    again = scan(data, tmp_path / "part", fields=FIELDS, engine=Engine(batch_size=3), loaded=bert, progress=False)
     assert (again.skipped, again.scanned) == (9, 11)
     a, b = (read_heads(tmp_path / x).sort_values(["id", "site", "head"]).reset_index(drop=True) for x in ("full", "part"))
     assert a["id"].tolist() == b["id"].tolist()

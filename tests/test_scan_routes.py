@@ -17,6 +17,7 @@ import pytest
 from inspector import cli
 from inspector.capture.models import LoadedModel
 from inspector.corpus import queries as corpus
+from inspector.corpus.engine import Engine, ModelSpec
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.reduce import Options
 from inspector.corpus.scan import scan
@@ -49,7 +50,7 @@ def _parts(out) -> pd.DataFrame:
 def test_the_copying_head_is_on_the_route_in_every_document_and_the_idle_head_never(planted, tmp_path):
     lm, _, _ = planted
     data = write_jsonl(tmp_path / "docs.jsonl", PLANTED)
-    scan(data, tmp_path / "out", fields=FIELDS, batch_size=2, loaded=lm, options=Options(routes=True), progress=False)
+    scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=2), loaded=lm, options=Options(routes=True), progress=False)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet")
     assert (docs["status"] == "ok").all(), docs
     heads = _parts(tmp_path / "out").set_index(["id", "site", "head"])
@@ -70,7 +71,7 @@ def test_rows_equal_the_route_of_each_documents_query_token_drawn_by_hand(plante
     row; route_share is then that head's largest listed importance, else at most the threshold."""
     lm, _, row = planted
     data = write_jsonl(tmp_path / "docs.jsonl", PLANTED)
-    scan(data, tmp_path / "out", fields=FIELDS, batch_size=4, loaded=lm, options=Options(routes=True), progress=False)
+    scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=lm, options=Options(routes=True), progress=False)
     heads = _parts(tmp_path / "out")
     for d in PLANTED[:-1]:
         enc = lm.tokenizer(d["text"], return_offsets_mapping=True)
@@ -95,7 +96,7 @@ def test_corpus_counts_equal_pandas_counts_over_the_parts(planted, tmp_path):
     rows = PLANTED + [{"id": "bad", "text": "alice met bob and carol near the river", "query": "nowhere",
                        "referents": ["bob", "carol"]}]
     data = write_jsonl(tmp_path / "docs.jsonl", rows)
-    scan(data, tmp_path / "out", fields=FIELDS, batch_size=3, loaded=lm, options=Options(routes=True), progress=False)
+    scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=3), loaded=lm, options=Options(routes=True), progress=False)
     heads = _parts(tmp_path / "out")
     g = heads.groupby(["site", "head"])
     want = pd.DataFrame({"route_documents": g["on_route"].count(),
@@ -112,12 +113,12 @@ def test_corpus_counts_equal_pandas_counts_over_the_parts(planted, tmp_path):
 def test_a_resume_with_other_routes_is_refused_and_a_plain_scan_keeps_no_route_columns(tmp_path, capsys):
     lm = LoadedModel(tiny.build("bert"), tiny.tokenizer(), "tiny-bert")
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10)[:6])
-    scan(data, tmp_path / "plain", fields=FIELDS, batch_size=3, loaded=lm, progress=False)
+    scan(data, tmp_path / "plain", fields=FIELDS, engine=Engine(batch_size=3), loaded=lm, progress=False)
     assert "on_route" not in corpus.summary(tmp_path / "plain") and "on_route" not in _parts(tmp_path / "plain")
     assert "routes" not in json.loads((tmp_path / "plain" / "scan.json").read_text())["options"]  # older scans resume
     with pytest.raises(Exception, match="other options"):
         scan(data, tmp_path / "plain", fields=FIELDS, loaded=lm, options=Options(routes=True), progress=False)
-    scan(data, tmp_path / "routed", fields=FIELDS, batch_size=3, loaded=lm, options=Options(routes=True), progress=False)
+    scan(data, tmp_path / "routed", fields=FIELDS, engine=Engine(batch_size=3), loaded=lm, options=Options(routes=True), progress=False)
     with pytest.raises(Exception, match="other options"):
         scan(data, tmp_path / "routed", fields=FIELDS, loaded=lm, progress=False)
     again = scan(data, tmp_path / "routed", fields=FIELDS, loaded=lm, options=Options(routes=True), progress=False)
@@ -154,8 +155,8 @@ def test_a_model_routes_cannot_decompose_is_refused_before_scanning(tmp_path, ca
     assert "'opt' is not among them" in err[-1] and "scan without --routes" in err[-1]
     assert not (tmp_path / "out" / "heads").exists()  # nothing scanned
     with pytest.raises(Exception, match="--routes cannot trace"):  # the Ray engine's check reads the config alone
-        scan(data, tmp_path / "ray", model=str(model_dir), fields=FIELDS, engine="ray", options=Options(routes=True),
-             progress=False)
+        scan(data, tmp_path / "ray", model=ModelSpec(str(model_dir)), engine=Engine("ray"), fields=FIELDS,
+             options=Options(routes=True), progress=False)
 
 
 def test_ray_engine_gives_the_route_rows_of_the_local_engine(bert_folder, tmp_path):  # noqa: F811 - the fixture
@@ -164,14 +165,14 @@ def test_ray_engine_gives_the_route_rows_of_the_local_engine(bert_folder, tmp_pa
 
     data = write_jsonl(tmp_path / "leases.jsonl", lease_rows(10)[:6])
     opts = Options(routes=True)
-    scan(data, tmp_path / "local", fields=FIELDS, batch_size=3, loaded=load_model(str(bert_folder)), options=opts,
+    scan(data, tmp_path / "local", fields=FIELDS, engine=Engine(batch_size=3), loaded=load_model(str(bert_folder)), options=opts,
          progress=False)
     # address="local": a new instance even where a stopped cluster left /tmp/ray/ray_current_cluster behind
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              configure_logging=False)
     try:
-        scan(data, tmp_path / "ray", model=str(bert_folder), fields=FIELDS, batch_size=3, engine="ray", workers=1,
-             options=opts, progress=False)
+        scan(data, tmp_path / "ray", model=ModelSpec(str(bert_folder)), engine=Engine("ray", batch_size=3, workers=1),
+             fields=FIELDS, options=opts, progress=False)
     finally:
         ray.shutdown()
     local, on_ray = read_heads(tmp_path / "local"), read_heads(tmp_path / "ray")

@@ -38,7 +38,7 @@ from inspector.cli.files import (
     check_rule_args,
     read_text,
 )
-from inspector.cli.loading import check_model_capture, load_from_args, model_config
+from inspector.cli.loading import check_model_capture, load_from_args, model_config, scan_values
 from inspector.cli.printing import format_table, print_table, say, status
 from inspector.cli.serve import check_listen, check_port, cmd_app
 from inspector.cli.words import (
@@ -663,10 +663,9 @@ def cmd_scan(args) -> int:
     options = Options(exclude_special=args.exclude_special, min_split=args.min_split, min_mass=args.min_mass,
                       min_lift=args.min_lift, routes=args.routes)
     t0 = time.perf_counter()
-    result = scan(data, out, model=args.model, fields=fields, batch_size=args.batch_size, options=options,
-                  engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
-                  trust_remote_code=args.trust_remote_code, allow=(DEMO_CORPUS,) if args.demo is not None else (),
-                  status=status)
+    model, engine = scan_values(args)
+    result = scan(data, out, model=model, engine=engine, fields=fields, options=options,
+                  allow=(DEMO_CORPUS,) if args.demo is not None else (), status=status)
     dt = time.perf_counter() - t0
     before = f", {result.skipped} done before ({result.errors_before} with errors)" if result.skipped else ""
     status(f"scanned {result.scanned} documents ({result.errors} with errors{before}) "

@@ -85,15 +85,15 @@ def run_scan(args, data, fields) -> int:
     the culprit view and the variants."""
     import time
 
+    from inspector.cli.loading import scan_values
     from inspector.investigate.evaluation import evaluate
 
     evaluation = evaluation_of(args)
     if data is None:
         raise InspectorError("give the evaluation set to scan (a .jsonl, .csv or .parquet file, or a datasets folder)")
     t0 = time.perf_counter()
-    result = evaluate(data, args.output, evaluation, model=args.model, fields=fields, batch_size=args.batch_size,
-                      device=args.device, trust_remote_code=args.trust_remote_code, status=status, engine=args.engine,
-                      ray_address=args.ray_address, workers=args.workers)
+    model, engine = scan_values(args)
+    result = evaluate(data, args.output, evaluation, model=model, engine=engine, fields=fields, status=status)
     dt = time.perf_counter() - t0
     before = f", {result.skipped} done before" if result.skipped else ""
     rate = f" ({result.scanned / dt:.2f} documents/s)" if result.scanned and dt > 0 else ""

@@ -132,3 +132,15 @@ def check_model_capture(config: dict | None, layers: list[int] | None, output: b
                                  f"--layers from 0 to {n - 1}")
     if output and config_is_encoder(config):
         raise InspectorError(f"{config_class(config)} is an encoder: it has no output side, so drop --output/--generate")
+
+
+def scan_values(args):
+    """``scan``'s model and engine as values (:class:`~inspector.corpus.engine.ModelSpec`,
+    :class:`~inspector.corpus.engine.Engine`), built once from ``--model``, ``--device``, ``--trust-remote-code``,
+    ``--engine``, ``--batch-size``, ``--workers`` and ``--ray-address``, before torch loads; a combination that does
+    not go together is one line naming the fix."""
+    from inspector.corpus.engine import Engine, ModelSpec
+
+    model = ModelSpec(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+    engine = Engine(args.engine, batch_size=args.batch_size, workers=args.workers, address=args.ray_address)
+    return model, engine

@@ -6,6 +6,7 @@
 * :mod:`~inspector.corpus.folder`: the scan folder (atomic parts, commit records, resume);
 * :mod:`~inspector.corpus.tables`: a scan's rows as Arrow tables (built straight from a batch's columns, read back);
 * :mod:`~inspector.corpus.scan`: ``inspector scan``; :mod:`~inspector.corpus.ray_engine`: the Ray Data engine;
+  :mod:`~inspector.corpus.engine`: the scan's model and engine as values (``ModelSpec``, ``Engine``);
 * :mod:`~inspector.corpus.queries`: DuckDB over a scan folder;
 * :mod:`~inspector.corpus.verdicts` / :mod:`~inspector.corpus.verdict_columns`: the verdict over an evaluation set
   (its rows' columns; the error rate, culprit counts with Wilson intervals and the variants' views);

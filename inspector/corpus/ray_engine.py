@@ -24,11 +24,13 @@ import os
 import re
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from inspector.corpus.documents import Document
+from inspector.corpus.engine import Engine, ModelSpec
 from inspector.corpus.reduce import BatchResult, Options, check_document, length_of
 from inspector.errors import InspectorError
 
@@ -77,17 +79,17 @@ def table_from_ipc(data: bytes):
 
 
 class Reducer:
-    """A Ray actor holding one model; called with a batch of documents, returns their rows."""
+    """A Ray actor holding one model (``model``, on the device the pool gives it); called with a batch of
+    documents, returns their rows."""
 
-    def __init__(self, model: str | None, options: dict, device: str | None, trust_remote_code: bool, threads: int | None):
+    def __init__(self, model: ModelSpec, options: dict, threads: int | None):
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        from inspector.capture.models import load_model
         from inspector.corpus.forward_sums import StopPlan
 
-        self.lm = load_model(model, device=device, trust_remote_code=trust_remote_code)
+        self.lm = model.load()
         self.options = Options(**options)
         self.plan = StopPlan.of(self.lm.model)  # its passes end after the last attention call, as the local engine's
 
@@ -100,6 +102,16 @@ class Reducer:
         result = reduce_batch(self.lm.model, self.lm.tokenizer, docs, self.options, plan=self.plan)
         return pd.DataFrame({"documents": [to_ipc(result.documents_table)],
                              "heads": [to_ipc(result.heads_table) if len(result.heads_table) else b""]})
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """The actors of a Ray scan: how many (``n``), GPUs each (``gpus``: 0 or 1) and torch threads each
+    (``threads``; None: Ray's default, on a cluster)."""
+
+    n: int
+    gpus: int
+    threads: int | None
 
 
 def _workers(ray, workers: int | None) -> tuple[int, int]:
@@ -150,15 +162,16 @@ def _join(ray, address: str) -> None:
                              "(HOST:PORT of the head node, ray://HOST:10001, or auto on a cluster node)") from None
 
 
-def _map(ds, batch_size: int, n: int, gpus: int, device: str, actor, kwargs: dict, threads: int | None):
-    """``ds`` mapped by a pool of ``n`` ``actor`` actors (:class:`Reducer`, or another of its form: constructed with
-    ``kwargs``, ``device`` and ``threads``), ``batch_size`` documents per call."""
+def _map(ds, actor, kwargs: dict, model: ModelSpec, engine: Engine, pool: _Pool):
+    """``ds`` mapped by a pool of ``pool.n`` ``actor`` actors (:class:`Reducer`, or another of its form: constructed
+    with ``kwargs``, ``model`` -- on ``cuda`` where the pool has GPUs -- and ``threads``), ``engine.batch_size``
+    documents per call."""
     import ray
 
     return ds.map_batches(
-        actor, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=n),
-        fn_constructor_kwargs={**kwargs, "device": "cuda" if gpus else device, "threads": threads},
-        num_gpus=gpus, num_cpus=threads or 1,
+        actor, batch_size=engine.batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=pool.n),
+        fn_constructor_kwargs={**kwargs, "model": model.on("cuda") if pool.gpus else model, "threads": pool.threads},
+        num_gpus=pool.gpus, num_cpus=pool.threads or 1,
         # Ray Data passes its actors' constructor arguments by reference and, with restarts on (its
         # default), logs an error-tagged core_worker line for every run; an actor lost midway fails the
         # scan instead, which resumes from its committed parts
@@ -175,25 +188,24 @@ def _window(docs: Iterator[Document]) -> list[dict]:
     return [_item(d) for d in sorted(islice(docs, WINDOW), key=length_of)]
 
 
-def ray_batches(model: str | None, docs: Iterable[Document], *, batch_size: int = 8, options: Options = Options(),
-                address: str | None = None, workers: int | None = None, device: str | None = None,
-                trust_remote_code: bool = False, num_cpus: int | None = None) -> Iterator[BatchResult]:
-    """Reduce ``docs`` on Ray actors; yields a :class:`BatchResult` per batch as it completes (in any order)."""
+def ray_batches(docs: Iterable[Document], *, model: ModelSpec, engine: Engine,
+                options: Options = Options()) -> Iterator[BatchResult]:
+    """Reduce ``docs`` on Ray actors, each holding ``model``, as ``engine`` says (its batch size, actors, address and
+    CPUs); yields a :class:`BatchResult` per batch as it completes (in any order)."""
     docs = iter(docs)
-    kwargs = {"model": model, "options": options.to_dict(), "trust_remote_code": trust_remote_code}
-    yield from actor_batches(lambda: _window(docs), Reducer, kwargs, batch_size=batch_size, address=address,
-                             workers=workers, device=device, num_cpus=num_cpus)
+    yield from actor_batches(lambda: _window(docs), Reducer, {"options": options.to_dict()}, model=model, engine=engine)
 
 
-def actor_batches(window, actor, kwargs: dict, *, batch_size: int = 8, address: str | None = None,
-                  workers: int | None = None, device: str | None = None,
-                  num_cpus: int | None = None) -> Iterator[BatchResult]:
+def actor_batches(window, actor, kwargs: dict, *, model: ModelSpec, engine: Engine) -> Iterator[BatchResult]:
     """The Ray driver of :func:`ray_batches`, for any actor of :class:`Reducer`'s form (the evaluation scan's
     too: :mod:`inspector.investigate.evaluation`): ``window()`` gives the next items (plain rows; empty: done),
-    ``actor`` is constructed with ``kwargs``, ``device`` and ``threads`` on each worker and returns, per batch of
-    ``batch_size`` items, rows of ``documents`` and ``heads`` Arrow IPC bytes (:func:`to_ipc`); yields them as
-    :class:`BatchResult` as they complete. Starts (and stops) a local Ray instance or joins ``address`` as the
-    module docstring says."""
+    ``actor`` is constructed with ``kwargs``, ``model`` (a :class:`~inspector.corpus.engine.ModelSpec`, its device
+    ``cuda`` where the actor has a GPU) and ``threads`` on each worker and returns, per batch of
+    ``engine.batch_size`` items, rows of ``documents`` and ``heads`` Arrow IPC bytes (:func:`to_ipc`); yields them as
+    :class:`BatchResult` as they complete. Starts (and stops) a local Ray instance of ``engine.num_cpus`` CPUs, or
+    joins ``engine.address``, as the module docstring says."""
+    if engine.kind != "ray":
+        raise InspectorError(f"the Ray engine was handed engine {engine.kind!r}: give Engine('ray', ...)")
     try:
         import ray
         import ray.data
@@ -204,25 +216,25 @@ def actor_batches(window, actor, kwargs: dict, *, batch_size: int = 8, address: 
         return
     started = False
     if not ray.is_initialized():
-        if address:
-            _join(ray, address)
+        if engine.address:
+            _join(ray, engine.address)
         else:
-            cpus = num_cpus or os.cpu_count() or 1
+            cpus = engine.num_cpus or os.cpu_count() or 1
             ray.init(num_cpus=cpus + 1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
                      configure_logging=False)
         started = True
     try:
-        n, gpus = _workers(ray, workers)
-        local = not address and started
-        threads = max(1, (num_cpus or os.cpu_count() or 1) // n) if local else None
+        n, gpus = _workers(ray, engine.workers)
+        local = not engine.address and started
+        pool = _Pool(n, gpus, max(1, (engine.num_cpus or os.cpu_count() or 1) // n) if local else None)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         ctx.execution_options.verbose_progress = False
         while items:
-            ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 64 * n)))
+            ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // engine.batch_size, 64 * n)))
             with warnings.catch_warnings():  # max_restarts has no named parameter before Ray 2.64 (pyproject pins below it)
                 warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-                ds = _map(ds, batch_size, n, gpus, device, actor, kwargs, threads)
+                ds = _map(ds, actor, kwargs, model, engine, pool)
             del items  # Ray holds the window now
             for out in ds.iter_batches(batch_size=None, batch_format="pandas"):
                 for documents, heads in zip(out["documents"], out["heads"], strict=True):  # one row per reduced batch

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -38,8 +37,8 @@ import torch
 
 from inspector.capture.inputs import TOKENIZER_LOCK
 from inspector.corpus.documents import Document, error_line
+from inspector.corpus.engine import check_workers
 from inspector.corpus.forward_sums import ForwardSums, StopPlan
-from inspector.errors import InspectorError
 from inspector.intervene.routes import THRESHOLD
 from inspector.store.masks import leading_padding
 
@@ -489,18 +488,6 @@ def default_workers(model, options: Options = Options(), prefetch: bool | None =
     if not _on_cpu(model) or options.routes or prefetch:
         return 1
     return max(1, min(WORKERS, torch.get_num_threads()))
-
-
-def check_workers(workers) -> int:
-    """``workers`` as an int (a NumPy integer too) if it is a whole number of at least 1, else
-    :class:`InspectorError` naming the fix."""
-    try:
-        n = operator.index(workers) if not isinstance(workers, bool) else None
-    except TypeError:
-        n = None
-    if n is None or n < 1:
-        raise InspectorError(f"--workers must be a whole number of at least 1, not {workers!r}")
-    return int(n)
 
 
 def local_batches(model, tokenizer, docs: Iterable[Document], *, batch_size: int = 8,

@@ -2,9 +2,10 @@
 
 :func:`scan` reads the corpus (:mod:`inspector.corpus.documents`), skips the documents a previous run of the
 same scan already committed (:mod:`inspector.corpus.folder`), reduces the rest batch by batch with the
-per-document function of :mod:`inspector.corpus.reduce` -- in this process (``engine="local"``) or on Ray
-actors (``engine="ray"``, :mod:`inspector.corpus.ray_engine`; Ray is imported only then) -- and commits each
-batch as it comes. A progress bar shows documents per second and the time left.
+per-document function of :mod:`inspector.corpus.reduce` -- in this process (``Engine("local")``) or on Ray
+actors (``Engine("ray")``, :mod:`inspector.corpus.ray_engine`; Ray is imported only then) -- and commits each
+batch as it comes. The model and the engine are values (:class:`~inspector.corpus.engine.ModelSpec`,
+:class:`~inspector.corpus.engine.Engine`), checked when made. A progress bar shows documents per second and the time left.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 from inspector.corpus import folder as folder_mod
 from inspector.corpus.documents import Corpus, Document, Fields
+from inspector.corpus.engine import Engine, ModelSpec
 from inspector.corpus.folder import Committer, ScanFolder, corpus_sha256
-from inspector.corpus.reduce import Options, check_workers, local_batches
+from inspector.corpus.reduce import Options, local_batches
 from inspector.errors import InspectorError
 from inspector.store.files import SIGNALS
 
@@ -61,24 +63,6 @@ def scan_meta(corpus: Corpus, model_name: str, options: Options) -> dict[str, An
         "options": options.to_dict(),
         "corpus_sha256": corpus_sha256(corpus.path),
     }
-
-
-def _check_arguments(batch_size: int, engine: str, ray_address: str | None, workers: int | None = None) -> None:
-    if batch_size < 1:
-        raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
-    if workers is not None:
-        check_workers(workers)
-    if engine not in ("local", "ray"):
-        raise InspectorError(f"unknown engine {engine!r}: use local or ray")
-    if ray_address and engine != "ray":
-        raise InspectorError("--ray-address needs --engine ray")
-
-
-def _model_path(model: str | None) -> str | None:
-    """A local model folder as an absolute path: the same from any directory or Ray worker."""
-    if model is not None and Path(model).expanduser().exists():
-        return str(Path(model).expanduser().resolve())
-    return model
 
 
 def _first_pending(corpus: Corpus, folder: ScanFolder) -> Document | None:
@@ -161,61 +145,57 @@ def scan(
     data: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    model: str | None = None,
+    model: ModelSpec = ModelSpec(),
+    engine: Engine = Engine(),
     fields: Fields = Fields(),
-    batch_size: int = 8,
     options: Options = Options(),
-    engine: str = "local",
-    ray_address: str | None = None,
-    workers: int | None = None,
-    num_cpus: int | None = None,
-    device: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
     loaded=None,
     allow: tuple[str, ...] = (),
-    prefetch: bool | None = None,
     status=None,
 ) -> ScanSummary:
     """Scan the corpus ``data`` into the folder ``out`` (created, or resumed when it holds this scan).
 
-    ``loaded`` (a :class:`~inspector.capture.models.LoadedModel`) reuses a model already in memory for the
-    local engine; ``workers`` the Ray engine's actors, or the local engine's worker threads, each reducing a batch of
-    its own on its share of the torch threads (default: :func:`~inspector.corpus.reduce.default_workers`: two on a
-    CPU where torch has two threads or more, else one; one on a GPU, with route rows or with ``prefetch`` True);
-    ``num_cpus`` the CPUs a local Ray instance uses (default: all), shared by its actors as
-    torch threads; ``prefetch`` makes a local engine of one worker capture the next batch while it analyses this one
-    (True; at most two batches' captures in memory) or capture and analyse in turn (False); by default
-    (None) it is on for a model on a GPU and off on the CPU (:func:`~inspector.corpus.reduce.local_batches`); ``status`` (a function of one line) is told
-    when the model starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder (a
+    ``model`` (:class:`~inspector.corpus.engine.ModelSpec`) names the model, its device and whether its own code
+    may run; ``loaded`` (a :class:`~inspector.capture.models.LoadedModel`) reuses a model already in memory for the
+    local engine instead. ``engine`` (:class:`~inspector.corpus.engine.Engine`) says where and how: its
+    ``batch_size`` documents per forward pass; its ``workers`` the Ray engine's actors, or the local engine's worker
+    threads, each reducing a batch of its own on its share of the torch threads (default:
+    :func:`~inspector.corpus.reduce.default_workers`: two on a CPU where torch has two threads or more, else one;
+    one on a GPU, with route rows or with ``prefetch`` True); its ``num_cpus`` the CPUs a local Ray instance uses
+    (default: all), shared by its actors as torch threads; its ``prefetch`` makes a local engine of one worker
+    capture the next batch while it analyses this one (True; at most two batches' captures in memory) or capture
+    and analyse in turn (False); by default (None) it is on for a model on a GPU and off on the CPU
+    (:func:`~inspector.corpus.reduce.local_batches`). ``status`` (a function of one line) is told when the model
+    starts loading, after the corpus, options and folder have been checked; ``allow`` names files that may already
+    be in a new ``out`` (the demo corpus). Raises :class:`InspectorError` for a bad corpus, options or folder (a
     damaged ``scan.json`` or part, a corpus changed since the scan began), before any model loads, and for a
     write the system refuses (read-only folder, full disk; what was committed stays, and a resume continues
     from it); bad documents are recorded in ``documents.parquet`` and never stop the scan. A resumed scan with
     nothing left loads no model.
     """
-    _check_arguments(batch_size, engine, ray_address, workers)
+    if not isinstance(model, ModelSpec) or not isinstance(engine, Engine):
+        raise InspectorError("scan takes model=ModelSpec(...) and engine=Engine(...) (inspector.corpus.engine)")
     corpus = Corpus(data, fields)
     total = len(corpus)
     from inspector.capture.models import DEFAULT_MODEL
 
-    model = _model_path(model)
-    name = loaded.name if loaded is not None else (model or DEFAULT_MODEL)
+    name = loaded.name if loaded is not None else (model.name or DEFAULT_MODEL)
     folder = ScanFolder(out, scan_meta(corpus, name, options), allow=allow)
     first = _first_pending(corpus, folder)
-    if engine == "local" and loaded is None and first is not None:
-        from inspector.capture.models import load_model
-
+    if engine.kind == "local" and loaded is None and first is not None:
         if status is not None:
-            status(f"loading model {model or 'embedded all-MiniLM-L6-v2'} ...")
-        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+            status(f"loading model {model.label} ...")
+        loaded = model.load()
     if options.routes and first is not None:  # before any document is scanned
         from inspector.corpus.route_rows import check_config, check_loaded
 
         if loaded is not None:
             check_loaded(loaded.model, name)
         else:
-            check_config(model, name, trust_remote_code)
-    if loaded is not None and batch_size > 1 and getattr(loaded.tokenizer, "pad_token", None) is None and progress:
+            check_config(model.name, name, model.trust_remote_code)
+    if (loaded is not None and engine.batch_size > 1 and getattr(loaded.tokenizer, "pad_token", None) is None
+            and progress):
         print("inspector: this tokenizer has no padding token, so documents are captured one at a time "
               "(--batch-size has no effect)", file=sys.stderr)
     folder.open()
@@ -223,15 +203,14 @@ def scan(
     errors_before = folder.errors
     if first is None:
         results: Any = iter(())
-    elif engine == "local":
-        results = local_batches(loaded.model, loaded.tokenizer, _pending(corpus, folder.done), batch_size=batch_size,
-                                options=options, prefetch=prefetch, workers=workers)
+    elif engine.kind == "local":
+        results = local_batches(loaded.model, loaded.tokenizer, _pending(corpus, folder.done),
+                                batch_size=engine.batch_size, options=options, prefetch=engine.prefetch,
+                                workers=engine.workers)
     else:
         from inspector.corpus.ray_engine import ray_batches
 
-        results = ray_batches(model, _pending(corpus, folder.done), batch_size=batch_size, options=options,
-                              address=ray_address, workers=workers, device=device, trust_remote_code=trust_remote_code,
-                              num_cpus=num_cpus)
+        results = ray_batches(_pending(corpus, folder.done), model=model, engine=engine, options=options)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inspector.corpus.engine import Engine, ModelSpec
 from inspector.errors import InspectorError
 from inspector.investigate.defaults import DEBUG_BUDGET, DEBUG_TOP
 from inspector.store.schema import HEAD_KEY
@@ -523,15 +524,12 @@ class Judge:
     called with a batch of :func:`ray_item` rows, it judges them (:func:`judge_batch`, as the local engine does)
     and returns one row: the batch's ``documents`` and ``heads`` tables as Arrow IPC bytes."""
 
-    def __init__(self, model: str | None, evaluation: dict, device: str | None, trust_remote_code: bool,
-                 threads: int | None):
+    def __init__(self, model: ModelSpec, evaluation: dict, threads: int | None):
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        from inspector.capture.models import load_model
-
-        self.loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+        self.loaded = model.load()
         self.evaluation = Evaluation.from_dict(evaluation)
 
     def __call__(self, batch):
@@ -545,18 +543,17 @@ class Judge:
                              "heads": [to_ipc(b.heads_table) if b.heads_table.num_rows else b""]})
 
 
-def ray_judged(model: str | None, documents: Iterator, ev: Evaluation, *, batch_size: int, address: str | None,
-               workers: int | None, device: str | None, trust_remote_code: bool):
-    """The documents judged on Ray actors (:class:`Judge`, through :func:`inspector.corpus.ray_engine.actor_batches`:
-    a local Ray instance, or the cluster at ``address``), their rows per batch as they complete."""
+def ray_judged(documents: Iterator, ev: Evaluation, *, model: ModelSpec, engine: Engine):
+    """The documents judged on Ray actors (:class:`Judge`, each holding ``model``, through
+    :func:`inspector.corpus.ray_engine.actor_batches`: a local Ray instance, or the cluster at ``engine.address``),
+    their rows per batch as they complete."""
     from itertools import islice
 
     from inspector.corpus.ray_engine import WINDOW, actor_batches
 
     documents = iter(documents)
-    kwargs = {"model": model, "evaluation": ev.to_dict(), "trust_remote_code": trust_remote_code}
-    return actor_batches(lambda: [ray_item(d) for d in islice(documents, WINDOW)], Judge, kwargs, batch_size=batch_size,
-                         address=address, workers=workers, device=device)
+    return actor_batches(lambda: [ray_item(d) for d in islice(documents, WINDOW)], Judge,
+                         {"evaluation": ev.to_dict()}, model=model, engine=engine)
 
 
 @dataclass
@@ -571,19 +568,19 @@ class EvaluationSummary:
     errors: int
 
 
-def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evaluation, *, model: str | None = None,
-             fields=None, batch_size: int = 8, device: str | None = None, trust_remote_code: bool = False,
-             progress: bool = True, loaded=None, status=None, engine: str = "local", ray_address: str | None = None,
-             workers: int | None = None) -> EvaluationSummary:
+def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evaluation, *,
+             model: ModelSpec = ModelSpec(), engine: Engine = Engine(), fields=None, progress: bool = True,
+             loaded=None, status=None) -> EvaluationSummary:
     """Judge every document of the corpus ``data`` (:func:`judge`) into the scan folder ``out`` (created, or resumed
     when it holds this evaluation: the documents committed before are skipped, never judged twice).
 
     ``fields`` (:class:`~inspector.corpus.documents.Fields`): the text, output (``target``) and id columns;
     ``evaluation`` the contrast, reference and variants (:class:`Evaluation`); ``loaded`` a model already in memory
-    (else ``model`` is loaded, on ``device``); ``status`` is told when the model starts loading. ``engine`` ``ray``
-    judges the documents on Ray actors (:class:`Judge`; ``ray_address`` joins a cluster, ``workers`` actors), each
-    holding the model, with the local engine's rows; the driver commits them as they come. Raises
-    :class:`InspectorError` (nothing judged) for a bad corpus or folder (another scan, or this one with other
+    (else ``model``, a :class:`~inspector.corpus.engine.ModelSpec`, is loaded); ``status`` is told when the model
+    starts loading. ``engine`` (:class:`~inspector.corpus.engine.Engine`): ``batch_size`` documents judged per
+    attribution pass; kind ``ray`` judges the documents on Ray actors (:class:`Judge`; ``address`` joins a cluster,
+    ``workers`` actors), each holding the model, with the local engine's rows; the driver commits them as they come.
+    Raises :class:`InspectorError` (nothing judged) for a bad corpus or folder (another scan, or this one with other
     options), a model without an LM head, or an output column missing where ``--generate`` is not given; bad
     documents are recorded with why and never stop the scan. A resumed scan with nothing left loads no model."""
     from inspector.corpus.documents import Corpus, Fields
@@ -591,10 +588,8 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
     from inspector.corpus.reduce import Options
     from inspector.corpus.scan import commit_batches, pending_documents, scan_meta
 
-    if batch_size < 1:
-        raise InspectorError(f"--batch-size must be at least 1, not {batch_size}")
-    if engine not in ("local", "ray"):
-        raise InspectorError(f"unknown engine {engine!r}: use local or ray")
+    if not isinstance(model, ModelSpec) or not isinstance(engine, Engine):
+        raise InspectorError("evaluate takes model=ModelSpec(...) and engine=Engine(...) (inspector.corpus.engine)")
     fields = fields or Fields()
     if evaluation.generate is None and not fields.target:
         raise InspectorError("say what the model said: --output-field COLUMN, or --generate N to generate it")
@@ -602,20 +597,16 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
     total = len(corpus)
     from inspector.capture.models import DEFAULT_MODEL
 
-    if model is not None and Path(model).expanduser().exists():
-        model = str(Path(model).expanduser().resolve())
-    name = loaded.name if loaded is not None else (model or DEFAULT_MODEL)
+    name = loaded.name if loaded is not None else (model.name or DEFAULT_MODEL)
     # corpus_documents: how many documents a finished scan holds (the views say when a stopped one has fewer)
     folder = ScanFolder(out, {**scan_meta(corpus, name, Options()), "evaluation": evaluation.to_dict(),
                               "corpus_documents": total})
     done = set(committed_documents(folder.out)["id"].astype(str)) if (folder.out / "scan.json").is_file() else set()
     first = next(pending_documents(corpus, done), None)
-    if loaded is None and first is not None and engine == "local":
-        from inspector.capture.models import load_model
-
+    if loaded is None and first is not None and engine.kind == "local":
         if status is not None:
-            status(f"loading model {model or 'embedded all-MiniLM-L6-v2'} ...")
-        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+            status(f"loading model {model.label} ...")
+        loaded = model.load()
     if loaded is not None:
         from inspector.intervene.contrast import model_has_lm_head
 
@@ -626,11 +617,10 @@ def evaluate(data: str | os.PathLike, out: str | os.PathLike, evaluation: Evalua
     skipped = folder.committed
     if first is None:
         results: Any = iter(())
-    elif engine == "local":
-        results = judged_batches(loaded, pending_documents(corpus, folder.done), evaluation, batch_size)
+    elif engine.kind == "local":
+        results = judged_batches(loaded, pending_documents(corpus, folder.done), evaluation, engine.batch_size)
     else:
-        results = ray_judged(model, pending_documents(corpus, folder.done), evaluation, batch_size=batch_size,
-                             address=ray_address, workers=workers, device=device, trust_remote_code=trust_remote_code)
+        results = ray_judged(pending_documents(corpus, folder.done), evaluation, model=model, engine=engine)
     bar = None
     if progress:
         from tqdm.auto import tqdm
