@@ -29,8 +29,9 @@ Versions and weightings (issue 10): ``--versus REV`` compares, side by side on o
 ``--tokens`` tokens (default 8192), ``rank_heads`` and ``split_heads`` of this checkout against the
 ``inspector`` package of git revision REV (extracted with ``git archive`` into a temporary folder and
 put first on the worker's ``sys.path``), and this checkout's ``weighting="value-norm"`` against
-``weighting="attention"``. The capture is made once by this checkout (with value norms); the older
-version reads a schema-1 copy (dense masks, no ``value_norm`` part; Q, K and V the same values). Targets: this checkout's time per query-key pair at most the older version's (x 1.05 for
+``weighting="attention"``. The capture is made once by this checkout (with value norms); a version that
+writes schema 2 reads the same file, an older one a schema-1 copy (dense masks, no ``value_norm`` part;
+Q, K and V the same values). Targets: this checkout's time per query-key pair at most the older version's (x 1.05 for
 timer noise on a shared machine), and value-norm weighting at most 1.2x attention weighting.
 
     .venv/bin/python benchmarks/analysis.py --versus 447605d              # 8192 tokens
@@ -211,6 +212,12 @@ def _as_schema1(src: Path, dst: Path) -> None:
     save_file(tensors, str(dst), metadata={"inspector": json.dumps(meta)})
 
 
+def _reads_schema(root: Path, schema: int) -> bool:
+    """Whether the ``inspector`` extracted under ``root`` writes (and so reads) capture files of ``schema``."""
+    source = root / "inspector" / "store" / "capture_file.py"
+    return source.exists() and f"SCHEMA = {schema}" in source.read_text(encoding="utf-8")
+
+
 def versus(args) -> int:
     import subprocess
 
@@ -233,8 +240,14 @@ def versus(args) -> int:
         c = run_once(__file__, {"job": "capture", "threads": threads, "positions": max(n, 1024), "dir": str(folder),
                                 "tokens": n, "kinds": ["lazy"]})
         new_path = Path(c["captures"]["lazy"]["path"])
-        old_path = folder / "old.safetensors"
-        _as_schema1(new_path, old_path)
+        # the older version reads this checkout's file where it knows its schema (the same bytes for both: only the
+        # code differs); a version from before schema 2 reads a schema-1 copy
+        if _reads_schema(old_root, 2):
+            old_path = new_path
+        else:
+            old_path = folder / "old.safetensors"
+            _as_schema1(new_path, old_path)
+        print(f"  {args.versus} reads {'the same capture file' if old_path == new_path else 'a schema-1 copy'}", flush=True)
         jobs = [(what, version, weighting) for what in args.jobs.split(",")
                 for version, weighting in (("old", "attention"), ("new", "attention"), ("new", "value-norm"))]
         results: dict = {j: [] for j in jobs}
