@@ -7,8 +7,8 @@ import shared
 import streamlit as st
 from shared import PERSIST, ss
 
+from inspector.attribute.routes import THRESHOLD, record, routes
 from inspector.errors import InspectorError
-from inspector.intervene.routes import THRESHOLD, record, routes
 from inspector.investigate.matter import said_output
 from inspector.ui import views
 from inspector.ui.routes_figure import head_at, route_chart

@@ -1,6 +1,6 @@
 """Sources page: which source sentences the open capture's output (or a span of it) came from -- ContextCite's
 random ablations and sparse linear surrogate (Cohen-Wang et al. 2024), its held-out LDS and top-k drops beside
-integrated gradients and attention, run on the capture's own model (:func:`inspector.intervene.sources.sources`).
+integrated gradients and attention, run on the capture's own model (:func:`inspector.attribute.sources.sources`).
 Self-contained: it reads the open capture's texts and model name and nothing else of the app's state."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import shared
 import streamlit as st
 from shared import ss
 
+from inspector.attribute.sources import MODES, SourcesOptions, sources
+from inspector.attribute.surrogate import ABLATIONS, ABLATIONS_RANGE, HOLDOUT
 from inspector.errors import InspectorError
-from inspector.intervene.sources import ABLATIONS, ABLATIONS_RANGE, HOLDOUT, MODES, sources
 from inspector.investigate.matter import said_output
 from inspector.ui import sources_view, views
 
@@ -46,8 +47,8 @@ if run:
         out = said_output(lm.model, lm.tokenizer, cap, source)
         glob = cap.meta.get("options", {}).get("global")
         with st.spinner(f"{int(n)} ablations of {views.md_text(model_name)}, batched …"):
-            result = sources(lm.model, lm.tokenizer, source, out, span=span.strip() or None, ablations=int(n),
-                             mode=mode, global_tokens=glob)
+            result = sources(lm.model, lm.tokenizer, source, out, span=span.strip() or None, global_tokens=glob,
+                             options=SourcesOptions(ablations=int(n), mode=mode))
         ss.sources_result = done = (wanted, result)
     except InspectorError as exc:
         shared.show_error(views.app_error(exc))

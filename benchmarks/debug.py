@@ -9,7 +9,7 @@ worker's peak RSS over the command (``_common.PeakMemory``).
   runs: the capture, rank, split, "Does it matter?" with its default ``--top`` and ``--budget``, the verdict, "Where
   did the word come from?"), the output given (no generation), no variants. Printed beside it: how many heads it
   confirmed exactly, and the "Where" part's note when it left itself out.
-* ``sources``: :func:`inspector.intervene.sources.sources` with its defaults (64 ablations, 32 held out, integrated
+* ``sources``: :func:`inspector.attribute.sources.sources` with its defaults (64 ablations, 32 held out, integrated
   gradients and attention baselines), its forward passes per phase as it counts them.
 
 Models (random seeded weights, built from a config, nothing downloaded; the MiniLM tokenizer's ids for every
@@ -110,8 +110,8 @@ def _debug(model, tok, source: str, out_dir: str) -> dict:
 
 
 def _sources(model, tok, source: str) -> dict:
+    from inspector.attribute.sources import sources
     from inspector.capture.output import Output
-    from inspector.intervene.sources import sources
 
     res = sources(model, tok, source, Output(text=OUTPUT))
     return {"passes": res.forward_passes, "batch": res.batch_size, "lds": res.methods.set_index("method")["lds"].to_dict()}

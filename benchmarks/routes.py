@@ -49,13 +49,13 @@ def worker(spec: dict) -> None:
             held = sum(t.numel() * t.element_size() for t in cap.tensors.values()) / C.MB
             out = {}
         elif spec["what"] == "routes":
-            from inspector.intervene.routes import routes
+            from inspector.attribute.routes import routes
 
             df = routes(model, tok, text)
             held = df.attrs["memory_bytes"] / C.MB
             out = {"edges": len(df), "heads": int((df["kind"] == "attention").sum())}
         else:
-            from inspector.intervene.attribution import attribute
+            from inspector.attribute.attribution import attribute
 
             df = attribute(model, tok, text, methods=["integrated_gradients"], steps=20,
                            internal_batch_size=spec["ig_batch"])

@@ -7,9 +7,10 @@ tokens), the output "the lessee shall indemnify the lessor against all claims." 
 
 Timed side by side, interleaved round by round (order alternating), one warm-up each, medians:
 
-* ``batched``  ``inspector.intervene.sources.sources(..., ablations=64, holdout=0, baselines=False)`` with its
-               default batch (64 masks a pass): the forward passes counted by the function itself;
-* ``single``   the same call with ``batch_size=1``: one forward pass per mask.
+* ``batched``  ``inspector.attribute.sources.sources(...)`` with ``SourcesOptions(ablations=64, holdout=0,
+               baselines=False)`` and its default batch (64 masks a pass): the forward passes counted by the function
+               itself;
+* ``single``   the same call with ``batch_size=1`` in its options: one forward pass per mask.
 
 Both run the same 64 masks (seed 0) and the one pass for the full source and the top-k ablations, and get the same
 weights (checked). The printed ratio is single / batched. No timing is asserted anywhere (the tests count forward
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from inspector.intervene.sources import sources
+    from inspector.attribute.sources import SourcesOptions, sources
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -86,8 +87,8 @@ def main(argv=None) -> int:
     source = open(args.source_file, encoding="utf-8").read() if args.source_file else " ".join(SENTENCES)
 
     def run(batch):
-        return sources(model, tok, source, args.output, ablations=args.ablations, holdout=0, baselines=False,
-                       batch_size=batch)
+        return sources(model, tok, source, args.output,
+                       options=SourcesOptions(ablations=args.ablations, holdout=0, baselines=False, batch_size=batch))
 
     variants = {"batched": None, "single": 1}
     results = {k: run(b) for k, b in variants.items()}  # warm-up; the weights must agree

@@ -9,7 +9,7 @@
 The package is a stack of stages, each a sub-package that imports only the ones below it (checked by the
 import-linter contract in ``pyproject.toml``; docs/development.md, "Layout")::
 
-    cli -> investigate -> ui -> corpus -> intervene -> analysis -> capture -> store -> errors
+    cli -> investigate -> ui -> corpus -> attribute -> intervene -> analysis -> capture -> store -> errors
 
 ``import inspector`` is light: torch, transformers and pandas are imported when a name below is first used.
 """
@@ -20,7 +20,11 @@ import importlib
 
 # ``inspector.capture`` is the sub-package, and calling it captures (see inspector/capture/__init__.py), so
 # ``inspector.capture(model, tokenizer, text)`` and ``import inspector.capture as c`` both mean what they say
-from inspector import capture  # noqa: F401  (part of the API)
+# likewise ``inspector.attribute``: the sub-package, and calling it attributes (see inspector/attribute/__init__.py)
+from inspector import (
+    attribute,  # noqa: F401  (part of the API)
+    capture,  # noqa: F401  (part of the API)
+)
 from inspector.errors import InspectorError  # noqa: F401  (part of the API)
 
 _API = {
@@ -33,14 +37,14 @@ _API = {
     "explain": "inspector.analysis.explain",
     "ablate": "inspector.intervene.effects", "effects": "inspector.intervene.effects",
     "patch": "inspector.intervene.effects",
-    "attribute": "inspector.intervene.attribution", "routes": "inspector.intervene.routes",
-    "sources": "inspector.intervene.sources", "decompose": "inspector.intervene.logit_parts",
+    "routes": "inspector.attribute.routes",
+    "sources": "inspector.attribute.sources", "decompose": "inspector.attribute.score_parts",
     "Question": "inspector.analysis.question", "Output": "inspector.capture.output",
     "investigate": "inspector.investigate.debug",
 }
 _MODULES = {"show": "inspector.ui.show"}
 
-__all__ = sorted([*_API, *_MODULES, "InspectorError"])
+__all__ = sorted([*_API, *_MODULES, "InspectorError", "attribute"])
 __version__ = "0.2.0"
 
 

@@ -427,8 +427,8 @@ def test_routes_page_graph_position_and_open_a_head(app, legal_cli):
     edges are those of inspector.routes at that position; the chart's edge and node selections are named for the
     click handler; a head on the route opens in the Head view. The click itself (a Vega event) is driven in the
     browser; the head it stands for is inspector.ui.routes_figure.head_at, tested in tests/test_wherefrom.py."""
+    from inspector.attribute.routes import routes
     from inspector.capture.models import load_model
-    from inspector.intervene.routes import routes
 
     cap_path, _, _ = legal_cli
     at = show(app(cap_path), "Routes")

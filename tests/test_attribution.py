@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from inspector.analysis.rollout import rollout
+from inspector.attribute.attribution import attribute
 from inspector.capture.recorder import capture
 from inspector.errors import InspectorError
-from inspector.intervene.attribution import attribute
 
 import tiny
 
@@ -150,7 +150,7 @@ def llama():
 
 
 def test_integrated_gradients_raises_its_steps_until_the_gap_is_under_5_percent(llama, tokenizer):
-    from inspector.intervene.attribution import IG_TOLERANCE
+    from inspector.attribute.attribution import IG_TOLERANCE
 
     df = attribute(llama, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"], steps=20)
     a = df.attrs
@@ -167,7 +167,7 @@ def test_integrated_gradients_raises_its_steps_until_the_gap_is_under_5_percent(
 
 
 def test_integrated_gradients_says_when_it_did_not_converge(llama, tokenizer):
-    from inspector.intervene.attribution import ig_summary, methods_verdict
+    from inspector.attribute.attribution import ig_summary, methods_verdict
 
     df = attribute(llama, tokenizer, TEXT, OUT, contrast=("Lessee", "Lessor"), methods=["integrated_gradients"], steps=20,
                    max_steps=40)
@@ -183,8 +183,8 @@ def test_integrated_gradients_says_when_it_did_not_converge(llama, tokenizer):
 def test_integrated_gradients_batch_within_the_memory_budget_before_running(gpt2, tokenizer):
     """The batch is sized from a count of activations made before any forward pass: by default as many points as the
     budget holds; a batch over it, or a budget below one point, is refused in one line naming the flags."""
+    from inspector.attribute.attribution import ig_memory, metric_for
     from inspector.capture.inputs import encode
-    from inspector.intervene.attribution import ig_memory, metric_for
 
     enc = encode(gpt2, tokenizer, TEXT, OUT)
     per_point = ig_memory(gpt2, enc, metric_for(gpt2, tokenizer, enc, contrast=("Lessee", "Lessor")))
@@ -214,7 +214,7 @@ def test_integrated_gradients_batch_within_the_memory_budget_before_running(gpt2
     ({"steps": 20, "memory_gib": 0}, "--memory-budget must be"), ({"steps": 20, "memory_gib": float("nan")}, "--memory-budget"),
 ])
 def test_integrated_gradients_options_are_bounded(kw, message):
-    from inspector.intervene.attribution import IG_MAX_STEPS, check_ig_options
+    from inspector.attribute.attribution import IG_MAX_STEPS, check_ig_options
 
     with pytest.raises(InspectorError, match=message):
         check_ig_options(**kw)
@@ -225,7 +225,7 @@ def test_both_sides_by_magnitude_with_positions():
     """The printout's sides: largest positive first, most negative first, a repeated token told apart by its index."""
     import pandas as pd
 
-    from inspector.intervene.attribution import describe_token, side_text, sides
+    from inspector.attribute.attribution import describe_token, side_text, sides
 
     t = pd.DataFrame({"role": ["source"] * 5, "index": range(5), "token": ["less", "##ee", "less", "##or", "x"],
                       "word": ["Lessee", "Lessee", "Lessor", "Lessor", "x"], "ig": [-0.3, 0.1, 0.5, -0.05, 1e-12]})
@@ -247,7 +247,7 @@ def test_both_sides_by_magnitude_with_positions():
 def test_a_default_batch_of_points_on_a_cpu_holds_at_most_cpu_ig_gib():
     """Without --batch-size: as many points as the budget holds, on a CPU at most what CPU_IG_GIB holds (bigger
     batches of points cost more a point there, benchmarks/debug.py), on an accelerator the whole budget."""
-    from inspector.intervene.attribution import CPU_IG_GIB, ig_batch
+    from inspector.attribute.attribution import CPU_IG_GIB, ig_batch
 
     mib = 2 ** 20
     assert CPU_IG_GIB == 2.0

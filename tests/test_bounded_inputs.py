@@ -22,9 +22,9 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from inspector.attribute import units as U
 from inspector.cli import main
 from inspector.errors import InspectorError
-from inspector.intervene import sources
 
 import tiny
 from conftest import LEGAL
@@ -78,9 +78,9 @@ def _repeated(n: int) -> tuple[str, list[str]]:
 def test_repeated_unit_phrases_take_steps_in_proportion():
     """2,000 repeated phrases (60 s before: each repeat read every occurrence again and looked at every unit for
     each) take about twice the steps of 1,000, far below the bound where the old cubic look stops."""
-    small, large = (steps(sources.unit_spans, *_repeated(n)) for n in (1000, 2000))
+    small, large = (steps(U.unit_spans, *_repeated(n)) for n in (1000, 2000))
     assert large < 2.5 * small and large < 500_000, (small, large)
-    assert sources.unit_spans(*_repeated(2000))[-1] == (17 * 1999, 17 * 1999 + 16)
+    assert U.unit_spans(*_repeated(2000))[-1] == (17 * 1999, 17 * 1999 + 16)
 
 
 def test_more_units_than_the_cap_are_one_line_naming_it(tmp_path, capsys):
@@ -88,9 +88,9 @@ def test_more_units_than_the_cap_are_one_line_naming_it(tmp_path, capsys):
     (tmp_path / "units.txt").write_text("\n".join(units))
     line = one_line(capsys, ["sources", *NO_MODEL, "--source", text, "--output", "The Lessee pays.",
                              "--units", tmp_path / "units.txt"])
-    assert f"at most {sources.MAX_UNITS:,}" in line and "10,000 units" in line
-    span_units = [[17 * i, 17 * i + 16] for i in range(sources.MAX_UNITS)]  # at the cap: accepted, in steps
-    assert steps(sources.unit_spans, text, span_units) < 300_000
+    assert f"at most {U.MAX_UNITS:,}" in line and "10,000 units" in line
+    span_units = [[17 * i, 17 * i + 16] for i in range(U.MAX_UNITS)]  # at the cap: accepted, in steps
+    assert steps(U.unit_spans, text, span_units) < 300_000
 
 
 def test_a_long_query_against_a_periodic_text_is_linear(tmp_path):

@@ -14,8 +14,8 @@ import json
 import pandas as pd
 import pytest
 
+from inspector.attribute.attribution import attribute
 from inspector.cli import main
-from inspector.intervene.attribution import attribute
 from inspector.store.files import FORMULA_START
 
 import hostile

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from inspector.attribute.attribution import attribute
+from inspector.attribute.sources import SourcesOptions, sources
 from inspector.capture import capture
-from inspector.intervene.attribution import attribute
 from inspector.intervene.effects import ablate
-from inspector.intervene.sources import sources
 
 import tiny
 
@@ -23,7 +23,7 @@ CALLS = {
     "ablate": lambda m, t: ablate(m, t, SOURCE, SAID, heads=[("model.decoder.layers.0.encoder_attn", 0)],
                                   contrast="Lessee,Lessor"),
     "attribute": lambda m, t: attribute(m, t, SOURCE, SAID, contrast="Lessee,Lessor", methods=("input_x_gradient",)),
-    "sources": lambda m, t: sources(m, t, SOURCE, SAID, ablations=16, holdout=0, baselines=False),
+    "sources": lambda m, t: sources(m, t, SOURCE, SAID, options=SourcesOptions(ablations=16, holdout=0, baselines=False)),
 }
 
 

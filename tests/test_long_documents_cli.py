@@ -178,7 +178,7 @@ def test_attribute_on_pegasus_x_runs_by_default_and_says_where_rollout_went(tmp_
     telling the user to pass --weighting attention, an option attribute does not have. Now value_rollout is left
     out with a note; asked for by name it is refused naming --methods. The rollout share on the learned global
     tokens (no row of the table) is printed, and it is what the table's rows leave of 1."""
-    from inspector.intervene.attribution import attribute
+    from inspector.attribute.attribution import attribute
 
     _saved(px.pegasus_x, tmp_path / "model")
     argv = ["attribute", "--model", str(tmp_path / "model"), "--source", px.TEXTS[0], "--output", px.TARGETS[0],

@@ -7,8 +7,8 @@ import ast
 from pathlib import Path
 
 from inspector.analysis.heads import head_label
+from inspector.attribute.families import FAMILIES
 from inspector.errors import EMPTY_SOURCE, InspectorError, check_source, empty_source
-from inspector.intervene.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent / "inspector"
 # files another engineer is changing for issue 42: fixed after that merge (the message: errors.empty_source)
@@ -34,8 +34,8 @@ def _family_tables(tree: ast.Module) -> list[int]:
 
 def test_one_model_family_table():
     tables = {name: lines for name, tree in _trees() if (lines := _family_tables(tree))}
-    assert tables == {"intervene/families.py": tables.get("intervene/families.py")} and tables.get("intervene/families.py"), \
-        f"model-family tables outside intervene/families.py (routes and logit_parts read that one): {tables}"
+    assert tables == {"attribute/families.py": tables.get("attribute/families.py")} and tables.get("attribute/families.py"), \
+        f"model-family tables outside attribute/families.py (routes and score_parts read that one): {tables}"
 
 
 def test_the_family_check_sees_a_second_table():
@@ -90,11 +90,11 @@ def _ig_routines(tree: ast.Module) -> list[int]:
 
 
 def test_one_integrated_gradients_routine():
-    """``attribute`` and ``sources`` share :func:`inspector.intervene.attribution.integrated_gradients` and its one
+    """``attribute`` and ``sources`` share :func:`inspector.attribute.attribution.integrated_gradients` and its one
     completeness record; no other module builds a path of its own."""
     found = {name: lines for name, tree in _trees() if (lines := _ig_routines(tree))}
-    assert set(found) == {"intervene/attribution.py"}, f"integrated gradients written outside attribution: {found}"
-    src = (ROOT / "intervene" / "sources.py").read_text(encoding="utf-8")
+    assert set(found) == {"attribute/attribution.py"}, f"integrated gradients written outside attribution: {found}"
+    src = (ROOT / "attribute" / "sources.py").read_text(encoding="utf-8")
     assert ".integrated_gradients(f, " in src and "Completeness" in src
 
 

@@ -32,23 +32,22 @@ ALLOWED = {
                                                   "bound, batch and a kept clean pass: issue 42's rerun options)",
     "investigate/matter.py:does_it_matter": ENTRY + " (variants, --top, --global, --budget and --memory-budget of "
                                                     "debug, one to one)",
-    "intervene/sources.py:sources": ENTRY + " (ContextCite's ablations, alpha, seed, mode, span, batch size)",
-    "intervene/attribution.py:attribute": ENTRY + " (methods and integrated gradients' steps, batch and memory budget)",
+    "attribute/attribution.py:attribute": ENTRY + " (methods and integrated gradients' steps, batch and memory budget)",
     "analysis/split.py:split_heads": ENTRY + "; investigations call it once with a Question's fields (split_for)",
     "analysis/explain.py:explain": ENTRY + "; a word's explanation builds one Question and passes only it on",
-    "intervene/routes.py:routes": ENTRY + " (position, contrast, query, occurrence, threshold, stack, graph)",
+    "attribute/routes.py:routes": ENTRY + " (position, contrast, query, occurrence, threshold, stack, graph)",
     "intervene/effects.py:effects": ENTRY + " (contrast, query, occurrence, top, method, confirm)",
     "intervene/effects.py:patch": ENTRY + "; the output is one Output value",
     "intervene/effects.py:ablate": ENTRY + "; the output is one Output value",
     "intervene/effects.py:attribute": ENTRY + "; the output is one Output value",
-    "intervene/logit_parts.py:decompose": ENTRY + " (site, head, query and the two key sets being compared)",
+    "attribute/score_parts.py:decompose": ENTRY + " (site, head, query and the two key sets being compared)",
     "analysis/rank.py:rank_heads": ENTRY + " (sites, sort, rule, weighting, chunk, batch row)",
     "investigate/debug.py:investigate": ENTRY + "; the question and the output are one value each",
     "investigate/matter.py:matter_of": ENTRY + " behind `effects --confirm/--variant/--matter-csv`; the output and "
                                        "the question are one value each",
     "ui/show.py:head_heatmap": ENTRY + " of the plotting API (window, colours, the query to mark)",
-    "intervene/sources.py:evaluate": ENTRY + " (ContextCite's protocol on any scoring function: ablations, hold-out, "
-                                     "seed, LASSO alpha, baselines, top-k)",
+    "attribute/surrogate.py:evaluate": ENTRY + " (ContextCite's protocol on any scoring function: ablations, "
+                                       "hold-out, seed, LASSO alpha, baselines, top-k)",
     "cli/words.py:check_capture_words": "the CLI's word check over a capture's header before torch loads: the "
                                          "word list, its role, case rule, occurrence and axis are each read here",
 }
@@ -114,7 +113,7 @@ def _positional(node) -> list[str]:
 
 
 def test_no_private_function_takes_more_than_8_parameters():
-    """No list: a private helper groups its parameters into a value (``logit_parts._Pass``, ``debug._RunFiles``)."""
+    """No list: a private helper groups its parameters into a value (``score_parts._Pass``, ``debug._RunFiles``)."""
     long = {key: len(names) for key, node, names in _functions() if node.name.startswith("_") and len(names) > LIMIT}
     assert not long, f"private functions with more than {LIMIT} parameters (group them into a value): {long}"
     assert not [k for k in ALLOWED if k.rsplit(":", 1)[1].startswith("_")], "ALLOWED lists no private function"

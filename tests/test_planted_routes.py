@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from inspector.intervene.attribution import METHODS, attribute
-from inspector.intervene.routes import routes
+from inspector.attribute.attribution import METHODS, attribute
+from inspector.attribute.routes import routes
 
 from helpers.routes import OUT, TEXT, planted_copy_gpt2
 

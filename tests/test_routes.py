@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inspector.attribute.routes import EDGE_COLUMNS, record, routes
 from inspector.errors import InspectorError
-from inspector.intervene.routes import EDGE_COLUMNS, record, routes
 
 import tiny
 
@@ -65,7 +65,7 @@ def test_unknown_family_and_changed_layout_are_refused(tokenizer):
 def test_heads_on_route_reuses_the_nodes_the_route_decomposed(name, tokenizer, monkeypatch):
     """``heads_on_route`` after ``routes`` on one graph decomposes no node again (``scan --routes`` paid for each
     node twice), and gives exactly what a fresh graph gives."""
-    import inspector.intervene.routes as rt
+    import inspector.attribute.routes as rt
 
     model = tiny.build(name)
     target = None if name == "bert" else OUT

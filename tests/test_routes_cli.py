@@ -9,9 +9,9 @@ import re
 import pandas as pd
 import pytest
 
+from inspector.attribute.attribution import attribute
+from inspector.attribute.routes import EDGE_COLUMNS, routes
 from inspector.cli import main
-from inspector.intervene.attribution import attribute
-from inspector.intervene.routes import EDGE_COLUMNS, routes
 
 import tiny
 from conftest import LEGAL
@@ -93,7 +93,7 @@ def test_attribute_raises_the_steps_and_prints_both_sides_as_the_csv_says(llama_
     5%, and the printout and the CSV say so. Each gradient method's line names the top tokens towards RIGHT (largest
     positive first) and towards WRONG (most negative first), each with its role, index and word: the CSV's rows and
     values, to the printed digits."""
-    from inspector.intervene.attribution import TOP_SIDES
+    from inspector.attribute.attribution import TOP_SIDES
 
     out, df = _attribute(llama_dir, tmp_path, capsys)
     assert set(df["ig_steps"]) == {80} and set(df["ig_converged"]) == {True} and df["ig_relative_gap"].iloc[0] < 0.05

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 
 from inspector import cli
+from inspector.attribute.routes import THRESHOLD, routes
 from inspector.capture.models import LoadedModel
 from inspector.corpus import queries as corpus
 from inspector.corpus.engine import Engine, ModelSpec
 from inspector.corpus.leases import lease_rows, write_jsonl
 from inspector.corpus.reduce import Options
 from inspector.corpus.scan import scan
-from inspector.intervene.routes import THRESHOLD, routes
 
 import tiny
 from helpers.routes import TEXT, planted_copy_gpt2

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from inspector.intervene.routes import EDGE_COLUMNS
+from inspector.attribute.routes import EDGE_COLUMNS
 from inspector.store import load
 from inspector.ui import show
 

@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 import torch
 
+from inspector.attribute import sources as S
+from inspector.attribute import surrogate as SG
+from inspector.attribute import units as U
 from inspector.capture.output import Output
 from inspector.errors import InspectorError
-from inspector.intervene import sources as S
 
 import tiny
 
@@ -29,6 +31,7 @@ TEXT = "alice paid the rent. bob fixed the roof. carol sent a notice. dave kept 
 PLANTED = 1  # the unit (sentence) that says bob
 LEGAL = "The Lessee shall indemnify the Lessor. Rent is due monthly. The Lessor repairs the roof. Notices are in writing."
 FAST = dict(ablations=32, holdout=16, ig_steps=4)
+QUICK = S.SourcesOptions(baselines=False, ablations=8, holdout=0)  # the surrogate alone, 8 masks
 
 
 # ---- planted models -----------------------------------------------------------------------------------------
@@ -98,30 +101,30 @@ def planted(tokenizer):
 
 @pytest.fixture(scope="module")
 def planted_runs(planted, tokenizer):
-    return {(name, mode): S.sources(model, tokenizer, TEXT, Output(text="bob"), mode=mode, **FAST)
+    return {(name, mode): S.sources(model, tokenizer, TEXT, Output(text="bob"),
+                                    options=S.SourcesOptions(mode=mode, **FAST))
             for name, model in planted.items() for mode in S.MODES}
 
 
 # ---- units and spans ----------------------------------------------------------------------------------------
 def test_sentences_end_after_terminal_punctuation_before_a_space_or_at_a_blank_line():
     text = 'He said "go." Then 3.5 m of rope! Really?  See example.com now\n\nNew part: no stop'
-    got = [text[a:b] for a, b in S.sentence_spans(text)]
+    got = [text[a:b] for a, b in U.sentence_spans(text)]
     assert got == ['He said "go."', "Then 3.5 m of rope!", "Really?", "See example.com now", "New part: no stop"]
-    assert S.sentence_spans("   ") == []
+    assert U.sentence_spans("   ") == []
 
 
 def test_given_units_are_phrases_in_order_or_character_spans(tokenizer):
-    spans = S.unit_spans(TEXT, ["the", "the", (41, 61)])  # a phrase twice: its first two occurrences
+    spans = U.unit_spans(TEXT, ["the", "the", (41, 61)])  # a phrase twice: its first two occurrences
     assert [TEXT[a:b] for a, b in spans] == ["the", "the", "carol sent a notice."]
     for bad, msg in ((["zed"], "not in the source"), ([(0, 5), (3, 8)], "overlaps"), ([(5, 500)], "not within"),
                      ([""], "empty"), ([], "no unit")):
         with pytest.raises(InspectorError, match=msg):
-            S.unit_spans(TEXT, bad)
+            U.unit_spans(TEXT, bad)
 
 
 def test_a_token_belongs_to_the_unit_holding_its_last_character(planted, tokenizer):
-    r = S.sources(planted["gpt2"], tokenizer, TEXT, "bob", units=["bob fixed", "keys"], baselines=False, ablations=8,
-                  holdout=0)
+    r = S.sources(planted["gpt2"], tokenizer, TEXT, "bob", units=["bob fixed", "keys"], options=QUICK)
     src = tokenizer(TEXT, return_offsets_mapping=True)
     tokens = {u.text: [TEXT[slice(*src["offset_mapping"][i])] for i in u.positions] for u in r.units}
     assert tokens == {"bob fixed": ["bob", "fixed"], "keys": ["keys"]}
@@ -129,14 +132,13 @@ def test_a_token_belongs_to_the_unit_holding_its_last_character(planted, tokeniz
 
 
 def test_the_span_is_a_phrase_or_characters_of_the_output(planted, tokenizer):
-    r = S.sources(planted["bart"], tokenizer, TEXT, "so bob fixed it", span="bob fixed", baselines=False, ablations=8,
-                  holdout=0)
+    r = S.sources(planted["bart"], tokenizer, TEXT, "so bob fixed it", span="bob fixed", options=QUICK)
     assert (r.span["text"], r.span["start"], r.span["end"], r.span["tokens"]) == ("bob fixed", 3, 12, 2)
-    r2 = S.sources(planted["bart"], tokenizer, TEXT, "so bob fixed it", span=(3, 6), baselines=False, ablations=8,
-                   holdout=0)
+    r2 = S.sources(planted["bart"], tokenizer, TEXT, "so bob fixed it", span=(3, 6), options=QUICK)
     assert r2.span["tokens"] == 1 and r2.span["text"] == "bob"
     with pytest.raises(InspectorError, match="not in the output"):
-        S.sources(planted["bart"], tokenizer, TEXT, "so bob fixed it", span="carol", baselines=False)
+        S.sources(planted["bart"], tokenizer, TEXT, "so bob fixed it", span="carol",
+                  options=S.SourcesOptions(baselines=False))
 
 
 # ---- the definitions, on a fake linear score ----------------------------------------------------------------------
@@ -144,7 +146,7 @@ def test_lasso_equals_soft_thresholding_on_an_orthogonal_design():
     X = np.array([[(m >> j) & 1 for j in range(3)] for m in range(8)], dtype=float)  # full factorial: orthogonal
     y = 2.0 + X @ np.array([1.5, -0.3, 0.05]) + np.array([0.01, -0.02, 0.0, 0.03, 0.0, 0.01, -0.01, 0.0])
     alpha = 0.04
-    coef, b = S.lasso(X, y, alpha)
+    coef, b = SG.lasso(X, y, alpha)
     Xc, yc = X - X.mean(0), y - y.mean()
     rho = Xc.T @ yc / 8
     norm = (Xc ** 2).sum(0) / 8
@@ -159,7 +161,7 @@ def test_lasso_matches_scikit_learn():
     rng = np.random.default_rng(3)
     X = (rng.random((64, 9)) < 0.5).astype(float)
     y = X @ rng.normal(size=9) + 0.1 * rng.normal(size=64)
-    coef, b = S.lasso(X, y, 0.05)
+    coef, b = SG.lasso(X, y, 0.05)
     ref = sklearn.Lasso(alpha=0.05, fit_intercept=True, tol=1e-12, max_iter=100000).fit(X, y)
     np.testing.assert_allclose(coef, ref.coef_, atol=1e-7)
     assert b == pytest.approx(ref.intercept_, abs=1e-7)
@@ -167,7 +169,7 @@ def test_lasso_matches_scikit_learn():
     from sklearn.preprocessing import StandardScaler
 
     X[:, 4] = 1.0  # a unit never ablated: its weight is 0 (the scaler's scale 1)
-    w, b = S.fit_surrogate(X, y, n_tokens=5, alpha=0.01)
+    w, b = SG.fit_surrogate(X, y, n_tokens=5, alpha=0.01)
     scaler = StandardScaler().fit(X)
     lasso = sklearn.Lasso(alpha=0.01, fit_intercept=True, tol=1e-12, max_iter=100000).fit(scaler.transform(X), y / 5)
     np.testing.assert_allclose(w, 5 * lasso.coef_ / scaler.scale_, atol=1e-6)
@@ -177,16 +179,16 @@ def test_lasso_matches_scikit_learn():
 
 def test_spearman_and_lds_follow_their_definitions():
     # no ties: 1 - 6 sum d^2 / (n (n^2 - 1)) = 1 - 6 * 2 / 60
-    assert S.lds([1, 2, 3, 4], [10, 20, 40, 30]) == pytest.approx(0.8)
-    assert S.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert math.isnan(S.spearman([1, 1, 1], [1, 2, 3]))
+    assert SG.lds([1, 2, 3, 4], [10, 20, 40, 30]) == pytest.approx(0.8)
+    assert SG.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(SG.spearman([1, 1, 1], [1, 2, 3]))
     a, b = [1, 2, 2, 3, 5], [2, 1, 4, 4, 9]  # ties: Pearson of the mean ranks
     ra, rb = np.array([1, 2.5, 2.5, 4, 5]), np.array([2, 1, 3.5, 3.5, 5])
-    assert S.spearman(a, b) == pytest.approx(np.corrcoef(ra, rb)[0, 1])
+    assert SG.spearman(a, b) == pytest.approx(np.corrcoef(ra, rb)[0, 1])
     stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 5, 40), rng.normal(size=40)
-    assert S.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
+    assert SG.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
 
 
 TRUE_W = np.array([3.1, -0.7, 0.45, 1.9, 0.2])
@@ -203,7 +205,7 @@ def _linear(calls: list):
 
 def test_on_a_linear_truth_lds_is_one_and_the_drops_are_the_top_weights():
     calls: list[int] = []
-    fit = S.evaluate(_linear(calls), 5, ablations=64, holdout=32, seed=1, alpha=1e-9,
+    fit = SG.evaluate(_linear(calls), 5, ablations=64, holdout=32, seed=1, alpha=1e-9,
                      baselines={"truth": TRUE_W, "reversed": -TRUE_W})
     np.testing.assert_allclose(fit.weights, TRUE_W, atol=1e-6)
     assert fit.intercept == pytest.approx(TRUE_B, abs=1e-6)
@@ -220,29 +222,63 @@ def test_on_a_linear_truth_lds_is_one_and_the_drops_are_the_top_weights():
 
 
 def test_the_default_alpha_keeps_the_ranking_and_shrinks_a_little():
-    fit = S.evaluate(_linear([]), 5, seed=0, n_tokens=1)
-    assert S.top_k(fit.weights, 5) == S.top_k(TRUE_W, 5)
+    fit = SG.evaluate(_linear([]), 5, seed=0, n_tokens=1)
+    assert SG.top_k(fit.weights, 5) == SG.top_k(TRUE_W, 5)
     np.testing.assert_allclose(fit.weights, TRUE_W, atol=0.05)
     assert fit.lds["contextcite"] > 0.99
 
 
 def test_masks_are_seeded_and_the_held_out_set_does_not_move_with_the_ablations():
-    a = S.evaluate(_linear([]), 5, ablations=16, holdout=8, seed=7)
-    b = S.evaluate(_linear([]), 5, ablations=32, holdout=8, seed=7)
-    c = S.evaluate(_linear([]), 5, ablations=16, holdout=8, seed=8)
+    a = SG.evaluate(_linear([]), 5, ablations=16, holdout=8, seed=7)
+    b = SG.evaluate(_linear([]), 5, ablations=32, holdout=8, seed=7)
+    c = SG.evaluate(_linear([]), 5, ablations=16, holdout=8, seed=8)
     np.testing.assert_array_equal(a.masks, b.masks[:16])
     np.testing.assert_array_equal(a.holdout_masks, b.holdout_masks)
     assert not np.array_equal(a.masks, c.masks)
 
 
-def test_options_out_of_bounds_are_one_line_errors():
-    for kw, flag in ((dict(ablations=4), "--ablations"), (dict(ablations=True), "--ablations"),
-                     (dict(holdout=3), "--holdout"), (dict(batch_size=0), "--batch-size"), (dict(ig_steps=1), "--ig-steps"),
-                     (dict(alpha=0.0), "--alpha"), (dict(alpha=float("nan")), "--alpha"), (dict(mode="drop"), "--mode"),
-                     (dict(seed=-1), "--seed")):
-        with pytest.raises(InspectorError, match=flag):
-            S.check_options(**kw)
-    S.check_options(holdout=0, ig_steps=0, batch_size=1)
+BAD_OPTIONS = [  # each bad value and the one line it is refused with (the lines check_options gave before)
+    (dict(ablations=4), "--ablations must be a whole number from 8 to 1024 (random masks the surrogate is fitted on), "
+                        "got 4"),
+    (dict(ablations=True), "--ablations must be a whole number from 8 to 1024 (random masks the surrogate is fitted "
+                           "on), got True"),
+    (dict(holdout=3), "--holdout must be 0 (no LDS) or a whole number from 8 to 1024 (held-out random masks), got 3"),
+    (dict(holdout=False), "--holdout must be 0 (no LDS) or a whole number from 8 to 1024 (held-out random masks), "
+                          "got False"),
+    (dict(batch_size=0), "--batch-size must be a whole number from 1 to 1024 (masks per forward pass), got 0"),
+    (dict(batch_size=2.0), "--batch-size must be a whole number from 1 to 1024 (masks per forward pass), got 2.0"),
+    (dict(ig_steps=1), "--ig-steps must be 0 (no gradient baseline) or a whole number from 2 to 1024, got 1"),
+    (dict(ig_steps=2000), "--ig-steps must be 0 (no gradient baseline) or a whole number from 2 to 1024, got 2000"),
+    (dict(alpha=0.0), "--alpha must be a number above 0 (LASSO's regularisation), got 0.0"),
+    (dict(alpha=float("nan")), "--alpha must be a number above 0 (LASSO's regularisation), got nan"),
+    (dict(alpha=True), "--alpha must be a number above 0 (LASSO's regularisation), got True"),
+    (dict(mode="drop"), "--mode must be mask or removal (how a unit is ablated), got 'drop'"),
+    (dict(seed=-1), "--seed must be a whole number >= 0, got -1"),
+    (dict(seed=1.5), "--seed must be a whole number >= 0, got 1.5"),
+    (dict(memory_gib=0), "--memory-budget must be more than 0 and at most 65536 GiB, got 0"),
+    (dict(memory_gib=float("inf")), "--memory-budget must be more than 0 and at most 65536 GiB, got inf"),
+]
+
+
+@pytest.mark.parametrize(("kw", "message"), BAD_OPTIONS, ids=[next(iter(kw)) + "=" + repr(next(iter(kw.values())))
+                                                                for kw, _ in BAD_OPTIONS])
+def test_sources_options_refuse_each_bad_value_in_one_line(kw, message):
+    with pytest.raises(InspectorError) as err:
+        S.SourcesOptions(**kw)
+    assert str(err.value) == message
+
+
+def test_sources_options_accept_the_bounds_and_are_frozen():
+    import dataclasses
+
+    o = S.SourcesOptions(holdout=0, ig_steps=0, batch_size=1, memory_gib=0.5)
+    assert (o.holdout, o.ig_steps, o.batch_size) == (0, 0, 1)
+    S.SourcesOptions(ablations=8, holdout=1024, ig_steps=2, seed=2 ** 63 - 1, mode="removal", alpha=1)
+    assert S.SourcesOptions() == S.SourcesOptions(ablations=SG.ABLATIONS, holdout=SG.HOLDOUT, alpha=SG.ALPHA)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.ablations = 4
+    with pytest.raises(InspectorError, match="options is an inspector.attribute.sources.SourcesOptions"):
+        S.sources(None, None, TEXT, "bob", options={"ablations": 8})
 
 
 # ---- the planted models ---------------------------------------------------------------------------------------
@@ -273,8 +309,8 @@ def test_the_scores_are_the_models_own_under_each_ablation(tokenizer):
         model = tiny.build(name)
         enc_dec = model.config.is_encoder_decoder
         for mode in S.MODES if name in ("bart", "gpt2") else ("mask",):
-            r = S.sources(model, tokenizer, LEGAL, "the lessee pays", mode=mode, baselines=False, ablations=8,
-                          holdout=0, batch_size=3)
+            r = S.sources(model, tokenizer, LEGAL, "the lessee pays",
+                          options=S.SourcesOptions(mode=mode, baselines=False, ablations=8, holdout=0, batch_size=3))
             enc = encode(model, tokenizer, LEGAL, "the lessee pays")
             kw = dict(enc.model_kwargs)
             n_src = len(next(rec for rec in enc.records if rec.role == "source").ids)
@@ -306,13 +342,15 @@ def test_the_scores_are_the_models_own_under_each_ablation(tokenizer):
 
 def test_forward_passes_are_counted_and_batched(tokenizer):
     model = tiny.build("bart")
-    r = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=64, holdout=32, batch_size=16, ig_steps=30)
+    r = S.sources(model, tokenizer, LEGAL, "the lessee pays",
+                  options=S.SourcesOptions(ablations=64, holdout=32, batch_size=16, ig_steps=30))
     fp = r.forward_passes
     # 64 / 16 + 32 / 16; one pass for the full source and the distinct top-k masks; 30 / 16 points and one pass for
     # the path's two ends; one capture
     assert (fp["ablations"], fp["held_out"], fp["top_k"], fp["integrated_gradients"], fp["attention"]) == (4, 2, 1, 3, 1)
     assert fp["total"] == 11 <= 64
-    r = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=64, holdout=32, baselines=False)
+    r = S.sources(model, tokenizer, LEGAL, "the lessee pays",
+                  options=S.SourcesOptions(ablations=64, holdout=32, baselines=False))
     assert r.batch_size == 64 and r.forward_passes["total"] == 3  # 64 ablations in one batched pass
 
 
@@ -330,7 +368,8 @@ def test_a_tiny_led_keeps_its_global_tokens_in_every_pass(tokenizer):
     try:
         for mode in S.MODES:
             seen.clear()
-            r = S.sources(model, tokenizer, LEGAL, Output(generate=3), global_tokens=["@0"], mode=mode, **FAST)
+            r = S.sources(model, tokenizer, LEGAL, Output(generate=3), global_tokens=["@0"],
+                          options=S.SourcesOptions(mode=mode, **FAST))
             assert len(r.table) == 4 and r.output and np.isfinite(r.fit.scores).all()
             assert seen and all(seen), seen  # generation, scoring passes, gradients and the capture: token 0 global
             assert r.forward_passes["generate"] >= 1
@@ -352,7 +391,7 @@ def test_the_report_section_shades_each_unit_by_its_exact_weight_and_escapes(pla
     from inspector.ui import sources_view
 
     text = TEXT + " <b>eve</b> & co."
-    r = S.sources(planted["gpt2"], tokenizer, text, "bob", **FAST)
+    r = S.sources(planted["gpt2"], tokenizer, text, "bob", options=S.SourcesOptions(**FAST))
     html = sources_view.render_sources_section(r)
     assert "<b>eve</b>" not in html and "&lt;b&gt;eve&lt;/b&gt; &amp; co." in html
     w = {int(k): float(v) for k, v in re.findall(r'data-k="(\d+)" data-w="([^"]+)"', html)}
@@ -362,8 +401,8 @@ def test_the_report_section_shades_each_unit_by_its_exact_weight_and_escapes(pla
     ig = sources_view.render_sources_section(r, method="integrated_gradients")
     assert 'id="sources"' in ig
     with pytest.raises(InspectorError, match="was not run"):
-        sources_view.render_sources_section(S.sources(planted["gpt2"], tokenizer, TEXT, "bob", baselines=False,
-                                                      ablations=8, holdout=0), method="attention")
+        sources_view.render_sources_section(S.sources(planted["gpt2"], tokenizer, TEXT, "bob", options=QUICK),
+                                            method="attention")
 
 
 def test_the_chart_carries_the_units_as_data(planted_runs):
@@ -450,8 +489,8 @@ def test_the_full_sources_score_read_from_the_attention_pass_is_the_models_own(n
     from inspector.capture.inputs import encode
 
     model = tiny.build(name)
-    r = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=8, holdout=0, ig_steps=0)
-    plain = S.sources(model, tokenizer, LEGAL, "the lessee pays", ablations=8, holdout=0, baselines=False)
+    r = S.sources(model, tokenizer, LEGAL, "the lessee pays", options=S.SourcesOptions(ablations=8, holdout=0, ig_steps=0))
+    plain = S.sources(model, tokenizer, LEGAL, "the lessee pays", options=QUICK)
     enc = encode(model, tokenizer, LEGAL, "the lessee pays")
     n_src = len(next(rec for rec in enc.records if rec.role == "source").ids)
     tgt = next(rec for rec in enc.records if rec.role == "target")

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from inspector.analysis.question import Question
+from inspector.attribute.routes import THRESHOLD, record, routes
 from inspector.capture.models import LoadedModel
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
 from inspector.cli import main
-from inspector.intervene.routes import THRESHOLD, record, routes
 from inspector.investigate import wherefrom
 from inspector.ui.report import WhereSection, render_where_section
 

@@ -62,7 +62,7 @@ def _sides_names(args) -> tuple[str, str]:
 
 
 def cmd_attribute(args) -> int:
-    from inspector.intervene.attribution import (
+    from inspector.attribute.attribution import (
         METHODS,
         SIGNED_METHODS,
         attribute,
@@ -126,7 +126,7 @@ def cmd_routes(args) -> int:
         raise InspectorError(f"--threshold must be in [0, 1), got {args.threshold}")
     _targets(args)
     model_config(args.model)  # a --model path that is no model folder: one line, before torch
-    from inspector.intervene.routes import routes
+    from inspector.attribute.routes import routes
     from inspector.store.files import write_csv, write_json
 
     loaded = load_from_args(args)
@@ -166,7 +166,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_commands(sub) -> None:
     """Register ``attribute`` and ``routes`` on the top-level sub-parsers."""
     # integrated gradients' defaults and bounds, defined once there (the module loads torch only when it runs)
-    from inspector.intervene.attribution import (
+    from inspector.attribute.attribution import (
         CPU_IG_GIB,
         IG_MAX_STEPS,
         IG_MEMORY_GIB,

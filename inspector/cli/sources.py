@@ -1,6 +1,6 @@
 """``inspector sources``: which source sentences (or given spans) an output span came from -- ContextCite's random
 ablations, a sparse linear surrogate, its held-out LDS and top-k drops, beside integrated gradients and attention
-(:mod:`inspector.intervene.sources`; heavy imports inside the command)."""
+(:mod:`inspector.attribute.sources`; heavy imports inside the command)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _whole(lo: int, hi: int, zero: bool = False):
 def _units(value: str | None, source: str) -> list | None:
     """``--units``: ``sentences`` (None) or a file: ``.json`` (a list of phrases or ``[start, end]`` pairs) or
     text (one phrase a line, blank lines skipped). Checked against the source before the model loads."""
-    from inspector.intervene.sources import unit_spans
+    from inspector.attribute.units import unit_spans
 
     if value is None or value == "sentences":
         unit_spans(source, None)
@@ -80,13 +80,14 @@ def _shorten(s: str, n: int = TEXT_SHOWN) -> str:
 
 
 def cmd_sources(args) -> int:
-    from inspector.intervene.sources import TOP_K, check_options, sources
+    from inspector.attribute.sources import SourcesOptions, sources
+    from inspector.attribute.surrogate import TOP_K
     from inspector.store.files import check_target, write_csv, write_json
 
     source = read_text(args.source, args.source_file, "source")
     check_source(source)
-    check_options(ablations=args.ablations, holdout=args.holdout, batch_size=args.batch_size, ig_steps=args.ig_steps,
-                  alpha=args.alpha, mode=args.mode, seed=args.seed)
+    options = SourcesOptions(ablations=args.ablations, holdout=args.holdout, seed=args.seed, batch_size=args.batch_size,
+                             mode=args.mode, alpha=args.alpha, baselines=not args.no_baselines, ig_steps=args.ig_steps)
     if args.span is not None and not args.span.strip():
         raise InspectorError("--span is empty: give a word or sentence of the output, or leave it out for all of it")
     out = _output(args)
@@ -98,9 +99,8 @@ def cmd_sources(args) -> int:
     model_config(args.model)  # a --model path that is no model folder: one line, before torch
     loaded = load_from_args(args)
     glob = args.global_tokens.split(",") if args.global_tokens is not None else None
-    r = sources(loaded.model, loaded.tokenizer, source, out, span=args.span, units=units, ablations=args.ablations,
-                seed=args.seed, batch_size=args.batch_size, global_tokens=glob, holdout=args.holdout, mode=args.mode,
-                alpha=args.alpha, baselines=not args.no_baselines, ig_steps=args.ig_steps)
+    r = sources(loaded.model, loaded.tokenizer, source, out, span=args.span, units=units, global_tokens=glob,
+                options=options)
     if out.generate is not None:
         say(f"generated: {r.output}", indent="  ")
     say(f"span: {r.span['definition']} = {r.span['score']:.4f}", indent="  ")
@@ -134,16 +134,8 @@ def cmd_sources(args) -> int:
 
 def add_commands(sub) -> None:
     """Register ``sources`` on the top-level sub-parsers."""
-    from inspector.intervene.sources import (
-        ABLATIONS,
-        ABLATIONS_RANGE,
-        ALPHA,
-        BATCH_LIMIT,
-        HOLDOUT,
-        IG_STEPS,
-        MODES,
-        STEPS_LIMIT,
-    )
+    from inspector.attribute.sources import BATCH_LIMIT, IG_STEPS, MODES, STEPS_LIMIT
+    from inspector.attribute.surrogate import ABLATIONS, ABLATIONS_RANGE, ALPHA, HOLDOUT
 
     lo, hi = ABLATIONS_RANGE
     p = sub.add_parser("sources", help="which source sentences an output span came from (ContextCite: random "

@@ -1,5 +1,5 @@
 """``inspector why``: why one head attends to WRONG rather than RIGHT -- its score difference decomposed
-exactly into the residual components at the query and the keys (:mod:`inspector.intervene.logit_parts`;
+exactly into the residual components at the query and the keys (:mod:`inspector.attribute.score_parts`;
 heavy imports inside the command)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def cmd_why(args) -> int:
     if args.csv:
         check_target(Path(args.csv))
     model_config(args.model)  # a --model path that is no model folder: one line, before torch
-    from inspector.intervene.logit_parts import decompose, site_names
+    from inspector.attribute.score_parts import decompose, site_names
 
     loaded = load_from_args(args)
     site_names(loaded.model)  # an unsupported family is refused before the forward pass

@@ -35,11 +35,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from inspector.attribute.routes import THRESHOLD
 from inspector.capture.inputs import TOKENIZER_LOCK
 from inspector.corpus.documents import Document, error_line
 from inspector.corpus.engine import check_workers
 from inspector.corpus.forward_sums import ForwardSums, StopPlan
-from inspector.intervene.routes import THRESHOLD
 from inspector.store.masks import leading_padding
 
 DOC_COLUMNS = ["id", "row", "tokens", "status", "error"]

@@ -1,10 +1,10 @@
 """``inspector scan --routes``: which heads lie on the route of a document's query token.
 
 For a document that names a query, :func:`document_route` records one forward pass of the document
-alone with hooks (:func:`inspector.intervene.routes.record`), draws the information-flow route
-(Ferrando & Voita 2024, :func:`~inspector.intervene.routes.routes`, threshold ``tau``) of the **query
+alone with hooks (:func:`inspector.attribute.routes.record`), draws the information-flow route
+(Ferrando & Voita 2024, :func:`~inspector.attribute.routes.routes`, threshold ``tau``) of the **query
 token** and tells, for every head of every attention site, whether it lies on that route
-(:func:`~inspector.intervene.routes.heads_on_route`: the definition ``inspector debug`` uses).
+(:func:`~inspector.attribute.routes.heads_on_route`: the definition ``inspector debug`` uses).
 
 **The query token** (definition): the last token of the query word's occurrence -- the occurrence the
 split analysis judges (the document's ``occurrence``, else the only one; a word that occurs more than
@@ -25,10 +25,10 @@ from __future__ import annotations
 import pandas as pd
 
 from inspector.analysis import placement
+from inspector.attribute.families import FAMILIES
+from inspector.attribute.routes import THRESHOLD, check_model, heads_on_route, record, routes
 from inspector.corpus.documents import Document
 from inspector.errors import InspectorError
-from inspector.intervene.families import FAMILIES
-from inspector.intervene.routes import THRESHOLD, check_model, heads_on_route, record, routes
 
 ROUTE_COLUMNS = ["on_route", "route_share"]
 
@@ -68,7 +68,7 @@ def check_config(model: str | None, name: str, trust_remote_code: bool = False) 
 
 def query_token(graph, doc: Document) -> tuple[str, int]:
     """``(stack, position)`` of ``doc``'s query token (module docstring) on the axis of ``graph`` (a
-    :func:`~inspector.intervene.routes.record` of the document alone). Raises :class:`InspectorError` as the
+    :func:`~inspector.attribute.routes.record` of the document alone). Raises :class:`InspectorError` as the
     split does: the word not in the text, or repeated without an occurrence."""
     cap = graph.capture
     order = [s for s in ("decoder", "none", "encoder") if s in graph.stacks]

@@ -7,12 +7,8 @@
   patching and exact effects);
 * :mod:`~inspector.intervene.rerun`: exact effects that rerun only what a head changes (kept layer inputs, the
   encoder's output, ablations batched within a memory bound);
-* :mod:`~inspector.intervene.attribution`: input-token attribution (input x gradient, integrated gradients, rollout);
-* :mod:`~inspector.intervene.families`: the one table of the model families routes and logit_parts decompose;
-* :mod:`~inspector.intervene.routes`: information-flow routes (Ferrando & Voita 2024);
-* :mod:`~inspector.intervene.logit_parts`: one head's score difference decomposed into residual parts;
-* :mod:`~inspector.intervene.sources`: ContextCite (random unit ablations, a sparse linear surrogate);
 * :mod:`~inspector.intervene.long_sites`: where long-document attention's head outputs enter the output projection.
 
-Imports :mod:`inspector.analysis`, :mod:`inspector.capture` and :mod:`inspector.store`.
+Imports :mod:`inspector.analysis`, :mod:`inspector.capture` and :mod:`inspector.store`; token attribution,
+routes, score parts and ContextCite are the stage above (:mod:`inspector.attribute`), which imports this one.
 """

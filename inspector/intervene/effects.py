@@ -518,11 +518,11 @@ def confirm_effects(model, encoded, res: Effects, *, top: int = 10, method: str 
 
 def check_budget(budget: float | None = None, memory_gib: float | None = None, top: int = 0) -> None:
     """Refuse a ``top`` below 0, a ``budget`` (forward-equivalents) below 0 or not finite, a ``memory_gib`` not
-    above 0 (or over :data:`inspector.intervene.attribution.MEMORY_LIMIT_GIB`): :class:`InspectorError`, one line
+    above 0 (or over :data:`inspector.store.specs.MEMORY_LIMIT_GIB`): :class:`InspectorError`, one line
     naming the flag (``--top``, ``--budget``, ``--memory-budget``)."""
     import math
 
-    from inspector.intervene.attribution import MEMORY_LIMIT_GIB
+    from inspector.store.specs import MEMORY_LIMIT_GIB
 
     if top < 0:
         raise InspectorError(f"--top must be 0 or more, got {top}")

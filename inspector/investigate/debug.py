@@ -74,7 +74,7 @@ class Investigation:
     verdict: Any = None  # inspector.analysis.verdict.Verdict when a contrast was given: the culprits first
     question: Question | None = None  # the question as the run read it (a defaulted query resolved to its row)
     notes: list[str] = field(default_factory=list)  # on the question: which row was read and why
-    why: Any = None  # inspector.intervene.logit_parts.LogitParts: why the top culprit attends to WRONG
+    why: Any = None  # inspector.attribute.score_parts.ScoreParts: why the top culprit attends to WRONG
     why_note: str | None = None  # why there is no decomposition (with a contrast)
 
     @property
@@ -409,7 +409,7 @@ def _where(loaded, cap: Capture, source: str, split: pd.DataFrame, matter, quest
            memory_gib: float | None = None):
     """The "Where did the word come from?" part, its report section and None; or ``(None, None, why)`` for a
     model whose residual routes cannot decompose (refused by name: the rest of the investigation stands)."""
-    from inspector.intervene.families import FAMILIES
+    from inspector.attribute.families import FAMILIES
     from inspector.investigate import wherefrom
     from inspector.ui.report import WhereSection
 

@@ -6,7 +6,7 @@ The summariser is the fixture ``fixtures/parties/seq2seq`` (a small BART trained
 summary of every held-out lease). :func:`pick` takes the first held-out lease whose summary swaps the parties;
 :func:`variants_of` builds the prompt variants the seed suggests (the key clause quoted, moved first, restated
 actively); :func:`tell` runs :func:`inspector.investigate.debug.investigate` on it (the verdict first), then
-:func:`inspector.intervene.sources.sources` on the wrong summary, and says for each variant whether its own
+:func:`inspector.attribute.sources.sources` on the wrong summary, and says for each variant whether its own
 regenerated summary is right and how the contrast and the top culprit's effect moved under it.
 """
 
@@ -150,9 +150,10 @@ def tell(loaded, item: dict, out_dir: str | Path, *, progress: bool = False, abl
     outcomes = _outcomes(loaded, inv, variants, (right, wrong), gold)
     found = note = None
     try:
-        from inspector.intervene.sources import sources
+        from inspector.attribute.sources import SourcesOptions, sources
 
-        found = sources(loaded.model, loaded.tokenizer, source, Output(text=said), ablations=ablations)
+        found = sources(loaded.model, loaded.tokenizer, source, Output(text=said),
+                        options=SourcesOptions(ablations=ablations))
     except InspectorError as exc:
         note = str(exc)
     write_csv(Path(out_dir) / "variants.csv", outcomes)

@@ -77,14 +77,14 @@ WHY_TOP = 5  # terms shown on each side
 
 
 def why_of(loaded, cap: Capture, source: str, v: Verdict, *, placement: Placement):
-    """Why the top culprit attends to WRONG: :func:`inspector.intervene.logit_parts.decompose` of its score
+    """Why the top culprit attends to WRONG: :func:`inspector.attribute.score_parts.decompose` of its score
     difference ``s(row, WRONG) - s(row, RIGHT)`` at the row the signature was read at, WRONG's and RIGHT's keys
     being every token of the word in the source (the mean score over them), as ``placement`` (the question's,
-    :func:`inspector.analysis.placement.place`, with its contrast) found them. Returns ``(LogitParts, None)``, or
+    :func:`inspector.analysis.placement.place`, with its contrast) found them. Returns ``(ScoreParts, None)``, or
     ``(None, why not)`` where there is no culprit read at a row, the family is not decomposed, or the words have
     no key on that site."""
-    from inspector.intervene.families import FAMILIES
-    from inspector.intervene.logit_parts import decompose
+    from inspector.attribute.families import FAMILIES
+    from inspector.attribute.score_parts import decompose
     from inspector.investigate.matter import said_output
 
     top = v.top

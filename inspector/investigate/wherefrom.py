@@ -3,19 +3,19 @@ and whether the heads the investigation points at lie on the route of the positi
 
 Given the investigation's capture, its split table, the "Does it matter?" result and the contrast
 ``RIGHT,WRONG`` (:mod:`inspector.intervene.contrast`; the cosine metric on the query word for a model
-without an LM head, as :func:`inspector.intervene.attribution.attribute` uses), :func:`where_from` computes
+without an LM head, as :func:`inspector.attribute.attribution.attribute` uses), :func:`where_from` computes
 
-* the attribution of the metric to every input token (:func:`~inspector.intervene.attribution.attribute`,
+* the attribution of the metric to every input token (:func:`~inspector.attribute.attribution.attribute`,
   input x gradient and integrated gradients from :data:`STEPS` points: modest, so the part stays cheap,
   doubled while the completeness gap is 5% of ``M(x) - M(0)`` or more, up to
-  :data:`~inspector.intervene.attribution.IG_MAX_STEPS`; the gap and whether it converged are reported)
+  :data:`~inspector.attribute.attribution.IG_MAX_STEPS`; the gap and whether it converged are reported)
   -> ``attribution.csv``;
-* the information-flow route of the position the metric reads (:func:`~inspector.intervene.routes.routes`,
-  threshold :data:`~inspector.intervene.routes.THRESHOLD`) -> ``route.csv``;
+* the information-flow route of the position the metric reads (:func:`~inspector.attribute.routes.routes`,
+  threshold :data:`~inspector.attribute.routes.THRESHOLD`) -> ``route.csv``;
 * for every flagged head and the :data:`TOP_EFFECT` heads of largest exact effect, whether it lies on the
   route -> ``route_heads.csv``.
 
-**On the route** (definition, :func:`inspector.intervene.routes.heads_on_route`, shared with ``inspector scan
+**On the route** (definition, :func:`inspector.attribute.routes.heads_on_route`, shared with ``inspector scan
 --routes``): a head lies on the route when, at some attention node the route reaches
 (a residual state at that head's site whose incoming edges the route examined), the head's own
 contribution from one key position, ``A[h, i, j] v_j W_O^h``, has importance above the threshold: the
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from inspector.analysis.question import Question
-from inspector.errors import InspectorError
-from inspector.intervene.attribution import (
+from inspector.attribute.attribution import (
     IG_MEMORY_GIB,
     IG_TOLERANCE,
     attribute,
@@ -46,8 +45,9 @@ from inspector.intervene.attribution import (
     side_text,
     sides,
 )
+from inspector.attribute.routes import THRESHOLD, heads_on_route, record, routes
+from inspector.errors import InspectorError
 from inspector.intervene.contrast import model_has_lm_head
-from inspector.intervene.routes import THRESHOLD, heads_on_route, record, routes
 from inspector.investigate.matter import said_output
 from inspector.store.capture_file import Capture
 
@@ -69,7 +69,7 @@ __all__ = ["HEAD_COLUMNS", "STEPS", "TOP_EFFECT", "WhereFrom", "WhereOptions", "
 @dataclass(frozen=True)
 class WhereOptions:
     """How far the part looks: integrated gradients from ``steps`` points (doubled up to ``max_steps``, default
-    :data:`~inspector.intervene.attribution.IG_MAX_STEPS`, while the gap is 5% or more), the route's importance
+    :data:`~inspector.attribute.attribution.IG_MAX_STEPS`, while the gap is 5% or more), the route's importance
     ``threshold`` (Ferrando & Voita 2024), the ``top_effect`` heads of largest exact effect checked against it, and
     the GiB integrated gradients' batch of points may hold (``memory_gib``: the batch is chosen within it)."""
 
@@ -82,9 +82,9 @@ class WhereOptions:
 
 @dataclass
 class WhereFrom:
-    """``attribution``: :func:`~inspector.intervene.attribution.attribute`'s table (one row per input token;
+    """``attribution``: :func:`~inspector.attribute.attribution.attribute`'s table (one row per input token;
     ``attrs`` hold the metric and the completeness gap). ``route``: the route's edges
-    (:data:`~inspector.intervene.routes.EDGE_COLUMNS`). ``heads``: :data:`HEAD_COLUMNS`, one row per flagged
+    (:data:`~inspector.attribute.routes.EDGE_COLUMNS`). ``heads``: :data:`HEAD_COLUMNS`, one row per flagged
     or top-effect head. ``right``/``wrong``: the contrast's words; ``threshold``: the route's."""
 
     right: str
@@ -127,7 +127,7 @@ def where_from(loaded, cap: Capture, source: str, split: pd.DataFrame, *, matter
     baseline, plus integrated gradients' (``options.steps`` points, as many a pass as ``options.memory_gib`` holds, more tries with doubled
     points until the gap is below 5% or ``options.max_steps``, :class:`WhereOptions`) and one for input x gradient.
     Raises :class:`~inspector.errors.InspectorError` where the contrast cannot be placed or the model's
-    residual cannot be decomposed (:func:`~inspector.intervene.routes.record`, by name)."""
+    residual cannot be decomposed (:func:`~inspector.attribute.routes.record`, by name)."""
     if question.contrast is None:
         raise InspectorError("where did the word come from? needs a contrast: pass --contrast RIGHT,WRONG")
     model, tokenizer = loaded.model, loaded.tokenizer

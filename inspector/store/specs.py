@@ -2,7 +2,8 @@
 pandas), so the command line refuses a malformed value before it imports either (issue 28) and the API applies the
 same rule: a contrast ``RIGHT,WRONG`` (:func:`parse_contrast`, :func:`contrast_words`), referents
 (:func:`clean_referents`), heads ``SITE:HEAD`` (:func:`parse_heads`) and the split rule's thresholds
-(:func:`check_thresholds`) and the ``--sites`` patterns of a capture (:func:`site_patterns`). Their stages re-export them (:mod:`inspector.analysis.question`,
+(:func:`check_thresholds`), the ``--sites`` patterns of a capture (:func:`site_patterns`) and the largest
+``--memory-budget`` any stage accepts (:data:`MEMORY_LIMIT_GIB`). Their stages re-export them (:mod:`inspector.analysis.question`,
 :mod:`inspector.analysis.split`, :mod:`inspector.intervene.contrast`, :mod:`inspector.intervene.seam`)."""
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def contrast_words(spec: str | tuple[str, str]) -> tuple[str, str]:
     return words
 
 
+MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted (integrated gradients, effects, debug)
 MAX_REFERENTS = 256  # referents a split compares at most: each is looked up in every text, before the model loads
 
 

@@ -2,7 +2,7 @@
 
 Every stage that looks a word up uses these functions: the analysis (:mod:`inspector.analysis.spans`, over a
 capture's records), the inputs (``--global`` in :mod:`inspector.capture.inputs`), ContextCite's units and spans
-(:mod:`inspector.intervene.sources`), the investigation's roles and the CLI's checks before a model loads. A test
+(:mod:`inspector.attribute.sources`), the investigation's roles and the CLI's checks before a model loads. A test
 (``tests/test_words.py``) fails when another module builds its own word pattern.
 
 The rule: a phrase matches where it occurs **whole-word** (no word character, ``\\w``, directly before or after

@@ -123,9 +123,9 @@ def _matter_data(m: MatterSection) -> dict:
 @dataclass
 class WhereSection:
     """The "Where did the word come from?" section's content (:mod:`inspector.investigate.wherefrom` builds it):
-    ``attribution`` (:func:`inspector.intervene.attribution.attribute`'s table, its ``attrs`` holding the metric,
+    ``attribution`` (:func:`inspector.attribute.attribution.attribute`'s table, its ``attrs`` holding the metric,
     its definition and integrated gradients' completeness gap), ``route`` (the route's edges,
-    :data:`inspector.intervene.routes.EDGE_COLUMNS`, ``attrs["position"]``), ``heads`` (the flagged and
+    :data:`inspector.attribute.routes.EDGE_COLUMNS`, ``attrs["position"]``), ``heads`` (the flagged and
     top-effect heads with ``on_route`` and ``best_share``), ``sentence`` (the finding in words) and the route's
     ``threshold``."""
 
@@ -174,7 +174,7 @@ def _where_data(capture: Capture, w: WhereSection, batch: int = 0) -> dict:
     except InspectorError as exc:
         plot_error = str(exc)
     a = w.attribution.attrs
-    from inspector.intervene.attribution import ig_summary
+    from inspector.attribute.attribution import ig_summary
 
     ig = ig_summary(a)[0].upper() + ig_summary(a)[1:] + "." if "ig_relative_gap" in a else ""
     return {"sentence": w.sentence, "definition": a.get("definition", ""), "metric": f"{a.get('metric', float('nan')):.6f}",
@@ -533,7 +533,7 @@ def _verdict_data(capture: Capture, verdict, batch: int, heads: list, why=None) 
 
 
 def _why_data(why, verdict) -> dict:
-    """The top culprit's score decomposition (:mod:`inspector.intervene.logit_parts`): the sentences of
+    """The top culprit's score decomposition (:mod:`inspector.attribute.score_parts`): the sentences of
     :func:`inspector.investigate.verdict.why_lines` (as the CLI prints them) and the largest terms both ways."""
     top = pd.concat([why.top(8, "wrong"), why.top(8, "right")]).reset_index(drop=True)
     lines = [f"s(WRONG) - s(RIGHT) = {why.difference:+.6f}; the terms sum to {why.total:+.6f} (gap {why.gap:.1e}); "
@@ -637,7 +637,7 @@ class Sections:
     column) and the variants' captures (``variants``), ``moves`` (:func:`~inspector.analysis.moves.variant_moves`),
     ``rank_note`` (how heads were ranked), ``matter`` (:class:`MatterSection`), ``where`` (:class:`WhereSection`),
     ``verdict`` (:class:`inspector.analysis.verdict.Verdict`) and ``why`` (the top culprit's
-    :class:`inspector.intervene.logit_parts.LogitParts`); ``placement``, the question's positions on the capture
+    :class:`inspector.attribute.score_parts.ScoreParts`); ``placement``, the question's positions on the capture
     (:func:`inspector.analysis.placement.place`, the split's), and ``variant_placements``, each variant capture's
     own, by name (made from the question where not given)."""
 

@@ -1,4 +1,4 @@
-"""The route graph of :func:`inspector.intervene.routes.routes` as an Altair chart: one column per
+"""The route graph of :func:`inspector.attribute.routes.routes` as an Altair chart: one column per
 position, one row per level (a residual state after each sub-layer; an encoder-decoder's encoder below
 its decoder), one line per kept edge, coloured by kind (attention, mlp, residual) and as thick as its
 importance. Token-to-token attention edges (``head = -1``) are drawn; per-head rows show in the tooltip
@@ -72,7 +72,7 @@ def node_data(data: pd.DataFrame) -> pd.DataFrame:
 
 def head_at(graph, stack: str, level: int, position: int, *, from_position: int | None = None) -> dict | None:
     """The head a click stands for: at node ``(stack, level, position)`` of a recorded
-    :class:`~inspector.intervene.routes.Graph`, the head whose own contribution (``A[h, i, j] v_j W_O^h``) has the
+    :class:`~inspector.attribute.routes.Graph`, the head whose own contribution (``A[h, i, j] v_j W_O^h``) has the
     largest importance, from key ``from_position`` (an edge) or from any key (a node). Returns ``site``, ``head``,
     ``key`` (the key position), ``query`` (``position``, on the site's query axis) and ``importance``; None for
     the embeddings (level 0) or a node an MLP makes (no head)."""

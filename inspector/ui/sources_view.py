@@ -1,4 +1,4 @@
-"""Source attribution (:func:`inspector.intervene.sources.sources`) for people: a report section and a chart.
+"""Source attribution (:func:`inspector.attribute.sources.sources`) for people: a report section and a chart.
 
 * :func:`render_sources_section`: an HTML fragment (the block the debug report includes, or a page of its own):
   the output span and its log-probability, the source shaded unit by unit by the surrogate's weight (opacity =
@@ -21,7 +21,7 @@ from inspector.errors import InspectorError
 from inspector.ui import views
 
 if TYPE_CHECKING:
-    from inspector.intervene.sources import Sources
+    from inspector.attribute.sources import Sources
 
 __all__ = ["chart", "render_sources_section", "sources_data"]
 
@@ -81,7 +81,7 @@ def _shaded(result: Sources, method: str) -> dict:
 def sources_data(result: Sources, method: str = "contextcite") -> dict:
     """Plain data of the section (strings and numbers; the template escapes them): the span, the shaded source
     (by ``method``'s score per unit), the units and methods tables, the verdict, forward passes and notes."""
-    from inspector.intervene.sources import TOP_K
+    from inspector.attribute.surrogate import TOP_K
 
     base = [m for m in ("integrated_gradients", "attention") if m in result.table.columns]
     unit_cols = [("rank", True), ("unit", True), ("weight", True), *[(m, True) for m in base], ("tokens", True),

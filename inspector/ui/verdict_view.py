@@ -122,7 +122,7 @@ def misfit(v: Verdict, capture) -> str | None:
 
 def read_why(folder: str | Path) -> tuple[dict, pd.DataFrame] | None:
     """The top culprit's score decomposition ``debug`` wrote (``verdict.json``'s ``why`` and ``why.csv``:
-    :data:`inspector.intervene.logit_parts.TERM_COLUMNS`), or None. Raises :class:`InspectorError` for a file
+    :data:`inspector.attribute.score_parts.TERM_COLUMNS`), or None. Raises :class:`InspectorError` for a file
     that is not what ``debug`` writes."""
     folder = Path(folder)
     meta, csv = folder / META, folder / "why.csv"

@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from inspector.attribute.families import FAMILIES, Step
 from inspector.capture.inputs import TOKENIZER_LOCK, encode
 from inspector.capture.interface import model_alone
 from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
-from inspector.intervene.families import FAMILIES, Step
 from inspector.store.capture_file import Capture
 
 THRESHOLD = 0.04
@@ -350,7 +350,7 @@ def routes(model, tokenizer, text: str, target: str | Output | None = None, *, p
         raise InspectorError(f"stack {top!r} is not one of this model's ({', '.join(g.stacks)})")
     n = len(g.tokens[top])
     if position is None and contrast is not None:
-        from inspector.intervene.attribution import metric_for
+        from inspector.attribute.attribution import metric_for
 
         position = max(metric_for(model, tokenizer, encode(model, tokenizer, text, target, target_ids=target_ids),
                                   contrast=contrast, query=query, occurrence=occurrence).rows)

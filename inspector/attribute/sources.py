@@ -3,7 +3,7 @@
 The protocol is ContextCite's (Cohen-Wang, Shah, Georgiev and Madry 2024, "ContextCite: Attributing Model
 Generation to Context"), for encoder-decoder, decoder-only and long-document (LED) models:
 
-* **Units.** The source is cut into units: its sentences by default (:func:`sentence_spans`), or character
+* **Units.** The source is cut into units: its sentences by default (:func:`~inspector.attribute.units.sentence_spans`), or character
   spans / phrases the caller gives. A token belongs to the unit holding its *last* character (the
   tokenizer's character offsets: a SentencePiece or byte-level token that starts at the space before a
   sentence belongs to that sentence); special tokens, whitespace-only tokens and text outside every unit are
@@ -21,15 +21,15 @@ Generation to Context"), for encoder-decoder, decoder-only and long-document (LE
 * **Random ablations.** Each unit is kept with probability 1/2, independently (ContextCite), in
   ``ablations`` masks (seeded), scored in batched forward passes (``batch_size`` masks a pass).
 * **Surrogate.** A sparse linear model ``f(mask) ~ b + sum_i w_i mask_i`` fitted by LASSO (coordinate
-  descent, :func:`lasso`) as ContextCite's released solver does: masks standardised per unit, the score divided
-  by the span's token count, a fixed ``alpha`` (:data:`ALPHA` = 0.01), the weights mapped back to log-prob
+  descent, :func:`~inspector.attribute.surrogate.lasso`) as ContextCite's released solver does: masks standardised per unit, the score divided
+  by the span's token count, a fixed ``alpha`` (:data:`~inspector.attribute.surrogate.ALPHA` = 0.01), the weights mapped back to log-prob
   units (nats of the whole span per unit). ``w_i``: what keeping unit ``i`` adds to the span's log-probability.
 * **Faithfulness** (both from the paper), on ``holdout`` further random masks the surrogate never saw:
   the *LDS* (linear datamodeling score), the Spearman correlation between the predicted and the actual scores
-  (:func:`lds`), and the *top-k log-probability drop*, ``f(full source) - f(source without the k units of
-  largest weight)`` for k = 1, 3 (:data:`TOP_K`; k capped at the number of units).
+  (:func:`~inspector.attribute.surrogate.lds`), and the *top-k log-probability drop*, ``f(full source) - f(source without the k units of
+  largest weight)`` for k = 1, 3 (:data:`~inspector.attribute.surrogate.TOP_K`; k capped at the number of units).
 * **Baselines**, scored the same way: integrated gradients (Sundararajan et al. 2017) of the same score from a
-  baseline with the units' token embeddings zeroed (:func:`inspector.intervene.attribution.embedding_inputs`,
+  baseline with the units' token embeddings zeroed (:func:`inspector.attribute.attribution.embedding_inputs`,
   Gauss-Legendre points), summed per unit; attention, the weight of the span's predicting rows on each
   unit's tokens (cross-attention of an encoder-decoder, self-attention of a decoder-only model), averaged over
   heads, sites and rows. For each: its LDS (the held-out scores predicted by ``sum_i s_i mask_i``) and its
@@ -39,9 +39,9 @@ Forward passes (``Sources.forward_passes``, counted by a hook on the model): ``c
 the random ablations, ``ceil(holdout / batch)`` for the held-out ones (the masks shared evenly among the passes, the
 longest rows together where the masked tokens are left out), one or more for the full source and the top-k ablations of
 every method, ``ceil(ig_steps / points)`` with a backward pass each and one without (the path's two ends) for
-integrated gradients (the one routine :func:`inspector.intervene.attribution.integrated_gradients`; ``points``: at most
+integrated gradients (the one routine :func:`inspector.attribute.attribution.integrated_gradients`; ``points``: at most
 ``batch``, what ``--memory-budget`` holds and, on a CPU, what
-:data:`~inspector.intervene.attribution.CPU_IG_GIB` holds: bigger batches of points cost more a point there), and
+:data:`~inspector.attribute.attribution.CPU_IG_GIB` holds: bigger batches of points cost more a point there), and
 the attention capture's (1; 2 on LED) (plus a generation's own passes with ``Output(generate=N)``). 64 ablations of
 a small model with the defaults: 3 passes for the surrogate and its evaluation, 6 with the baselines.
 
@@ -53,32 +53,35 @@ log-probability of *this* output, not about whether the output is right.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import math
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from inspector.attribute.surrogate import (
+    ABLATIONS,
+    ABLATIONS_RANGE,
+    ALPHA,
+    HOLDOUT,
+    KEEP,
+    TOP_K,
+    Fit,
+    evaluate,
+    top_k,
+)
+from inspector.attribute.units import Unit, output_span, token_units, unit_spans
 from inspector.capture.interface import eval_mode
 from inspector.errors import InspectorError, empty_source
-from inspector.store.words import first_match, iter_matches, shown
+from inspector.store.specs import MEMORY_LIMIT_GIB
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+    from inspector.attribute.attribution import Completeness
     from inspector.capture.output import Output
-    from inspector.intervene.attribution import Completeness
 
-ABLATIONS = 64  # random ablation masks the surrogate is fitted on (ContextCite's paper uses 32 to 256)
-HOLDOUT = 32  # further random masks the LDS is measured on
-ABLATIONS_RANGE = (8, 1024)  # the accepted --ablations and --holdout (holdout may also be 0: no LDS)
-MAX_UNITS = 2048  # given units (phrases, spans) at most: twice the most ablations; each distinct phrase is a search
-KEEP = 0.5  # probability that a unit is kept in a random mask (ContextCite)
-ALPHA = 0.01  # LASSO's regularisation, on standardised masks and the per-token score (ContextCite's solver)
-TOP_K = (1, 3)  # the top-k log-probability drops reported
 IG_STEPS = 16  # the integrated-gradients baseline's first try, in Gauss-Legendre points, doubled while it does not
 # add up (attribution's one routine and rule; 0: no gradient baseline)
 STEPS_LIMIT = 1024
@@ -90,356 +93,7 @@ METHODS = ("contextcite", "integrated_gradients", "attention")
 IG_BASELINE = "the units' token embeddings zeroed"  # integrated gradients' baseline, in words
 EMBEDDING_CHECK = 1e-3  # relative: integrated gradients' input must reproduce the model's own score
 
-__all__ = ["ABLATIONS", "ALPHA", "HOLDOUT", "MAX_UNITS", "METHODS", "MODES", "TOP_K", "Fit", "Sources", "Unit", "check_options",
-           "evaluate", "fit_surrogate", "lasso", "lds", "random_masks", "sentence_spans", "sources", "spearman",
-           "top_k", "unit_spans"]
-
-
-# ---- units and spans --------------------------------------------------------------------------------------
-_SENTENCE_END = re.compile(r"""[.!?]+["')\]}»”’]*(?=\s|$)|\n[ \t]*\n\s*""")
-
-
-def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """The sentences of ``text`` as ``(start, end)`` character spans, in order, whitespace trimmed.
-
-    The rule: a sentence ends after a run of ``.``, ``!`` or ``?`` (and any closing quotes or brackets after
-    it) that is followed by whitespace or the end of the text, or at a blank line; the rest of the text after
-    the last end is the last sentence. So ``3.5`` and ``example.com`` do not end a sentence, but an
-    abbreviation followed by a space (``Mr. Smith``) does: give the units yourself where that matters."""
-    spans, start = [], 0
-    for m in _SENTENCE_END.finditer(text):
-        end = m.end() if m.group()[0] in ".!?" else m.start()
-        spans.append((start, end))
-        start = m.end()
-    spans.append((start, len(text)))
-    out = []
-    for a, b in spans:
-        piece = text[a:b]
-        lead = len(piece) - len(piece.lstrip())
-        trail = len(piece) - len(piece.rstrip())
-        if b - trail > a + lead:
-            out.append((a + lead, b - trail))
-    return out
-
-
-def _excerpt(text: str, size: int = 48) -> str:
-    return repr(text if len(text) <= size else text[:size] + "...")
-
-
-def unit_spans(text: str, units: Sequence[str | tuple[int, int]] | str | None = None) -> list[tuple[int, int]]:
-    """The character spans of the source units, in text order: the sentences (:func:`sentence_spans`) for
-    ``None`` or ``"sentences"``; else each item is a ``(start, end)`` span or a phrase (its first whole-word,
-    case-sensitive occurrence that no earlier unit overlaps, so a phrase given twice means its first two
-    occurrences). Checks only characters (the CLI calls it before the model loads), in time linear in the text
-    and the units (each phrase's occurrences read once however often it is given, an overlap found by bisection);
-    tokens are checked when the source is encoded. Raises :class:`InspectorError` for more than :data:`MAX_UNITS`
-    units (before any is looked up: each distinct phrase is one search of the text), a phrase not in the text, a
-    span out of range or empty, overlapping units, or no unit at all."""
-    if units is None or (isinstance(units, str) and units == "sentences"):
-        spans = sentence_spans(text)
-        if not spans:
-            raise InspectorError("the source has no sentence: pass some text")
-        return spans
-    if isinstance(units, str):
-        raise InspectorError(f"units are 'sentences' or a list of phrases / (start, end) spans, got {units!r}")
-    units = list(units)
-    if len(units) > MAX_UNITS:
-        raise InspectorError(f"{len(units):,} units given; at most {MAX_UNITS:,} are ranked (one surrogate weight each, "
-                             f"from at most {ABLATIONS_RANGE[1]:,} ablations): merge some into larger units, or use "
-                             "sentences")
-    taken = _Taken()
-    found: dict[str, Iterator[tuple[int, int]]] = {}
-    for item in units:
-        if isinstance(item, str):
-            taken.add(*_phrase_unit(text, item, taken, found))
-        else:
-            taken.add(*_span_unit(text, item, taken))
-    if not taken.spans:
-        raise InspectorError("no unit given: pass phrases or (start, end) spans of the source, or 'sentences'")
-    return taken.spans
-
-
-def _phrase_unit(text: str, item: str, taken: _Taken, found: dict) -> tuple[int, int]:
-    """The span of a phrase unit: its first occurrence that no unit taken overlaps. An occurrence passed over
-    overlaps a unit for good (units are only added), so each phrase's occurrences are read once, in order, however
-    often it is given (``found``: phrase -> its occurrences not yet passed over; issue 40: each repeat read them all
-    again, and looked at every unit for each)."""
-    phrase = item.strip()
-    if not phrase:
-        raise InspectorError("a unit phrase is empty: give a word or phrase of the source")
-    hits = found.setdefault(phrase, iter_matches(text, phrase))
-    hit = next((h for h in hits if not taken.overlaps(*h)), None)
-    if hit is None:
-        raise InspectorError(f"the unit {shown(phrase)} is not in the source {_excerpt(text)} (whole-word, "
-                             "case-sensitive, not inside an earlier unit): check the spelling or give (start, end)")
-    return hit
-
-
-def _span_unit(text: str, item, taken: _Taken) -> tuple[int, int]:
-    """A ``(start, end)`` unit checked: whole numbers, within the text, overlapping no unit taken."""
-    try:
-        a, b = (int(x) for x in item)
-    except (TypeError, ValueError):
-        raise InspectorError(f"a unit is a phrase or a (start, end) character span, got {item!r}") from None
-    if not 0 <= a < b <= len(text):
-        raise InspectorError(f"the unit span ({a}, {b}) is not within the source's {len(text)} characters "
-                             "(0 <= start < end <= length)")
-    if taken.overlaps(a, b):
-        raise InspectorError(f"the unit span ({a}, {b}) overlaps another unit: units must not overlap")
-    return a, b
-
-
-class _Taken:
-    """Disjoint character spans kept in text order: whether a new one overlaps any is two bisections, not a look at
-    every span (issue 40: that look made thousands of units quadratic)."""
-
-    def __init__(self):
-        self.spans: list[tuple[int, int]] = []
-        self.starts: list[int] = []
-
-    def overlaps(self, a: int, b: int) -> bool:
-        """Whether ``[a, b)`` overlaps a span kept: the one starting last before ``b`` is the only one that can."""
-        k = bisect.bisect_left(self.starts, b)
-        return k > 0 and self.spans[k - 1][1] > a
-
-    def add(self, a: int, b: int) -> None:
-        k = bisect.bisect_left(self.starts, a)
-        self.starts.insert(k, a)
-        self.spans.insert(k, (a, b))
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One source unit: its ``index`` (text order), characters ``start:end`` of the source, its ``text`` and
-    the source-axis ``positions`` of its tokens (the tokens an ablation hides or drops)."""
-
-    index: int
-    start: int
-    end: int
-    text: str
-    positions: tuple[int, ...]
-
-
-def _units(rec, spans: list[tuple[int, int]], given: bool) -> tuple[list[Unit], list[str]]:
-    """Units on the source record ``rec``: each token goes to the span holding its last character. A sentence
-    without a token is left out (noted); a given unit without one is refused."""
-    owner = {}
-    starts = [a for a, _ in spans]  # the spans are disjoint and in text order: one bisection per token
-    for i, (off, special, pad) in enumerate(zip(rec.offsets, rec.special, rec.padding, strict=True)):
-        if off is None or special or pad or off[1] <= off[0]:
-            continue
-        last = off[1] - 1
-        if rec.text[last].isspace():
-            continue
-        u = bisect.bisect_right(starts, last) - 1
-        if u >= 0 and last < spans[u][1]:
-            owner.setdefault(u, []).append(i)
-    units, notes = [], []
-    for u, (a, b) in enumerate(spans):
-        if u not in owner:
-            if given:
-                raise InspectorError(f"the unit {_excerpt(rec.text[a:b])} (characters {a}-{b}) holds no token's last "
-                                     "character: widen it to whole tokens")
-            notes.append(f"the sentence {_excerpt(rec.text[a:b])} holds no token of its own and is left out")
-            continue
-        units.append(Unit(len(units), a, b, rec.text[a:b], tuple(owner[u])))
-    if not units:
-        raise InspectorError("no source unit holds a token: give units that cover some of the source's words")
-    return units, notes
-
-
-def _output_span(rec, span: str | tuple[int, int] | None) -> tuple[int, int, list[int]]:
-    """``(start, end, indices)``: the output characters attributed and the indices of their tokens in the
-    target record (every non-special token for ``None``; else the tokens overlapping the span, a phrase's
-    first whole-word, case-sensitive occurrence)."""
-    real = [i for i, (s, p) in enumerate(zip(rec.special, rec.padding, strict=True)) if not s and not p]
-    if span is None:
-        if not real:
-            raise InspectorError("the output has no token to attribute (only special tokens): give a longer output")
-        return 0, len(rec.text), real
-    if isinstance(span, str):
-        phrase = span.strip()
-        m = first_match(rec.text, phrase) if phrase else None
-        if m is None:
-            raise InspectorError(f"the span {span!r} is not in the output {_excerpt(rec.text)} (whole-word, "
-                                 "case-sensitive): pass a word or sentence the output says")
-        a, b = m
-    else:
-        try:
-            a, b = (int(x) for x in span)
-        except (TypeError, ValueError):
-            raise InspectorError(f"the span is a phrase of the output or a (start, end) character span, got {span!r}") from None
-        if not 0 <= a < b <= len(rec.text):
-            raise InspectorError(f"the span ({a}, {b}) is not within the output's {len(rec.text)} characters")
-    idx = [i for i in real if rec.offsets[i] is not None and rec.offsets[i][0] < b and rec.offsets[i][1] > a]
-    if not idx:
-        raise InspectorError(f"the span ({a}, {b}) of the output covers no token: widen it")
-    return a, b, idx
-
-
-# ---- the surrogate and its scores (numpy only) ----------------------------------------------------------------
-def random_masks(n: int, n_units: int, rng) -> np.ndarray:
-    """``[n, n_units]`` bool: each unit kept (True) with probability :data:`KEEP`, independently (ContextCite),
-    drawn from the numpy Generator ``rng``."""
-    return rng.random((n, n_units)) < KEEP
-
-
-def lasso(X, y, alpha: float, *, max_iter: int = 10000, tol: float = 1e-10) -> tuple[np.ndarray, float]:
-    """``(coef, intercept)`` minimising ``1/(2n) ||y - intercept - X coef||^2 + alpha ||coef||_1`` (scikit-learn's
-    ``Lasso`` objective, with an intercept), by cyclic coordinate descent on the centred design until no
-    coefficient moves by more than ``tol`` (relative to the largest) in a sweep. A constant column gets 0."""
-    import numpy as np
-
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    n, p = X.shape
-    xm, ym = X.mean(0), y.mean()
-    Xc, yc = X - xm, y - ym
-    norms = (Xc ** 2).sum(0) / n
-    coef = np.zeros(p)
-    r = yc.copy()
-    for _ in range(max_iter):
-        biggest, moved = 0.0, 0.0
-        for j in range(p):
-            if norms[j] == 0:
-                continue
-            old = coef[j]
-            rho = Xc[:, j] @ r / n + norms[j] * old
-            new = np.sign(rho) * max(abs(rho) - alpha, 0.0) / norms[j]
-            if new != old:
-                r -= Xc[:, j] * (new - old)
-                coef[j] = new
-            moved = max(moved, abs(new - old))
-            biggest = max(biggest, abs(new))
-        if moved <= tol * max(biggest, 1e-300):
-            break
-    return coef, float(ym - xm @ coef)
-
-
-def fit_surrogate(masks, scores, n_tokens: int, alpha: float = ALPHA) -> tuple[np.ndarray, float]:
-    """ContextCite's linear surrogate: ``(weights, intercept)`` with ``scores ~ intercept + masks @ weights`` in
-    the scores' units (nats of the span). LASSO (:func:`lasso`, ``alpha``) on the masks standardised per unit
-    (mean 0, population standard deviation 1; a unit that never changes gets 0) against ``scores / n_tokens``,
-    mapped back: ``w = n_tokens * coef / std``, ``b = n_tokens * (intercept - sum(mean / std * coef))``."""
-    import numpy as np
-
-    X = np.asarray(masks, dtype=np.float64)
-    y = np.asarray(scores, dtype=np.float64) / n_tokens
-    mean, std = X.mean(0), X.std(0)
-    scale = np.where(std > 0, std, 1.0)
-    coef, b = lasso((X - mean) / scale, y, alpha)
-    w = coef / scale
-    return w * n_tokens, float((b - (mean / scale) @ coef) * n_tokens)
-
-
-def _ranks(x) -> np.ndarray:
-    import numpy as np
-
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    sx = x[order]
-    i = 0
-    while i < len(x):  # ties share the mean of their ranks
-        j = i
-        while j + 1 < len(x) and sx[j + 1] == sx[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(a, b) -> float:
-    """Spearman's rank correlation: the Pearson correlation of the ranks (ties get their mean rank); NaN when
-    either side is constant or has fewer than 2 values."""
-    if len(a) != len(b):
-        raise InspectorError(f"spearman needs two sequences of one length, got {len(a)} and {len(b)}")
-    if len(a) < 2:
-        return float("nan")
-    ra, rb = _ranks(a), _ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = math.sqrt(float(ra @ ra) * float(rb @ rb))
-    return float(ra @ rb / den) if den > 0 else float("nan")
-
-
-def lds(predicted, actual) -> float:
-    """The linear datamodeling score (ContextCite, after Park et al. 2023's datamodels): the Spearman correlation
-    between the scores a method predicts for held-out random ablations and their actual scores."""
-    return spearman(predicted, actual)
-
-
-def top_k(values, k: int) -> list[int]:
-    """The indices of the ``k`` largest ``values`` (largest first; ties in index order; k capped at their count)."""
-    import numpy as np
-
-    v = np.asarray(values, dtype=np.float64)
-    order = sorted(range(len(v)), key=lambda i: (-v[i] if math.isfinite(v[i]) else math.inf, i))
-    return order[:min(k, len(v))]
-
-
-@dataclass
-class Fit:
-    """The ContextCite fit and its evaluation (:func:`evaluate`): ``weights [unit]`` and ``intercept`` (the
-    surrogate, nats), the training ``masks`` / ``scores`` and ``holdout_masks`` / ``holdout_scores``,
-    ``full`` (the score with every unit kept), per method (``contextcite`` and each baseline) ``lds`` and
-    ``drops`` (``{k: f(full) - f(top-k ablated)}``) and ``ablated`` (``{k: the top-k unit indices}``), and
-    ``passes`` (score calls per phase as the ``score`` function counted them, when it counts)."""
-
-    weights: np.ndarray
-    intercept: float
-    masks: np.ndarray
-    scores: np.ndarray
-    holdout_masks: np.ndarray
-    holdout_scores: np.ndarray
-    full: float
-    lds: dict[str, float]
-    drops: dict[str, dict[int, float]]
-    ablated: dict[str, dict[int, list[int]]]
-
-
-def evaluate(score: Callable[[np.ndarray], np.ndarray], n_units: int, *, ablations: int = ABLATIONS,
-             holdout: int = HOLDOUT, seed: int = 0, n_tokens: int = 1, alpha: float = ALPHA,
-             baselines: dict[str, Sequence[float]] | None = None, ks: Sequence[int] = TOP_K,
-             full: float | None = None) -> Fit:
-    """The ContextCite protocol on any scoring function: ``score(masks [m, n_units] bool) -> [m]`` scores.
-
-    Draws ``ablations`` random masks (:func:`random_masks`, numpy's Generator seeded ``seed``) and ``holdout``
-    more (seeded ``[seed, 1]``, so the held-out set does not change with ``ablations``), fits
-    :func:`fit_surrogate` on the first, then for the surrogate and every baseline (``name -> one score per
-    unit``): the LDS on the held-out masks (predictions ``intercept + mask @ weights``, or ``mask @ scores`` for
-    a baseline) and the top-k drops ``f(all kept) - f(the top k by that method ablated)``. ``score`` is called
-    three times: the training masks, the held-out masks (if any), then the full mask followed by the distinct
-    top-k masks (the full mask left out when ``full``, its score, is given: ``sources`` reads it from the attention
-    baseline's pass over the whole source)."""
-    import numpy as np
-
-    train = random_masks(ablations, n_units, np.random.default_rng(seed))
-    y = np.asarray(score(train), dtype=np.float64)
-    held = random_masks(holdout, n_units, np.random.default_rng([seed, 1]))
-    y_held = np.asarray(score(held), dtype=np.float64) if holdout else np.zeros(0)
-    w, b = fit_surrogate(train, y, n_tokens, alpha)
-    methods = {"contextcite": w, **{k: np.asarray(v, dtype=np.float64) for k, v in (baselines or {}).items()}}
-    out_lds = {m: (lds(held @ v + (b if m == "contextcite" else 0.0), y_held) if holdout else float("nan"))
-               for m, v in methods.items()}
-    chosen = {m: {k: top_k(v, k) for k in ks} for m, v in methods.items()}
-    rows, where = [np.ones(n_units, dtype=bool)], {}
-    for m in methods:
-        for k in ks:
-            key = tuple(sorted(chosen[m][k]))
-            if key not in where:
-                where[key] = len(rows)
-                mask = np.ones(n_units, dtype=bool)
-                mask[list(key)] = False
-                rows.append(mask)
-    if full is None:
-        got = np.asarray(score(np.stack(rows)), dtype=np.float64)
-    else:
-        got = np.concatenate([[full], np.asarray(score(np.stack(rows[1:])), dtype=np.float64)
-                              if len(rows) > 1 else np.zeros(0)])
-    full = float(got[0])
-    drops = {m: {k: full - float(got[where[tuple(sorted(chosen[m][k]))]]) for k in ks} for m in methods}
-    return Fit(weights=w, intercept=b, masks=train, scores=y, holdout_masks=held, holdout_scores=y_held, full=full,
-               lds=out_lds, drops=drops, ablated=chosen)
+__all__ = ["METHODS", "MODES", "Sources", "SourcesOptions", "sources"]
 
 
 # ---- options -------------------------------------------------------------------------------------------------
@@ -447,31 +101,54 @@ def _whole(value, lo: int, hi: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and lo <= value <= hi
 
 
-def check_options(*, ablations: int = ABLATIONS, holdout: int = HOLDOUT, batch_size: int | None = None,
-                  ig_steps: int = IG_STEPS, alpha: float = ALPHA, mode: str = "mask", seed: int = 0) -> None:
-    """Refuse options out of bounds before anything runs (the CLI calls it before the model loads): ``ablations``
-    and ``holdout`` within :data:`ABLATIONS_RANGE` (``holdout`` may be 0), ``batch_size`` 1..1024 or None,
-    ``ig_steps`` 0 (no gradient baseline) or 2..1024, ``alpha`` > 0 and finite, ``mode`` in :data:`MODES`,
-    ``seed`` a whole number >= 0. Raises :class:`InspectorError`, one line naming the flag and its bounds."""
-    lo, hi = ABLATIONS_RANGE
-    if not _whole(ablations, lo, hi):
-        raise InspectorError(f"--ablations must be a whole number from {lo} to {hi} (random masks the surrogate is "
-                             f"fitted on), got {ablations!r}")
-    if not (holdout == 0 and not isinstance(holdout, bool)) and not _whole(holdout, lo, hi):
-        raise InspectorError(f"--holdout must be 0 (no LDS) or a whole number from {lo} to {hi} (held-out random "
-                             f"masks), got {holdout!r}")
-    if batch_size is not None and not _whole(batch_size, 1, BATCH_LIMIT):
-        raise InspectorError(f"--batch-size must be a whole number from 1 to {BATCH_LIMIT} (masks per forward pass), "
-                             f"got {batch_size!r}")
-    if not (ig_steps == 0 and not isinstance(ig_steps, bool)) and not _whole(ig_steps, 2, STEPS_LIMIT):
-        raise InspectorError(f"--ig-steps must be 0 (no gradient baseline) or a whole number from 2 to {STEPS_LIMIT}, "
-                             f"got {ig_steps!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-        raise InspectorError(f"--alpha must be a number above 0 (LASSO's regularisation), got {alpha!r}")
-    if mode not in MODES:
-        raise InspectorError(f"--mode must be mask or removal (how a unit is ablated), got {mode!r}")
-    if not _whole(seed, 0, 2 ** 63 - 1):
-        raise InspectorError(f"--seed must be a whole number >= 0, got {seed!r}")
+@dataclass(frozen=True)
+class SourcesOptions:
+    """How :func:`sources` runs, checked when made (the CLI makes one before the model loads): ``ablations`` random
+    masks the surrogate is fitted on and ``holdout`` more its LDS is measured on (each within
+    :data:`~inspector.attribute.surrogate.ABLATIONS_RANGE`; ``holdout`` may be 0: no LDS), ``seed`` of the masks (a
+    whole number >= 0), ``batch_size`` masks a forward pass (1..:data:`BATCH_LIMIT`; None: a memory estimate, at most
+    :data:`AUTO_BATCH`), ``mode`` how a unit is ablated (:data:`MODES`), ``alpha`` LASSO's regularisation (above 0,
+    finite), ``baselines`` (False: the surrogate alone, no integrated gradients or attention), ``ig_steps`` the
+    integrated-gradients baseline's first Gauss-Legendre points (0: none, or 2..:data:`STEPS_LIMIT`) and
+    ``memory_gib`` the bound the automatic batches are sized within (None: :data:`MEMORY_GIB` for the masks,
+    :data:`inspector.attribute.attribution.IG_MEMORY_GIB` for integrated gradients' points). Raises
+    :class:`InspectorError`, one line naming the flag and its bounds."""
+
+    ablations: int = ABLATIONS
+    holdout: int = HOLDOUT
+    seed: int = 0
+    batch_size: int | None = None
+    mode: str = "mask"
+    alpha: float = ALPHA
+    baselines: bool = True
+    ig_steps: int = IG_STEPS
+    memory_gib: float | None = None
+
+    def __post_init__(self):
+        lo, hi = ABLATIONS_RANGE
+        if not _whole(self.ablations, lo, hi):
+            raise InspectorError(f"--ablations must be a whole number from {lo} to {hi} (random masks the surrogate is "
+                                 f"fitted on), got {self.ablations!r}")
+        if not (self.holdout == 0 and not isinstance(self.holdout, bool)) and not _whole(self.holdout, lo, hi):
+            raise InspectorError(f"--holdout must be 0 (no LDS) or a whole number from {lo} to {hi} (held-out random "
+                                 f"masks), got {self.holdout!r}")
+        if self.batch_size is not None and not _whole(self.batch_size, 1, BATCH_LIMIT):
+            raise InspectorError(f"--batch-size must be a whole number from 1 to {BATCH_LIMIT} (masks per forward "
+                                 f"pass), got {self.batch_size!r}")
+        if not (self.ig_steps == 0 and not isinstance(self.ig_steps, bool)) and not _whole(self.ig_steps, 2, STEPS_LIMIT):
+            raise InspectorError(f"--ig-steps must be 0 (no gradient baseline) or a whole number from 2 to "
+                                 f"{STEPS_LIMIT}, got {self.ig_steps!r}")
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+            raise InspectorError(f"--alpha must be a number above 0 (LASSO's regularisation), got {alpha!r}")
+        if self.mode not in MODES:
+            raise InspectorError(f"--mode must be mask or removal (how a unit is ablated), got {self.mode!r}")
+        if not _whole(self.seed, 0, 2 ** 63 - 1):
+            raise InspectorError(f"--seed must be a whole number >= 0, got {self.seed!r}")
+        m = self.memory_gib
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m)
+                              or not 0 < m <= MEMORY_LIMIT_GIB):
+            raise InspectorError(f"--memory-budget must be more than 0 and at most {MEMORY_LIMIT_GIB:g} GiB, got {m!r}")
 
 
 # ---- the result ----------------------------------------------------------------------------------------------
@@ -483,12 +160,12 @@ class Sources:
     ``end`` (characters of the source), ``tokens`` (how many), ``weight`` (the surrogate's coefficient: nats of
     the span's log-probability that keeping the unit adds), ``integrated_gradients`` and ``attention`` (the
     baselines per unit, when run), ``text``. ``methods``: one row per method: ``method``, ``lds`` (held-out),
-    ``top1_drop``, ``top3_drop`` (nats; one column per k of :data:`TOP_K`), ``units_ablated`` (the top-k units
+    ``top1_drop``, ``top3_drop`` (nats; one column per k of :data:`~inspector.attribute.surrogate.TOP_K`), ``units_ablated`` (the top-k units
     of the largest k, by index). ``span``: the output span attributed (``text``, ``start``, ``end``,
     ``tokens``, ``score`` = its log-probability given the whole source). ``forward_passes``: per phase
     (``ablations``, ``held_out``, ``top_k``, ``integrated_gradients``, ``attention``, ``generate``) and
-    ``total``. ``fit``: the masks, scores and surrogate (:class:`Fit`). ``ig``: integrated gradients'
-    completeness record (:class:`inspector.intervene.attribution.Completeness`: ``difference`` = f(x) - f(baseline),
+    ``total``. ``fit``: the masks, scores and surrogate (:class:`~inspector.attribute.surrogate.Fit`). ``ig``: integrated gradients'
+    completeness record (:class:`inspector.attribute.attribution.Completeness`: ``difference`` = f(x) - f(baseline),
     ``gap``, ``relative_gap``, ``steps``, ``converged``; the baseline is the units' token embeddings zeroed), when
     run."""
 
@@ -831,14 +508,14 @@ def _auto_batch(model, n_src: int, n_tgt: int, layout: str, span_rows: int, memo
 def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, Completeness]:
     """Integrated gradients of the span's log-probability with respect to the source's token embeddings, from a
     baseline with every unit token's embedding zeroed (the rest, and an encoder-decoder's decoder side, as they
-    are), by the one routine :func:`inspector.intervene.attribution.integrated_gradients` and its rule: ``steps``
+    are), by the one routine :func:`inspector.attribute.attribution.integrated_gradients` and its rule: ``steps``
     Gauss-Legendre points first, doubled while the completeness gap is 5% of the difference or more, ``p.ig_batch``
     points a pass. Returns the per-unit sums (nats) and the completeness record (its ``value``: the span's
     log-probability from the embeddings themselves)."""
     import numpy as np
     import torch
 
-    from inspector.intervene import attribution as ig
+    from inspector.attribute import attribution as ig
     from inspector.intervene.seam import frozen
 
     names, embeds, rest = ig.embedding_inputs(p.model, encoded)
@@ -945,8 +622,8 @@ def _prepare(model, tokenizer, text: str, ask: _Request,
         raise InspectorError("sources attributes one text at a time: pass one source and one output")
     src = next(r for r in encoded.records if r.role == "source")
     tgt = next(r for r in encoded.records if r.role == "target")
-    units, notes = _units(src, ask.spans, given=ask.given)
-    a, b, span_idx = _output_span(tgt, ask.span)
+    units, notes = token_units(src, ask.spans, given=ask.given)
+    a, b, span_idx = output_span(tgt, ask.span)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = ask.batch_size or _auto_batch(model, len(src.ids), len(tgt.ids), encoded.layout, len(span_idx), ask.memory_gib)
     prob = _Problem(model=model, kwargs=dict(encoded.model_kwargs), layout=encoded.layout, n_src=len(src.ids),
@@ -960,11 +637,11 @@ def _prepare(model, tokenizer, text: str, ask: _Request,
 
 
 def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
-    """Integrated-gradients points a pass: :func:`inspector.intervene.attribution.ig_batch` of what one point keeps for
-    its backward pass (:func:`inspector.intervene.attribution.ig_memory`, every logit row counted) within
-    ``memory_gib`` (default :data:`inspector.intervene.attribution.IG_MEMORY_GIB`; on a CPU at most what
-    :data:`~inspector.intervene.attribution.CPU_IG_GIB` holds), at most ``batch``, at least 1."""
-    from inspector.intervene.attribution import (
+    """Integrated-gradients points a pass: :func:`inspector.attribute.attribution.ig_batch` of what one point keeps for
+    its backward pass (:func:`inspector.attribute.attribution.ig_memory`, every logit row counted) within
+    ``memory_gib`` (default :data:`inspector.attribute.attribution.IG_MEMORY_GIB`; on a CPU at most what
+    :data:`~inspector.attribute.attribution.CPU_IG_GIB` holds), at most ``batch``, at least 1."""
+    from inspector.attribute.attribution import (
         IG_MAX_STEPS,
         IG_MEMORY_GIB,
         Metric,
@@ -994,7 +671,7 @@ def _drop_ig_if_off(fit: Fit, base_scores: dict, ig: Completeness | None, notes:
 
 def _fit_notes(fit: Fit, ig: Completeness | None, alpha: float) -> list[str]:
     """Warnings a reader needs beside the numbers: an empty surrogate, integrated gradients that do not add up."""
-    from inspector.intervene.attribution import IG_TOLERANCE
+    from inspector.attribute.attribution import IG_TOLERANCE
 
     notes = []
     if not fit.weights.any():
@@ -1024,9 +701,8 @@ def _tables(prob: _Problem, fit: Fit, base_scores: dict) -> tuple[pd.DataFrame, 
 
 
 def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tuple[int, int] | None = None,
-            units: Sequence[str | tuple[int, int]] | str | None = None, ablations: int = ABLATIONS, seed: int = 0,
-            batch_size: int | None = None, global_tokens: list[str] | None = None, holdout: int = HOLDOUT,
-            mode: str = "mask", alpha: float = ALPHA, baselines: bool = True, ig_steps: int = IG_STEPS) -> Sources:
+            units: Sequence[str | tuple[int, int]] | str | None = None, global_tokens: list[str] | None = None,
+            options: SourcesOptions | None = None) -> Sources:
     """Rank the source's units (sentences by default) by how much the output span's log-probability depends on
     them: ContextCite's random ablations and sparse linear surrogate, its held-out LDS and top-k drops, beside
     integrated gradients and attention (module docstring).
@@ -1034,17 +710,19 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
     ``output``: what the model said (:class:`inspector.capture.output.Output`: a text, token ids, or generate N
     tokens greedily first; a plain string is a text). ``span``: the output characters attributed, a phrase of the
     output (first whole-word occurrence) or ``(start, end)``; default the whole output. ``units``: ``None`` /
-    ``"sentences"``, or phrases / ``(start, end)`` spans of the source (:func:`unit_spans`). ``mode``: ``"mask"``
-    or ``"removal"``. ``batch_size``: masks a forward pass (default: a memory estimate, at most
-    :data:`AUTO_BATCH`). ``global_tokens`` (LED, Longformer): global tokens of the source, marked in every pass.
-    ``baselines=False`` skips integrated gradients and attention; ``ig_steps=0`` skips integrated gradients.
+    ``"sentences"``, or phrases / ``(start, end)`` spans of the source
+    (:func:`~inspector.attribute.units.unit_spans`). ``global_tokens`` (LED, Longformer): global tokens of the
+    source, marked in every pass. ``options``: how it runs (:class:`SourcesOptions`, checked when made: ablations,
+    held-out masks, seed, masks a pass, ablation mode, LASSO's alpha, the baselines, integrated gradients' points,
+    the memory bound); default ``SourcesOptions()``.
 
-    Raises :class:`InspectorError` for options out of bounds (:func:`check_options`), an encoder (no output), a
-    missing output, or units or a span that cannot be placed."""
+    Raises :class:`InspectorError` for an encoder (no output), a missing output, or units or a span that cannot be
+    placed."""
     from inspector.capture.inputs import model_layout
 
-    check_options(ablations=ablations, holdout=holdout, batch_size=batch_size, ig_steps=ig_steps, alpha=alpha,
-                  mode=mode, seed=seed)
+    o = SourcesOptions() if options is None else options
+    if not isinstance(o, SourcesOptions):
+        raise InspectorError(f"options is an inspector.attribute.sources.SourcesOptions, got {type(o).__name__}")
     if not isinstance(text, str) or not text.strip():
         raise empty_source("some text (--source or --source-file)")
     out = _as_output(output)
@@ -1054,11 +732,11 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
     if not out.given:
         raise InspectorError("sources attributes an output: pass what the model said (--output TEXT) or --generate N")
     ask = _Request(output=out, spans=unit_spans(text, units), given=not (units is None or units == "sentences"),
-                   span=span, mode=mode, batch_size=batch_size, global_tokens=global_tokens)
+                   span=span, mode=o.mode, batch_size=o.batch_size, global_tokens=global_tokens, memory_gib=o.memory_gib)
     with eval_mode(model), _Counter(model) as counter:
         prob, encoded, target, target_ids, (a, b), notes = _prepare(model, tokenizer, text, ask, counter)
         raw = _scorer(prob)
-        phases = iter(["ablations", "held_out", "top_k"] if holdout else ["ablations", "top_k"])
+        phases = iter(["ablations", "held_out", "top_k"] if o.holdout else ["ablations", "top_k"])
 
         def score(masks):
             counter.phase = next(phases)
@@ -1068,19 +746,19 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
                 counter.phase = None
 
         base_scores, ig_info, full = {}, None, None
-        if baselines and ig_steps:
+        if o.baselines and o.ig_steps:
             counter.phase = "integrated_gradients"
-            base_scores["integrated_gradients"], ig_info = _integrated_gradients(prob, encoded, ig_steps)
+            base_scores["integrated_gradients"], ig_info = _integrated_gradients(prob, encoded, o.ig_steps)
             counter.phase = None
-        if baselines:
+        if o.baselines:
             counter.phase = "attention"
             base_scores["attention"], full = _attention(model, tokenizer, text, target, target_ids, global_tokens, prob)
             counter.phase = None
-        fit = evaluate(score, len(prob.units), ablations=ablations, holdout=holdout, seed=seed,
-                       n_tokens=len(prob.span_idx), alpha=alpha, baselines=base_scores, full=full)
+        fit = evaluate(score, len(prob.units), ablations=o.ablations, holdout=o.holdout, seed=o.seed,
+                       n_tokens=len(prob.span_idx), alpha=o.alpha, baselines=base_scores, full=full)
         passes = dict(counter.counts)
     ig_info = _drop_ig_if_off(fit, base_scores, ig_info, notes)
-    notes += _fit_notes(fit, ig_info, alpha)
+    notes += _fit_notes(fit, ig_info, o.alpha)
     table, methods = _tables(prob, fit, base_scores)
     if len(prob.units) < max(TOP_K):
         notes.append(f"only {len(prob.units)} units: the top-{max(TOP_K)} drop ablates all of them")
@@ -1092,5 +770,5 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
                  "definition": f"sum of log p(token) over the {len(prob.span_idx)} output token(s) of {shown!r} "
                                "(natural log, teacher-forced)"}
     return Sources(table=table, methods=methods, span=span_info, source=text, output=prob.output_text, units=prob.units,
-                   fit=fit, forward_passes=passes, mode=mode, ablations=ablations, holdout=holdout, seed=seed,
-                   alpha=alpha, batch_size=prob.batch, layout=prob.layout, ig=ig_info, notes=notes)
+                   fit=fit, forward_passes=passes, mode=o.mode, ablations=o.ablations, holdout=o.holdout, seed=o.seed,
+                   alpha=o.alpha, batch_size=prob.batch, layout=prob.layout, ig=ig_info, notes=notes)

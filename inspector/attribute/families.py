@@ -1,6 +1,6 @@
 """The model families the residual decompositions know, in one table: how each family's blocks are laid out
-(:mod:`inspector.intervene.routes`: the block lists and the sub-layers of each block) and how its attention
-computes q and k (:mod:`inspector.intervene.logit_parts`: the projections, the norm before the attention, rotary
+(:mod:`inspector.attribute.routes`: the block lists and the sub-layers of each block) and how its attention
+computes q and k (:mod:`inspector.attribute.score_parts`: the projections, the norm before the attention, rotary
 embeddings and learned positions). A family one of them supports is a family both support.
 """
 

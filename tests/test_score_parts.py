@@ -1,4 +1,4 @@
-"""Why the culprit attends to WRONG (``inspector.intervene.logit_parts``): the terms of one head's score difference
+"""Why the culprit attends to WRONG (``inspector.attribute.score_parts``): the terms of one head's score difference
 sum to the model's own difference (its output_attentions weights: log w(WRONG) - log w(RIGHT), the log-partition
 cancelling) within 1e-5 on every supported family, self, causal and cross-attention, with every bias perturbed to
 be nonzero; in a planted GPT-2 whose layer-0 head writes a direction only at WRONG that the culprit's W_K reads,
@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 import torch
 
+from inspector.attribute.score_parts import MARGIN_COLUMNS, POSITION_BIAS, TERM_COLUMNS, decompose, site_names
 from inspector.capture.inputs import encode
 from inspector.cli import main
 from inspector.errors import InspectorError
-from inspector.intervene.logit_parts import MARGIN_COLUMNS, POSITION_BIAS, TERM_COLUMNS, decompose, site_names
 
 import tiny
 

@@ -14,7 +14,7 @@ the site's query axis and key axis (a decoder-only model: prompt then continuati
 decoder: the target with its start token; cross-attention keys: the source).
 
 Residual components. The state entering the site's sub-layer is a sum of components, recorded and checked
-as :mod:`inspector.intervene.routes` records them (one forward pass, hooks):
+as :mod:`inspector.attribute.routes` records them (one forward pass, hooks):
 
 * ``token embedding``, ``position embedding`` (learned positions: GPT-2, BERT, BART; the embedding sum
   minus the token, and token type, embeddings), ``token type embedding`` (BERT); prefixed ``encoder`` /
@@ -59,25 +59,25 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from inspector.attribute.families import FAMILIES, Family
+from inspector.attribute.routes import CHECK, record
 from inspector.capture.output import Output
 from inspector.capture.value_norm import head_slices
 from inspector.errors import InspectorError
-from inspector.intervene.families import FAMILIES, Family
-from inspector.intervene.routes import CHECK, record
 from inspector.store.masks import MASKED
 
 TERM_COLUMNS = ["q_component", "q_kind", "k_component", "k_kind", "term"]
 MARGIN_COLUMNS = ["component", "kind", "term"]
 POSITION_BIAS = "position bias"
 
-__all__ = ["MARGIN_COLUMNS", "POSITION_BIAS", "TERM_COLUMNS", "LogitParts", "decompose", "site_names"]
+__all__ = ["MARGIN_COLUMNS", "POSITION_BIAS", "TERM_COLUMNS", "ScoreParts", "decompose", "site_names"]
 
 
 _MLP_OUT = ("c_proj", "down_proj", "wo", "fc2")  # the MLP's last projection, when the step's module is the whole MLP
 
 
 @dataclass
-class LogitParts:
+class ScoreParts:
     """The decomposition of one head's score difference ``s(i, WRONG) - s(i, RIGHT)`` (module docstring).
 
     ``terms``: one row per (q-side part, k-side part) -- (q-side parts) x (k-side parts) rows, q-side parts in
@@ -474,13 +474,13 @@ def _check_positions(cap, site, head: int, i: int, right: list[int], wrong: list
 
 
 def decompose(model, tokenizer, text: str, target: str | Output | None = None, *,
-              site: str, head: int, query_position: int, right_positions, wrong_positions) -> LogitParts:
+              site: str, head: int, query_position: int, right_positions, wrong_positions) -> ScoreParts:
     """Decompose head ``head``'s score difference at ``site`` for query ``query_position`` between the keys
     ``wrong_positions`` and ``right_positions`` (token indices, an int or a list: the mean score over a list)
     into the residual components at the query and the keys (module docstring). One forward pass.
 
     ``site``: a capture site name (:func:`site_names`); positions are on the site's query and key axes. Returns
-    :class:`LogitParts` (``terms`` ``[q part x k part]`` rows in logit units, the marginals, ``difference``,
+    :class:`ScoreParts` (``terms`` ``[q part x k part]`` rows in logit units, the marginals, ``difference``,
     ``total``, ``gap``). Raises :class:`InspectorError` for an unsupported family (by name), an unknown site, a
     head or position off its axis, a key the query does not see, RIGHT equal to WRONG, or a model whose
     recorded q, k or residual states differ from what its family's layout gives (1e-4 relative)."""
@@ -512,7 +512,7 @@ def _encode_first(model, tokenizer, text, target, target_ids) -> None:
     encode(model, tokenizer, text, target, target_ids=target_ids)
 
 
-def _decompose(run: _Pass, name, where, head, i, right, wrong) -> LogitParts:
+def _decompose(run: _Pass, name, where, head, i, right, wrong) -> ScoreParts:
     g, mt, extra = run.g, run.mt, run.extra
     cap = g.capture
     site = cap.site(name)
@@ -545,7 +545,7 @@ def _decompose(run: _Pass, name, where, head, i, right, wrong) -> LogitParts:
                      "k_kind": POSITION_BIAS, "term": bias})
     terms = pd.DataFrame(rows, columns=TERM_COLUMNS)
     tokens_q, tokens_k = cap.tokens(site, "query"), cap.tokens(site, "key")
-    return LogitParts(
+    return ScoreParts(
         site=name, head=head, kv_head=kvh, query_position=i, right_positions=right, wrong_positions=wrong,
         query_token=tokens_q[i], right_tokens=[tokens_k[p] for p in right], wrong_tokens=[tokens_k[p] for p in wrong],
         scaling=site.scaling, terms=terms, by_query=_margin(terms, "q"), by_key=_margin(terms, "k"),

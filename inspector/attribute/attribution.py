@@ -31,7 +31,7 @@ Methods, one column each, one row per input token (the source, and the earlier o
 
 Units of the gradient methods: those of the metric (logits, nats, or cosine). What they cannot tell: a
 gradient method is local (input x gradient) or tied to its baseline (integrated gradients); neither
-says along which path the information travelled (:mod:`inspector.intervene.routes` does).
+says along which path the information travelled (:mod:`inspector.attribute.routes` does).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from inspector.capture.inputs import Encoded, encode
 from inspector.capture.interface import eval_mode
 from inspector.capture.output import Output
 from inspector.errors import InspectorError
+from inspector.store.specs import MEMORY_LIMIT_GIB
 
 if TYPE_CHECKING:  # torch and pandas load with the first attribution, not with the CLI's parser (its defaults are here)
     import pandas as pd
@@ -64,7 +65,6 @@ IG_MEMORY_GIB = 8.0  # activations one batch of points may hold (``--memory-budg
 # not less (BART-large shape at 500 tokens, 643 MiB a point: 2 to 4 points a pass 1.6 forward-equivalents a point
 # with its backward, 8 points 1.8 to 2.4); an accelerator takes what the budget holds
 CPU_IG_GIB = 2.0
-MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted
 # a rough count of the floats one point keeps for the backward pass (checked against the peak resident memory of
 # tiny models and MiniLM on CPU: within a factor of about 2, mostly above): every linear layer's output, twice (the
 # elementwise work beside it: activation, norm, residual); every head's attention matrix, three times under eager
