@@ -976,7 +976,8 @@ def _on_cpu(model) -> bool:
 
 def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
     """Integrated-gradients points a pass: :func:`inspector.intervene.attribution.ig_batch` of what one point keeps for
-    its backward pass (:func:`inspector.intervene.attribution.ig_memory`, every logit row counted) within
+    its backward pass (:func:`inspector.intervene.attribution.ig_memory`, every logit row counted unless the model
+    takes ``logits_to_keep``) within
     ``memory_gib`` (default :data:`inspector.intervene.attribution.IG_MEMORY_GIB`; on a CPU at most what
     :data:`~inspector.intervene.attribution.CPU_IG_GIB` holds), at most ``batch``, at least 1."""
     from inspector.intervene.attribution import (
@@ -988,7 +989,8 @@ def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
         model_device,
     )
 
-    per_point = ig_memory(model, encoded, Metric(lambda *_: None, [], "", {}, None))
+    keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}  # as _integrated_gradients passes it
+    per_point = ig_memory(model, encoded, Metric(lambda *_: None, [], "", keep, None))
     budget = IG_MEMORY_GIB if memory_gib is None else memory_gib
     fits = ig_batch(per_point, IG_MAX_STEPS, None, max(budget, per_point / 2 ** 30), device=model_device(model))
     return max(1, min(batch, fits))
