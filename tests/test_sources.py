@@ -351,7 +351,13 @@ def test_forward_passes_are_counted_and_batched(tokenizer):
     assert fp["total"] == 11 <= 64
     r = S.sources(model, tokenizer, LEGAL, "the lessee pays",
                   options=S.SourcesOptions(ablations=64, holdout=32, baselines=False))
-    assert r.batch_size == 64 and r.forward_passes["total"] == 3  # 64 ablations in one batched pass
+    # on a CPU the masks go CPU_BATCH a pass (rows of unequal length pad less): 16 + 8 passes and one for the top-k
+    assert r.batch_size == S.CPU_BATCH == 4 and r.forward_passes["total"] == 16 + 8 + 1
+    one = S.sources(model, tokenizer, LEGAL, "the lessee pays",
+                    options=S.SourcesOptions(ablations=64, holdout=32, baselines=False, batch_size=64))
+    assert one.batch_size == 64 and one.forward_passes["total"] == 3  # 64 ablations in one batched pass
+    np.testing.assert_allclose(r.fit.scores, one.fit.scores, rtol=0, atol=1e-5)  # the same numbers either way
+    np.testing.assert_allclose(r.fit.holdout_scores, one.fit.holdout_scores, rtol=0, atol=1e-5)
 
 
 def test_a_tiny_led_keeps_its_global_tokens_in_every_pass(tokenizer):
@@ -503,3 +509,37 @@ def test_the_full_sources_score_read_from_the_attention_pass_is_the_models_own(n
     assert r.span["score"] == r.fit.full
     drops = r.methods.set_index("method")["top1_drop"]
     assert drops["contextcite"] == pytest.approx(plain.methods.set_index("method")["top1_drop"]["contextcite"], abs=1e-4)
+
+
+def test_integrated_gradients_is_the_quadrature_of_the_models_own_gradients(tokenizer):
+    """The integrated-gradients baseline (its LM head on the span's rows only, where the model takes
+    ``logits_to_keep``) equals the Gauss-Legendre rule written out here on the full logits: ``(x - x') * sum_i w_i
+    grad f(x' + a_i (x - x'))``, ``x'`` the units' token embeddings zeroed, summed per unit."""
+    from inspector.capture.inputs import encode
+
+    model = tiny.build("gpt2")
+    out = "the lessee pays"
+    r = S.sources(model, tokenizer, LEGAL, out, options=S.SourcesOptions(ablations=32, holdout=0, ig_steps=8))
+    n = r.ig.steps
+    enc = encode(model, tokenizer, LEGAL, out)
+    ids = enc.model_kwargs["input_ids"]
+    n_src = len(next(rec for rec in enc.records if rec.role == "source").ids)
+    tgt = next(rec for rec in enc.records if rec.role == "target")
+    x = model.get_input_embeddings()(ids).detach()
+    units = torch.zeros(ids.shape[1], dtype=torch.bool)
+    for u in r.units:
+        units[list(u.positions)] = True
+    base = torch.where(units[None, :, None], torch.zeros_like(x), x)
+    nodes, weights = np.polynomial.legendre.leggauss(n)
+    grad_sum = torch.zeros_like(x)
+    for a, w in zip((nodes + 1) / 2, weights / 2, strict=True):
+        point = (base + float(a) * (x - base)).requires_grad_(True)
+        lp = torch.log_softmax(model(inputs_embeds=point, attention_mask=enc.model_kwargs["attention_mask"],
+                                     use_cache=False).logits[0].float(), -1)
+        f = sum(lp[n_src + t - 1, tgt.ids[t]] for t in range(len(tgt.ids)))
+        (g,) = torch.autograd.grad(f, point)
+        grad_sum += float(w) * g
+    tok = ((x - base) * grad_sum).sum(-1)[0].double()
+    want = [float(tok[list(u.positions)].sum()) for u in r.units]
+    got = r.table.sort_values("unit")["integrated_gradients"].tolist()
+    assert got == pytest.approx(want, abs=1e-5)

@@ -87,6 +87,9 @@ IG_STEPS = 16  # the integrated-gradients baseline's first try, in Gauss-Legendr
 STEPS_LIMIT = 1024
 BATCH_LIMIT = 1024  # the largest --batch-size accepted
 AUTO_BATCH = 64  # the most masks a pass by default (fewer when the memory estimate says so)
+# ... and on a CPU: rows a pass pads to its longest, and on a CPU a pass of 4 computes a token as fast as one of 32
+# (benchmarks/debug.py's GPT-2-medium shape, 500-token rows), so 4 masks pad away about 2% of the work, 32 about 15-35%
+CPU_BATCH = 4
 MEMORY_GIB = 2.0  # what one pass's logits and activations may take when the batch is chosen automatically
 MODES = ("mask", "removal")
 METHODS = ("contextcite", "integrated_gradients", "attention")
@@ -528,12 +531,16 @@ def _integrated_gradients(p: _Problem, encoded, steps: int) -> tuple[Any, Comple
     total = p.n_tgt if p.layout == "encoder-decoder" else p.n_src + p.n_tgt
     rows = p.rows(total)
     ids = torch.tensor(p.span_ids, dtype=torch.long, device=x.device)
+    extra = {}
+    if _accepts(p.model, "logits_to_keep"):  # the LM head (and its backward) on the rows the span needs only
+        extra["logits_to_keep"] = total - min(rows)
+        rows = [r - min(rows) for r in rows]
 
     def f(point):
         n = point.shape[0]
         kw = {k: _expand(v, n) for k, v in rest.items()}
         others = {nm: _expand(e, n) for nm, e in zip(names[1:], embeds[1:], strict=True)}
-        out = p.model(**kw, **{names[0]: point.to(x.dtype)}, **others, use_cache=False)
+        out = p.model(**kw, **{names[0]: point.to(x.dtype)}, **others, **extra, use_cache=False)
         return _span_logprob(out.logits, rows, ids)
 
     schedule = ig.IGSchedule(steps=steps, max_steps=max(ig.IG_MAX_STEPS, steps), batch=max(1, p.ig_batch or p.batch))
@@ -633,12 +640,21 @@ def _prepare(model, tokenizer, text: str, ask: _Request,
     if not ask.batch_size and _droppable(prob):  # the masked passes hold about the kept tokens only
         kept = len(src.ids) - int(sum(len(u.positions) for u in units) * (1 - KEEP))
         prob.batch = _auto_batch(model, kept, len(tgt.ids), encoded.layout, len(span_idx), ask.memory_gib)
+    if not ask.batch_size and (_droppable(prob) or ask.mode == "removal") and _on_cpu(model):
+        prob.batch = min(prob.batch, CPU_BATCH)  # rows of unequal length: little padding, no slower on a CPU
     return prob, encoded, target, target_ids, (a, b), notes
+
+
+def _on_cpu(model) -> bool:
+    from inspector.attribute.attribution import model_device
+
+    return model_device(model) == "cpu"
 
 
 def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
     """Integrated-gradients points a pass: :func:`inspector.attribute.attribution.ig_batch` of what one point keeps for
-    its backward pass (:func:`inspector.attribute.attribution.ig_memory`, every logit row counted) within
+    its backward pass (:func:`inspector.attribute.attribution.ig_memory`, every logit row counted unless the model
+    takes ``logits_to_keep``) within
     ``memory_gib`` (default :data:`inspector.attribute.attribution.IG_MEMORY_GIB`; on a CPU at most what
     :data:`~inspector.attribute.attribution.CPU_IG_GIB` holds), at most ``batch``, at least 1."""
     from inspector.attribute.attribution import (
@@ -650,7 +666,8 @@ def _ig_points(model, encoded, batch: int, memory_gib: float | None) -> int:
         model_device,
     )
 
-    per_point = ig_memory(model, encoded, Metric(lambda *_: None, [], "", {}, None))
+    keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}  # as _integrated_gradients passes it
+    per_point = ig_memory(model, encoded, Metric(lambda *_: None, [], "", keep, None))
     budget = IG_MEMORY_GIB if memory_gib is None else memory_gib
     fits = ig_batch(per_point, IG_MAX_STEPS, None, max(budget, per_point / 2 ** 30), device=model_device(model))
     return max(1, min(batch, fits))
