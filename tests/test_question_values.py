@@ -99,6 +99,7 @@ def test_split_heads_of_a_question_gives_the_weights_numbers(cap):
     refs = {r: _positions(cap, r) for r in REFS}
     assert q_pos and all(refs.values())
     df = split_heads(cap, Question(QUERY, REFS), sites=[site]).set_index("head")
+    assert df.attrs["positions"] == {site.name: {"query": q_pos, "referents": refs}}  # resolved once, carried
     for h, want in _expected(cap, site, q_pos, refs).items():
         assert list(df.loc[h, "query_positions"]) == q_pos
         for column, value in want.items():

@@ -129,7 +129,9 @@ def split_heads(capture: Capture, question: Question, *, sites: str | list[Site]
     the positions whose row alone passes the rule. ``question``: a
     :class:`~inspector.analysis.question.Question` with a query (a word, ``@I``, or a ``position``) and two or
     more referents; its ``rule`` flags the heads, its ``weighting="value-norm"`` reads value-weighted
-    attention (sites without value norms are left out, see ``df.attrs["left_out"]``).
+    attention (sites without value norms are left out, see ``df.attrs["left_out"]``). ``df.attrs["positions"]``:
+    per site the resolved positions, ``{"query": [...], "referents": {referent: [key positions]}}``, so a view
+    reads them here and looks no word up again.
 
     Only sites where the query is on the query axis and at least one referent occurrence is visible to
     it are reported. The question's ``query_role`` / ``referent_role`` ("source" or "target") restrict where the
@@ -167,7 +169,10 @@ def split_heads(capture: Capture, question: Question, *, sites: str | list[Site]
         keys, ascending = ["split_score", "_cross"], [False, True]
     df = df.sort_values(keys + ["site", "head"], ascending=ascending + [True, True], kind="stable")
     df = df.drop(columns="_cross").reset_index(drop=True)
-    df.attrs.update(weighting=weighting, left_out=left_out)
+    # the resolved positions, per site: the query's (also the query_positions column) and each referent's keys
+    df.attrs.update(weighting=weighting, left_out=left_out,
+                    positions={f.site.name: {"query": f.query_positions, "referents": f.referent_positions}
+                               for f in found})
     return df
 
 
