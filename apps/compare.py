@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import altair as alt
@@ -10,6 +11,7 @@ import streamlit as st
 from shared import PERSIST, ss
 
 from inspector import analysis
+from inspector.analysis.question import Question
 from inspector.errors import InspectorError
 from inspector.ui import views
 
@@ -63,9 +65,11 @@ def split_scores(cap, path: str) -> dict[tuple[str, int], float] | None:
         memo = (path, run["query"], tuple(run["refs"]), run["rule"], ss.weighting)
         if ss.get("cmp_split", (None,))[0] != memo:
             try:
-                got = analysis.split_heads(cap, run["query"] or None, run["refs"], occurrence=shared.occurrence_arg(ss.sp_occ),
-                                           sites=ss.sp_sites, rule=run["rule"], case_sensitive=not ss.sp_ignore_case,
-                                           weighting=shared.weighting_of(cap))
+                asked = run.get("question") or Question(run["query"] or None, tuple(run["refs"]), rule=run["rule"],
+                                                        occurrence=shared.occurrence_arg(ss.sp_occ),
+                                                        case_sensitive=not ss.sp_ignore_case)
+                question = replace(asked, weighting=shared.weighting_of(cap))  # the split finder's, as run
+                got = analysis.split_heads(cap, question, sites=ss.sp_sites)
             except InspectorError as exc:
                 got = views.app_error(exc)
             ss.cmp_split = (memo, got)

@@ -20,6 +20,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from inspector import analysis
+from inspector.analysis.question import Question
 from inspector.capture.models import DEFAULT_MODEL, load_model
 from inspector.errors import InspectorError
 from inspector.store import Capture, Site
@@ -314,15 +315,15 @@ def run_split() -> None:
     cap = ss.capture
     refs = [r for r in ss.sp_refs.split(",") if r.strip()] + [f"@{i}" for i in ss.sp_pick]
     rule = analysis.SplitRule(min_split=float(ss.sp_min_split), min_mass=float(ss.sp_min_mass), min_lift=float(ss.sp_min_lift))
-    try:
-        df = analysis.split_heads(cap, ss.sp_query.strip() or None, refs, occurrence=occurrence_arg(ss.sp_occ),
-                                  sites=ss.sp_sites, rule=rule, case_sensitive=not ss.sp_ignore_case,
-                                  weighting=ss.weighting)
+    try:  # the question, built once from the fields (and checked there)
+        question = Question(ss.sp_query.strip() or None, tuple(refs), occurrence=occurrence_arg(ss.sp_occ), rule=rule,
+                            case_sensitive=not ss.sp_ignore_case, weighting=ss.weighting)
+        df = analysis.split_heads(cap, question, sites=ss.sp_sites)
     except InspectorError as exc:
         ss.split_error = app_words(views.app_error(exc))
         return
     ss.split_error = None
-    ss.split = {"df": df, "query": ss.sp_query.strip(), "refs": refs, "rule": rule}
+    ss.split = {"df": df, "query": ss.sp_query.strip(), "refs": refs, "rule": rule, "question": question}
     first = df[df["flagged"]].head(1) if df["flagged"].any() else df.head(1)
     if len(first):
         r = first.iloc[0]

@@ -9,6 +9,7 @@ import shared
 import streamlit as st
 
 from inspector.analysis.explain import check_against_capture, explain
+from inspector.analysis.question import Question
 from inspector.errors import InspectorError
 from inspector.store.files import strict_json
 from inspector.ui import views
@@ -34,7 +35,7 @@ if shared.ss.get("verdict") is not None and shared.ss.get("path"):
                          hide_index=True, column_config={"term": st.column_config.NumberColumn(format="%+.5f")})
 try:
     views.check_head_dims(site)  # before any work: explain builds one contribution of d_v entries per key
-    exp = explain(cap, site, head, qi)
+    exp = explain(cap, Question(position=qi), site, head)
 except InspectorError as exc:
     shared.show_error(views.app_error(exc))
     st.stop()

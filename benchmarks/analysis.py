@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import inspect
 import json
 import re
 import shutil
@@ -132,9 +133,12 @@ def analysis_job(spec: dict) -> dict:
     if spec["job"] == "rank":
         calls.append(("rank", lambda: analysis.rank_heads(cap)))
     else:
-        calls.append(("split words", lambda: analysis.split_heads(cap, QUERY, REFERENTS, occurrence=spec["occurrences"])))
-        calls.append(("split @index", lambda: analysis.split_heads(
-            cap, None, [f"@{i}" for i in spec["referent_indices"]], query_index=spec["query_index"])))
+        from inspector.analysis.question import Question
+
+        words = Question(QUERY, tuple(REFERENTS), occurrence=spec["occurrences"])
+        at = Question(position=spec["query_index"], referents=tuple(f"@{i}" for i in spec["referent_indices"]))
+        calls.append(("split words", lambda: analysis.split_heads(cap, words)))
+        calls.append(("split @index", lambda: analysis.split_heads(cap, at)))
     out = {"rss_loaded": rss_mb()}
     for name, call in calls:
         with PeakMemory(anon=True) as mem:
@@ -163,7 +167,14 @@ def version_job(spec: dict) -> dict:
     if spec["job"] == "rank":
         def call():
             return analysis.rank_heads(cap, **extra)
-    else:
+    elif "question" in inspect.signature(analysis.split_heads).parameters:  # a Question (issue 43) and after
+        from inspector.analysis.question import Question
+
+        question = Question(QUERY, tuple(REFERENTS), occurrence=spec["occurrences"], **extra)
+
+        def call():
+            return analysis.split_heads(cap, question)
+    else:  # an older revision: the query and referents as loose arguments
         def call():
             return analysis.split_heads(cap, QUERY, REFERENTS, occurrence=spec["occurrences"], **extra)
     walls, cpus = [], []

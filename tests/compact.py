@@ -9,6 +9,7 @@ import json
 import pandas as pd
 import torch
 
+from inspector.analysis.question import Question
 from inspector.store import masks
 from inspector.store.capture_file import Capture
 from inspector.store.masks import MASKED
@@ -53,7 +54,7 @@ def assert_same_analyses(cap: Capture, query: str, referents: list[str]) -> None
     twin = dense_twin(cap)
     for b in range(cap.batch_size):
         pd.testing.assert_frame_equal(rank_heads(cap, batch=b), rank_heads(twin, batch=b))
-    got, want = split_heads(cap, query, referents), split_heads(twin, query, referents)
+    got, want = split_heads(cap, Question(query, referents)), split_heads(twin, Question(query, referents))
     assert len(got) == len(want) > 0
     pd.testing.assert_frame_equal(got, want)
 

@@ -11,6 +11,7 @@ import torch
 
 from inspector import analysis
 from inspector.analysis.explain import check_against_capture, explain
+from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.capture.inputs import encode
 from inspector.cli import main
@@ -63,7 +64,7 @@ def test_exclude_special_renormalizes(planted_capture):
 
 
 def test_split_flags_the_planted_head_only(planted_capture):
-    df = analysis.split_heads(planted_capture, "today", ["Bob", "Carol"]).set_index("head")
+    df = analysis.split_heads(planted_capture, Question("today", ["Bob", "Carol"])).set_index("head")
     assert df.loc[0, "split_score"] == pytest.approx(1.0, abs=TOL) and df.loc[0, "flagged"]
     assert df.loc[0, "weight:Bob"] == pytest.approx(0.5, abs=TOL) and df.loc[0, "weight:Carol"] == pytest.approx(0.5, abs=TOL)
     assert df.loc[1, "weight:Bob"] == pytest.approx(0.9, abs=TOL) and not df.loc[1, "flagged"]
@@ -74,25 +75,25 @@ def test_split_flags_the_planted_head_only(planted_capture):
 
 def test_split_errors_name_the_fix(planted_capture):
     with pytest.raises(InspectorError, match="nearest: Carol"):
-        analysis.split_heads(planted_capture, "today", ["Bob", "Caroll"])
+        analysis.split_heads(planted_capture, Question("today", ["Bob", "Caroll"]))
     with pytest.raises(InspectorError, match="'tomorrow' is not in the source text"):
-        analysis.split_heads(planted_capture, "tomorrow", ["Bob", "Carol"])
+        analysis.split_heads(planted_capture, Question("tomorrow", ["Bob", "Carol"]))
     with pytest.raises(InspectorError, match="at least two different referents"):
-        analysis.split_heads(planted_capture, "today", ["Bob"])
-    df = analysis.split_heads(planted_capture, f"@{planted.TODAY}", [f"@{planted.BOB}", f"@{planted.CAROL}"])  # token indices
+        analysis.split_heads(planted_capture, Question("today", ["Bob"]))
+    df = analysis.split_heads(planted_capture, Question(f"@{planted.TODAY}", [f"@{planted.BOB}", f"@{planted.CAROL}"]))  # token indices
     assert df.set_index("head").loc[0, "split_score"] == pytest.approx(1.0, abs=TOL)
 
 
 def test_worked_example_reproduces_the_seed():
     spec = json.loads((FIXTURES / "worked_example.json").read_text())
     cap = load(FIXTURES / "worked_example.safetensors")
-    exp = explain(cap, "example.attention", 0, 3)  # "blocked"
+    exp = explain(cap, Question(position=3), "example.attention", 0)  # "blocked"
     assert exp.table["dot"].round(6).tolist() == [1.0, 6.0, 0.4, 2.0]
     assert exp.table["scaled"].round(6).tolist() == [0.5, 3.0, 0.2, 1.0]
     assert exp.table["weight"].round(3).tolist() == spec["expected"]["blocked"]["weights"]
     assert [round(x, 2) for x in exp.output] == spec["expected"]["blocked"]["output"]
     assert exp.table["weight"].sum() == pytest.approx(1.0)
-    card = explain(cap, "example.attention", 0, 1)
+    card = explain(cap, Question(position=1), "example.attention", 0)
     assert card.table["weight"].tolist()[2:] == [0.0, 0.0]  # "was" and "blocked" exactly 0 under the causal mask
     assert card.table["mask"].tolist()[2:] == [-math.inf, -math.inf]
     assert check_against_capture(cap, exp) < 1e-7
@@ -116,7 +117,7 @@ def _positions(offsets, text, word, start=0):
 def test_legal_split_on_minilm_equals_eager_attention(minilm, tmp_path):
     model, tok = minilm.model, minilm.tokenizer
     cap = capture(model, tok, LEGAL)
-    df = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    df = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]))
     enc = tok(LEGAL, return_offsets_mapping=True)
     q = _positions(enc["offset_mapping"], LEGAL, "indemnity")
     lessee = _positions(enc["offset_mapping"], LEGAL, "Lessee")
@@ -134,7 +135,7 @@ def test_legal_split_on_minilm_equals_eager_attention(minilm, tmp_path):
     assert len(df) == 6 * 12 and df["flagged"].any()
     # the lazy capture gives the same table
     lazy = capture(model, tok, LEGAL, weights=False)
-    dl = analysis.split_heads(lazy, "indemnity", ["Lessee", "Lessor"])
+    dl = analysis.split_heads(lazy, Question("indemnity", ["Lessee", "Lessor"]))
     torch.testing.assert_close(torch.tensor(dl["split_score"].to_numpy()), torch.tensor(df["split_score"].to_numpy()), atol=1e-6, rtol=0)
 
 
@@ -142,7 +143,7 @@ def test_cross_attention_split_on_bart_equals_eager(tokenizer):
     target = "The Lessor shall indemnify the Lessee."
     model = tiny.build("bart")
     cap = capture(model, tokenizer, LEGAL, target)
-    df = analysis.split_heads(cap, "indemnify", ["Lessee", "Lessor"], sites="cross")
+    df = analysis.split_heads(cap, Question("indemnify", ["Lessee", "Lessor"]), sites="cross")
     assert set(df["kind"]) == {"cross"} and len(df) == 2 * 4
     eager = tiny.build("bart", attn="eager")
     enc = encode(eager, tokenizer, LEGAL, target)
@@ -155,7 +156,7 @@ def test_cross_attention_split_on_bart_equals_eager(tokenizer):
         a = out.cross_attentions[row.layer][0, row.head][q].mean(0)
         assert row.referent_mass == pytest.approx(float(a[_positions(src, LEGAL, "Lessee")].sum() + a[_positions(src, LEGAL, "Lessor")].sum()), abs=TOL)
     # a target-side phrase is only on the decoder's own axis: the encoder sites are left out
-    own = analysis.split_heads(cap, "shall indemnify the Lessee", ["Lessee", "Lessor"], sites="self")
+    own = analysis.split_heads(cap, Question("shall indemnify the Lessee", ["Lessee", "Lessor"]), sites="self")
     assert set(own["stack"]) == {"decoder"} and set(own["kind"]) == {"causal"}
 
 
@@ -163,7 +164,7 @@ def test_causal_site_explain_matches_capture(tokenizer):
     cap = capture(tiny.build("llama"), tokenizer, LEGAL, weights=False)
     site = cap.sites[1]
     for qi in (0, 5, site.query_len - 1):
-        exp = explain(cap, site, 3, qi)
+        exp = explain(cap, Question(position=qi), site, 3)
         assert check_against_capture(cap, exp) < 1e-6
         assert (exp.table["weight"].iloc[qi + 1:] == 0).all()
 
@@ -301,7 +302,7 @@ def test_both_rankings_in_one_pass_equal_renormalizing_by_hand(minilm):
 
 def test_split_by_query_index_skips_sites_whose_axis_is_shorter(tokenizer):
     cap = capture(tiny.build("bart"), tokenizer, LEGAL, "The Lessor pays.")
-    df = analysis.split_heads(cap, None, ["Lessee", "Lessor"], query_index=12)
+    df = analysis.split_heads(cap, Question(position=12, referents=["Lessee", "Lessor"]))
     assert set(df["stack"]) == {"encoder"}  # the target has fewer than 13 tokens
     assert df["query"].iloc[0] == f"@12 {cap.tokens(cap.sites[0], 'query')[12]}"
 
@@ -401,8 +402,8 @@ def test_batch_with_targets_matches_single_captures(name, tokenizer):
         a = analysis.rank_heads(batch, batch=b).sort_values(["site", "head"])[cols].fillna(-1).to_numpy()
         s = analysis.rank_heads(single).sort_values(["site", "head"])[cols].fillna(-1).to_numpy()
         assert abs(a - s).max() < 1e-5
-    sa = analysis.split_heads(batch, "indemnify", ["Lessee", "pays"], batch=0).sort_values(["site", "head"])
-    ss = analysis.split_heads(capture(model, tokenizer, texts[0], targets[0]), "indemnify", ["Lessee", "pays"]).sort_values(["site", "head"])
+    sa = analysis.split_heads(batch, Question("indemnify", ["Lessee", "pays"]), batch=0).sort_values(["site", "head"])
+    ss = analysis.split_heads(capture(model, tokenizer, texts[0], targets[0]), Question("indemnify", ["Lessee", "pays"])).sort_values(["site", "head"])
     assert len(sa) == len(ss) > 0
     assert abs(sa["split_score"].to_numpy() - ss["split_score"].to_numpy()).max() < 1e-5
 
@@ -450,9 +451,9 @@ def test_a_query_that_sees_no_referent_names_the_mask_that_hides_them(tokenizer)
 
     cap = capture(tiny.build("gpt2"), tokenizer, "Such indemnity binds the Lessee and the Lessor.")
     with pytest.raises(InspectorError, match=r"cannot see any referent \(causal mask\)"):
-        analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+        analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]))
     with pytest.raises(InspectorError, match=r"cannot see any referent \(causal mask\)"):
-        explain(cap, cap.sites[0], 0, query="indemnity", referents=["Lessee", "Lessor"])
+        explain(cap, Question("indemnity", referents=["Lessee", "Lessor"]), cap.sites[0], 0)
     flags = torch.zeros(1, 8, dtype=torch.bool)
     assert masks.describe(masks.band_spec("b", (4, 0, 0), 8, flags, padding=flags)[0]).startswith("block-local mask (blocks of 4")
     assert masks.describe(masks.band_spec("b", (1, 2, 0), 8, flags, padding=flags)[0]).startswith("band mask")

@@ -20,6 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 from inspector import analysis
 from inspector.analysis.explain import explain
+from inspector.analysis.question import Question
 from inspector.store import load
 from inspector.ui import views
 
@@ -56,7 +57,7 @@ def test_fixture_from_command_line_step_by_step(app):
     assert table["weight"].round(3).tolist() == [0.064, 0.782, 0.048, 0.106]
     assert table["visible"].all()
     cap = load(FIXTURE)
-    expected = explain(cap, "example.attention", 0, 3)
+    expected = explain(cap, Question(position=3), "example.attention", 0)
     assert download(at, "dl_explain") == views.csv_bytes(expected.table)
     # a causal mask: query "card" (1) cannot see "was" and "blocked", and the table says so
     at.number_input(key="sel_query").set_value(1)

@@ -11,6 +11,8 @@ import sys
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
+from inspector.analysis.question import Question
+
 from helpers.app import APP, TIMEOUT, errors, run, show
 
 REFS = "Lessee,Lessor"
@@ -38,7 +40,7 @@ def test_split_finder_occurrence_counts_from_one(app, legal_cli):
         run(at)
         assert not errors(at), errors(at)
         got[k] = scores(at.session_state["split"]["df"])
-        assert got[k] == scores(analysis.split_heads(cap, "the", REFS.split(","), occurrence=k))  # as the CLI's K
+        assert got[k] == scores(analysis.split_heads(cap, Question("the", REFS.split(","), occurrence=k)))  # as the CLI's K
     assert got[1] != got[2]
 
 
@@ -71,7 +73,7 @@ def test_start_occurrence_from_the_command_line(app, legal_cli, monkeypatch):
     at = run(AppTest.from_file(str(APP), default_timeout=TIMEOUT))
     assert at.session_state["sp_occ"] == 2
     assert scores(at.session_state["split"]["df"]) == scores(
-        analysis.split_heads(load(cap_path), "the", REFS.split(","), occurrence=2))
+        analysis.split_heads(load(cap_path), Question("the", REFS.split(","), occurrence=2)))
     show(at, "Split finder")
     assert at.number_input(key="sp_occ").value == 2
 

@@ -10,7 +10,8 @@ import torch
 
 from inspector import analysis
 from inspector.analysis import split
-from inspector.analysis.placement import Lookup, place
+from inspector.analysis.placement import place
+from inspector.analysis.question import Question
 from inspector.capture import capture
 
 import tiny
@@ -62,18 +63,18 @@ def test_split_heads_builds_one_layout_per_key_axis_and_each_site_reads_its_own(
             super().__init__(referents, key_tokens)
 
     monkeypatch.setattr(split, "ReferentLayout", Counted)
-    df = analysis.split_heads(bart, "indemnify", ["Lessee", "Lessor"])
+    df = analysis.split_heads(bart, Question("indemnify", ["Lessee", "Lessor"]))
     sites = {s.name: s for s in bart.sites if s.name in set(df["site"])}
     key_axes = {(tuple(s.key_input), s.key_len) for s in sites.values()}
     assert len(sites) > len(key_axes) >= 2  # BART: the query in the source and in the output, two key axes
     assert len(built) == len(key_axes)
-    _each_site_is_its_own_split(bart, df, Lookup(query="indemnify", referents=("Lessee", "Lessor")))
+    _each_site_is_its_own_split(bart, df, Question("indemnify", referents=("Lessee", "Lessor")))
 
 
-def _each_site_is_its_own_split(cap, df, lookup, weighting="attention", batch=0):
+def _each_site_is_its_own_split(cap, df, question, weighting="attention", batch=0):
     """Each site's rows of ``df`` (split_heads) equal that site's split made alone, with nothing shared."""
     sites = {s.name: s for s in cap.sites if s.name in set(df["site"])}
-    placement = place(cap, lookup, batch, sites=list(sites.values()))
+    placement = place(cap, question, batch, sites=list(sites.values()))
     for name, site in sites.items():
         ax = placement.at(site)
         alone = split.referent_split(cap, site, list(ax.picked().positions), ax.referent_positions(), batch=batch,
@@ -97,9 +98,9 @@ def test_two_key_axes_with_the_referents_at_the_same_positions_keep_their_own_la
     cap = capture(tiny.build("bart"), tokenizer, "The Lessee shall indemnify the Lessor.",
                   "The Lessor shall indemnify Lessee.")
     assert len(cap.records("source").ids) == len(cap.records("target").ids)
-    df = analysis.split_heads(cap, "indemnify", ["@2", "@6"], query_role="target", weighting=weighting)
+    df = analysis.split_heads(cap, Question("indemnify", ["@2", "@6"], query_role="target", weighting=weighting))
     assert {s.kind for s in cap.sites if s.name in set(df["site"])} >= {"cross", "causal"}
-    _each_site_is_its_own_split(cap, df, Lookup(query="indemnify", referents=("@2", "@6"), query_role="target"),
+    _each_site_is_its_own_split(cap, df, Question("indemnify", referents=("@2", "@6"), query_role="target"),
                                 weighting=weighting)
 
 
@@ -112,5 +113,5 @@ def test_each_batch_row_reads_its_own_axis(tokenizer):
             assert cap.tokens(site, "key", b) == list(rows[b].tokens)
             assert cap.flags(site, "key", b)[1].tolist() == [bool(x) for x in rows[b].padding]
             assert cap.flags(site, "query", b)[0].tolist() == [bool(x) for x in rows[b].special]
-    df = analysis.split_heads(cap, "Lessee", ["Lessor", "pays"], batch=1)
-    _each_site_is_its_own_split(cap, df, Lookup(query="Lessee", referents=("Lessor", "pays")), batch=1)
+    df = analysis.split_heads(cap, Question("Lessee", ["Lessor", "pays"]), batch=1)
+    _each_site_is_its_own_split(cap, df, Question("Lessee", referents=("Lessor", "pays")), batch=1)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from inspector.analysis.question import Question
 from inspector.capture.models import LoadedModel
 from inspector.corpus import reduce
 from inspector.corpus.batch_reduce import batch_rows
@@ -295,7 +296,7 @@ def test_the_scan_and_split_heads_compute_the_split_through_split_statistics(mon
     for b, frame in before[0].items():
         pd.testing.assert_frame_equal(done[b], frame)
     calls.clear()
-    split.split_heads(cap, "indemnity", ["Lessee", "Lessor"], batch=0)
+    split.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]), batch=0)
     assert len(calls) == len(cap.sites) and all(c[0] == 1 for c in calls), "split_heads: a batch of one per site"
 
     def refuse(*args, **kw):

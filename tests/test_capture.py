@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inspector.analysis.question import Question
 from inspector.capture import IMPL, attn_implementation, capture
 from inspector.capture.inputs import encode
 from inspector.store import attention, load
@@ -251,7 +252,7 @@ def test_attention_sinks_are_kept_as_the_model_computes_them(tokenizer):
         torch.testing.assert_close(lazy.weights(site.name), ref[0], atol=WEIGHT_TOL, rtol=0)
         assert float(ref.sum(-1).min()) < 0.99  # the sink takes weight: rows of real keys sum below 1
     for cap in (full, lazy):
-        exp = explain(cap, cap.sites[0], 0, 3)
+        exp = explain(cap, Question(position=3), cap.sites[0], 0)
         assert not exp.steps and exp.output is None and "s_aux" in exp.note and "cannot reproduce" in exp.note
         torch.testing.assert_close(torch.tensor(exp.table["weight"].to_numpy()), out.attentions[0][0, 0, 3].double(),
                                    atol=WEIGHT_TOL, rtol=0)

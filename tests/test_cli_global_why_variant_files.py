@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inspector.analysis.question import Question
 from inspector.cli import main
 
 import tiny
@@ -131,7 +132,7 @@ def test_why_on_rmsnorm_models_sums_to_the_captured_scores(models, tmp_path, cap
     site = cap.site("model.layers.1.self_attn")
     q, right, wrong = 9, [2, 3], [6, 7]
     for head in range(site.num_heads):
-        scaled = explain(cap, site, head, q).table.set_index("key_index")["scaled"]
+        scaled = explain(cap, Question(position=q), site, head).table.set_index("key_index")["scaled"]
         want = scaled[wrong].mean() - scaled[right].mean()
         csv = tmp_path / f"why-{head}.csv"
         assert main(["why", "--model", str(models[name]), "--source", SHORT, "--output", OUTPUT, "--site", site.name,

@@ -63,7 +63,7 @@ def test_every_view_tells_the_same_row(case, weighting, tmp_path, monkeypatch):
     cap = load(path)
     from inspector.ui.report import render_report
 
-    split = analysis.split_heads(cap, QUERY, REFS, weighting=weighting)
+    split = analysis.split_heads(cap, Question(QUERY, REFS, weighting=weighting))
     rank = analysis.rank_heads(cap, weighting=weighting)
     page = render_report(cap, split, rank, Question(QUERY, tuple(REFS), weighting=weighting), commands=[])
     # the head every view is asked about: the report's first head card with shaded text
@@ -172,7 +172,7 @@ def test_plot_and_show_draw_the_word_mean_row_pinned(minilm, tmp_path):
     data = show.query_data(cap, site, 9, "indemnify")
     lessee = float(data.loc[data["key_token"].isin(["less", "##ee"]) & (data["key_index"] < 4), "weight"].sum())
     assert lessee == pytest.approx(0.3241, abs=5e-5)
-    split = analysis.split_heads(cap, "indemnify", ["Lessee", "Lessor"])
+    split = analysis.split_heads(cap, Question("indemnify", ["Lessee", "Lessor"]))
     top = split[(split["site"] == site) & (split["head"] == 9)].iloc[0]
     assert top["weight:Lessee"] == pytest.approx(lessee, abs=TOL)
     last = show.query_data(cap, site, 9, data.attrs["query_positions"][-1])  # one position: that row alone
@@ -205,7 +205,7 @@ def test_report_window_and_bars_are_the_apps(arch, tokenizer):
     filler = " ".join(f"Clause {i} covers the rent and the repairs of unit {i}." for i in range(7))
     text = f"The Lessee shall indemnify the Lessor. {filler} Such indemnity survives."
     cap = capture(tiny.build(arch), tokenizer, text)
-    split = analysis.split_heads(cap, QUERY, REFS)
+    split = analysis.split_heads(cap, Question(QUERY, REFS))
     page = render_report(cap, split, analysis.rank_heads(cap), Question(QUERY, tuple(REFS)), commands=[])
     cards = HEAD_CARD.findall(page)
     assert cards

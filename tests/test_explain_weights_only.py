@@ -24,6 +24,7 @@ from inspector.analysis.explain import (
     no_steps,
 )
 from inspector.analysis.keys import visible_keys
+from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.cli import main
 from inspector.errors import InspectorError
@@ -82,7 +83,7 @@ def test_a_row_of_a_weights_only_site_gives_its_weights_and_no_steps(case, capsy
         assert [r["visible"] for r in got["rows"]] == vis.tolist()
         assert not vis.all() or site.band is None  # LED's window: some keys are out of the query's sight
         assert float(want[~vis].abs().sum()) == 0.0 and math.isclose(float(want.sum()), 1.0, abs_tol=1e-5)
-        exp = explain(cap, site, head, qi)
+        exp = explain(cap, Question(position=qi), site, head)
         assert not exp.steps and list(exp.table.columns) == WEIGHT_COLUMNS and exp.output is None
         assert exp.to_json() == got
         assert check_against_capture(cap, exp) == 0.0
@@ -98,7 +99,7 @@ def test_a_word_at_a_weights_only_site_gives_splits_row(case, capsys):
     ``split_heads``' row for that head within TOL, each query row's weights are the capture's, and the JSON
     says the steps are absent; the Python API gives the same verdict."""
     path, cap, site, _ = case
-    split = analysis.split_heads(cap, QUERY, REFS)
+    split = analysis.split_heads(cap, Question(QUERY, REFS))
     rows = split[split["site"] == site.name]
     assert len(rows) == site.num_heads
     for head in range(site.num_heads):
@@ -112,7 +113,7 @@ def test_a_word_at_a_weights_only_site_gives_splits_row(case, capsys):
             want = _row(cap, site, head, r["query_index"])
             assert r["steps"] is False and max(abs(x["weight"] - float(w)) for x, w in zip(r["rows"], want, strict=True)) <= TOL
         table = rows[rows["head"] == head].iloc[0]
-        word = explain(cap, site, head, query=QUERY, referents=REFS)
+        word = explain(cap, Question(QUERY, referents=REFS), site, head)
         for verdict in (got["aggregate"]["referents"], word.verdict):
             for k, v in verdict.items():
                 if k.startswith("weight:") or k in ("referent_mass", "chance_mass", "lift", "split_score"):
@@ -128,7 +129,7 @@ def test_sites_with_qkv_keep_their_steps():
     cap = capture(tiny.build("bart"), tiny.tokenizer(), lf.TEXTS[0], lf.TARGETS[0])
     for site in cap.sites:
         assert no_steps(site) is None
-        exp = explain(cap, site, 0, site.query_len - 1)
+        exp = explain(cap, Question(position=site.query_len - 1), site, 0)
         assert exp.steps and exp.note is None and list(exp.table.columns) == EXPLAIN_COLUMNS and exp.output
         assert "steps" in exp.to_json() and "note" not in exp.to_json()
         assert check_against_capture(cap, exp) < 1e-5
@@ -141,7 +142,7 @@ def test_a_site_with_neither_weights_nor_qk_is_refused(case):
     with pytest.raises(InspectorError, match="stores neither weights nor Q/K/V.*capture it again with weights"):
         no_steps(bare)
     with pytest.raises(InspectorError, match="stores neither weights nor Q/K/V"):
-        explain(cap, bare, 0, qi)
+        explain(cap, Question(position=qi), bare, 0)
 
 
 def test_the_apps_step_page_shows_a_weights_only_row(case, app):  # noqa: F811  (test_app's fixture)
@@ -162,7 +163,7 @@ def test_the_apps_step_page_shows_a_weights_only_row(case, app):  # noqa: F811  
     want = _row(cap, site, int(at.selectbox(key="sel_head").value), qi)
     assert max(abs(a - float(b)) for a, b in zip(table["weight"], want, strict=True)) <= TOL
     assert any("No steps" in i.value and "stores weights only" in i.value for i in at.info)
-    expected = explain(cap, site, int(at.selectbox(key="sel_head").value), qi)
+    expected = explain(cap, Question(position=qi), site, int(at.selectbox(key="sel_head").value))
     assert download(at, "dl_explain") == views.csv_bytes(expected.table)
 
 
@@ -177,11 +178,13 @@ def test_a_words_option_with_one_row_is_refused_not_ignored(case, capsys, extra,
     assert main(["explain", str(path), "--site", site.name, "--head", "0", "--query-index", str(qi), *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("inspector: error: ") and named in err and "--query" in err and err.count("\n") == 1
-    for kw in (dict(referents=REFS), dict(occurrence=0), dict(weighting="value-norm"), dict(query_role="source"),
-               dict(referent_role="source"), dict(rule=analysis.SplitRule())):
+    for kw in (dict(referents=REFS), dict(weighting="value-norm"), dict(query_role="source"),
+               dict(referent_role="source"), dict(rule=analysis.SplitRule(min_split=0.3))):
         with pytest.raises(InspectorError, match="not to one row"):
-            explain(cap, site, 0, qi, **kw)
-    assert explain(cap, site, 0, qi).query_index == qi
+            explain(cap, Question(position=qi, **kw), site, 0)
+    with pytest.raises(InspectorError, match="--occurrence"):  # refused when the question is made
+        Question(position=qi, occurrence=1)
+    assert explain(cap, Question(position=qi), site, 0).query_index == qi
 
 
 @pytest.mark.parametrize("command", ["explain", "split", "plot"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from inspector import analysis
+from inspector.analysis.question import Question
 from inspector.capture import attn_implementation, capture
 from inspector.capture.generation import generate_target
 from inspector.capture.inputs import _prefix_offsets, encode, records_from_ids
@@ -52,7 +53,7 @@ def test_pair_passes_the_tokenizers_type_ids_and_matches_eager(minilm):
     assert single.records("source").ids == rec.ids
     assert (single.tensor(single.sites[0], "weights") - cap.tensor(cap.sites[0], "weights")).abs().max() > 0.05
     # the query word is found in B through the shifted offsets
-    df = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    df = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]))
     first_b = rec.tokens.index("[SEP]") + 1
     b_start = len(A) + 1
     in_b = [i for i, o in enumerate(rec.offsets) if o is not None and b_start + B.index("indemnity") <= o[0] < b_start + B.index(" survives")]
@@ -163,7 +164,7 @@ def test_byte_level_generated_output_through_capture():
     cap = capture(model, tok, "The", Output(ids=(tuple(ids),)))
     rec = cap.records("target")
     assert rec.offsets == [list(o) for o in tok(TRICKY, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
-    df = analysis.split_heads(cap, "\u00c9lan", ["The", "Lessee"], query_role="target")
+    df = analysis.split_heads(cap, Question("\u00c9lan", ["The", "Lessee"], query_role="target"))
     first = [i for i, o in enumerate(rec.offsets) if o[0] == 0]
     n_src = len(cap.records("source").ids)
     assert df["query_positions"].iloc[0][0] == n_src + first[0]  # the word starts at its first byte

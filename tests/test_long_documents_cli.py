@@ -162,7 +162,7 @@ def test_every_value_norm_refusal_promises_a_recapture_only_where_it_helps(tmp_p
 
     cap = capture(lf.led(), tiny.tokenizer(), SOURCE, "It pays.", global_tokens=["@0"])
     with pytest.raises(InspectorError, match=r"without values\): use --weighting attention$"):
-        explain(cap, cap.sites[0], 0, query="Lessee", weighting="value-norm")
+        explain(cap, Question("Lessee", weighting="value-norm"), cap.sites[0], 0)
     for site in (cap.sites[0], next(s for s in cap.sites if s.stack == "decoder")):
         with pytest.raises(InspectorError, match=r"without values\): use --weighting attention$"):
             head_weights(cap, site, weighting="value-norm")

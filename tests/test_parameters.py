@@ -33,8 +33,6 @@ ALLOWED = {
     "investigate/matter.py:does_it_matter": ENTRY + " (variants, --top, --global, --budget and --memory-budget of "
                                                     "debug, one to one)",
     "attribute/attribution.py:attribute": ENTRY + " (methods and integrated gradients' steps, batch and memory budget)",
-    "analysis/split.py:split_heads": ENTRY + "; investigations call it once with a Question's fields (split_for)",
-    "analysis/explain.py:explain": ENTRY + "; a word's explanation builds one Question and passes only it on",
     "attribute/routes.py:routes": ENTRY + " (position, contrast, query, occurrence, threshold, stack, graph)",
     "intervene/effects.py:effects": ENTRY + " (contrast, query, occurrence, top, method, confirm)",
     "intervene/effects.py:patch": ENTRY + "; the output is one Output value",

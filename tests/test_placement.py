@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from inspector.analysis import rank_heads, spans, split_heads
-from inspector.analysis.placement import Lookup, place
+from inspector.analysis.placement import place
 from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.capture.models import LoadedModel
@@ -140,20 +140,19 @@ def test_a_failed_lookup_says_what_spans_says(bart):
         ax.referent_positions()
     assert str(got.value) == spans.not_found_message(cap, site, "Lessor2", "key", what="referent")
     with pytest.raises(InspectorError, match="--occurrence picks among"):
-        place(cap, Lookup(None, occurrence=1, query_index=3))
+        Question(position=3, occurrence=1)  # refused when made, before any lookup
 
 
 def test_split_heads_reads_the_placement_it_is_given(bart):
     cap = bart["cap"]
     q = Question("pays", ("lessor", "lessee"), case_sensitive=False, query_role="source", referent_role="source")
     p = place(cap, q)
-    args = dict(case_sensitive=False, query_role="source", referent_role="source")
-    split = split_heads(cap, "pays", ["lessor", "lessee"], placement=p, **args)
-    assert split.equals(split_heads(cap, "pays", ["lessor", "lessee"], **args))
+    split = split_heads(cap, q, placement=p)
+    assert split.equals(split_heads(cap, q))
     site = cap.site(split.iloc[0]["site"])
     assert list(split.iloc[0]["query_positions"]) == list(p.at(site).picked().positions)
     with pytest.raises(InspectorError, match="the placement is of other words"):
-        split_heads(cap, "pays", ["lessor", "lessee"], placement=p)  # case-sensitive: not what was placed
+        split_heads(cap, Question("pays", ["lessor", "lessee"]), placement=p)  # case-sensitive: not what was placed
 
 
 # ---- the report marks what the split read ------------------------------------------------------------
@@ -171,8 +170,7 @@ def test_the_report_marks_the_referents_the_split_read(tokenizer):
     cap = capture(tiny.build("gpt2"), tokenizer, LEGAL, SAID)
     q = Question("indemnify", ("lessee", "lessor"), case_sensitive=False, query_role="source", referent_role="source")
     p = place(cap, q)
-    split = split_heads(cap, "indemnify", ["lessee", "lessor"], case_sensitive=False, query_role="source",
-                        referent_role="source", placement=p)
+    split = split_heads(cap, Question("indemnify", ["lessee", "lessor"], case_sensitive=False, query_role="source", referent_role="source"), placement=p)
     refs = {i for pos in p.at(cap.sites[0]).referent_positions().values() for i in pos}
     n_source = len(cap.records("source").ids)
     assert refs and max(refs) < n_source  # the source's keys only
@@ -191,7 +189,7 @@ def test_a_variant_capture_has_its_own_placement(bart):
     assert var.at(site).referents["Lessee"] == tuple(i for pos in _tokens_of(vcap.records("source"), "Lessee", True)
                                                      for i in pos)
     assert var.at(site).referents != main.at(site).referents  # the quote moved every word
-    split = split_heads(cap, "pays", ["Lessor", "Lessee"], occurrence=1, placement=main)
+    split = split_heads(cap, Question("pays", ["Lessor", "Lessee"], occurrence=1), placement=main)
     html = render_report(cap, split, rank_heads(cap), q, top=1,
                          sections=Sections(variants={"quoted": vcap}, placement=main, variant_placements={"quoted": var}))
     card = html[html.index('data-variant="quoted"'):]
@@ -229,9 +227,9 @@ def test_referents_that_are_the_same_tokens_are_refused(tokenizer, text, referen
     split_heads refuses them in one line naming both and the shared positions; before, it flagged such heads."""
     cap = capture(tiny.build("bert"), tokenizer, text)
     site = cap.sites[0]
-    shared = set(place(cap, Lookup("pays" if "pays" in text else "duty", (referents[0],), case_sensitive=case_sensitive))
+    shared = set(place(cap, Question("pays" if "pays" in text else "duty", tuple(referents), case_sensitive=case_sensitive))
                  .at(site).referents[referents[0]])
     assert shared  # the first referent is there
     with pytest.raises(InspectorError, match=rf"referents '{referents[0]}' and \"?'?{re.escape(referents[1])}.* are the "
                                              r"same tokens \(key positions \d"):
-        split_heads(cap, "pays" if "pays" in text else "duty", list(referents), case_sensitive=case_sensitive)
+        split_heads(cap, Question("pays" if "pays" in text else "duty", list(referents), case_sensitive=case_sensitive))

@@ -150,7 +150,7 @@ def test_shaded_text_is_the_source_with_the_query_weights(report):
 def test_text_is_escaped(minilm):
     text = 'The Lessee <script>alert("x & y")</script> shall indemnify the Lessor & <b>co</b>.'
     cap = capture(minilm.model, minilm.tokenizer, text)
-    split = split_heads(cap, "indemnify", REFS)
+    split = split_heads(cap, Question("indemnify", REFS))
     html = render_report(cap, split, rank_heads(cap), Question("indemnify", tuple(REFS)), commands=['inspector capture --text "<script>x</script>" && echo done'], sections=Sections(title="<i>Lease</i> & co"))
     low = html.lower()
     assert "<script" not in low and "<b>" not in low and "<i>" not in low
@@ -169,7 +169,7 @@ def test_step_by_step_table(legal):
     cap, row = legal["cap"], legal["split"].iloc[0]
     # the row that drives the flag (25 '##em' of 'indemnity'), not the query's last token
     assert row["query_positions"] == [24, 25, 26] and row["driving_row"] == 25
-    exp = explain(cap, row["site"], int(row["head"]), int(row["driving_row"]))
+    exp = explain(cap, Question(position=int(row["driving_row"])), row["site"], int(row["head"]))
     cols, rows, classes = table(legal["dom"], "steps")
     assert cols == ["key_index", "key_token", "dot", "scaled", "mask", "weight", "contribution"]
     assert [int(r[0]) for r in rows] == list(range(cap.site(row["site"]).key_len))
@@ -242,7 +242,7 @@ def test_unknown_columns_and_empty_comparison(bart):
 def test_padded_batch_row(minilm):
     short = "The Lessee shall indemnify the Lessor."
     cap = capture(minilm.model, minilm.tokenizer, [LEGAL, short])
-    split = split_heads(cap, "indemnify", REFS, batch=1)
+    split = split_heads(cap, Question("indemnify", REFS), batch=1)
     html = render_report(cap, split, rank_heads(cap, batch=1), Question("indemnify", tuple(REFS)), commands=[], batch=1)
     root = dom(html)
     _, pad = cap.flags(split.loc[0, "site"], "key", 1)
@@ -299,7 +299,7 @@ def test_the_report_finds_the_referents_by_the_questions_case_rule(minilm):
 
     text = "The Lessee shall indemnify the Lessor against all claims."
     cap = capture(minilm.model, minilm.tokenizer, text)
-    split = analysis.split_heads(cap, "indemnify", ["lessee", "lessor"], case_sensitive=False)
+    split = analysis.split_heads(cap, Question("indemnify", ["lessee", "lessor"], case_sensitive=False))
     html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnify", ("lessee", "lessor"),
                                                                         case_sensitive=False), commands=[])
     assert "The query&#39;s rows over the referents" in html or "The query's rows over the referents" in html

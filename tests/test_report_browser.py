@@ -19,7 +19,7 @@ def test_report_renders_offline(minilm, tmp_path):
     from playwright.sync_api import sync_playwright
 
     cap = capture(minilm.model, minilm.tokenizer, LEGAL)
-    split = split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    split = split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]))
     html = render_report(cap, split, rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"])), commands=["inspector split run.safetensors --query indemnity --referents Lessee,Lessor"])
     page_path = tmp_path / "report.html"
     page_path.write_text(html, encoding="utf-8")
@@ -81,7 +81,7 @@ def test_wide_tables_scroll_inside_their_box(minilm, tmp_path):
     from playwright.sync_api import sync_playwright
 
     cap = capture(minilm.model, minilm.tokenizer, LEGAL)
-    split = split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    split = split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]))
     html = render_report(cap, split, rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"])), commands=[])
     page_path = tmp_path / "report.html"
     page_path.write_text(html, encoding="utf-8")

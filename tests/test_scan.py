@@ -21,6 +21,7 @@ import pytest
 
 from inspector import cli
 from inspector.analysis import rank_heads, split_heads
+from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.capture.models import LoadedModel
 from inspector.corpus import queries as corpus
@@ -75,7 +76,7 @@ def test_document_rows_equal_the_analyses_of_a_capture_of_the_document_alone(ber
         if "query" not in row:
             assert "split_score" not in got or got["split_score"].isna().all()
             continue
-        split = split_heads(cap, row["query"], row["referents"]).sort_values(["site", "head"]).reset_index(drop=True)
+        split = split_heads(cap, Question(row["query"], row["referents"])).sort_values(["site", "head"]).reset_index(drop=True)
         np.testing.assert_allclose(got["split_score"], split["split_score"], atol=TOL, rtol=0)
         np.testing.assert_allclose(got["referent_mass"], split["referent_mass"], atol=TOL, rtol=0)
         weights = np.array(got["referent_weights"].tolist(), dtype=float)

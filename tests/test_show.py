@@ -10,6 +10,7 @@ import pytest
 
 from inspector import cli
 from inspector.analysis.explain import explain
+from inspector.analysis.question import Question
 from inspector.store import load
 from inspector.ui import show
 
@@ -87,7 +88,7 @@ def test_repr_html_escapes(tmp_path):
     assert "**bold** [link](http://127.0.0.1:9/m)" in page  # the model name, as text
     site_html = cap.sites[0]._repr_html_()
     assert "x![s](http://127.0.0.1:9/s.png)`" in site_html
-    exp = explain(cap, cap.sites[0], 0, 3)
+    exp = explain(cap, Question(position=3), cap.sites[0], 0)
     html = exp._repr_html_()
     assert "&lt;!--&lt;script&gt;" in html and "<!--<script>" not in html and "</script>" not in html
 
@@ -112,7 +113,7 @@ def test_notebook_runs_in_a_kernel(tmp_path):
         svg = outs[i][0]["data"]["image/svg+xml"]
         assert "<svg" in svg and "blocked" in svg
     explanation = outs[4][0]["data"]["text/html"]
-    card = float(explain(load(FIXTURE), "example.attention", 0, 3).table["weight"].iloc[1])
+    card = float(explain(load(FIXTURE), Question(position=3), "example.attention", 0).table["weight"].iloc[1])
     assert "inspector Explanation" in explanation and f"{card:.4f}" in explanation  # the seed's weight of "card"
     assert "normalized_entropy" in outs[5][0]["data"]["text/html"]
     assert outs[6][0]["data"]["text/plain"] == "['head.png', 'head.svg']"

@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from inspector.analysis.question import Question
 from inspector.store import load
 from inspector.ui import show, vega_text
 
@@ -123,7 +124,7 @@ def test_a_word_explanation_has_an_escaped_notebook_view(cap):
     from inspector.analysis.explain import explain
 
     site = cap.sites[0]
-    exp = explain(cap, site, 0, query="@1-2")  # two query rows whose tokens are "<!--<script>" and "</script>..."
+    exp = explain(cap, Question("@1-2"), site, 0)  # two query rows whose tokens are "<!--<script>" and "</script>..."
     assert len(exp.rows) == 2
     page = exp._repr_html_()
     parsed = Page()

@@ -118,7 +118,7 @@ def test_value_weighted_rank_and_split_follow_the_definition(tokenizer):
     assert abs(df["entropy"].to_numpy() - ent.numpy()).max() < 1e-5
     assert df.attrs["weighting"] == "value-norm"
     # split: referent weights from the value-weighted rows, chance from uniform attention weighted the same way
-    sp = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"], weighting="value-norm", sites=[site]).set_index("head")
+    sp = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"], weighting="value-norm"), sites=[site]).set_index("head")
     q = list(sp["query_positions"].iloc[0])
     keys = cap.tokens(site, "key")
     lessee = [i for i in range(len(keys) - 1) if keys[i:i + 2] == ["less", "##ee"]][0:1]
@@ -149,7 +149,7 @@ def test_heatmaps_show_value_weighted_attention_when_asked(tokenizer):
     row = views.query_row(cap, site, 2, 5, weighting="value-norm")
     torch.testing.assert_close(torch.tensor(row["weight"].to_numpy()), expected[5].double(), atol=1e-7, rtol=0)
     # the report's heatmap cells are the value-weighted weights too
-    split = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"], sites=[site], weighting="value-norm")
+    split = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"], weighting="value-norm"), sites=[site])
     html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"]), weighting="value-norm"), commands=[], top=1)
     top = split.iloc[0]
     vw = analysis.head_weights(cap, site, heads=[int(top["head"])], weighting="value-norm")[0]
@@ -187,8 +187,8 @@ def test_a_value_norm_of_the_wrong_shape_is_refused(tmp_path):
     ok = load(cap.save(tmp_path / "ok.safetensors"))
     assert ok.value_norms(site.name).shape == (site.num_heads, site.key_len)
     # equal value norms change nothing: value-weighted attention is the attention, chance is uniform
-    a = analysis.split_heads(ok, "today", ["Bob", "Carol"])
-    b = analysis.split_heads(ok, "today", ["Bob", "Carol"], weighting="value-norm")
+    a = analysis.split_heads(ok, Question("today", ["Bob", "Carol"]))
+    b = analysis.split_heads(ok, Question("today", ["Bob", "Carol"], weighting="value-norm"))
     cols = ["weight:Bob", "weight:Carol", "chance_mass", "lift", "split_score"]
     assert abs(a[cols].to_numpy() - b[cols].to_numpy()).max() < 1e-6 and a["flagged"].tolist() == b["flagged"].tolist()
     cap.tensors[f"{site.name}/value_norm"] = torch.ones(1, site.num_heads, site.key_len + 1)

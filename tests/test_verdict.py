@@ -30,7 +30,7 @@ def _effects(values: dict[int, float]) -> pd.DataFrame:
 ])
 def test_planted_heads_get_their_signature(right, wrong, expected):
     cap = planted.build()
-    sig = analysis.split_heads(cap, "today", [right, wrong], referent_role="source")
+    sig = analysis.split_heads(cap, Question("today", [right, wrong], referent_role="source"))
     v = culprits(_effects({0: 1.0, 1: 2.0, 2: -0.5, 3: 0.8, 4: float("nan")}), sig, right=right, wrong=wrong, metric=-1.0)
     got = dict(zip(v.table["head"], v.table["signature"], strict=True))
     for h, label in expected.items():
@@ -42,7 +42,7 @@ def test_planted_heads_get_their_signature(right, wrong, expected):
 
 def test_culprits_are_ranked_by_effect_and_supporters_are_never_causes():
     cap = planted.build()
-    sig = analysis.split_heads(cap, "today", ["Carol", "Bob"], referent_role="source")
+    sig = analysis.split_heads(cap, Question("today", ["Carol", "Bob"], referent_role="source"))
     v = culprits(_effects({0: 0.5, 1: 4.15, 2: -2.16, 3: 0.001, 4: float("nan")}), sig, right="Carol", wrong="Bob",
                  metric=-3.0)
     t = v.table
@@ -57,7 +57,7 @@ def test_culprits_are_ranked_by_effect_and_supporters_are_never_causes():
 
 def test_a_supporting_head_is_not_a_culprit_even_when_flagged():
     cap = planted.build()
-    sig = analysis.split_heads(cap, "today", ["Carol", "Bob"], referent_role="source")
+    sig = analysis.split_heads(cap, Question("today", ["Carol", "Bob"], referent_role="source"))
     assert bool(sig.set_index("head").loc[0, "flagged"])  # the split head is flagged...
     v = culprits(_effects({0: -2.0, 1: -1.0, 2: -0.1}), sig, right="Carol", wrong="Bob", metric=-0.5)
     assert v.culprits.empty and v.top is None  # ...but pushes towards RIGHT: never a cause

@@ -74,7 +74,7 @@ def test_a_uniform_head_is_never_flagged(fill, causal):
     toks = words(*(["The", "Lessee", "Lessee", "shall", "pay", "the", "Lessor", "Lessor"] + ["x"] * fill + ["indemnity"]))
     n = len(toks)
     cap = build(toks, uniform(n, causal), causal=causal)
-    row = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"]).iloc[0]
+    row = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"])).iloc[0]
     assert row["lift"] == pytest.approx(1.0, abs=TOL)
     assert row["chance_mass"] == pytest.approx(row["referent_mass"], abs=TOL)
     visible = n if not causal else n - 1  # the query is the token before [SEP]
@@ -91,7 +91,7 @@ def test_a_45_45_split_on_two_one_token_referents_is_flagged(fill):
     bob, carol, today = 1, 3, n - 2
     p = torch.full((1, n, n), 0.1 / (n - 2), dtype=torch.float64)
     p[0, :, bob] = p[0, :, carol] = 0.45
-    row = analysis.split_heads(build(toks, p), "today", ["Bob", "Carol"]).iloc[0]
+    row = analysis.split_heads(build(toks, p), Question("today", ["Bob", "Carol"])).iloc[0]
     assert row["weight:Bob"] == pytest.approx(0.45, abs=TOL) and row["split_score"] == pytest.approx(0.9, abs=TOL)
     assert row["chance_mass"] == pytest.approx(2 / n, abs=TOL) and row["lift"] == pytest.approx(0.9 * n / 2, abs=1e-5)
     assert row["flagged"] and row["rows_flagged"] == [today]
@@ -102,7 +102,7 @@ def test_min_lift_decides_and_is_reported(tmp_path, capsys):
     p = torch.full((1, 6, 6), 0.025, dtype=torch.float64)
     p[0, :, 1] = p[0, :, 3] = 0.45
     cap = build(toks, p)
-    assert not analysis.split_heads(cap, "today", ["Bob", "Carol"], rule=analysis.SplitRule(min_lift=3)).iloc[0]["flagged"]
+    assert not analysis.split_heads(cap, Question("today", ["Bob", "Carol"], rule=analysis.SplitRule(min_lift=3))).iloc[0]["flagged"]
     path = cap.save(tmp_path / "p.safetensors")
     assert main(["split", str(path), "--query", "today", "--referents", "Bob,Carol", "--min-lift", "3"]) == 0
     err = capsys.readouterr().err
@@ -128,7 +128,7 @@ def _three_piece_query() -> tuple[list, torch.Tensor, list[int]]:
 def test_a_flag_driven_by_one_row_shows_that_row(weights, tmp_path):
     toks, p, q = _three_piece_query()
     cap = load(build(toks, p, weights=weights).save(tmp_path / "c.safetensors"))
-    df = analysis.split_heads(cap, "indemnity", ["Bob", "Carol"]).set_index("head")
+    df = analysis.split_heads(cap, Question("indemnity", ["Bob", "Carol"])).set_index("head")
     r = df.loc[0]
     assert r["query_positions"] == [11, 12, 13] and r["weight:Bob"] == pytest.approx(1 / 6, abs=TOL)
     assert r["row_split_scores"] == pytest.approx([0.0, 1.0, 0.0], abs=TOL)
@@ -141,9 +141,9 @@ def test_explain_a_word_matches_split(tmp_path, capsys):
     toks, p, q = _three_piece_query()
     cap = build(toks, p, weights=False)
     path = cap.save(tmp_path / "c.safetensors")
-    word = explain(cap, NAME, 0, query="indemnity", referents=["Bob", "Carol"])
+    word = explain(cap, Question("indemnity", referents=["Bob", "Carol"]), NAME, 0)
     assert [e.query_index for e in word.rows] == q
-    split = analysis.split_heads(cap, "indemnity", ["Bob", "Carol"]).set_index("head").loc[0]
+    split = analysis.split_heads(cap, Question("indemnity", ["Bob", "Carol"])).set_index("head").loc[0]
     assert word.verdict["weight:Bob"] == pytest.approx(split["weight:Bob"], abs=1e-12)
     assert word.verdict["driving_row"] == 12
     torch.testing.assert_close(torch.tensor(word.aggregate["weight"].to_numpy()),
@@ -178,7 +178,7 @@ def test_a_split_on_shared_pieces_is_reported_as_such(tmp_path, capsys):
     p[1, :, 2] = p[1, :, 6] = 0.05  # head 1: on "##ee" and "##or", what tells the names apart
     p[1, :, 3] = p[1, :, 7] = 0.44
     cap = build(toks, p)
-    df = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"]).set_index("head")
+    df = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"])).set_index("head")
     a, b = df.loc[0], df.loc[1]
     assert a["flagged"] and b["flagged"]
     assert a["shared_pieces"] == "less" and a["mostly_shared"] and not b["mostly_shared"]
@@ -197,14 +197,14 @@ def test_pieces_name_tokens_with_braces_as_they_are():
     toks = [("[CLS]", None), ("{", "{"), ("0", "0"), ("}", "}"), ("met", "met"), ("{0}", "{0}"), ("today", "today"),
             ("[SEP]", None)]
     p = torch.full((1, 8, 8), 1 / 8, dtype=torch.float64)
-    row = analysis.split_heads(build(toks, p), "today", ["{0}", "{"]).iloc[0]
+    row = analysis.split_heads(build(toks, p), Question("today", ["{0}", "{"])).iloc[0]
     assert row["pieces:{0}"] == "{0}=0.1250" and row["pieces:{"] == "{=0.1250"
 
 
 def test_no_shared_pieces_without_common_tokens():
     toks = words("Bob", "met", "Carol", "today")
     p = torch.full((1, 6, 6), 1 / 6, dtype=torch.float64)
-    row = analysis.split_heads(build(toks, p), "today", ["Bob", "Carol"]).iloc[0]
+    row = analysis.split_heads(build(toks, p), Question("today", ["Bob", "Carol"])).iloc[0]
     assert row["shared_pieces"] == "" and row["shared_share"] == 0 and not row["mostly_shared"]
     assert row["split_unshared"] == pytest.approx(row["split_score"], abs=TOL)
     assert math.isfinite(row["lift"])
@@ -216,7 +216,7 @@ def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
 
     toks, p, q = _three_piece_query()
     cap = build(toks, p)
-    split = analysis.split_heads(cap, "indemnity", ["Bob", "Carol"])
+    split = analysis.split_heads(cap, Question("indemnity", ["Bob", "Carol"]))
     html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnity", tuple(["Bob", "Carol"])), commands=[])
     assert "Row 12 drives the flag; rows passing the rule alone: 12." in html
     assert "Query token <code>##em</code> (#12, the row that drives the flag" in html
@@ -230,7 +230,7 @@ def test_report_shows_the_driving_row_and_the_shared_pieces(tmp_path):
     p[0, :, 1] = p[0, :, 5] = 0.45
     p[0, :, 2] = p[0, :, 6] = 0.04
     cap = build(shared, p)
-    split = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+    split = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]))
     assert split["flagged"].all() and split["mostly_shared"].all()
     html = render_report(cap, split, analysis.rank_heads(cap), Question("indemnity", tuple(["Lessee", "Lessor"])), commands=[])
     assert "Most of this split sits on pieces both referents share (less)" in html

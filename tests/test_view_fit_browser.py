@@ -94,7 +94,7 @@ def test_report_split_table_shows_its_verdict_at_1400_px(legal, tmp_path):
     from inspector.analysis.question import Question
     from inspector.ui.report import render_report
 
-    split = split_heads(legal, "indemnity", ["Lessee", "Lessor"])
+    split = split_heads(legal, Question("indemnity", ["Lessee", "Lessor"]))
     page = tmp_path / "report.html"
     page.write_text(render_report(legal, split, rank_heads(legal), Question("indemnity", ("Lessee", "Lessor"))),
                     encoding="utf-8")

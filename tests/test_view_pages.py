@@ -9,6 +9,8 @@ import json
 import pytest
 from streamlit import dataframe_util
 
+from inspector.analysis.question import Question
+
 from conftest import LEGAL
 from helpers.app import errors, run, show, split
 
@@ -51,7 +53,7 @@ def test_compare_heatmaps_labelled_query_row_marked_split_scores_shown(app, lega
     assert rows["second"] != 25
     want = {}
     for name, cap in (("open", load(cap_path)), ("second", variant)):
-        df = analysis.split_heads(cap, "indemnity", ["Lessee", "Lessor"])
+        df = analysis.split_heads(cap, Question("indemnity", ["Lessee", "Lessor"]))
         got = df[(df["site"] == "encoder.layer.5.attention.self") & (df["head"] == 9)]["split_score"].iloc[0]
         want[name] = f"split score {got:.3f}"
     for which, spec, element in zip(("open", "second"), charts, elements, strict=True):

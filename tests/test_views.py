@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from inspector.analysis.explain import explain
+from inspector.analysis.question import Question
 from inspector.capture import capture
 from inspector.errors import InspectorError
 from inspector.ui import views
@@ -64,7 +65,7 @@ def test_query_row_and_qkv(bert):
 
 def test_explain_frame_marks_masked_keys(tokenizer):
     cap = capture(tiny.build("gpt2"), tokenizer, "my card was blocked")
-    exp = explain(cap, cap.sites[0], 0, 1)
+    exp = explain(cap, Question(position=1), cap.sites[0], 0)
     df = views.explain_frame(exp)
     assert df["visible"].tolist() == [True, True, False, False, False, False]  # [CLS] my | card was blocked [SEP]
     assert df["contribution"].iloc[0].startswith("[") and df["contribution"].iloc[0].endswith("…]")

@@ -7,6 +7,8 @@
 * :mod:`~inspector.analysis.explain`: one query's weights step by step;
 * :mod:`~inspector.analysis.moves`: what a variant did to the flagged heads, in words;
 * :mod:`~inspector.analysis.question`: the :class:`~inspector.analysis.question.Question` a person asks, built once;
+  every analysis function takes it;
+* :mod:`~inspector.analysis.rule`: the split rule (:class:`~inspector.analysis.rule.SplitRule`) a question carries;
 * :mod:`~inspector.analysis.placement`: a question's positions on a capture (:func:`~inspector.analysis.placement.place`), found once;
 * :mod:`~inspector.analysis.intervals`: the Wilson score interval of a share of documents (Wilson 1927);
 * :mod:`~inspector.analysis.rollout`: attention rollout, raw and value-weighted (Abnar & Zuidema 2020);
@@ -25,14 +27,15 @@ from inspector.analysis.keys import (
     visible_keys,
     weighted_sites,
 )
+from inspector.analysis.question import Question
 from inspector.analysis.rank import RANK_COLUMNS, LabelRule, RankSums, rank_heads
+from inspector.analysis.rule import SplitRule
 from inspector.analysis.split import (
     SPLIT_COLUMNS,
     SPLIT_VERDICT_COLUMNS,
     NoReferentVisible,
     NothingVisible,
     ReferentSplit,
-    SplitRule,
     clean_referents,
     find_referents,
     nothing_visible_message,
@@ -40,14 +43,15 @@ from inspector.analysis.split import (
     query_rows,
     referent_rows,
     referent_split,
+    site_splits,
     split_heads,
     split_notes,
     word_row,
 )
 
 __all__ = [
-    "MASKED", "NoReferentVisible", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "RankSums",
+    "MASKED", "NoReferentVisible", "NothingVisible", "RANK_COLUMNS", "SPLIT_COLUMNS", "SPLIT_VERDICT_COLUMNS", "WEIGHTINGS", "LabelRule", "Question", "RankSums",
     "ReferentSplit", "SplitRule", "clean_referents", "find_referents", "head_weights", "nothing_visible_message", "piece", "query_rows", "rank_heads",
-    "referent_rows", "referent_split", "reweight_", "split_heads", "split_notes",
+    "referent_rows", "referent_split", "reweight_", "site_splits", "split_heads", "split_notes",
     "value_norms_of", "visible_keys", "weighted_sites", "word_row",
 ]

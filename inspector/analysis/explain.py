@@ -12,7 +12,7 @@ its weights go: per key the weight the model gave and whether the query can see 
 are absent (``Explanation.steps`` False, ``note`` says why). A word's aggregate row and verdict need
 only weights, so they are the same as on any other site.
 
-For a word (``query="indemnity"``), every token of the word is one query row: each row is explained,
+For a word (``Question("indemnity")``), every token of the word is one query row: each row is explained,
 and the aggregate row that :func:`~inspector.analysis.split_heads` uses (the mean of the rows) is
 given too, with the referents' weights, chance, lift and split score computed by the same code as
 ``split``'s, per row and for the aggregate (:class:`WordExplanation`).
@@ -21,7 +21,8 @@ given too, with the referents' weights, chance, lift and split score computed by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -29,6 +30,9 @@ import torch
 from inspector.errors import InspectorError
 from inspector.store import attention
 from inspector.store.capture_file import Capture, Site
+
+if TYPE_CHECKING:
+    from inspector.analysis.question import Question
 
 EXPLAIN_COLUMNS = ["key_index", "key_token", "dot", "scaled", "mask", "logit", "weight", "contribution"]
 WEIGHT_COLUMNS = ["key_index", "key_token", "weight", "visible"]  # a site stored as weights only
@@ -89,7 +93,8 @@ class WordExplanation:
     its rows under ``weighting`` (:func:`inspector.analysis.split.word_row`, split's row);
     ``verdict``: with referents, the head's row of the split table (same code, same numbers);
     ``row_verdicts``: per query row, the referents' weights, ``referent_mass``, ``chance_mass``,
-    ``lift``, ``split_score`` and ``flagged`` of that row alone."""
+    ``lift``, ``split_score`` and ``flagged`` of that row alone; ``referent_positions``: each referent's key
+    positions as the question's placement resolved them (empty without referents), so a view reads them here."""
 
     site: str
     head: int
@@ -100,6 +105,7 @@ class WordExplanation:
     verdict: dict | None = None
     row_verdicts: list[dict] | None = None
     weighting: str = "attention"
+    referent_positions: dict[str, list[int]] = field(default_factory=dict)
 
     def _repr_html_(self) -> str:
         from inspector.store.display import word_explanation_html
@@ -130,38 +136,32 @@ class WordExplanation:
         return out
 
 
-def explain(capture: Capture, site: Site | str, head: int, query_index: int | str | None = None, *, query: str | None = None,
-            occurrence: int | None = None, referents: list[str] | None = None, batch: int = 0, case_sensitive: bool = True,
-            query_role: str | None = None, referent_role: str | None = None, rule=None,
-            weighting: str = "attention") -> Explanation | WordExplanation:
-    """Explain one query row (``query_index``, an int: an :class:`Explanation`) or every row of a word
-    or phrase (``query="indemnity"``, or a string as ``query_index``; ``@7-9`` works too: a
+def explain(capture: Capture, question: Question, site: Site | str, head: int, *,
+            batch: int = 0) -> Explanation | WordExplanation:
+    """Explain the question's query at ``site``/``head``: one query row (a question whose
+    :attr:`~inspector.analysis.question.Question.position` is a token index: an :class:`Explanation`) or every
+    row of a word or phrase (``Question("indemnity")``; ``Question("@7-9")`` works too: a
     :class:`WordExplanation`), as ``inspector explain --query-index`` / ``--query`` do.
 
-    With ``referents`` the word's explanation carries the split verdict for this head, computed as
-    :func:`~inspector.analysis.split_heads` computes it (``rule``, ``weighting`` as there).
+    With the question's referents the word's explanation carries the split verdict for this head, computed as
+    :func:`~inspector.analysis.split_heads` computes it (the question's ``rule`` and ``weighting`` as there),
+    with the resolved query and referent positions (``query_positions``, ``referent_positions``).
     At a site stored as weights only the rows carry the weights without the steps (:class:`Explanation`);
     the aggregate row and the verdict are the same as anywhere.
     Raises InspectorError for an unknown head, a position outside the query axis, a site with neither
-    weights nor Q/K to compute them, a word not in the text, or a word's option (``occurrence``, ``referents``,
-    roles, ``rule``, ``weighting="value-norm"``) given with one row, where it would do nothing."""
-    if isinstance(query_index, str):
-        query, query_index = query_index, None
-    site = capture.site(site) if isinstance(site, str) else site
-    if query is not None:
-        from inspector.analysis.question import Question
-        from inspector.analysis.split import SplitRule
+    weights nor Q/K to compute them, a word not in the text, or a word's option (referents, roles, a rule,
+    ``weighting="value-norm"``) given with one row, where it would do nothing."""
+    from inspector.analysis.rule import SplitRule
 
-        question = Question(query, tuple(referents or ()), occurrence=occurrence, query_role=query_role,
-                            referent_role=referent_role, case_sensitive=case_sensitive, weighting=weighting,
-                            rule=rule or SplitRule())
+    site = capture.site(site) if isinstance(site, str) else site
+    if question.position is None:
+        if question.query is None:
+            raise InspectorError("no query given: pass a query position or a word (--query-index I or --query WORD)")
         return _explain_word(capture, site, head, question, batch=batch)
-    if query_index is None:
-        raise InspectorError("no query given: pass a query position or a word (--query-index I or --query WORD)")
-    _refuse_word_options(occurrence=occurrence is not None, referents=bool(referents), query_role=query_role is not None,
-                         referent_role=referent_role is not None, rule=rule is not None,
-                         weighting=weighting != "attention")
-    return _explain_row(capture, site, head, int(query_index), batch=batch)
+    _refuse_word_options(referents=bool(question.referents), query_role=question.query_role is not None,
+                         referent_role=question.referent_role is not None, rule=question.rule != SplitRule(),
+                         weighting=question.weighting != "attention")
+    return _explain_row(capture, site, head, question.position, batch=batch)
 
 
 def _refuse_word_options(**given: bool) -> None:
@@ -177,32 +177,31 @@ def _refuse_word_options(**given: bool) -> None:
 def _explain_word(capture: Capture, site: Site, head: int, question, *, batch: int) -> WordExplanation:
     """Every row of the question's query word at ``site``/``head``, its aggregate row and, with referents, the
     split verdict (``question``: a :class:`~inspector.analysis.question.Question`)."""
-    from inspector.analysis import spans
     from inspector.analysis import split as analysis
+    from inspector.analysis.placement import place
 
-    query, occurrence, referents = question.query, question.occurrence, list(question.referents)
-    case_sensitive, query_role, referent_role = question.case_sensitive, question.query_role, question.referent_role
-    rule, weighting = question.rule, question.weighting
-
-    occ = spans.resolve_query(capture, site, query, occurrence=occurrence, batch=batch, case_sensitive=case_sensitive,
-                              role=query_role)
+    referents, weighting = list(question.referents), question.weighting
+    ax = place(capture, question, batch, sites=[site]).at(site)  # the question's positions, found once
+    occ = ax.picked()
     positions = list(occ.positions)
     rows = [_explain_row(capture, site, head, p, batch=batch) for p in positions]
     weights = analysis.word_row(capture, site, head, positions, batch=batch, weighting=weighting)  # split's row
     aggregate = pd.DataFrame({"key_index": range(site.key_len), "key_token": capture.tokens(site, "key", batch),
                               "weight": weights.tolist()})
     verdict = row_verdicts = None
+    refs: dict[str, list[int]] = {}
     if referents:
-        refs = analysis.find_referents(capture, site, referents, batch=batch, case_sensitive=case_sensitive, role=referent_role)
+        refs = ax.referent_positions()
         try:
-            found = analysis.referent_split(capture, site, positions, refs, batch=batch,
-                                            rule=rule or analysis.SplitRule(), weighting=weighting)
+            found = analysis.referent_split(capture, site, positions, refs, batch=batch, rule=question.rule,
+                                            weighting=weighting)
         except analysis.NothingVisible:
             raise InspectorError(analysis.nothing_visible_message(capture, site)) from None
         verdict = found.row(head)
         row_verdicts = [found.row_of(head, i) for i in range(len(positions))]
     return WordExplanation(site=site.name, head=head, query=occ.phrase, query_positions=positions, rows=rows,
-                           aggregate=aggregate, verdict=verdict, row_verdicts=row_verdicts, weighting=weighting)
+                           aggregate=aggregate, verdict=verdict, row_verdicts=row_verdicts, weighting=weighting,
+                           referent_positions=refs)
 
 
 def _explain_row(capture: Capture, site: Site, head: int, query_index: int, *, batch: int = 0) -> Explanation:

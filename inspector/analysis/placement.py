@@ -16,6 +16,7 @@ indices on the site's query or key axis (ints from 0). Pure: no model, no tensor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inspector.analysis import spans
 from inspector.analysis.spans import Occurrence
@@ -23,34 +24,10 @@ from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
 from inspector.store.specs import clean_referents
 
+if TYPE_CHECKING:
+    from inspector.analysis.question import Question
+
 Pair = tuple[tuple[str, ...], tuple[str, ...]]  # (query-axis roles, key-axis roles) of a site
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """The words :func:`place` looks up and how: what it reads of a
-    :class:`~inspector.analysis.question.Question` (:meth:`of`), or what a public function given words
-    (``split_heads(capture, query, referents)``) builds directly. ``query_index``: a query given as a position
-    (``split_heads(query_index=)``; a Question's ``@I`` is looked up as written, as a phrase of spans);
-    roles None: anywhere on the axis."""
-
-    query: str | None
-    referents: tuple[str, ...] = ()
-    occurrence: int | None = None
-    query_index: int | None = None
-    contrast: tuple[str, str] | None = None
-    query_role: str | None = None
-    referent_role: str | None = None
-    case_sensitive: bool = True
-
-    @classmethod
-    def of(cls, question) -> Lookup:
-        """The lookup of a Question (or a Lookup, returned as it is)."""
-        if isinstance(question, Lookup):
-            return question
-        return cls(query=question.query, referents=tuple(question.referents), occurrence=question.occurrence,
-                   contrast=question.contrast, query_role=question.query_role, referent_role=question.referent_role,
-                   case_sensitive=question.case_sensitive)
 
 
 @dataclass(frozen=True)
@@ -102,9 +79,10 @@ class AxisPlacement:
 @dataclass(frozen=True)
 class Placement:
     """A question's positions on one capture and batch row, per axis pair (:class:`AxisPlacement`), made once
-    by :func:`place`; ``lookup`` says which words were looked up and how."""
+    by :func:`place`: the question resolved on one capture; ``question`` is the question placed (its words,
+    :meth:`~inspector.analysis.question.Question.words`, say what was looked up and how)."""
 
-    lookup: Lookup
+    question: Question
     batch: int
     axes: dict[Pair, AxisPlacement]
 
@@ -121,32 +99,30 @@ def pair_of(site: Site) -> Pair:
     return tuple(site.query_input), tuple(site.key_input)
 
 
-def place(capture: Capture, question, batch: int = 0, *, sites: list[Site] | None = None) -> Placement:
+def place(capture: Capture, question: Question, batch: int = 0, *, sites: list[Site] | None = None) -> Placement:
     """The question's positions on ``capture`` (batch row ``batch``) over ``sites`` (default every site), one
     :class:`AxisPlacement` per axis pair: the only place a question's words are looked up (module docstring).
-    ``question``: a :class:`~inspector.analysis.question.Question` (its query phrase as written, ``@I`` too) or a
-    :class:`Lookup`. Raises :class:`InspectorError` for ``occurrence`` given with a query index (spans'
-    message); every other failed lookup is kept on its axis pair (:class:`AxisPlacement`)."""
-    lk = Lookup.of(question)
-    if lk.query_index is not None:
-        spans.refuse_occurrence_with_index(lk.occurrence)
+    ``question``: a :class:`~inspector.analysis.question.Question` (its query phrase as written, ``@I`` too, or
+    its :attr:`~inspector.analysis.question.Question.position`). Every failed lookup is kept on its axis pair
+    (:class:`AxisPlacement`)."""
+    lk = question
     axes: dict[Pair, AxisPlacement] = {}
     for site in capture.sites if sites is None else sites:
         pair = pair_of(site)
         if pair not in axes:
             axes[pair] = _place_axis(capture, site, lk, batch)
-    return Placement(lookup=lk, batch=batch, axes=axes)
+    return Placement(question=lk, batch=batch, axes=axes)
 
 
-def _place_axis(capture: Capture, site: Site, lk: Lookup, batch: int) -> AxisPlacement:
+def _place_axis(capture: Capture, site: Site, lk: Question, batch: int) -> AxisPlacement:
     occs: tuple[Occurrence, ...] = ()
     query, error, failed = None, None, False
-    if lk.query_index is not None:
-        if 0 <= lk.query_index < site.query_len:
-            query = spans.resolve_query(capture, site, None, index=lk.query_index, batch=batch)
+    if lk.position is not None:
+        if 0 <= lk.position < site.query_len:
+            query = spans.resolve_query(capture, site, None, index=lk.position, batch=batch)
             occs = (query,)
         else:
-            error = f"query index {lk.query_index} is outside {site.name}'s query axis (0..{site.query_len - 1})"
+            error = f"query index {lk.position} is outside {site.name}'s query axis (0..{site.query_len - 1})"
     elif lk.query:
         try:
             occs = tuple(spans.find(capture, site, lk.query, "query", batch=batch, case_sensitive=lk.case_sensitive,

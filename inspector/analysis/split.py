@@ -34,7 +34,7 @@ Pure functions: a capture in, a pandas DataFrame out; no I/O, no model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -48,12 +48,14 @@ from inspector.analysis.keys import (
     visible_keys,
     weighted_sites,
 )
-from inspector.analysis.placement import Lookup, Placement, find_referents, place  # noqa: F401  (find_referents: API here too)
+from inspector.analysis.placement import Placement, find_referents, place  # noqa: F401  (find_referents: API here too)
+from inspector.analysis.question import Question
+from inspector.analysis.rule import SplitRule  # noqa: F401  (the rule's own module; API here too)
 from inspector.errors import InspectorError
 from inspector.store import masks
 from inspector.store.capture_file import Capture, Site
 from inspector.store.schema import HEAD_KEY
-from inspector.store.specs import check_thresholds, clean_referents  # noqa: F401  (torch-free; API here too)
+from inspector.store.specs import clean_referents  # noqa: F401  (torch-free; API here too)
 
 SPLIT_COLUMNS = [*HEAD_KEY, "query", "query_positions"]  # then weight:<ref>..., referent_mass, split_score, flagged
 # after the weights: the aggregate verdict, the per-row rule, the shared pieces (then pieces:<ref>...)
@@ -66,44 +68,6 @@ def join(values) -> str:
     """A list cell of the split table (``query_positions``, ``rows_flagged``, ``row_split_scores``) as
     text: space-separated, floats to 4 places. Lists travel as lists; only text output joins them."""
     return " ".join(_FOUR.format(v) if isinstance(v, float) else str(v) for v in values)
-
-
-
-@dataclass(frozen=True)
-class SplitRule:
-    """Flag a head when it gives at least 10% to each of two referents (split_score >= 0.2), at
-    least a quarter of its weight to the referents together (referent_mass >= 0.25), and at least
-    twice what uniform attention over the visible keys would give them (lift >= 2).
-
-    All three must hold. min_split and min_mass alone pass a uniform head whenever the referents
-    cover a quarter of the text (4 of 14 tokens, say); lift is 1 for a uniform head at every length,
-    so min_lift 2 asks the head to favour the referents clearly over chance. A head with 45% on each of
-    two one-token referents among n visible keys has lift 0.9 n / 2, flagged from n = 5 on. Referents
-    covering more than half the visible keys can never reach lift 2: such a query cannot be told
-    apart from chance by weights alone."""
-
-    min_split: float = 0.2
-    min_mass: float = 0.25
-    min_lift: float = 2.0
-
-    def __post_init__(self) -> None:
-        check_thresholds(min_split=self.min_split, min_mass=self.min_mass, min_lift=self.min_lift)
-
-    def describe(self) -> str:
-        """The rule in words, printed from the thresholds :meth:`passes` applies (the CLI, the report and
-        the app's Corpus page all print this): ``split_score >= 0.2, referent_mass >= 0.25 and lift >= 2
-        (referent_mass ÷ chance_mass, what uniform attention over the visible keys gives the referents)``."""
-        return (f"split_score >= {self.min_split:g}, referent_mass >= {self.min_mass:g} and lift >= {self.min_lift:g} "
-                "(referent_mass ÷ chance_mass, what uniform attention over the visible keys gives the referents)")
-
-    def passes(self, split_score: float, referent_mass: float, lift: float) -> bool:
-        """Whether one row passes the rule: ``split_score >= min_split``, ``referent_mass >= min_mass`` and
-        ``lift >= min_lift`` (all dimensionless; lift is referent_mass ÷ chance_mass)."""
-        return bool(split_score >= self.min_split and referent_mass >= self.min_mass and lift >= self.min_lift)
-
-    def passes_all(self, split_score: torch.Tensor, referent_mass: torch.Tensor, lift: torch.Tensor) -> torch.Tensor:
-        """:meth:`passes` elementwise over tensors of one shape (NaN fails, as there)."""
-        return (split_score >= self.min_split) & (referent_mass >= self.min_mass) & (lift >= self.min_lift)
 
 
 
@@ -153,23 +117,8 @@ def site_filter(capture: Capture, which: str) -> list[Site]:
 
 
 
-def split_heads(
-    capture: Capture,
-    query: str | None,
-    referents: list[str],
-    *,
-    query_index: int | None = None,
-    occurrence: int | None = None,
-    sites: str | list[Site] = "all",
-    batch: int = 0,
-    rule: SplitRule = SplitRule(),
-    case_sensitive: bool = True,
-    query_role: str | None = None,
-    referent_role: str | None = None,
-    cross_first: bool = False,
-    weighting: str = "attention",
-    placement: Placement | None = None,
-) -> pd.DataFrame:
+def split_heads(capture: Capture, question: Question, *, sites: str | list[Site] = "all", batch: int = 0,
+                cross_first: bool = False, placement: Placement | None = None) -> pd.DataFrame:
     """Per site and head, how the query's weight divides among competing referents.
 
     Columns (see the module docstring): the site and head, ``query``, ``query_positions``,
@@ -177,18 +126,22 @@ def split_heads(
     The verdict is taken on the aggregate row (the mean of a multi-token query's rows);
     ``row_split_scores`` gives each row's own split score in ``query_positions`` order,
     ``driving_row`` the query position whose row has the highest split score and ``rows_flagged``
-    the positions whose row alone passes the rule. ``weighting="value-norm"`` reads value-weighted
-    attention (sites without value norms are left out, see ``df.attrs["left_out"]``).
+    the positions whose row alone passes the rule. ``question``: a
+    :class:`~inspector.analysis.question.Question` with a query (a word, ``@I``, or a ``position``) and two or
+    more referents; its ``rule`` flags the heads, its ``weighting="value-norm"`` reads value-weighted
+    attention (sites without value norms are left out, see ``df.attrs["left_out"]``). ``df.attrs["positions"]``:
+    per site the resolved positions, ``{"query": [...], "referents": {referent: [key positions]}}``, so a view
+    reads them here and looks no word up again.
 
     Only sites where the query is on the query axis and at least one referent occurrence is visible to
-    it are reported. ``query_role`` / ``referent_role`` ("source" or "target") restrict where the
+    it are reported. The question's ``query_role`` / ``referent_role`` ("source" or "target") restrict where the
     query and the referents are looked for (a decoder-only model sees prompt and output on one axis).
     Sorted by split score, highest first (cross-attention first on ties, or always with
     ``cross_first``).
 
     The query's and referents' positions come from ``placement``
-    (:func:`inspector.analysis.placement.place` of the same words, roles, case rule and batch row, over these
-    sites at least), made here from the words when not given: a caller that reads the table's positions again
+    (:func:`inspector.analysis.placement.place` of the same question's words, roles, case rule and batch row, over
+    these sites at least), made here from the question when not given: a caller that reads the table's positions again
     (the report, an investigation) places the question once and passes the same
     :class:`~inspector.analysis.placement.Placement` to both.
 
@@ -198,11 +151,8 @@ def split_heads(
     (a subclass) when the only reason is that every site's mask hides the referents from the query.
     """
     check_batch(capture, batch)
-    refs = clean_referents(referents)
-    lookup = Lookup(query=query, referents=tuple(refs), occurrence=occurrence, query_index=query_index,
-                    query_role=query_role, referent_role=referent_role, case_sensitive=case_sensitive)
-    found, left_out = site_splits(capture, lookup, sites=sites, batch=batch, rule=rule, weighting=weighting,
-                                  placement=placement)
+    weighting = question.weighting
+    found, left_out = site_splits(capture, question, sites=sites, batch=batch, placement=placement)
     rows: list[dict] = []
     for f in found:
         split_cols = f.split.columns()
@@ -219,7 +169,10 @@ def split_heads(
         keys, ascending = ["split_score", "_cross"], [False, True]
     df = df.sort_values(keys + ["site", "head"], ascending=ascending + [True, True], kind="stable")
     df = df.drop(columns="_cross").reset_index(drop=True)
-    df.attrs.update(weighting=weighting, left_out=left_out)
+    # the resolved positions, per site: the query's (also the query_positions column) and each referent's keys
+    df.attrs.update(weighting=weighting, left_out=left_out,
+                    positions={f.site.name: {"query": f.query_positions, "referents": f.referent_positions}
+                               for f in found})
     return df
 
 
@@ -233,19 +186,31 @@ class SiteSplit:
     query: str
     split: ReferentSplit
 
+    @property
+    def query_positions(self) -> list[int]:
+        """The resolved query positions on this site's query axis (the split table's ``query_positions``)."""
+        return list(self.split.query_positions)
 
-def site_splits(capture: Capture, lookup: Lookup, *, sites: str | list[Site] = "all", batch: int = 0,
-                rule: SplitRule = SplitRule(), weighting: str = "attention",
+    @property
+    def referent_positions(self) -> dict[str, list[int]]:
+        """The resolved referents' key positions on this site's key axis (referent -> positions)."""
+        return {r: list(p) for r, p in self.split.referents.items()}
+
+
+def site_splits(capture: Capture, question: Question, *, sites: str | list[Site] = "all", batch: int = 0,
                 placement: Placement | None = None) -> tuple[list[SiteSplit], dict[str, str]]:
-    """The split of ``lookup``'s query over its referents at every site of ``sites`` that gives one, in site
-    order, and the sites ``weighting`` left out (name -> reason): what :func:`split_heads` tabulates, and what the
-    corpus scan's per-document path writes its columns from. Raises as :func:`split_heads` does when no site
-    gives a split."""
+    """The split of ``question``'s query over its referents (under its rule and weighting) at every site of
+    ``sites`` that gives one, in site order, and the sites the weighting left out (name -> reason): what
+    :func:`split_heads` tabulates, and what the corpus scan's per-document path writes its columns from. Each
+    :class:`SiteSplit` carries the resolved positions. Raises as :func:`split_heads` does when no site gives a
+    split."""
     check_batch(capture, batch)
+    question.check_split()
+    rule, weighting = question.rule, question.weighting
     candidates = site_filter(capture, sites) if isinstance(sites, str) else list(sites)
-    placement = _placement_for(capture, lookup, batch, candidates, placement)
+    placement = _placement_for(capture, question, batch, candidates, placement)
     candidates, left_out = weighted_sites(capture, candidates, weighting)
-    query_index = lookup.query_index
+    query_index = question.position
     out: list[SiteSplit] = []
     problems: list[str] = []
     hidden = 0  # sites where the query and referents are found but its mask hides every referent from it
@@ -275,7 +240,7 @@ def site_splits(capture: Capture, lookup: Lookup, *, sites: str | list[Site] = "
         text = occ.phrase if query_index is None else f"@{query_index} {capture.tokens(site, 'query', batch)[query_index]}"
         out.append(SiteSplit(site, text, found))
     if not out:
-        query = lookup.query
+        query = question.query
         on_axis = [n for n in left_out if _query_on_axis(placement, capture.site(n), query_index)]
         if on_axis:  # the sites that could have given a row were left out: say so, not what the others lack
             raise InspectorError(left_out_message(on_axis, left_out, weighting, f"the query {query!r}" if query_index is None
@@ -286,12 +251,12 @@ def site_splits(capture: Capture, lookup: Lookup, *, sites: str | list[Site] = "
         raise InspectorError(problems[0] if problems else "no attention site matches the --sites filter")
     return out, left_out
 
-def _placement_for(capture: Capture, lookup: Lookup, batch: int, sites: list[Site],
+def _placement_for(capture: Capture, question: Question, batch: int, sites: list[Site],
                    placement: Placement | None) -> Placement:
-    """``placement`` when it places ``lookup`` (InspectorError if it places other words), else a new one."""
+    """``placement`` when it places ``question``'s words (InspectorError if it places other words), else a new one."""
     if placement is None:
-        return place(capture, lookup, batch, sites=sites)
-    if (replace(placement.lookup, contrast=None), placement.batch) != (lookup, batch):
+        return place(capture, question, batch, sites=sites)
+    if (placement.question.words(), placement.batch) != (question.words(), batch):
         raise InspectorError("the placement is of other words, roles, case rule or batch row than split_heads was "
                              "given: place the same question")
     return placement

@@ -164,12 +164,8 @@ def cmd_split(args) -> int:
     from inspector.store.files import write_csv
 
     cap = load(args.file)
-    refs = [r for r in args.referents.split(",")]
-    df = analysis.split_heads(cap, args.query, refs, query_index=args.query_index, occurrence=args.occurrence,
-                              sites=args.sites, batch=args.batch,
-                              rule=analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass, min_lift=args.min_lift),
-                              case_sensitive=not args.ignore_case, query_role=args.query_role,
-                              referent_role=args.referent_role, cross_first=args.cross_first, weighting=args.weighting)
+    question = _question_of(args, position=args.query_index)  # the question, built once from the flags
+    df = analysis.split_heads(cap, question, sites=args.sites, batch=args.batch, cross_first=args.cross_first)
     _left_out(df)
     if args.csv:
         write_csv(args.csv, df)
@@ -184,9 +180,23 @@ def cmd_split(args) -> int:
         for line in analysis.split_notes(df):
             print(line)
     n = int(df["flagged"].sum())
-    rule = analysis.SplitRule(min_split=args.min_split, min_mass=args.min_mass, min_lift=args.min_lift)
-    status(f"{n} head{'s' if n != 1 else ''} flagged ({rule.describe()}; {args.weighting} weights)")
+    status(f"{n} head{'s' if n != 1 else ''} flagged ({question.rule.describe()}; {args.weighting} weights)")
     return 0
+
+
+def _question_of(args, *, position: int | None = None, rule: bool = True):
+    """The :class:`~inspector.analysis.question.Question` of split's and explain's flags (``--query`` or
+    ``position``, ``--referents``, ``--occurrence``, roles, ``--ignore-case``, ``--weighting`` and, with ``rule``,
+    the split rule's thresholds), built once here; nothing downstream reads the flags again."""
+    from inspector.analysis.question import Question
+    from inspector.analysis.rule import SplitRule
+
+    refs = tuple(args.referents.split(",")) if args.referents else ()
+    return Question(args.query if position is None else None, refs, occurrence=args.occurrence,
+                    query_role=args.query_role, referent_role=args.referent_role,
+                    case_sensitive=not args.ignore_case, weighting=args.weighting, position=position,
+                    rule=SplitRule(min_split=args.min_split, min_mass=args.min_mass, min_lift=args.min_lift) if rule
+                    else SplitRule())
 
 
 def _left_out(df: pd.DataFrame) -> None:
@@ -229,8 +239,7 @@ def cmd_explain(args) -> int:
     if args.query is not None:
         return _explain_word(cap, site, args)
     occ = spans.resolve_query(cap, site, args.query, index=args.query_index, occurrence=args.occurrence, batch=args.batch)
-    exp = explain(cap, site, args.head, occ.positions[-1], batch=args.batch, occurrence=args.occurrence,
-                  referents=args.referents.split(",") if args.referents else None, weighting=args.weighting)
+    exp = explain(cap, _question_of(args, position=occ.positions[-1], rule=False), site, args.head, batch=args.batch)
     if args.json:
         write_json(args.json, exp.to_json())
         status(f"wrote {args.json}")
@@ -247,14 +256,10 @@ def _in_role(roles: list[str], role: str | None) -> list[str]:
 
 def _explain_word(cap, site, args) -> int:
     """Every query row of the word, then the aggregate row split judges (with --referents, its verdict)."""
-    from inspector import analysis
     from inspector.analysis.explain import explain
     from inspector.store.files import write_json
 
-    refs = args.referents.split(",") if args.referents else None
-    word = explain(cap, site, args.head, query=args.query, occurrence=args.occurrence, referents=refs, batch=args.batch,
-                   weighting=args.weighting, rule=analysis.SplitRule(args.min_split, args.min_mass, args.min_lift),
-                   query_role=args.query_role, referent_role=args.referent_role, case_sensitive=not args.ignore_case)
+    word = explain(cap, _question_of(args), site, args.head, batch=args.batch)
     if args.json:
         write_json(args.json, word.to_json())
         status(f"wrote {args.json}")

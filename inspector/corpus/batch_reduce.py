@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 
 from inspector.analysis import placement, split
+from inspector.analysis.question import Question
 from inspector.analysis.rank import LabelRule, RankSums
 from inspector.analysis.split import ReferentLayout, SplitRule, SplitStats, clean_referents
 from inspector.corpus.tables import frame_of, table_of
@@ -346,8 +347,8 @@ class _Query:
 
     def __init__(self, capture, batch: int, doc, sites):
         self.refs = clean_referents(doc.referents)
-        found = placement.place(capture, placement.Lookup(query=doc.query, referents=tuple(self.refs),
-                                                          occurrence=doc.occurrence), batch, sites=sites)
+        found = placement.place(capture, Question(doc.query, tuple(self.refs), occurrence=doc.occurrence), batch,
+                                sites=sites)
         self.groups: dict[tuple, tuple] = {}  # (query axis, key axis) -> (occurrence, referent positions) or None
         for key, axis in found.axes.items():
             if not axis.occurrences and not axis.lookup_failed:

@@ -145,7 +145,7 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
     (:class:`~inspector.analysis.split.NoReferentVisible`) keeps its rank rows without split columns, and
     ``attrs["note"]`` says why.
     """
-    from inspector.analysis.placement import Lookup
+    from inspector.analysis.question import Question
     from inspector.analysis.rank import rank_heads
     from inspector.analysis.split import NoReferentVisible, SplitRule, clean_referents, site_splits
 
@@ -165,8 +165,8 @@ def document_rows(capture, batch: int, doc: Document, options: Options) -> pd.Da
         refs = clean_referents(doc.referents)  # the names split_heads gives its columns
         rule = SplitRule(min_split=options.min_split, min_mass=options.min_mass, min_lift=options.min_lift)
         try:
-            found, _ = site_splits(capture, Lookup(query=doc.query, referents=tuple(refs), occurrence=doc.occurrence),
-                                   batch=batch, rule=rule)
+            found, _ = site_splits(capture, Question(doc.query, tuple(refs), occurrence=doc.occurrence, rule=rule),
+                                   batch=batch)
         except NoReferentVisible as exc:  # no split to measure: the rank rows stand, the split columns stay empty
             out = pd.DataFrame(cols)
             out.attrs["note"] = f"no split: {exc}"

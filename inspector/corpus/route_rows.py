@@ -25,6 +25,7 @@ from __future__ import annotations
 import pandas as pd
 
 from inspector.analysis import placement
+from inspector.analysis.question import Question
 from inspector.attribute.families import FAMILIES
 from inspector.attribute.routes import THRESHOLD, check_model, heads_on_route, record, routes
 from inspector.corpus.documents import Document
@@ -73,7 +74,7 @@ def query_token(graph, doc: Document) -> tuple[str, int]:
     cap = graph.capture
     order = [s for s in ("decoder", "none", "encoder") if s in graph.stacks]
     firsts = [cap.site(graph.sites[(stack, 0, "attention")]) for stack in order]
-    found = placement.place(cap, placement.Lookup(query=doc.query, occurrence=doc.occurrence), sites=firsts)
+    found = placement.place(cap, Question(doc.query, occurrence=doc.occurrence), sites=firsts)
     for stack, site in zip(order, firsts, strict=True):
         axis = found.at(site)
         if stack != order[-1] and not axis.occurrences and not axis.lookup_failed:

@@ -32,7 +32,8 @@ import pandas as pd
 import torch
 
 from inspector.analysis import spans
-from inspector.analysis.placement import Lookup, place
+from inspector.analysis.placement import place
+from inspector.analysis.question import Question
 from inspector.capture.inputs import InputRecord
 from inspector.errors import InspectorError
 from inspector.store.capture_file import Capture, Site
@@ -226,7 +227,7 @@ def resolve(capture: Capture, tokenizer, output, right: str, *, wrong: str, quer
             "this model has no LM head, so the contrast is measured on the query word's final representation: "
             "pass --query WORD")
     site = _site_with(capture, "source")
-    placed = place(capture, Lookup(query, occurrence=occurrence, contrast=(right, wrong), query_role="source"), batch,
+    placed = place(capture, Question(query, occurrence=occurrence, contrast=(right, wrong), query_role="source"), batch,
                    sites=[site]).at(site)  # the query and both words in the source, case-sensitive
     occ = placed.picked()
     if placed.contrast_error is not None:

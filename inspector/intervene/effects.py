@@ -63,6 +63,16 @@ class Outcome:
     generated: dict | None = None
 
 
+def said_of(target: str | Output | None) -> Output:
+    """What the model said, as the public entries (:func:`ablate`, :func:`patch`, :func:`attribute`,
+    :func:`effects`, ``inspector.ablate(model, tokenizer, text, "what it said", ...)`` in the docs) take it: an
+    :class:`~inspector.capture.output.Output` as it is, a text as ``Output(text=...)``, None as no output. The one
+    conversion, at the entry; everything below takes the :class:`Output` value."""
+    if isinstance(target, Output):
+        return target
+    return Output() if target is None else Output(text=target)
+
+
 def _prepare(model, tokenizer, text: str, output: Output, global_tokens=None):
     """The encoded input with the output fixed (generated first when ``output`` asks to generate,
     :func:`inspector.capture.generation.fixed_output`). Returns ``(encoded, the output's token ids or None)``."""
@@ -101,7 +111,7 @@ def ablate(model, tokenizer, text: str, target: str | Output | None = None, *, h
     """
     if method not in intervene.METHODS:
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
-    output = Output.coerce(target)
+    output = said_of(target)
     encoded, target_ids = _prepare(model, tokenizer, text, output, global_tokens)
     clean = intervene.run(model, encoded, intervene.Seam(record=method == "mean"))
     grouped = intervene.check_heads(clean.capture.sites, heads, model)
@@ -135,10 +145,11 @@ def align(original: Capture, variant: Capture, site: Site, *, query: str | None 
     if layout == "encoder":
         if not query:
             raise InspectorError("an encoder has no output positions: patching aligns the query word's tokens, so pass --query WORD")
-        from inspector.analysis.placement import Lookup, place
+        from inspector.analysis.placement import place
+        from inspector.analysis.question import Question
 
         vsite = variant.site(site.name)
-        asked = Lookup(query, occurrence=occurrence)  # each capture's own positions of the word
+        asked = Question(query, occurrence=occurrence)  # each capture's own positions of the word
         po = place(original, asked, batch, sites=[site]).at(site).picked().positions
         pv = place(variant, asked, batch, sites=[vsite]).at(vsite).picked().positions
         pairs = list(zip(po, pv, strict=False))
@@ -193,7 +204,7 @@ def patch(model, tokenizer, text: str, variant: str, *, target: str | Output | N
     nothing is patched past the original output's length. ``global_tokens``: as :func:`ablate` (original and
     variant alike).
     """
-    output = Output.coerce(target)
+    output = said_of(target)
     encoded, target_ids = _prepare(model, tokenizer, text, output, global_tokens)
     venc = encode_with_globals(model, tokenizer, variant, output.text, target_ids=target_ids, global_tokens=global_tokens)
     clean = intervene.run(model, encoded)
@@ -255,7 +266,7 @@ def attribute(model, tokenizer, text: str, target: str | Output | None = None, *
     if method not in intervene.METHODS:
         raise InspectorError(f"unknown ablation method {method!r}: use zero or mean")
     right, wrong = _contrast.parse(contrast) if isinstance(contrast, str) else contrast
-    encoded = encoded or encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
+    encoded = encoded or encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **said_of(target).kwargs())
     c = _contrast.resolve(_contrast.output_capture(encoded), tokenizer, _contrast.model_has_lm_head(model), right, wrong=wrong,
                           query=query, occurrence=occurrence)
     keep = _contrast.keep_kwargs(model, c)
@@ -463,7 +474,7 @@ def effects(model, tokenizer, text: str, target: str | Output | None = None, *, 
     how many were confirmed. Raises :class:`InspectorError` for ``top`` or ``budget`` below 0, a
     ``memory_gib`` not above 0, an unknown head in ``confirm``."""
     check_budget(budget, memory_gib, top)
-    encoded = encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **Output.coerce(target).kwargs())
+    encoded = encode_with_globals(model, tokenizer, text, global_tokens=global_tokens, **said_of(target).kwargs())
     res = attribute(model, tokenizer, text, contrast=contrast, query=query, occurrence=occurrence, method=method,
                     encoded=encoded, keep_pass=keeps_pass(encoded), memory_gib=memory_gib)
     return confirm_effects(model, encoded, res, top=top, method=method, confirm=confirm, budget=budget,

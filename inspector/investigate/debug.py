@@ -16,7 +16,7 @@ import pandas as pd
 
 from inspector import analysis
 from inspector.analysis.moves import variant_moves
-from inspector.analysis.placement import Lookup, Placement, place
+from inspector.analysis.placement import Placement, place
 from inspector.analysis.question import Question
 from inspector.capture.output import Output
 from inspector.capture.recorder import capture
@@ -102,7 +102,7 @@ def placement_for(cap: Capture, question: Question) -> Placement:
     """The question's positions on ``cap`` (:func:`inspector.analysis.placement.place` over every site), its words
     looked for where :func:`roles_of` says: the one lookup of an investigation's words on a capture."""
     q_role, r_role = roles_of(cap, question)
-    return place(cap, replace(Lookup.of(question), query_role=q_role, referent_role=r_role))
+    return place(cap, replace(question, query_role=q_role, referent_role=r_role))
 
 
 def split_for(cap: Capture, question: Question, placement: Placement | None = None) -> pd.DataFrame:
@@ -110,11 +110,7 @@ def split_for(cap: Capture, question: Question, placement: Placement | None = No
     token index ``@I`` with ``query_role`` ``target`` is found on the sites whose queries are output positions).
     ``placement``: :func:`placement_for` of ``cap`` and ``question`` when the caller has it (made here otherwise)."""
     placement = placement if placement is not None else placement_for(cap, question)
-    lk = placement.lookup
-    return analysis.split_heads(cap, question.query, list(question.referents), occurrence=question.occurrence,
-                                sites="all", rule=question.rule, query_role=lk.query_role, referent_role=lk.referent_role,
-                                cross_first=True, weighting=question.weighting, case_sensitive=question.case_sensitive,
-                                placement=placement)
+    return analysis.split_heads(cap, placement.question, sites="all", cross_first=True, placement=placement)
 
 
 def folder_stamp(command: str) -> dict[str, str]:
@@ -227,7 +223,7 @@ def resolve_question(loaded, cap: Capture, question: Question) -> tuple[Question
 def output_word_note(cap: Capture, question: Question, placement: Placement, lm: bool) -> list[str]:
     """With an LM head (``lm``), for a query word the model said (``placement`` looks for it in the output): one
     note naming the row that chose it (split reads the word's own row, the one after); else none."""
-    if not lm or question.query_index is not None or placement.lookup.query_role != "target":
+    if not lm or question.query_index is not None or placement.question.query_role != "target":
         return []
     site = next(s for s in cap.sites if "target" in s.query_input and s.kind != "cross")
     found = placement.at(site).occurrences

@@ -95,7 +95,7 @@ def does_it_matter(loaded, cap: Capture, source: str, split: pd.DataFrame, *, qu
                      variants=variants, top=top, global_tokens=global_tokens, budget=budget, memory_gib=memory_gib)
 
 
-def matter_of(loaded, source: str, output: Output | str | None, question: Question, *,
+def matter_of(loaded, source: str, output: Output, question: Question, *,
               flagged: list[tuple[str, int]], contrast_occurrence: int | None = None,
               variants: dict[str, str] | None = None, top: int = 10, global_tokens: list[str] | None = None,
               budget: float | None = None, memory_gib: float | None = None) -> Matter:
@@ -111,7 +111,7 @@ def matter_of(loaded, source: str, output: Output | str | None, question: Questi
         raise InspectorError("does it matter? needs a contrast: pass --contrast RIGHT,WRONG")
     model, tokenizer = loaded.model, loaded.tokenizer
     contrast, query = question.contrast, question.query
-    said = Output.coerce(output)
+    said = output  # the Output value its caller built (the CLI from its flags, debug from the capture)
     flagged = list(dict.fromkeys((str(s), int(h)) for s, h in flagged))
     res = _effects.effects(model, tokenizer, source, said, contrast=contrast, query=query, occurrence=contrast_occurrence,
                            top=top, confirm=flagged, global_tokens=global_tokens, budget=budget, memory_gib=memory_gib)

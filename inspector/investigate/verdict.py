@@ -9,6 +9,8 @@ signatures) are in :mod:`inspector.analysis.verdict`; this module only picks the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from inspector import analysis
@@ -43,13 +45,12 @@ def signatures(cap: Capture, question: Question, row: int | None) -> tuple[pd.Da
             if len(sites) < len(cap.sites):
                 notes.append("Signatures are read at the output row, so heads whose queries are source positions (an "
                              "encoder's) have none: 'not read'.")
-            table = analysis.split_heads(cap, None, [right, wrong], query_index=row, sites=sites, rule=question.rule,
-                                         referent_role="source", case_sensitive=question.case_sensitive,
-                                         weighting=question.weighting)
+            asked = replace(question, query=None, position=row, occurrence=None, referents=(right, wrong),
+                            query_role=None, referent_role="source")
+            table = analysis.split_heads(cap, asked, sites=sites)
         else:
-            table = analysis.split_heads(cap, question.query, [right, wrong], occurrence=question.occurrence,
-                                         query_role="source", referent_role="source", rule=question.rule,
-                                         case_sensitive=question.case_sensitive, weighting=question.weighting)
+            asked = replace(question, referents=(right, wrong), query_role="source", referent_role="source")
+            table = analysis.split_heads(cap, asked)
     except InspectorError as exc:
         notes.append(f"No attention signature: {exc}.")
         return None, notes

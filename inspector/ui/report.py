@@ -28,7 +28,7 @@ import pandas as pd
 from inspector.analysis.explain import explain
 from inspector.analysis.keys import head_weights
 from inspector.analysis.moves import move_sentence
-from inspector.analysis.placement import Lookup, Placement, place
+from inspector.analysis.placement import Placement, place
 from inspector.analysis.question import Question
 from inspector.analysis.split import NothingVisible, referent_split
 from inspector.errors import InspectorError
@@ -392,7 +392,7 @@ def _steps(capture: Capture, h: _Head, batch: int) -> dict:
         qi = h.positions[-1]
     out = {"site": h.site.name, "head": h.head, "weighting": h.weighting, "rows": _row_table(capture, h, batch)}
     try:
-        exp = explain(capture, h.site, h.head, qi, batch=batch)
+        exp = explain(capture, Question(position=qi), h.site, h.head, batch=batch)
     except InspectorError as exc:
         return {**out, "error": str(exc), "rows": None}
     site = h.site
@@ -473,7 +473,7 @@ def _variant(name: str, cap: Capture, placement: Placement, top: _Head, batch: i
         site = cap.site(top.site.name)
         occ = placement.at(site).occurrences
         if not occ:
-            raise InspectorError(f"query {placement.lookup.query!r} is not in this variant")
+            raise InspectorError(f"query {placement.question.query!r} is not in this variant")
         row = {"site": site.name, "head": top.head, "query_positions": list(occ[min(k, len(occ) - 1)].positions)}
         h = _locate(cap, row, placement)
         h.weighting = top.weighting
@@ -657,11 +657,11 @@ class Sections:
 def _placements(capture: Capture, question: Question, sec: Sections, batch: int) -> dict[str | None, Placement]:
     """The question's positions the report marks: the main capture's under None (``sections.placement``, the
     split's; else placed here from ``question``, anywhere on the axes unless it names roles) and
-    each variant's under its name (given, else placed here with the main one's lookup). Raises
+    each variant's under its name (given, else placed here with the main one's question). Raises
     :class:`InspectorError` for a placement of another batch row."""
     main = sec.placement
     if main is None:
-        asked = Lookup.of(question)
+        asked = question
         if sec.verdict is not None:  # the culprits' cards mark the verdict's two words
             asked = replace(asked, contrast=(sec.verdict.right, sec.verdict.wrong))
         main = place(capture, asked, batch)
@@ -670,7 +670,7 @@ def _placements(capture: Capture, question: Question, sec: Sections, batch: int)
                              "on the report's row")
     out: dict[str | None, Placement] = {None: main}
     for name, vcap in (sec.variants or {}).items():
-        out[name] = (sec.variant_placements or {}).get(name) or place(vcap, main.lookup, batch)
+        out[name] = (sec.variant_placements or {}).get(name) or place(vcap, main.question, batch)
     return out
 
 

@@ -71,7 +71,7 @@ def dom(html: str) -> Node:
 
 
 def report_of(cap, query, refs=REFS, occurrence=None, **kw):
-    split = split_heads(cap, query, refs, occurrence=occurrence)
+    split = split_heads(cap, Question(query, refs, occurrence=occurrence))
     rank = rank_heads(cap)
     html = render_report(cap, split, rank, Question(query, tuple(refs)), commands=COMMANDS, sections=Sections(**kw))
     return {"cap": cap, "split": split, "rank": rank, "html": html, "dom": dom(html), "query": query}
@@ -81,8 +81,8 @@ def legal_report(minilm) -> dict:
     """The legal example's report, with the swapped variant and the comparison of the two."""
     cap = capture(minilm.model, minilm.tokenizer, LEGAL)
     swapped = capture(minilm.model, minilm.tokenizer, SWAPPED)
-    a = split_heads(cap, "indemnity", REFS)[["site", "head", "split_score"]]
-    b = split_heads(swapped, "indemnity", REFS)[["site", "head", "split_score"]]
+    a = split_heads(cap, Question("indemnity", REFS))[["site", "head", "split_score"]]
+    b = split_heads(swapped, Question("indemnity", REFS))[["site", "head", "split_score"]]
     comp = a.merge(b, on=["site", "head"], suffixes=(":original", ":swapped"))
     comp["change"] = comp["split_score:swapped"] - comp["split_score:original"]
     comp = comp.sample(frac=1.0, random_state=0).reset_index(drop=True)  # the report sorts it
