@@ -37,13 +37,14 @@ Generation to Context"), for encoder-decoder, decoder-only and long-document (LE
 
 Forward passes (``Sources.forward_passes``, counted by a hook on the model): ``ceil(ablations / batch)`` for
 the random ablations, ``ceil(holdout / batch)`` for the held-out ones (the masks shared evenly among the passes, the
-longest rows together where the masked tokens are left out), one or more for the full source and the top-k ablations of
+longest rows together where the masked tokens are left out; ``batch`` by default at most :data:`CPU_BATCH` on a CPU
+where the rows differ in length, since a pass pads its rows to the longest), one or more for the full source and the top-k ablations of
 every method, ``ceil(ig_steps / points)`` with a backward pass each and one without (the path's two ends) for
 integrated gradients (the one routine :func:`inspector.attribute.attribution.integrated_gradients`; ``points``: at most
 ``batch``, what ``--memory-budget`` holds and, on a CPU, what
 :data:`~inspector.attribute.attribution.CPU_IG_GIB` holds: bigger batches of points cost more a point there), and
 the attention capture's (1; 2 on LED) (plus a generation's own passes with ``Output(generate=N)``). 64 ablations of
-a small model with the defaults: 3 passes for the surrogate and its evaluation, 6 with the baselines.
+a small model on a GPU with the defaults: 3 passes for the surrogate and its evaluation, 6 with the baselines.
 
 What it cannot tell: the surrogate is linear in the units (two sentences that only matter together, or that
 stand in for each other, share or lose their weight: the LDS says how far linearity holds); a masked unit is
