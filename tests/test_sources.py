@@ -351,7 +351,14 @@ def test_forward_passes_are_counted_and_batched(tokenizer):
     assert fp["total"] == 11 <= 64
     r = S.sources(model, tokenizer, LEGAL, "the lessee pays",
                   options=S.SourcesOptions(ablations=64, holdout=32, baselines=False))
-    # on a CPU the masks go CPU_BATCH a pass (rows of unequal length pad less): 16 + 8 passes and one for the top-k
+    assert r.batch_size == 64 and r.forward_passes["total"] == 3  # 64 ablations in one batched pass
+
+
+def test_a_decoder_on_a_cpu_scores_its_masks_four_a_pass_with_the_same_numbers(tokenizer):
+    model = tiny.build("gpt2")
+    r = S.sources(model, tokenizer, LEGAL, "the lessee pays",
+                  options=S.SourcesOptions(ablations=64, holdout=32, baselines=False))
+    # the masks go CPU_BATCH a pass (rows of unequal length pad less): 16 + 8 passes and one for the top-k
     assert r.batch_size == S.CPU_BATCH == 4 and r.forward_passes["total"] == 16 + 8 + 1
     one = S.sources(model, tokenizer, LEGAL, "the lessee pays",
                     options=S.SourcesOptions(ablations=64, holdout=32, baselines=False, batch_size=64))

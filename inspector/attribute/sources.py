@@ -37,8 +37,8 @@ Generation to Context"), for encoder-decoder, decoder-only and long-document (LE
 
 Forward passes (``Sources.forward_passes``, counted by a hook on the model): ``ceil(ablations / batch)`` for
 the random ablations, ``ceil(holdout / batch)`` for the held-out ones (the masks shared evenly among the passes, the
-longest rows together where the masked tokens are left out; ``batch`` by default at most :data:`CPU_BATCH` on a CPU
-where the rows differ in length, since a pass pads its rows to the longest), one or more for the full source and the top-k ablations of
+longest rows together where the masked tokens are left out; ``batch`` by default at most :data:`CPU_BATCH` for a
+decoder-only model on a CPU where the rows differ in length, since a pass pads its rows to the longest), one or more for the full source and the top-k ablations of
 every method, ``ceil(ig_steps / points)`` with a backward pass each and one without (the path's two ends) for
 integrated gradients (the one routine :func:`inspector.attribute.attribution.integrated_gradients`; ``points``: at most
 ``batch``, what ``--memory-budget`` holds and, on a CPU, what
@@ -88,8 +88,9 @@ IG_STEPS = 16  # the integrated-gradients baseline's first try, in Gauss-Legendr
 STEPS_LIMIT = 1024
 BATCH_LIMIT = 1024  # the largest --batch-size accepted
 AUTO_BATCH = 64  # the most masks a pass by default (fewer when the memory estimate says so)
-# ... and on a CPU: rows a pass pads to its longest, and on a CPU a pass of 4 computes a token as fast as one of 32
-# (benchmarks/debug.py's GPT-2-medium shape, 500-token rows), so 4 masks pad away about 2% of the work, 32 about 15-35%
+# ... and for a decoder-only model on a CPU: rows a pass pads to its longest, and on a CPU a pass of 4 computes a token
+# as fast as one of 32 (benchmarks/debug.py's GPT-2-medium shape, 500-token rows), so 4 masks pad away about 2% of the
+# work, 32 about 15-35% (an encoder-decoder's short decoder rows want the wider batch: not measured to gain there)
 CPU_BATCH = 4
 MEMORY_GIB = 2.0  # what one pass's logits and activations may take when the batch is chosen automatically
 MODES = ("mask", "removal")
@@ -641,7 +642,8 @@ def _prepare(model, tokenizer, text: str, ask: _Request,
     if not ask.batch_size and _droppable(prob):  # the masked passes hold about the kept tokens only
         kept = len(src.ids) - int(sum(len(u.positions) for u in units) * (1 - KEEP))
         prob.batch = _auto_batch(model, kept, len(tgt.ids), encoded.layout, len(span_idx), ask.memory_gib)
-    if not ask.batch_size and (_droppable(prob) or ask.mode == "removal") and _on_cpu(model):
+    if not ask.batch_size and prob.layout == "decoder" and (_droppable(prob) or ask.mode == "removal") \
+            and _on_cpu(model):
         prob.batch = min(prob.batch, CPU_BATCH)  # rows of unequal length: little padding, no slower on a CPU
     return prob, encoded, target, target_ids, (a, b), notes
 

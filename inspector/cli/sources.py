@@ -162,8 +162,8 @@ def add_commands(sub) -> None:
                    help=f"further random masks the LDS is measured on (0 for none, or {lo}..{hi}; default {HOLDOUT})")
     p.add_argument("--seed", type=_whole(0, 2 ** 31 - 1), default=0, help="seed of the random masks (default 0)")
     p.add_argument("--batch-size", type=_whole(1, BATCH_LIMIT), metavar="N",
-                   help=f"masks per forward pass (1..{BATCH_LIMIT}; default: a memory estimate, at most 64, and 4 on a CPU "
-                        "where the rows differ in length)")
+                   help=f"masks per forward pass (1..{BATCH_LIMIT}; default: a memory estimate, at most 64, and 4 for a "
+                        "decoder-only model on a CPU)")
     p.add_argument("--mode", choices=MODES, default="mask",
                    help="how a unit is ablated: mask (attention mask 0 on its tokens, positions kept; default) or "
                         "removal (its tokens dropped from the source)")
