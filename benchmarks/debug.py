@@ -26,6 +26,7 @@ anywhere: the tests check numbers, and this prints figures.
     .venv/bin/python benchmarks/debug.py --quick
     .venv/bin/python benchmarks/debug.py --only bart --commands debug
     .venv/bin/python benchmarks/debug.py --versus 80fe0cc --only bart   # the same on a commit (a git worktree), side by side
+    python3 benchmarks/debug.py --device cuda             # on a GPU: wall time (synchronised), GPU memory
 """
 
 from __future__ import annotations
@@ -78,16 +79,29 @@ def _gpt2(quick: bool):
 MODELS = {"bart": (_bart, 500, 200), "gpt2": (_gpt2, 1000, 300)}  # builder, source tokens, --quick source tokens
 
 
-def _forward_seconds(model, encoded) -> float:
+def _clock(device: str):
+    """The clock a case is timed by: CPU time (user + system) on the CPU; on a GPU wall time after a synchronise
+    (the host's CPU time would count only the kernel launches)."""
+    if device == "cpu":
+        return C.cpu_seconds
+    import torch
+
+    def wall() -> float:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return wall
+
+
+def _forward_seconds(model, encoded, clock) -> float:
     import torch
 
     with torch.no_grad():
         model(**encoded.model_kwargs, use_cache=False)
         times = []
         for _ in range(3):
-            t0 = C.cpu_seconds()
+            t0 = clock()
             model(**encoded.model_kwargs, use_cache=False)
-            times.append(C.cpu_seconds() - t0)
+            times.append(clock() - t0)
     return sorted(times)[1]
 
 
@@ -125,16 +139,21 @@ def worker(spec: dict) -> None:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     build, tokens, quick_tokens = MODELS[spec["model"]]
-    model = build(spec["quick"])
+    device = spec.get("device", "cpu")
+    model = build(spec["quick"]).to(device)
     tok = C.tokenizer()
     source = C.legal_text(tok, quick_tokens if spec["quick"] else tokens)
     encoded = encode(model, tok, source, OUTPUT)
-    forward = _forward_seconds(model, encoded)
+    clock = _clock(device)
+    forward = _forward_seconds(model, encoded, clock)
+    if device != "cpu":
+        torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as tmp, C.PeakMemory() as mem:
-        t0, w0 = C.cpu_seconds(), time.perf_counter()
+        t0, w0 = clock(), time.perf_counter()
         info = _debug(model, tok, source, str(Path(tmp) / "out")) if spec["command"] == "debug" else _sources(model, tok, source)
-        cpu, wall = C.cpu_seconds() - t0, time.perf_counter() - w0
-    C.answer({**spec, "forward_s": forward, "cpu_s": cpu, "wall_s": wall, "ratio": cpu / forward, "peak_mb": mem.peak,
+        cpu, wall = clock() - t0, time.perf_counter() - w0
+    peak = mem.peak if device == "cpu" else torch.cuda.max_memory_allocated() / 2 ** 20
+    C.answer({**spec, "forward_s": forward, "cpu_s": cpu, "wall_s": wall, "ratio": cpu / forward, "peak_mb": peak,
               "base_mb": mem.base, "tokens": int(encoded.model_kwargs["input_ids"].shape[1]), **info})
 
 
@@ -184,18 +203,22 @@ def main(argv=None) -> int:
     ap.add_argument("--commands", default="debug,sources", help="debug, sources or both (comma-separated)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--versus", metavar="COMMIT", help="also measure COMMIT (a git worktree), side by side")
+    ap.add_argument("--device", default="cpu", help="cpu (CPU time, peak RSS) or cuda (wall time after a "
+                    "synchronise, peak allocated GPU memory)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return 0
     commands = [c.strip() for c in args.commands.split(",") if c.strip()]
+    what = "CPU" if args.device == "cpu" else "wall"
     print(C.machine_line())
     rows, lines, t0 = [], [], time.perf_counter()
     with _checkout(args.versus) as other:
         for model in args.only or sorted(MODELS):
             for command in commands:
-                spec = {"model": model, "command": command, "quick": args.quick, "threads": args.threads}
+                spec = {"model": model, "command": command, "quick": args.quick, "threads": args.threads,
+                        "device": args.device}
                 try:
                     now = _run(spec, None)
                 except RuntimeError as exc:  # e.g. killed for memory (exit -9): said, and the other cases still run
@@ -206,16 +229,17 @@ def main(argv=None) -> int:
                 print("  " + " | ".join(str(x) for x in rows[-1]), file=sys.stderr)
                 if other is not None:
                     rows.append(_row(f"{model} @ {args.versus}", _run(spec, other)))
-                ok = C.verdict(f"{model} {command}: CPU time over one forward", now["ratio"], TARGETS[command], fmt="{:.1f}")
+                ok = C.verdict(f"{model} {command} on {args.device}: {what} time over one forward", now["ratio"], TARGETS[command], fmt="{:.1f}")
                 lines.append(ok[0])
                 for key in ("where_note", "why_note"):
                     if now.get(key):
                         lines.append(f"        {model} {command} {key}: {now[key]}")
                 print(f"  ... {model} {command} done ({C.elapsed(t0)})", file=sys.stderr)
-    print(C.table(["model", "command", "tokens", "forward CPU s", "CPU s", "forward-eq", "peak GiB", ""], rows,
+    print(C.table(["model", "command", "tokens", f"forward {what} s", f"{what} s", "forward-eq", "peak GiB", ""], rows,
                   right={2, 3, 4, 5, 6}))
     print("\n".join(lines))
-    print(f"memory: {C.PeakMemory.method()}")
+    print(f"memory: {C.PeakMemory.method()}" if args.device == "cpu" else
+          f"memory: torch.cuda.max_memory_allocated on {args.device} over the command")
     return 0
 
 

@@ -7,6 +7,9 @@ batch, and the LM head computes the metric's two logits only. The reference is `
 pass of the whole model per ablated head. Every head of every site is compared, for both kinds of clean pass
 (the attribution pass kept, and a separate pass cut after the metric's row), batched and one at a time, zero and
 mean ablation. A test that finds the rerun fell back to full passes fails: it would compare a path with itself.
+
+The models run on ``tiny.DEVICE``: the CPU, unless ``INSPECTOR_TEST_DEVICE`` names another (``cuda``: the same
+equalities on a GPU, where reruns batch their edits too).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def _case(family: str):
         model, source, output, contrast = tiny.build(family), SOURCE, OUTPUT, CONTRAST
         if family == "bert":
             output = None
+    model = model.to(tiny.DEVICE)
     if output is None:  # an encoder: the cosine contrast read at the query word
         return model, tok, source, None, contrast, "shall"
     return model, tok, source, output, contrast, None
@@ -130,7 +134,7 @@ def test_every_rerun_effect_equals_a_full_pass_on_the_trained_fixtures(kind):
 
     from inspector.capture.models import load_model
 
-    loaded = load_model(str(PARTIES / kind))
+    loaded = load_model(str(PARTIES / kind), device=tiny.DEVICE)
     model, tok = loaded.model, loaded.tokenizer
     item = next(x for x in json.loads((PARTIES / kind / "heldout.json").read_text())["items"] if not x["right"])
     source, output = (item["prompt"], item["answer"]) if kind == "decoder" else (item["source"], item["output"])

@@ -119,10 +119,12 @@ def test_bad_documents_are_recorded_and_never_stop_the_scan(bert, tmp_path):
              json.dumps({"id": "noref", "text": "The indemnity survives.", "query": "indemnity"}),
              json.dumps({"id": "number", "text": 42}),
              json.dumps(DOCS[1]),
-             json.dumps(DOCS[1] | {"text": "A different text under a repeated id."})]
+             json.dumps(DOCS[1] | {"text": "A different text under a repeated id."}),
+             json.dumps(DOCS[0] | {"id": "atword", "query": "@x1"}),
+             json.dumps(DOCS[0] | {"id": "backwards", "query": "@3-1"})]
     data.write_text("\n".join(lines) + "\n")
     result = scan(data, tmp_path / "out", fields=FIELDS, engine=Engine(batch_size=4), loaded=bert, progress=False)
-    assert (result.total, result.scanned, result.errors) == (9, 9, 7)
+    assert (result.total, result.scanned, result.errors) == (11, 11, 9)
     docs = pd.read_parquet(tmp_path / "out" / "documents.parquet").set_index("id")
     assert docs.loc["a", "status"] == "ok" and docs.loc["b", "status"] == "ok"
     errors = docs[docs["status"] == "error"]["error"].to_dict()
@@ -133,9 +135,12 @@ def test_bad_documents_are_recorded_and_never_stop_the_scan(bert, tmp_path):
     assert errors["noref"] == "give both a query and referents (or neither)"
     assert "not a string" in errors["number"]
     assert "repeats an earlier row's id" in errors["b#row8"]
+    # a query that starts with @ but is no token index: refused per document, not read as the word "@x1"
+    assert errors["atword"].startswith("query '@x1' is not a token index: write @I")
+    assert errors["backwards"].startswith("query '@3-1' is not a token index")
     heads = read_heads(tmp_path / "out")
     assert sorted(heads["id"].unique()) == ["a", "b"]
-    assert docs["row"].tolist() == list(range(9))
+    assert docs["row"].tolist() == list(range(11))
 
 
 # ---- resuming --------------------------------------------------------------------------------------

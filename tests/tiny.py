@@ -4,6 +4,7 @@ tokenizer serves every architecture (vocabulary 30522), so no tokenizer is downl
 from __future__ import annotations
 
 import json
+import os
 from functools import cache
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import torch
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 ARCHITECTURES = ["gpt2", "bert", "llama", "mistral", "gemma2", "bart", "t5", "qwen2", "opt", "gpt_neox", "pegasus"]
 SEED = 1234
+# where tests that say so run their models (tests/test_reruns.py): cpu here and in CI; a GPU check sets cuda
+DEVICE = os.environ.get("INSPECTOR_TEST_DEVICE", "cpu")
 
 
 def config_for(name: str):

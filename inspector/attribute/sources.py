@@ -74,7 +74,7 @@ from inspector.attribute.surrogate import (
 from inspector.attribute.units import Unit, output_span, token_units, unit_spans
 from inspector.capture.interface import eval_mode
 from inspector.errors import InspectorError, empty_source
-from inspector.store.specs import MEMORY_LIMIT_GIB
+from inspector.store.specs import check_memory_budget
 
 if TYPE_CHECKING:
     import numpy as np
@@ -150,10 +150,7 @@ class SourcesOptions:
             raise InspectorError(f"--mode must be mask or removal (how a unit is ablated), got {self.mode!r}")
         if not _whole(self.seed, 0, 2 ** 63 - 1):
             raise InspectorError(f"--seed must be a whole number >= 0, got {self.seed!r}")
-        m = self.memory_gib
-        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m)
-                              or not 0 < m <= MEMORY_LIMIT_GIB):
-            raise InspectorError(f"--memory-budget must be more than 0 and at most {MEMORY_LIMIT_GIB:g} GiB, got {m!r}")
+        check_memory_budget(self.memory_gib)
 
 
 # ---- the result ----------------------------------------------------------------------------------------------
@@ -169,7 +166,9 @@ class Sources:
     of the largest k, by index). ``span``: the output span attributed (``text``, ``start``, ``end``,
     ``tokens``, ``score`` = its log-probability given the whole source). ``forward_passes``: per phase
     (``ablations``, ``held_out``, ``top_k``, ``integrated_gradients``, ``attention``, ``generate``) and
-    ``total``. ``fit``: the masks, scores and surrogate (:class:`~inspector.attribute.surrogate.Fit`). ``ig``: integrated gradients'
+    ``total``. ``options``: the :class:`SourcesOptions` it ran with (mode, ablations, hold-out, seed, alpha...);
+    ``batch_size``: the masks a forward pass it used (chosen from ``options.memory_gib`` unless given); ``layout``:
+    ``decoder`` or ``encoder-decoder``. ``fit``: the masks, scores and surrogate (:class:`~inspector.attribute.surrogate.Fit`). ``ig``: integrated gradients'
     completeness record (:class:`inspector.attribute.attribution.Completeness`: ``difference`` = f(x) - f(baseline),
     ``gap``, ``relative_gap``, ``steps``, ``converged``; the baseline is the units' token embeddings zeroed), when
     run."""
@@ -182,11 +181,7 @@ class Sources:
     units: list[Unit]
     fit: Fit
     forward_passes: dict[str, int]
-    mode: str
-    ablations: int
-    holdout: int
-    seed: int
-    alpha: float
+    options: SourcesOptions
     batch_size: int
     layout: str
     ig: Completeness | None = None
@@ -200,7 +195,7 @@ class Sources:
         col = f"top{k}_drop"
         lds_ok = m["lds"].dropna()
         best = lds_ok.idxmax() if len(lds_ok) else m[col].idxmax()
-        how = (f"the highest LDS ({lds_ok[best]:.3f} on {self.holdout} held-out ablations)" if len(lds_ok)
+        how = (f"the highest LDS ({lds_ok[best]:.3f} on {self.options.holdout} held-out ablations)" if len(lds_ok)
                else f"the largest top-{k} drop ({m.loc[best, col]:.3f} nats)")
         return f"{best} has {how}: trust its ranking most" + (
             "" if best == "contextcite" else f"; the ContextCite surrogate's LDS is {m.loc['contextcite', 'lds']:.3f}")
@@ -220,8 +215,9 @@ class Sources:
             return v
 
         return clean({"method": "ContextCite (Cohen-Wang et al. 2024)", "span": self.span, "layout": self.layout,
-                      "mode": self.mode, "ablations": self.ablations, "holdout": self.holdout, "seed": self.seed,
-                      "alpha": self.alpha, "batch_size": self.batch_size, "intercept": self.fit.intercept,
+                      "mode": self.options.mode, "ablations": self.options.ablations,
+                      "holdout": self.options.holdout, "seed": self.options.seed, "alpha": self.options.alpha,
+                      "batch_size": self.batch_size, "intercept": self.fit.intercept,
                       "full_score": self.fit.full, "units": self.table.to_dict("records"),
                       "methods": self.methods.to_dict("records"), "forward_passes": self.forward_passes,
                       "integrated_gradients": None if self.ig is None else
@@ -790,5 +786,4 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
                  "definition": f"sum of log p(token) over the {len(prob.span_idx)} output token(s) of {shown!r} "
                                "(natural log, teacher-forced)"}
     return Sources(table=table, methods=methods, span=span_info, source=text, output=prob.output_text, units=prob.units,
-                   fit=fit, forward_passes=passes, mode=o.mode, ablations=o.ablations, holdout=o.holdout, seed=o.seed,
-                   alpha=o.alpha, batch_size=prob.batch, layout=prob.layout, ig=ig_info, notes=notes)
+                   fit=fit, forward_passes=passes, options=o, batch_size=prob.batch, layout=prob.layout, ig=ig_info, notes=notes)

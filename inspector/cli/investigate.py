@@ -152,11 +152,12 @@ def _check_occurrence_in(texts: dict[str, str], query: str, occurrence: int) -> 
 def check_budget_args(args) -> None:
     """``--budget`` (forward passes, 0 or more) and ``--memory-budget`` (GiB, above 0) within bounds, before torch
     loads: one line naming the flag (:func:`inspector.intervene.effects.check_budget` says the same after it)."""
+    from inspector.store.specs import check_memory_budget
+
     budget, memory = getattr(args, "budget", None), getattr(args, "memory_budget", None)
     if budget is not None and not 0 <= budget < float("inf"):
         raise InspectorError(f"--budget must be a number of forward passes, 0 or more, got {budget!r}")
-    if memory is not None and not 0 < memory <= 65536:
-        raise InspectorError(f"--memory-budget must be more than 0 and at most 65536 GiB, got {memory!r}")
+    check_memory_budget(memory)
 
 
 def cmd_debug(args) -> int:

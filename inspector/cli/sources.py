@@ -104,13 +104,14 @@ def cmd_sources(args) -> int:
     if out.generate is not None:
         say(f"generated: {r.output}", indent="  ")
     say(f"span: {r.span['definition']} = {r.span['score']:.4f}", indent="  ")
-    say(f"{len(r.units)} units ({'sentences' if units is None else 'given'}), ablated by {r.mode}: {r.ablations} random "
-        f"ablations (each unit kept with probability 1/2, seed {r.seed}), LASSO alpha {r.alpha:g}", indent="  ")
+    say(f"{len(r.units)} units ({'sentences' if units is None else 'given'}), ablated by {r.options.mode}: "
+        f"{r.options.ablations} random ablations (each unit kept with probability 1/2, seed {r.options.seed}), "
+        f"LASSO alpha {r.options.alpha:g}", indent="  ")
     shown = r.table.assign(text=r.table["text"].map(_shorten))
     print_table(shown, rows_shown(args), digits=4, what="units")
     cols = ["method", "lds", *[f"top{k}_drop" for k in TOP_K], "units_ablated"]
     print()
-    say(f"faithfulness (LDS: Spearman on {r.holdout} held-out ablations; top-k drop: nats lost when the k units "
+    say(f"faithfulness (LDS: Spearman on {r.options.holdout} held-out ablations; top-k drop: nats lost when the k units "
         "of largest score are ablated):", indent="  ")
     print(format_table(r.methods[cols], digits=4))
     for line in r.trust().splitlines():

@@ -533,16 +533,14 @@ def check_budget(budget: float | None = None, memory_gib: float | None = None, t
     naming the flag (``--top``, ``--budget``, ``--memory-budget``)."""
     import math
 
-    from inspector.store.specs import MEMORY_LIMIT_GIB
+    from inspector.store.specs import check_memory_budget
 
     if top < 0:
         raise InspectorError(f"--top must be 0 or more, got {top}")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                or not math.isfinite(budget) or budget < 0):
         raise InspectorError(f"--budget must be a number of forward passes, 0 or more, got {budget!r}")
-    if memory_gib is not None and (isinstance(memory_gib, bool) or not isinstance(memory_gib, (int, float))
-                                   or not math.isfinite(memory_gib) or not 0 < memory_gib <= MEMORY_LIMIT_GIB):
-        raise InspectorError(f"--memory-budget must be more than 0 and at most {MEMORY_LIMIT_GIB:g} GiB, got {memory_gib!r}")
+    check_memory_budget(memory_gib)
 
 
 def confirmed_text(res: Effects) -> str:

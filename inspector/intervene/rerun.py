@@ -26,7 +26,7 @@ The kept outputs are returned as they are, never copied: a pass that changed one
 rerun wrong, so each rerun checks every kept tensor's version counter and raises :class:`Stale` if one moved
 (:func:`inspector.intervene.effects.exact_effects` then falls back to full passes). A model is rerun this way
 only when its family is in :data:`FAMILIES` (each tested equal to full passes within 1e-5,
-``tests/test_effects_cached.py``) and its clean pass called every layer and site module once; else
+``tests/test_reruns.py``) and its clean pass called every layer and site module once; else
 :attr:`Recording.reason` says why not and reruns are full passes.
 
 Costs (:meth:`Recording.cost`) are counted, not timed, so a choice made from them is the same on every run:
@@ -48,7 +48,7 @@ from inspector.capture.recorder import Recorder, roles_of
 from inspector.intervene import seam as intervene
 from inspector.store.capture_file import Site
 
-# model types whose reruns are tested equal to full passes (tests/test_effects_cached.py)
+# model types whose reruns are tested equal to full passes (tests/test_reruns.py)
 FAMILIES = frozenset({
     "gpt2", "llama", "mistral", "gemma2", "qwen2", "opt", "gpt_neox", "bert", "bart", "pegasus", "t5",
     "led", "longformer", "pegasus_x", "longt5", "bigbird_pegasus", "big_bird",
@@ -590,7 +590,7 @@ def truncated(encoded: Encoded, row: int) -> Encoded:
     """``encoded`` without the output positions after ``row`` (the last the metric reads): an encoder-decoder's
     decoder inputs, a decoder-only model's joint sequence, cut to ``row + 1`` positions; an encoder's, or a
     batch of several rows, as it is. In a causal decoder nothing at a position reads a later one, so the rows up
-    to ``row`` are what the full input gives them (tested equal, ``tests/test_effects_cached.py``)."""
+    to ``row`` are what the full input gives them (tested equal, ``tests/test_reruns.py``)."""
     import dataclasses
 
     if encoded.layout == "encoder" or row < 0 or 1 + max((r.batch for r in encoded.records), default=0) != 1:

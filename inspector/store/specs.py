@@ -71,6 +71,19 @@ def contrast_words(spec: str | tuple[str, str]) -> tuple[str, str]:
 
 
 MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted (integrated gradients, effects, debug)
+
+
+def check_memory_budget(gib: object) -> None:
+    """Refuse a ``--memory-budget`` (GiB) that is not a finite number above 0 and at most :data:`MEMORY_LIMIT_GIB`
+    (``None`` means the default and passes): :class:`InspectorError`, one line naming the flag. The one check that
+    the CLI (before torch loads), effects, integrated gradients and sources all call."""
+    import math
+
+    if gib is None:
+        return
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib) \
+            or not 0 < gib <= MEMORY_LIMIT_GIB:
+        raise InspectorError(f"--memory-budget must be more than 0 and at most {MEMORY_LIMIT_GIB:g} GiB, got {gib!r}")
 MAX_REFERENTS = 256  # referents a split compares at most: each is looked up in every text, before the model loads
 
 

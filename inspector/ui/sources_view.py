@@ -101,8 +101,8 @@ def sources_data(result: Sources, method: str = "contextcite") -> dict:
         "units": _table(unit_cols, unit_rows, "data sources-units", lambda i: "top" if i == 0 else ""),
         "methods": _table(method_cols, method_rows, "data sources-methods",
                           lambda i: "top" if best is not None and i == int(best) else ""),
-        "trust": result.trust(), "mode": result.mode, "ablations": result.ablations, "holdout": result.holdout,
-        "seed": result.seed, "alpha": f"{result.alpha:g}", "n_units": len(result.units),
+        "trust": result.trust(), "mode": result.options.mode, "ablations": result.options.ablations,
+        "holdout": result.options.holdout, "seed": result.options.seed, "alpha": f"{result.options.alpha:g}", "n_units": len(result.units),
         "passes": ", ".join(f"{k} {v}" for k, v in fp.items() if k != "total" and v), "total": fp.get("total", 0),
         "batch": result.batch_size, "ks": ", ".join(str(k) for k in TOP_K),
         "ig": (f"integrated gradients: {result.ig.steps} steps from the units' embeddings zeroed, f(x) - f(baseline) "
