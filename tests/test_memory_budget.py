@@ -39,3 +39,12 @@ def test_every_path_refuses_a_bad_memory_budget_with_the_same_line(value):
 def test_every_path_takes_a_memory_budget_within_the_bounds(value):
     for path in PATHS.values():
         path(value)
+
+
+def test_none_is_the_default_except_where_the_default_is_a_number():
+    """None passes where it means "the default bound" (CLI, effects, sources); integrated gradients' default is a
+    number, so None there is refused with the same line as every other bad value."""
+    for name in ("cli", "effects", "sources"):
+        PATHS[name](None)
+    with pytest.raises(InspectorError, match=r"^--memory-budget must be more than 0 and at most 65536 GiB, got None$"):
+        check_ig_options(20, memory_gib=None)

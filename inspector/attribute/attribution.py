@@ -45,7 +45,7 @@ from inspector.capture.inputs import Encoded, encode
 from inspector.capture.interface import eval_mode
 from inspector.capture.output import Output
 from inspector.errors import InspectorError
-from inspector.store.specs import MEMORY_LIMIT_GIB, check_memory_budget
+from inspector.store.specs import check_memory_budget
 
 if TYPE_CHECKING:  # torch and pandas load with the first attribution, not with the CLI's parser (its defaults are here)
     import pandas as pd
@@ -168,7 +168,6 @@ def check_ig_options(steps: int, max_steps: int | None = None, batch_size: int |
     """Check integrated gradients' options (the CLI calls it before the model loads) and return the cap on
     points: ``max_steps``, or by default :data:`IG_MAX_STEPS` (``steps`` when that is larger). Raises
     :class:`InspectorError`, one line naming the flag and its bounds."""
-
     if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= STEPS_LIMIT:
         raise InspectorError(f"--steps must be a whole number from 2 to {STEPS_LIMIT} (Gauss-Legendre points of the "
                              f"first try), got {steps}")
@@ -179,10 +178,7 @@ def check_ig_options(steps: int, max_steps: int | None = None, batch_size: int |
                                    or not 1 <= batch_size <= STEPS_LIMIT):
         raise InspectorError(f"--batch-size must be a whole number from 1 to {STEPS_LIMIT} (points per forward pass), "
                              f"got {batch_size}")
-    if memory_gib is None:
-        raise InspectorError("--memory-budget must be more than 0 and at most "
-                             f"{MEMORY_LIMIT_GIB:g} GiB, got None")
-    check_memory_budget(memory_gib)
+    check_memory_budget(memory_gib, required=True)  # its default is a number: None is no budget
     return max(IG_MAX_STEPS, steps) if max_steps is None else max_steps
 
 

@@ -73,13 +73,13 @@ def contrast_words(spec: str | tuple[str, str]) -> tuple[str, str]:
 MEMORY_LIMIT_GIB = 65536.0  # the largest --memory-budget accepted (integrated gradients, effects, debug)
 
 
-def check_memory_budget(gib: object) -> None:
+def check_memory_budget(gib: object, *, required: bool = False) -> None:
     """Refuse a ``--memory-budget`` (GiB) that is not a finite number above 0 and at most :data:`MEMORY_LIMIT_GIB`
-    (``None`` means the default and passes): :class:`InspectorError`, one line naming the flag. The one check that
-    the CLI (before torch loads), effects, integrated gradients and sources all call."""
+    (``None`` means the default and passes, unless ``required``): :class:`InspectorError`, one line naming the flag.
+    The one check that the CLI (before torch loads), effects, integrated gradients and sources all call."""
     import math
 
-    if gib is None:
+    if gib is None and not required:
         return
     if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib) \
             or not 0 < gib <= MEMORY_LIMIT_GIB:
