@@ -1,5 +1,5 @@
 """Sources page: which source sentences the open capture's output (or a span of it) came from -- ContextCite's
-random ablations and sparse linear surrogate (Cohen-Wang et al. 2024), its held-out LDS and top-k drops beside
+random ablations and sparse linear surrogate (Cohen-Wang et al. 2024), its LDS and top-k drops beside
 integrated gradients and attention, run on the capture's own model (:func:`inspector.attribute.sources.sources`).
 Self-contained: it reads the open capture's texts and model name and nothing else of the app's state."""
 
@@ -10,7 +10,7 @@ import streamlit as st
 from shared import ss
 
 from inspector.attribute.sources import MODES, SourcesOptions, sources
-from inspector.attribute.surrogate import ABLATIONS, ABLATIONS_RANGE, HOLDOUT
+from inspector.attribute.surrogate import ABLATIONS, ABLATIONS_RANGE, FOLDS
 from inspector.errors import InspectorError
 from inspector.investigate.matter import said_output
 from inspector.ui import sources_view, views
@@ -34,7 +34,7 @@ with st.form("sources_form"):
                              "log-probability is what the source sentences are ranked by.")
     n = b.number_input("Ablations", lo, hi, ABLATIONS, 8, key="sources_n",
                        help="Random masks (each sentence kept with probability 1/2) the surrogate is fitted on; "
-                            f"{HOLDOUT} more are held out for the LDS.")
+                            f"the LDS is cross-validated over them ({FOLDS} folds).")
     mode = m.selectbox("Ablation", MODES, key="sources_mode",
                        help="mask: the sentence's tokens get attention mask 0 (positions kept); removal: they are "
                             "dropped from the source.")

@@ -128,7 +128,7 @@ def test_a_token_belongs_to_the_unit_holding_its_last_character(planted, tokeniz
     src = tokenizer(TEXT, return_offsets_mapping=True)
     tokens = {u.text: [TEXT[slice(*src["offset_mapping"][i])] for i in u.positions] for u in r.units}
     assert tokens == {"bob fixed": ["bob", "fixed"], "keys": ["keys"]}
-    assert math.isnan(r.methods.set_index("method").loc["contextcite", "lds"])  # holdout 0: no LDS
+    assert r.fit.lds_on == "8 ablations, 4-fold cross-validated" and r.forward_passes["held_out"] == 0  # holdout 0
 
 
 def test_the_span_is_a_phrase_or_characters_of_the_output(planted, tokenizer):
@@ -221,6 +221,57 @@ def test_on_a_linear_truth_lds_is_one_and_the_drops_are_the_top_weights():
     assert fit.masks.shape == (64, 5) and 0.3 < fit.masks.mean() < 0.7  # each unit kept with probability 1/2
 
 
+def test_by_default_the_lds_is_cross_validated_over_the_ablations_with_no_extra_pass():
+    calls: list[int] = []
+    fit = SG.evaluate(_linear(calls), 5, ablations=64, seed=1, alpha=1e-9,
+                      baselines={"truth": TRUE_W, "reversed": -TRUE_W})
+    assert calls == [64, 1 + 4]  # the training masks, then the full source and the top-k masks: no held-out pass
+    assert (fit.folds, fit.lds_on, fit.holdout_masks.shape[0]) == (4, "64 ablations, 4-fold cross-validated", 0)
+    # a linear truth: every out-of-fold prediction is the truth itself (to 1e-6: tied scores of equal masks may
+    # rank apart by that much, so the surrogate's LDS is 1 within 2e-3), a baseline's exactly
+    np.testing.assert_allclose(fit.predicted["contextcite"], TRUE_B + fit.masks @ TRUE_W, atol=1e-6)
+    assert fit.lds["contextcite"] == pytest.approx(1.0, abs=2e-3) and fit.lds["truth"] == pytest.approx(1.0)
+    assert fit.lds["reversed"] == pytest.approx(-1.0)
+
+
+def test_the_cross_validated_lds_is_the_mean_of_each_folds_spearman():
+    rng = np.random.default_rng(5)
+    predicted, actual = rng.normal(size=40), rng.normal(size=40)
+    actual[::4] = predicted[::4]  # fold 0 predicted perfectly: its Spearman is 1
+
+    def spearman(x, y):  # no ties in continuous draws: the Pearson correlation of argsort ranks
+        return np.corrcoef(np.argsort(np.argsort(x)), np.argsort(np.argsort(y)))[0, 1]
+
+    each = [spearman(predicted[f::4], actual[f::4]) for f in range(4)]
+    assert each[0] == pytest.approx(1.0)
+    assert SG.fold_lds(predicted, actual, 4) == pytest.approx(np.mean(each))
+    flat = predicted.copy()
+    flat[1::4] = 0.5  # one fold's predictions all tied (its surrogate's weights all 0): no LDS, as a held-out set's
+    assert math.isnan(SG.fold_lds(flat, actual, 4))
+
+
+def test_a_surrogate_with_every_weight_zero_has_no_lds_either_way():
+    def constant(masks):
+        return np.full(len(masks), -2.0)
+
+    for holdout in (0, 16):
+        fit = SG.evaluate(constant, 5, ablations=32, holdout=holdout, seed=2)
+        assert not fit.weights.any() and math.isnan(fit.lds["contextcite"]), holdout
+
+
+def test_an_out_of_fold_prediction_never_sees_its_own_score():
+    rng = np.random.default_rng(3)
+    masks = SG.random_masks(16, 5, rng)
+    y = TRUE_B + masks.astype(float) @ TRUE_W
+    spiked = y.copy()
+    spiked[0] += 100.0  # mask 0 (fold 0) scored absurdly: only the folds that train on it may move
+    a, b = SG.cross_validated(masks, y, 1, 1e-9), SG.cross_validated(masks, spiked, 1, 1e-9)
+    fold0 = np.arange(16) % 4 == 0
+    np.testing.assert_allclose(a[fold0], b[fold0], atol=1e-9)  # fold 0 was predicted without mask 0
+    assert np.abs(a[~fold0] - b[~fold0]).max() > 1.0  # the other folds trained on it
+    np.testing.assert_allclose(a, y, atol=1e-6)
+
+
 def test_the_default_alpha_keeps_the_ranking_and_shrinks_a_little():
     fit = SG.evaluate(_linear([]), 5, seed=0, n_tokens=1)
     assert SG.top_k(fit.weights, 5) == SG.top_k(TRUE_W, 5)
@@ -242,9 +293,10 @@ BAD_OPTIONS = [  # each bad value and the one line it is refused with (the lines
                         "got 4"),
     (dict(ablations=True), "--ablations must be a whole number from 8 to 1024 (random masks the surrogate is fitted "
                            "on), got True"),
-    (dict(holdout=3), "--holdout must be 0 (no LDS) or a whole number from 8 to 1024 (held-out random masks), got 3"),
-    (dict(holdout=False), "--holdout must be 0 (no LDS) or a whole number from 8 to 1024 (held-out random masks), "
-                          "got False"),
+    (dict(holdout=3), "--holdout must be 0 (the LDS cross-validated over the ablations) or a whole number from 8 to "
+                      "1024 (further held-out random masks), got 3"),
+    (dict(holdout=False), "--holdout must be 0 (the LDS cross-validated over the ablations) or a whole number from 8 "
+                          "to 1024 (further held-out random masks), got False"),
     (dict(batch_size=0), "--batch-size must be a whole number from 1 to 1024 (masks per forward pass), got 0"),
     (dict(batch_size=2.0), "--batch-size must be a whole number from 1 to 1024 (masks per forward pass), got 2.0"),
     (dict(ig_steps=1), "--ig-steps must be 0 (no gradient baseline) or a whole number from 2 to 1024, got 1"),
@@ -338,6 +390,14 @@ def test_the_scores_are_the_models_own_under_each_ablation(tokenizer):
                     lp = torch.log_softmax(model(**one, use_cache=False).logits[0].float(), -1)
                 want = sum(float(lp[row, tgt.ids[t]]) for row, t in zip(rows, span, strict=True))
                 assert got == pytest.approx(want, abs=1e-4), (name, mode, mask)
+
+
+def test_the_defaults_score_no_held_out_pass(tokenizer):
+    r = S.sources(tiny.build("bart"), tokenizer, LEGAL, "the lessee pays")  # docs/sources.md's count: 5 passes
+    fp = r.forward_passes
+    assert (r.batch_size, r.options.holdout, r.fit.lds_on) == (64, 0, "64 ablations, 4-fold cross-validated")
+    assert (fp["ablations"], fp["held_out"], fp["top_k"], fp["integrated_gradients"], fp["attention"],
+            fp["total"]) == (1, 0, 1, 2, 1, 5)
 
 
 def test_forward_passes_are_counted_and_batched(tokenizer):

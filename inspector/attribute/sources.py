@@ -24,19 +24,22 @@ Generation to Context"), for encoder-decoder, decoder-only and long-document (LE
   descent, :func:`~inspector.attribute.surrogate.lasso`) as ContextCite's released solver does: masks standardised per unit, the score divided
   by the span's token count, a fixed ``alpha`` (:data:`~inspector.attribute.surrogate.ALPHA` = 0.01), the weights mapped back to log-prob
   units (nats of the whole span per unit). ``w_i``: what keeping unit ``i`` adds to the span's log-probability.
-* **Faithfulness** (both from the paper), on ``holdout`` further random masks the surrogate never saw:
-  the *LDS* (linear datamodeling score), the Spearman correlation between the predicted and the actual scores
-  (:func:`~inspector.attribute.surrogate.lds`), and the *top-k log-probability drop*, ``f(full source) - f(source without the k units of
+* **Faithfulness** (both from the paper), on random masks the surrogate was not fitted on: the *LDS* (linear
+  datamodeling score), the Spearman correlation between the predicted and the actual scores
+  (:func:`~inspector.attribute.surrogate.lds`): by default cross-validated over the ablations themselves
+  (:data:`~inspector.attribute.surrogate.FOLDS` folds, each mask predicted by the surrogate fitted on the others:
+  no forward pass beyond the ablations'), or, with ``holdout`` N, on N further masks (the paper's held-out set);
+  and the *top-k log-probability drop*, ``f(full source) - f(source without the k units of
   largest weight)`` for k = 1, 3 (:data:`~inspector.attribute.surrogate.TOP_K`; k capped at the number of units).
 * **Baselines**, scored the same way: integrated gradients (Sundararajan et al. 2017) of the same score from a
   baseline with the units' token embeddings zeroed (:func:`inspector.attribute.attribution.embedding_inputs`,
   Gauss-Legendre points), summed per unit; attention, the weight of the span's predicting rows on each
   unit's tokens (cross-attention of an encoder-decoder, self-attention of a decoder-only model), averaged over
-  heads, sites and rows. For each: its LDS (the held-out scores predicted by ``sum_i s_i mask_i``) and its
+  heads, sites and rows. For each: its LDS (the scores predicted by ``sum_i s_i mask_i``) and its
   top-k drop, so that a user sees which ranking to trust.
 
 Forward passes (``Sources.forward_passes``, counted by a hook on the model): ``ceil(ablations / batch)`` for
-the random ablations, ``ceil(holdout / batch)`` for the held-out ones (the masks shared evenly among the passes, the
+the random ablations, ``ceil(holdout / batch)`` for any held-out ones (the masks shared evenly among the passes, the
 longest rows together where the masked tokens are left out; ``batch`` by default at most :data:`CPU_BATCH` for a
 decoder-only model on a CPU where the rows differ in length, since a pass pads its rows to the longest), one or more for the full source and the top-k ablations of
 every method, ``ceil(ig_steps / points)`` with a backward pass each and one without (the path's two ends) for
@@ -44,7 +47,8 @@ integrated gradients (the one routine :func:`inspector.attribute.attribution.int
 ``batch``, what ``--memory-budget`` holds and, on a CPU, what
 :data:`~inspector.attribute.attribution.CPU_IG_GIB` holds: bigger batches of points cost more a point there), and
 the attention capture's (1; 2 on LED) (plus a generation's own passes with ``Output(generate=N)``). 64 ablations of
-a small model on a GPU with the defaults: 3 passes for the surrogate and its evaluation, 6 with the baselines.
+a small model with the defaults and a batch of 64: 2 passes for the surrogate and its evaluation (the LDS
+cross-validated), 5 with the baselines.
 
 What it cannot tell: the surrogate is linear in the units (two sentences that only matter together, or that
 stand in for each other, share or lose their weight: the LDS says how far linearity holds); a masked unit is
@@ -110,7 +114,8 @@ def _whole(value, lo: int, hi: int) -> bool:
 class SourcesOptions:
     """How :func:`sources` runs, checked when made (the CLI makes one before the model loads): ``ablations`` random
     masks the surrogate is fitted on and ``holdout`` more its LDS is measured on (each within
-    :data:`~inspector.attribute.surrogate.ABLATIONS_RANGE`; ``holdout`` may be 0: no LDS), ``seed`` of the masks (a
+    :data:`~inspector.attribute.surrogate.ABLATIONS_RANGE`; ``holdout`` 0, the default: the LDS cross-validated over
+    the ablations, no extra forward pass), ``seed`` of the masks (a
     whole number >= 0), ``batch_size`` masks a forward pass (1..:data:`BATCH_LIMIT`; None: a memory estimate, at most
     :data:`AUTO_BATCH`), ``mode`` how a unit is ablated (:data:`MODES`), ``alpha`` LASSO's regularisation (above 0,
     finite), ``baselines`` (False: the surrogate alone, no integrated gradients or attention), ``ig_steps`` the
@@ -135,8 +140,8 @@ class SourcesOptions:
             raise InspectorError(f"--ablations must be a whole number from {lo} to {hi} (random masks the surrogate is "
                                  f"fitted on), got {self.ablations!r}")
         if not (self.holdout == 0 and not isinstance(self.holdout, bool)) and not _whole(self.holdout, lo, hi):
-            raise InspectorError(f"--holdout must be 0 (no LDS) or a whole number from {lo} to {hi} (held-out random "
-                                 f"masks), got {self.holdout!r}")
+            raise InspectorError(f"--holdout must be 0 (the LDS cross-validated over the ablations) or a whole number "
+                                 f"from {lo} to {hi} (further held-out random masks), got {self.holdout!r}")
         if self.batch_size is not None and not _whole(self.batch_size, 1, BATCH_LIMIT):
             raise InspectorError(f"--batch-size must be a whole number from 1 to {BATCH_LIMIT} (masks per forward "
                                  f"pass), got {self.batch_size!r}")
@@ -161,7 +166,7 @@ class Sources:
     ``table``: one row per unit, best first: ``rank`` (1 = largest weight), ``unit`` (text order), ``start``,
     ``end`` (characters of the source), ``tokens`` (how many), ``weight`` (the surrogate's coefficient: nats of
     the span's log-probability that keeping the unit adds), ``integrated_gradients`` and ``attention`` (the
-    baselines per unit, when run), ``text``. ``methods``: one row per method: ``method``, ``lds`` (held-out),
+    baselines per unit, when run), ``text``. ``methods``: one row per method: ``method``, ``lds`` (on ``fit.lds_on``),
     ``top1_drop``, ``top3_drop`` (nats; one column per k of :data:`~inspector.attribute.surrogate.TOP_K`), ``units_ablated`` (the top-k units
     of the largest k, by index). ``span``: the output span attributed (``text``, ``start``, ``end``,
     ``tokens``, ``score`` = its log-probability given the whole source). ``forward_passes``: per phase
@@ -188,14 +193,14 @@ class Sources:
     notes: list[str] = field(default_factory=list)
 
     def trust(self) -> str:
-        """One sentence: which method's ranking the held-out ablations support best (highest LDS; the largest
-        top-1 drop when no LDS was measured), and the surrogate's own numbers."""
+        """One sentence: which method's ranking the ablations it was not fitted on support best (highest LDS; the
+        largest top-1 drop when no LDS could be measured), and the surrogate's own numbers."""
         m = self.methods.set_index("method")
         k = TOP_K[0]
         col = f"top{k}_drop"
         lds_ok = m["lds"].dropna()
         best = lds_ok.idxmax() if len(lds_ok) else m[col].idxmax()
-        how = (f"the highest LDS ({lds_ok[best]:.3f} on {self.options.holdout} held-out ablations)" if len(lds_ok)
+        how = (f"the highest LDS ({lds_ok[best]:.3f} on {self.fit.lds_on})" if len(lds_ok)
                else f"the largest top-{k} drop ({m.loc[best, col]:.3f} nats)")
         return f"{best} has {how}: trust its ranking most" + (
             "" if best == "contextcite" else f"; the ContextCite surrogate's LDS is {m.loc['contextcite', 'lds']:.3f}")
@@ -216,7 +221,7 @@ class Sources:
 
         return clean({"method": "ContextCite (Cohen-Wang et al. 2024)", "span": self.span, "layout": self.layout,
                       "mode": self.options.mode, "ablations": self.options.ablations,
-                      "holdout": self.options.holdout, "seed": self.options.seed, "alpha": self.options.alpha,
+                      "holdout": self.options.holdout, "lds_on": self.fit.lds_on, "seed": self.options.seed, "alpha": self.options.alpha,
                       "batch_size": self.batch_size, "intercept": self.fit.intercept,
                       "full_score": self.fit.full, "units": self.table.to_dict("records"),
                       "methods": self.methods.to_dict("records"), "forward_passes": self.forward_passes,
@@ -720,7 +725,7 @@ def sources(model, tokenizer, text: str, output: Output | str, *, span: str | tu
             units: Sequence[str | tuple[int, int]] | str | None = None, global_tokens: list[str] | None = None,
             options: SourcesOptions | None = None) -> Sources:
     """Rank the source's units (sentences by default) by how much the output span's log-probability depends on
-    them: ContextCite's random ablations and sparse linear surrogate, its held-out LDS and top-k drops, beside
+    them: ContextCite's random ablations and sparse linear surrogate, its LDS and top-k drops, beside
     integrated gradients and attention (module docstring).
 
     ``output``: what the model said (:class:`inspector.capture.output.Output`: a text, token ids, or generate N

@@ -1,5 +1,5 @@
 """``inspector sources``: which source sentences (or given spans) an output span came from -- ContextCite's random
-ablations, a sparse linear surrogate, its held-out LDS and top-k drops, beside integrated gradients and attention
+ablations, a sparse linear surrogate, its LDS and top-k drops, beside integrated gradients and attention
 (:mod:`inspector.attribute.sources`; heavy imports inside the command)."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def cmd_sources(args) -> int:
     print_table(shown, rows_shown(args), digits=4, what="units")
     cols = ["method", "lds", *[f"top{k}_drop" for k in TOP_K], "units_ablated"]
     print()
-    say(f"faithfulness (LDS: Spearman on {r.options.holdout} held-out ablations; top-k drop: nats lost when the k units "
+    say(f"faithfulness (LDS: Spearman on {r.fit.lds_on}; top-k drop: nats lost when the k units "
         "of largest score are ablated):", indent="  ")
     print(format_table(r.methods[cols], digits=4))
     for line in r.trust().splitlines():
@@ -136,7 +136,7 @@ def cmd_sources(args) -> int:
 def add_commands(sub) -> None:
     """Register ``sources`` on the top-level sub-parsers."""
     from inspector.attribute.sources import BATCH_LIMIT, IG_STEPS, MODES, STEPS_LIMIT
-    from inspector.attribute.surrogate import ABLATIONS, ABLATIONS_RANGE, ALPHA, HOLDOUT
+    from inspector.attribute.surrogate import ABLATIONS, ABLATIONS_RANGE, ALPHA, FOLDS, HOLDOUT
 
     lo, hi = ABLATIONS_RANGE
     p = sub.add_parser("sources", help="which source sentences an output span came from (ContextCite: random "
@@ -160,7 +160,8 @@ def add_commands(sub) -> None:
     p.add_argument("--ablations", type=_whole(lo, hi), default=ABLATIONS, metavar="N",
                    help=f"random ablation masks the surrogate is fitted on ({lo}..{hi}, default {ABLATIONS})")
     p.add_argument("--holdout", type=_whole(lo, hi, zero=True), default=HOLDOUT, metavar="N",
-                   help=f"further random masks the LDS is measured on (0 for none, or {lo}..{hi}; default {HOLDOUT})")
+                   help=f"further random masks the LDS is measured on ({lo}..{hi}), or 0: the LDS cross-validated over "
+                        f"the ablations ({FOLDS} folds, no extra forward pass; default {HOLDOUT})")
     p.add_argument("--seed", type=_whole(0, 2 ** 31 - 1), default=0, help="seed of the random masks (default 0)")
     p.add_argument("--batch-size", type=_whole(1, BATCH_LIMIT), metavar="N",
                    help=f"masks per forward pass (1..{BATCH_LIMIT}; default: a memory estimate, at most 64, and 4 for a "

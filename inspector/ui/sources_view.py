@@ -4,7 +4,7 @@
   the output span and its log-probability, the source shaded unit by unit by the surrogate's weight (opacity =
   ``|weight| / largest |weight|``, orange for a unit that raises the span's log-probability, blue for one that
   lowers it; each unit's exact weight in ``data-w`` and its title), the units table (weight, the baselines), the
-  methods' faithfulness (LDS on held-out ablations, top-k drops), which ranking to trust, the forward passes and
+  methods' faithfulness (LDS, top-k drops), which ranking to trust, the forward passes and
   notes. Jinja2 template ``templates/sources.html.j2``, autoescaped: every text from the source or the model is
   escaped by the template engine.
 * :func:`sources_data`: the same as plain data (strings and numbers), for the app or a test.
@@ -102,7 +102,7 @@ def sources_data(result: Sources, method: str = "contextcite") -> dict:
         "methods": _table(method_cols, method_rows, "data sources-methods",
                           lambda i: "top" if best is not None and i == int(best) else ""),
         "trust": result.trust(), "mode": result.options.mode, "ablations": result.options.ablations,
-        "holdout": result.options.holdout, "seed": result.options.seed, "alpha": f"{result.options.alpha:g}", "n_units": len(result.units),
+        "lds_on": result.fit.lds_on, "seed": result.options.seed, "alpha": f"{result.options.alpha:g}", "n_units": len(result.units),
         "passes": ", ".join(f"{k} {v}" for k, v in fp.items() if k != "total" and v), "total": fp.get("total", 0),
         "batch": result.batch_size, "ks": ", ".join(str(k) for k in TOP_K),
         "ig": (f"integrated gradients: {result.ig.steps} steps from the units' embeddings zeroed, f(x) - f(baseline) "
