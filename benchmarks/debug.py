@@ -9,7 +9,7 @@ worker's peak RSS over the command (``_common.PeakMemory``).
   runs: the capture, rank, split, "Does it matter?" with its default ``--top`` and ``--budget``, the verdict, "Where
   did the word come from?"), the output given (no generation), no variants. Printed beside it: how many heads it
   confirmed exactly, and the "Where" part's note when it left itself out.
-* ``sources``: :func:`inspector.attribute.sources.sources` with its defaults (64 ablations, 32 held out, integrated
+* ``sources``: :func:`inspector.attribute.sources.sources` with its defaults (64 ablations, the LDS cross-validated over them, integrated
   gradients and attention baselines), its forward passes per phase as it counts them.
 
 Models (random seeded weights, built from a config, nothing downloaded; the MiniLM tokenizer's ids for every
