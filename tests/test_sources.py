@@ -265,7 +265,7 @@ def test_an_out_of_fold_prediction_never_sees_its_own_score():
     y = TRUE_B + masks.astype(float) @ TRUE_W
     spiked = y.copy()
     spiked[0] += 100.0  # mask 0 (fold 0) scored absurdly: only the folds that train on it may move
-    a, b = SG.cross_validated(masks, y, 1, 1e-9), SG.cross_validated(masks, spiked, 1, 1e-9)
+    a, b = SG.cross_validated(masks, y, 1, alpha=1e-9), SG.cross_validated(masks, spiked, 1, alpha=1e-9)
     fold0 = np.arange(16) % 4 == 0
     np.testing.assert_allclose(a[fold0], b[fold0], atol=1e-9)  # fold 0 was predicted without mask 0
     assert np.abs(a[~fold0] - b[~fold0]).max() > 1.0  # the other folds trained on it

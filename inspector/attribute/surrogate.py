@@ -94,7 +94,7 @@ def fit_surrogate(masks, scores, n_tokens: int, alpha: float = ALPHA) -> tuple[n
     return w * n_tokens, float((b - (mean / scale) @ coef) * n_tokens)
 
 
-def cross_validated(masks, scores, n_tokens: int, alpha: float = ALPHA, folds: int = FOLDS) -> np.ndarray:
+def cross_validated(masks, scores, n_tokens: int, *, alpha: float = ALPHA, folds: int = FOLDS) -> np.ndarray:
     """``[n]`` out-of-fold predictions (k-fold cross-validation, as scikit-learn's ``cross_val_predict``): mask ``i``
     is in fold ``i % folds`` (the masks are drawn independently, so any fixed split is a random one) and is predicted
     by the surrogate (:func:`fit_surrogate`, ``n_tokens``, ``alpha``) fitted on every other fold's masks and scores,
@@ -232,7 +232,7 @@ def evaluate(score: Callable[[np.ndarray], np.ndarray], n_units: int, *, ablatio
         actual, folds = y_held, 0
     else:
         folds = max(2, min(FOLDS, ablations))
-        predicted = {m: (cross_validated(train, y, n_tokens, alpha, folds) if m == "contextcite" else train @ v)
+        predicted = {m: (cross_validated(train, y, n_tokens, alpha=alpha, folds=folds) if m == "contextcite" else train @ v)
                      for m, v in methods.items()}
         actual = y
     out_lds = {m: (fold_lds(p, actual, folds) if folds else lds(p, actual)) for m, p in predicted.items()}
