@@ -94,9 +94,17 @@ def fit_surrogate(masks, scores, n_tokens: int, alpha: float = ALPHA) -> tuple[n
     return w * n_tokens, float((b - (mean / scale) @ coef) * n_tokens)
 
 
+def _fold_of(n: int, folds: int) -> np.ndarray:
+    """``[n]``: the fold of each of ``n`` masks, ``i % folds`` (the masks are drawn independently, so any fixed split
+    is a random one): the one assignment :func:`cross_validated` and :func:`fold_lds` share."""
+    import numpy as np
+
+    return np.arange(n) % folds
+
+
 def cross_validated(masks, scores, n_tokens: int, *, alpha: float = ALPHA, folds: int = FOLDS) -> np.ndarray:
     """``[n]`` out-of-fold predictions (k-fold cross-validation, as scikit-learn's ``cross_val_predict``): mask ``i``
-    is in fold ``i % folds`` (the masks are drawn independently, so any fixed split is a random one) and is predicted
+    is in fold ``i % folds`` and is predicted
     by the surrogate (:func:`fit_surrogate`, ``n_tokens``, ``alpha``) fitted on every other fold's masks and scores,
     ``intercept + mask @ weights`` (nats of the span). ``folds`` is capped at the number of masks."""
     import numpy as np
@@ -104,7 +112,7 @@ def cross_validated(masks, scores, n_tokens: int, *, alpha: float = ALPHA, folds
     X = np.asarray(masks, dtype=bool)
     y = np.asarray(scores, dtype=np.float64)
     k = max(2, min(folds, len(X)))
-    fold = np.arange(len(X)) % k
+    fold = _fold_of(len(X), k)
     predicted = np.empty(len(X))
     for f in range(k):
         out = fold == f
@@ -122,7 +130,7 @@ def fold_lds(predicted, actual, folds: int) -> float:
     import numpy as np
 
     p, a = np.asarray(predicted, dtype=np.float64), np.asarray(actual, dtype=np.float64)
-    fold = np.arange(len(p)) % folds
+    fold = _fold_of(len(p), folds)
     each = [lds(p[fold == f], a[fold == f]) for f in range(folds)]
     return float(np.mean(each)) if all(math.isfinite(x) for x in each) else float("nan")
 
@@ -214,8 +222,9 @@ def evaluate(score: Callable[[np.ndarray], np.ndarray], n_units: int, *, ablatio
     LDS and the top-k drops ``f(all kept) - f(the top k by that method ablated)``. The LDS: with ``holdout`` 0 (the
     default) over the training masks themselves, cross-validated in :data:`FOLDS` folds (the surrogate's
     predictions out of fold, :func:`cross_validated`; a baseline, fitted on nothing, ``mask @ scores``; every
-    method's LDS the mean over the folds, :func:`fold_lds`), so that it costs no forward pass; with ``holdout`` N, on N more masks (seeded ``[seed, 1]``, so the held-out set does not
-    change with ``ablations``: ContextCite's protocol), predictions ``intercept + mask @ weights``. ``score`` is
+    method's LDS the mean over the folds, :func:`fold_lds`), so that it costs no forward pass; with ``holdout`` N,
+    on N more masks (seeded ``[seed, 1]``, so the held-out set does not change with ``ablations``: ContextCite's
+    protocol), predictions ``intercept + mask @ weights``. ``score`` is
     called two or three times: the training masks, the held-out masks (if any), then the full mask followed by the
     distinct top-k masks (the full mask left out when ``full``, its score, is given: ``sources`` reads it from the
     attention baseline's pass over the whole source)."""
@@ -232,8 +241,8 @@ def evaluate(score: Callable[[np.ndarray], np.ndarray], n_units: int, *, ablatio
         actual, folds = y_held, 0
     else:
         folds = max(2, min(FOLDS, ablations))
-        predicted = {m: (cross_validated(train, y, n_tokens, alpha=alpha, folds=folds) if m == "contextcite" else train @ v)
-                     for m, v in methods.items()}
+        predicted = {m: (cross_validated(train, y, n_tokens, alpha=alpha, folds=folds) if m == "contextcite"
+                         else train @ v) for m, v in methods.items()}
         actual = y
     out_lds = {m: (fold_lds(p, actual, folds) if folds else lds(p, actual)) for m, p in predicted.items()}
     chosen = {m: {k: top_k(v, k) for k in ks} for m, v in methods.items()}
